@@ -1,0 +1,6 @@
+// Package ledger does dpcluster's privacy accounting: the event model that
+// records which mechanism ran and how often, the Rényi-DP accountant for the
+// Poisson-subsampled Gaussian mechanism with its conversion to (ε, δ), and
+// noise calibration. The durable, hash-chained ledger file every coordinator
+// replica keeps lives here too.
+package ledger

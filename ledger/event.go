@@ -1,0 +1,152 @@
+package ledger
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// EventFormat is the version of the serialized Event format. An event's
+// meaning never changes once released: a new meaning gets a new Kind or a new
+// format version, and decoders reject versions they do not know.
+const EventFormat = 1
+
+// Kind names a privacy mechanism, after Google dp_accounting's DpEvent
+// classes.
+type Kind string
+
+// The mechanisms the accountant understands.
+const (
+	// KindGaussian is one release of the Gaussian mechanism with L2
+	// sensitivity 1 and noise standard deviation NoiseMultiplier
+	// (dp_accounting GaussianDpEvent).
+	KindGaussian Kind = "gaussian"
+	// KindPoissonSampled runs Event on a Poisson subsample in which each
+	// record is included independently with probability SampleRate
+	// (dp_accounting PoissonSampledDpEvent).
+	KindPoissonSampled Kind = "poisson_sampled"
+	// KindSelfComposed runs Event Count times (dp_accounting
+	// SelfComposedDpEvent).
+	KindSelfComposed Kind = "self_composed"
+	// KindComposed runs each of Events once (dp_accounting ComposedDpEvent).
+	KindComposed Kind = "composed"
+)
+
+// Event describes a privacy mechanism that ran. Events nest: a DP-SGD step is
+// PoissonSampled{q, Gaussian{σ}}, and T steps of it are SelfComposed{T, ...}.
+// Build events with the constructors; an Event is a value and safe to copy.
+type Event struct {
+	Kind            Kind    `json:"kind"`
+	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"`
+	SampleRate      float64 `json:"sample_rate,omitempty"`
+	Count           int64   `json:"count,omitempty"`
+	Event           *Event  `json:"event,omitempty"`
+	Events          []Event `json:"events,omitempty"`
+}
+
+// Errors returned by Event validation and decoding.
+var (
+	// ErrInvalidEvent is returned for an event whose parameters are out of
+	// range or whose structure is not one the accountant knows.
+	ErrInvalidEvent = errors.New("ledger: invalid privacy event")
+	// ErrEventFormat is returned when decoding an event of an unknown format
+	// version.
+	ErrEventFormat = errors.New("ledger: unknown privacy event format")
+)
+
+// Gaussian returns the event of one Gaussian mechanism release with noise
+// multiplier sigma (noise standard deviation over L2 sensitivity).
+func Gaussian(sigma float64) Event {
+	return Event{Kind: KindGaussian, NoiseMultiplier: sigma}
+}
+
+// PoissonSampled returns the event of running e on a Poisson subsample with
+// inclusion probability q.
+func PoissonSampled(q float64, e Event) Event {
+	return Event{Kind: KindPoissonSampled, SampleRate: q, Event: &e}
+}
+
+// SelfComposed returns the event of running e count times.
+func SelfComposed(e Event, count int64) Event {
+	return Event{Kind: KindSelfComposed, Count: count, Event: &e}
+}
+
+// Composed returns the event of running each of events once.
+func Composed(events ...Event) Event {
+	return Event{Kind: KindComposed, Events: append([]Event(nil), events...)}
+}
+
+// SubsampledGaussian returns the event charged for one DP-SGD style step:
+// the Gaussian mechanism with noise multiplier sigma on a Poisson subsample
+// with rate q.
+func SubsampledGaussian(q, sigma float64) Event {
+	return PoissonSampled(q, Gaussian(sigma))
+}
+
+// Validate reports whether e is well formed: known kinds, q in (0, 1],
+// σ > 0 and finite, count ≥ 0, and the nesting the kind requires.
+func (e Event) Validate() error {
+	switch e.Kind {
+	case KindGaussian:
+		if !(e.NoiseMultiplier > 0) || math.IsInf(e.NoiseMultiplier, 0) {
+			return fmt.Errorf("%w: gaussian noise multiplier %v must be positive and finite", ErrInvalidEvent, e.NoiseMultiplier)
+		}
+	case KindPoissonSampled:
+		if !(e.SampleRate > 0 && e.SampleRate <= 1) {
+			return fmt.Errorf("%w: sample rate %v must be in (0, 1]", ErrInvalidEvent, e.SampleRate)
+		}
+		if e.Event == nil {
+			return fmt.Errorf("%w: poisson_sampled without an inner event", ErrInvalidEvent)
+		}
+		return e.Event.Validate()
+	case KindSelfComposed:
+		if e.Count < 0 {
+			return fmt.Errorf("%w: negative count %d", ErrInvalidEvent, e.Count)
+		}
+		if e.Event == nil {
+			return fmt.Errorf("%w: self_composed without an inner event", ErrInvalidEvent)
+		}
+		return e.Event.Validate()
+	case KindComposed:
+		for i := range e.Events {
+			if err := e.Events[i].Validate(); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("%w: unknown kind %q", ErrInvalidEvent, e.Kind)
+	}
+	return nil
+}
+
+// envelope is the serialized form: the format version next to the event.
+type envelope struct {
+	Format int   `json:"format"`
+	Event  Event `json:"event"`
+}
+
+// Marshal returns the versioned serialized form of e.
+func (e Event) Marshal() ([]byte, error) {
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(envelope{Format: EventFormat, Event: e})
+}
+
+// UnmarshalEvent decodes an event written by Marshal. It returns
+// ErrEventFormat for an unknown format version and ErrInvalidEvent for an
+// event that does not validate.
+func UnmarshalEvent(b []byte) (Event, error) {
+	var env envelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrInvalidEvent, err)
+	}
+	if env.Format != EventFormat {
+		return Event{}, fmt.Errorf("%w: version %d (this build reads %d)", ErrEventFormat, env.Format, EventFormat)
+	}
+	if err := env.Event.Validate(); err != nil {
+		return Event{}, err
+	}
+	return env.Event, nil
+}
