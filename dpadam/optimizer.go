@@ -1,0 +1,277 @@
+package dpadam
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Errors returned by Step and New.
+var (
+	// ErrNonFinite is returned (wrapped, with the first offending index) by
+	// Step when the noisy gradient holds a NaN or ±Inf. Nothing is modified:
+	// θ, the moments, the momentum buffer and the step count are untouched.
+	ErrNonFinite = errors.New("dpadam: non-finite noisy gradient")
+	// ErrDimension is returned (wrapped) by New for a non-positive
+	// dimension and by Step when θ or g̃ does not have Dim() elements.
+	ErrDimension = errors.New("dpadam: dimension mismatch")
+	// ErrUninitialized is returned by Step and MarshalBinary on an
+	// Optimizer that was neither built by New nor filled by UnmarshalBinary.
+	ErrUninitialized = errors.New("dpadam: optimizer not initialized (use New or UnmarshalBinary)")
+	// ErrStepOverflow is returned by Step when the step count would
+	// overflow int64. It cannot happen in practice; it keeps a crafted
+	// snapshot from wrapping the counter.
+	ErrStepOverflow = errors.New("dpadam: step count overflow")
+)
+
+// Diagnostics describes one step. It holds only privatized quantities
+// (functions of g̃ and public constants), so it may be logged or exported.
+type Diagnostics struct {
+	// Step is the 1-based number t of the step just applied.
+	Step int64
+	// Phi is Config.Phi(), the DP bias (σC/B)²·PhiScale. It is reported
+	// for every algorithm but only DP-AdamBC subtracts it.
+	Phi float64
+	// MeanVHat is the mean over coordinates of the bias-corrected second
+	// moment v̂ = v/(1−β2^t) (Adam, AdamBC); 0 for SGD and SGDM.
+	MeanVHat float64
+	// FloorFraction is the fraction of coordinates where DP-AdamBC's floor
+	// is active, v̂ − Φ < γ'; 0 for the other algorithms.
+	FloorFraction float64
+	// UpdateRMS is sqrt(mean(u_i²)) of the applied update u = θ_{t−1} − θ_t
+	// before rounding θ to float32, i.e. η·Δ_t (Adam, AdamBC), η·g̃ (SGD),
+	// η·b (SGDM).
+	UpdateRMS float64
+}
+
+// Optimizer holds one DP optimizer's state over a flat float32 parameter
+// vector: the step count, the first and second moments m and v (Adam,
+// AdamBC) or the momentum buffer b (SGDM), and the Config.
+//
+// State is stored as float32 (like PyTorch's Adam for float32 parameters:
+// 4 bytes per coordinate per buffer, which keeps the step memory-bound); all
+// arithmetic inside a step is float64 and rounds to float32 only on store.
+//
+// Determinism: Step is a pure function of (state, θ, g̃). Every product that
+// feeds a sum is explicitly rounded (float64(a*b)), which the Go spec
+// guarantees prevents fused multiply-add, and the bias-correction powers β^t
+// are computed by binary exponentiation with plain multiplies, never
+// math.Pow. IEEE-754 add, multiply, divide and square root are correctly
+// rounded, so replicas on any architecture or GOAMD64 level produce the
+// same bits, and the diagnostic sums run in index order.
+//
+// An Optimizer is not safe for concurrent use. The zero value is only a
+// target for UnmarshalBinary.
+type Optimizer struct {
+	cfg  Config
+	dim  int
+	step int64
+	m, v []float32 // Adam, AdamBC: first and second moments, len dim
+	b    []float32 // SGDM: momentum buffer, len dim
+}
+
+// New returns an optimizer for dim parameters with zero moments and step
+// count 0 (Algorithm 1: m₀ = 0, v₀ = 0). It validates cfg (errors wrap
+// ErrInvalidConfig) and requires dim > 0 (ErrDimension).
+func New(cfg Config, dim int) (*Optimizer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if dim <= 0 {
+		return nil, fmt.Errorf("%w: dim = %d, want > 0", ErrDimension, dim)
+	}
+	o := &Optimizer{cfg: cfg, dim: dim}
+	switch cfg.Algorithm {
+	case AdamBC, Adam:
+		o.m = make([]float32, dim)
+		o.v = make([]float32, dim)
+	case SGDM:
+		o.b = make([]float32, dim)
+	}
+	return o, nil
+}
+
+// StepCount returns the number of steps applied so far (t of the last step).
+func (o *Optimizer) StepCount() int64 { return o.step }
+
+// Config returns the optimizer's configuration.
+func (o *Optimizer) Config() Config { return o.cfg }
+
+// Dim returns the number of parameters.
+func (o *Optimizer) Dim() int { return o.dim }
+
+// Step applies one update with the noisy gradient g̃ (noisyGrad) to theta in
+// place and advances the step count. Both slices must have Dim() elements
+// (else ErrDimension); the Optimizer keeps no reference to either.
+//
+// If g̃ holds a NaN or ±Inf, Step returns ErrNonFinite and changes nothing:
+// it checks all of g̃ before writing anything. θ is not checked.
+//
+// Step allocates nothing.
+func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
+	if o.cfg.Algorithm == "" {
+		return Diagnostics{}, ErrUninitialized
+	}
+	if len(theta) != o.dim || len(noisyGrad) != o.dim {
+		return Diagnostics{}, fmt.Errorf("%w: len(theta) = %d, len(noisyGrad) = %d, want %d",
+			ErrDimension, len(theta), len(noisyGrad), o.dim)
+	}
+	if i := firstNonFinite(noisyGrad); i >= 0 {
+		return Diagnostics{}, fmt.Errorf("%w: noisyGrad[%d] = %v", ErrNonFinite, i, noisyGrad[i])
+	}
+	if o.step == math.MaxInt64 {
+		return Diagnostics{}, ErrStepOverflow
+	}
+	t := o.step + 1
+	c := &o.cfg
+	d := Diagnostics{Step: t, Phi: c.Phi()}
+	var sumVHat, sumU2 float64
+	var floors int
+	switch c.Algorithm {
+	case AdamBC:
+		sumVHat, sumU2, floors = adamBCKernel(theta, o.m, o.v, noisyGrad, newAdamConsts(c, t), d.Phi, c.GammaPrime)
+	case Adam:
+		sumVHat, sumU2 = adamKernel(theta, o.m, o.v, noisyGrad, newAdamConsts(c, t), c.AdamEps)
+	case SGD:
+		sumU2 = sgdKernel(theta, noisyGrad, c.LearningRate)
+	case SGDM:
+		sumU2 = sgdmKernel(theta, o.b, noisyGrad, c.LearningRate, c.Momentum)
+	}
+	o.step = t
+	n := float64(o.dim)
+	d.MeanVHat = sumVHat / n
+	d.FloorFraction = float64(floors) / n
+	d.UpdateRMS = math.Sqrt(sumU2 / n)
+	return d, nil
+}
+
+// firstNonFinite returns the index of the first NaN or ±Inf in x, or -1.
+// A float32 is non-finite exactly when its 8 exponent bits are all ones.
+func firstNonFinite(x []float32) int {
+	const expMask = 0x7f800000
+	for i, f := range x {
+		if math.Float32bits(f)&expMask == expMask {
+			return i
+		}
+	}
+	return -1
+}
+
+// powInt returns x^n by binary exponentiation with plain IEEE multiplies,
+// so the result is identical on every platform (math.Pow has
+// architecture-specific assembly on some ports).
+func powInt(x float64, n int64) float64 {
+	r := 1.0
+	for n > 0 {
+		if n&1 == 1 {
+			r *= x
+		}
+		x *= x
+		n >>= 1
+	}
+	return r
+}
+
+// adamConsts are the per-step scalars of Adam and AdamBC, hoisted out of the
+// coordinate loop.
+type adamConsts struct {
+	b1, c1 float64 // β1, 1−β1
+	b2, c2 float64 // β2, 1−β2
+	lrM    float64 // η/(1−β1^t): η·m̂ = lrM·m
+	invV   float64 // 1/(1−β2^t): v̂ = invV·v
+}
+
+func newAdamConsts(c *Config, t int64) adamConsts {
+	return adamConsts{
+		b1:   c.Beta1,
+		c1:   1 - c.Beta1,
+		b2:   c.Beta2,
+		c2:   1 - c.Beta2,
+		lrM:  c.LearningRate / (1 - powInt(c.Beta1, t)),
+		invV: 1 / (1 - powInt(c.Beta2, t)),
+	}
+}
+
+// adamBCKernel is Algorithm 1 of the paper, lines 5–7, for one step:
+//
+//	m ← β1·m + (1−β1)·g̃
+//	v ← β2·v + (1−β2)·g̃²
+//	v̂ = v/(1−β2^t)
+//	θ ← θ − (η/(1−β1^t))·m / sqrt(max(v̂ − Φ, γ'))   (= θ − η·m̂/sqrt(max(v̂−Φ, γ')), Eq. 4)
+//
+// It returns Σv̂, Σu² and the number of coordinates with v̂ − Φ < γ'.
+// Every product feeding a sum is rounded explicitly (no FMA, see Optimizer).
+func adamBCKernel(theta, m, v, g []float32, k adamConsts, phi, gammaPrime float64) (sumVHat, sumU2 float64, floors int) {
+	n := len(theta)
+	m, v, g = m[:n], v[:n], g[:n]
+	for i := range theta {
+		gi := float64(g[i])
+		mi := float64(k.b1*float64(m[i])) + float64(k.c1*gi)
+		vi := float64(k.b2*float64(v[i])) + float64(k.c2*float64(gi*gi))
+		m[i] = float32(mi)
+		v[i] = float32(vi)
+		vHat := float64(k.invV * vi)
+		den := vHat - phi
+		if den < gammaPrime {
+			den = gammaPrime
+			floors++
+		}
+		u := float64(k.lrM*mi) / math.Sqrt(den)
+		theta[i] = float32(float64(theta[i]) - u)
+		sumVHat += vHat
+		sumU2 += float64(u * u)
+	}
+	return sumVHat, sumU2, floors
+}
+
+// adamKernel is DP-Adam (paper §3, and Kingma & Ba 2015 Algorithm 1 applied
+// to g̃): the same moments as adamBCKernel and
+//
+//	θ ← θ − η·m̂/(sqrt(v̂) + γ).
+//
+// It returns Σv̂ and Σu².
+func adamKernel(theta, m, v, g []float32, k adamConsts, eps float64) (sumVHat, sumU2 float64) {
+	n := len(theta)
+	m, v, g = m[:n], v[:n], g[:n]
+	for i := range theta {
+		gi := float64(g[i])
+		mi := float64(k.b1*float64(m[i])) + float64(k.c1*gi)
+		vi := float64(k.b2*float64(v[i])) + float64(k.c2*float64(gi*gi))
+		m[i] = float32(mi)
+		v[i] = float32(vi)
+		vHat := float64(k.invV * vi)
+		u := float64(k.lrM*mi) / (math.Sqrt(vHat) + eps)
+		theta[i] = float32(float64(theta[i]) - u)
+		sumVHat += vHat
+		sumU2 += float64(u * u)
+	}
+	return sumVHat, sumU2
+}
+
+// sgdKernel is DP-SGD (Abadi et al. 2016, Algorithm 1): θ ← θ − η·g̃.
+// It returns Σu².
+func sgdKernel(theta, g []float32, lr float64) (sumU2 float64) {
+	g = g[:len(theta)]
+	for i := range theta {
+		u := float64(lr * float64(g[i]))
+		theta[i] = float32(float64(theta[i]) - u)
+		sumU2 += float64(u * u)
+	}
+	return sumU2
+}
+
+// sgdmKernel is DP-SGD with momentum in the paper's §3.2 form
+// (b ← μ·b + g̃; θ ← θ − η·b; the paper's "+ η b" is a sign typo for
+// descent). It returns Σu².
+func sgdmKernel(theta, b, g []float32, lr, mu float64) (sumU2 float64) {
+	n := len(theta)
+	b, g = b[:n], g[:n]
+	for i := range theta {
+		bi := float64(mu*float64(b[i])) + float64(g[i])
+		b[i] = float32(bi)
+		u := float64(lr * bi)
+		theta[i] = float32(float64(theta[i]) - u)
+		sumU2 += float64(u * u)
+	}
+	return sumU2
+}
