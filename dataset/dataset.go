@@ -136,7 +136,7 @@ func (d *Dataset) Validate() error {
 			if s < 1 {
 				return fmt.Errorf("%w: Shape %v has a non-positive entry", ErrInvalid, d.Shape)
 			}
-			if prod > d.Dim/s+1 { // overflow guard; exact check below
+			if prod > d.Dim/s { // prod*s > Dim, checked without overflow
 				return fmt.Errorf("%w: Shape %v product exceeds Dim %d", ErrInvalid, d.Shape, d.Dim)
 			}
 			prod *= s
