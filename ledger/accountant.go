@@ -179,6 +179,15 @@ func CalibrateSigma(orders []float64, targetEps, q float64, steps int64, delta f
 	if len(orders) == 0 {
 		orders = DefaultOrders()
 	}
+	// With no privacy loss at all (RDP = 0 at every order) the conversion
+	// still leaves a floor; a target at or below it is unreachable at any σ.
+	floor, _, err := RDPToEpsilon(orders, make([]float64, len(orders)), delta)
+	if err != nil {
+		return 0, err
+	}
+	if targetEps <= floor {
+		return 0, fmt.Errorf("%w: ε=%v is below the smallest ε (%.4g) these Rényi orders can certify at δ=%v", ErrUnreachable, targetEps, floor, delta)
+	}
 	eps := func(sigma float64) float64 {
 		e, _, err := EpsilonOrders(orders, q, sigma, steps, delta)
 		if err != nil {

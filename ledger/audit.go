@@ -1,0 +1,128 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// auditTolerance is the relative difference allowed between a recorded ε
+// and the auditor's recomputation. The state machine and the auditor run
+// the same accountant over the same events in the same order, so they agree
+// exactly; the slack only absorbs a different float formatting round trip.
+const auditTolerance = 1e-9
+
+// AuditReport is the result of auditing a ledger file.
+type AuditReport struct {
+	Path string `json:"path"`
+	OK   bool   `json:"ok"`
+	// Problems lists every failed check; empty when OK.
+	Problems []string `json:"problems"`
+
+	Records  int   `json:"records"`
+	Charges  int   `json:"charges"`
+	Replays  int   `json:"replays"`
+	Applied  int   `json:"applied_steps"`
+	LastStep int64 `json:"last_step"`
+	// TornBytes is the size of a torn tail (a crash during the last
+	// append). It is reported, not a failure: that append never returned,
+	// and OpenFile repairs it.
+	TornBytes int64 `json:"torn_bytes"`
+
+	Run               string  `json:"run"`
+	TargetEpsilon     float64 `json:"target_epsilon"`
+	Delta             float64 `json:"delta"`
+	RecordedEpsilon   float64 `json:"recorded_epsilon"`
+	RecomputedEpsilon float64 `json:"recomputed_epsilon"`
+	HeadHash          string  `json:"head_hash"`
+}
+
+// Audit reads the ledger file at path without modifying it and checks, in
+// order: every frame's CRC, the format and sequence of every record, the
+// SHA-256 hash chain; that the file opens with one run record; that every
+// charge's recorded ε equals the accountant's recomputation from the events
+// recorded so far (within relative 1e-9); that no recorded ε exceeds the
+// target; that Raft indexes strictly increase; and that applied (non-replay)
+// steps strictly increase, so no step was applied twice.
+//
+// It returns a report with OK false and the problems found for a ledger
+// that fails any check; the error is non-nil only if the file cannot be
+// read at all.
+func Audit(path string) (AuditReport, error) {
+	rep := AuditReport{Path: path}
+	recs, torn, err := ReadFile(path)
+	rep.TornBytes = torn
+	rep.Records = len(recs)
+	if err != nil {
+		if !errors.Is(err, ErrCorrupt) {
+			return rep, err
+		}
+		rep.Problems = append(rep.Problems, err.Error())
+	}
+	if len(recs) == 0 {
+		if err == nil {
+			rep.Problems = append(rep.Problems, "ledger is empty: no run record")
+		}
+		return rep, nil
+	}
+	rep.HeadHash = recs[len(recs)-1].Hash
+	acc, aerr := NewAccountant(nil)
+	if aerr != nil {
+		return rep, aerr
+	}
+	run := recs[0]
+	if run.Kind != RecordRun {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1 is a %q record, want the run record", run.Kind))
+		return rep.finish(), nil
+	}
+	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
+	var lastIndex uint64
+	lastApplied := int64(math.MinInt64)
+	for _, r := range recs[1:] {
+		if r.Kind != RecordCharge {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: unexpected %q record", r.Seq, r.Kind))
+			continue
+		}
+		rep.Charges++
+		if err := acc.Compose(*r.Event, 1); err != nil {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
+			continue
+		}
+		eps, _, err := acc.Epsilon(run.Delta)
+		if err != nil {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
+			continue
+		}
+		if math.Abs(eps-r.Epsilon) > auditTolerance*math.Max(eps, 1e-12) {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): recorded ε=%.12g, recomputed %.12g", r.Seq, r.Step, r.Epsilon, eps))
+		}
+		if r.Epsilon > run.TargetEpsilon || eps > run.TargetEpsilon {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): ε=%.12g exceeds the target %v", r.Seq, r.Step, eps, run.TargetEpsilon))
+		}
+		if r.Index <= lastIndex {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: Raft index %d does not follow %d", r.Seq, r.Index, lastIndex))
+		}
+		lastIndex = r.Index
+		if r.Replay {
+			rep.Replays++
+		} else {
+			if r.Step <= lastApplied {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: step %d applied after step %d", r.Seq, r.Step, lastApplied))
+			}
+			lastApplied = r.Step
+			rep.Applied++
+		}
+		rep.LastStep = max(rep.LastStep, r.Step)
+		rep.RecordedEpsilon = r.Epsilon
+		rep.RecomputedEpsilon = eps
+	}
+	return rep.finish(), nil
+}
+
+func (r AuditReport) finish() AuditReport {
+	r.OK = len(r.Problems) == 0
+	if r.Problems == nil {
+		r.Problems = []string{}
+	}
+	return r
+}

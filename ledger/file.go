@@ -1,0 +1,413 @@
+package ledger
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// The ledger file is an append-only sequence of framed records:
+//
+//	[4 bytes little-endian payload length][4 bytes CRC32C of payload][payload]
+//
+// and each payload is the JSON encoding of a Record. The frame's CRC detects
+// torn and corrupted writes; the SHA-256 hash chain inside the payloads
+// makes any edit of a committed record, or its removal from the middle,
+// detectable by an auditor who holds only the file (after etcd's WAL, which
+// frames records with a length and CRC and repairs only torn tails).
+//
+// Durability contract: Append returns only after the record and every
+// record before it have been written and fsynced. A torn tail, left by a
+// crash inside Append, is truncated away on Open: that append never
+// returned, so the step it would have charged was never applied and will
+// be charged again when the Raft log is replayed. Any other damage is
+// ErrCorrupt.
+
+// FileFormat is the version of the ledger file format, stored in every
+// record.
+const FileFormat = 1
+
+// maxRecordSize bounds a record frame; a larger length header is
+// corruption, not a reason to allocate.
+const maxRecordSize = 1 << 20
+
+const frameHeader = 8
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Errors returned by the ledger file.
+var (
+	// ErrCorrupt is returned when a ledger file is damaged anywhere but in
+	// a torn final record: a CRC mismatch, a broken hash chain, an unknown
+	// format or a malformed record.
+	ErrCorrupt = errors.New("ledger: corrupt ledger file")
+	// ErrBroken is returned by every Append after a write or fsync failed:
+	// the state of the file on disk is unknown, so the ledger fails closed
+	// and training must stop.
+	ErrBroken = errors.New("ledger: ledger file unusable after a write failure")
+	// ErrClosed is returned by operations on a closed ledger file.
+	ErrClosed = errors.New("ledger: ledger file closed")
+)
+
+// RecordKind tells what a ledger record states.
+type RecordKind string
+
+const (
+	// RecordRun opens a run: its privacy parameters and budget. Charges
+	// that follow are accounted against it.
+	RecordRun RecordKind = "run"
+	// RecordCharge charges one noisy release.
+	RecordCharge RecordKind = "charge"
+)
+
+// Record is one ledger entry. Only privatized quantities and public
+// constants appear here, never per-node sums or counts.
+type Record struct {
+	Format int        `json:"format"`
+	Seq    uint64     `json:"seq"` // 1-based position in the file
+	Kind   RecordKind `json:"kind"`
+	// Run records: the run's identity and budget.
+	Run           string  `json:"run,omitempty"`
+	TargetEpsilon float64 `json:"target_epsilon,omitempty"`
+	Delta         float64 `json:"delta,omitempty"`
+	// Charge records: which training step released, the mechanism that
+	// released it, and where the release sits in the Raft log.
+	Step  int64  `json:"step,omitempty"`
+	Event *Event `json:"event,omitempty"`
+	Term  uint64 `json:"term,omitempty"`
+	Index uint64 `json:"index,omitempty"`
+	// Replay marks a charge for a step that had already been applied: the
+	// release happened (it was committed), so it is charged, but the
+	// update was not applied again.
+	Replay bool `json:"replay,omitempty"`
+	// Epsilon is ε spent so far, at the run's δ, by the RDP accountant over
+	// DefaultOrders, including this record.
+	Epsilon float64 `json:"epsilon,omitempty"`
+	// PrevHash chains this record to the one before it (hex SHA-256; all
+	// zeros for the first record). Hash is SHA-256 over the record's JSON
+	// encoding with Hash empty.
+	PrevHash string `json:"prev_hash"`
+	Hash     string `json:"hash"`
+}
+
+// genesisHash is PrevHash of the first record.
+var genesisHash = hex.EncodeToString(make([]byte, sha256.Size))
+
+// computeHash returns the hash of r: SHA-256 over its JSON encoding with the
+// Hash field empty. PrevHash is inside the hashed bytes, which chains it.
+func computeHash(r Record) (string, []byte, error) {
+	r.Hash = ""
+	b, err := json.Marshal(r)
+	if err != nil {
+		return "", nil, err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), b, nil
+}
+
+// File is an open ledger file. It is safe for concurrent use, though the
+// coordinator appends from its state machine only.
+type File struct {
+	mu     sync.Mutex
+	f      *os.File
+	path   string
+	size   int64 // bytes of complete records
+	head   Record
+	n      uint64
+	broken error
+	closed bool
+
+	// sync is f.Sync; tests replace it to inject failures.
+	sync func() error
+}
+
+// OpenFile opens the ledger file at path, creating it (and fsyncing its
+// directory) if it does not exist. It verifies every record's CRC and the
+// hash chain, and truncates a torn final record (a frame cut short by a
+// crash), fsyncing the repair. It returns ErrCorrupt for any other damage.
+// The repaired count is the number of bytes removed from the tail.
+func OpenFile(path string) (f *File, repaired int64, err error) {
+	fh, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, 0, fmt.Errorf("ledger: open %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			fh.Close()
+		}
+	}()
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return nil, 0, err
+	}
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, 0, fmt.Errorf("ledger: stat %s: %w", path, err)
+	}
+	recs, good, err := scan(fh)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	if good < st.Size() {
+		repaired = st.Size() - good
+		if err := fh.Truncate(good); err != nil {
+			return nil, 0, fmt.Errorf("ledger: repairing torn tail of %s: %w", path, err)
+		}
+		if err := fh.Sync(); err != nil {
+			return nil, 0, fmt.Errorf("ledger: repairing torn tail of %s: %w", path, err)
+		}
+	}
+	if _, err := fh.Seek(good, io.SeekStart); err != nil {
+		return nil, 0, err
+	}
+	lf := &File{f: fh, path: path, size: good, n: uint64(len(recs))}
+	lf.sync = fh.Sync
+	if len(recs) > 0 {
+		lf.head = recs[len(recs)-1]
+	}
+	return lf, repaired, nil
+}
+
+// ReadFile reads and verifies every record of the ledger file at path
+// without modifying it. A torn tail is reported as torn (its byte count),
+// not as an error; any other damage is ErrCorrupt, with the offset.
+func ReadFile(path string) (recs []Record, torn int64, err error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("ledger: %w", err)
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	recs, good, err := scan(fh)
+	if err != nil {
+		return recs, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return recs, st.Size() - good, nil
+}
+
+// scan reads records from r until EOF. It returns the verified records and
+// the offset just past the last complete one. A final frame cut short by
+// EOF (header or payload) is a torn tail and ends the scan without error.
+// A CRC mismatch, a malformed or out-of-order record, or a broken hash chain
+// is ErrCorrupt.
+func scan(r io.Reader) ([]Record, int64, error) {
+	br := bufio.NewReader(r)
+	var (
+		recs []Record
+		off  int64
+		hdr  [frameHeader]byte
+		prev = genesisHash
+	)
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				return recs, off, nil // clean end, or torn header
+			}
+			return recs, off, err
+		}
+		n := binary.LittleEndian.Uint32(hdr[0:4])
+		sum := binary.LittleEndian.Uint32(hdr[4:8])
+		if n == 0 && sum == 0 {
+			// A zero-filled tail (preallocated blocks a crash left
+			// behind) is torn only if nothing but zeros follows.
+			rest, err := io.ReadAll(br)
+			if err != nil {
+				return recs, off, err
+			}
+			if bytes.Count(rest, []byte{0}) == len(rest) {
+				return recs, off, nil
+			}
+			return recs, off, fmt.Errorf("%w: empty frame at offset %d followed by data", ErrCorrupt, off)
+		}
+		if n > maxRecordSize {
+			return recs, off, fmt.Errorf("%w: record at offset %d claims %d bytes", ErrCorrupt, off, n)
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(br, payload); err != nil {
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				return recs, off, nil // torn payload
+			}
+			return recs, off, err
+		}
+		if crc32.Checksum(payload, castagnoli) != sum {
+			return recs, off, fmt.Errorf("%w: CRC mismatch in record %d at offset %d", ErrCorrupt, len(recs)+1, off)
+		}
+		rec, err := verifyRecord(payload, uint64(len(recs)+1), prev)
+		if err != nil {
+			return recs, off, fmt.Errorf("%w at offset %d", err, off)
+		}
+		recs = append(recs, rec)
+		prev = rec.Hash
+		off += frameHeader + int64(n)
+	}
+}
+
+// verifyRecord decodes a payload and checks its format, sequence number,
+// chain link and hash.
+func verifyRecord(payload []byte, seq uint64, prev string) (Record, error) {
+	var rec Record
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rec); err != nil {
+		return rec, fmt.Errorf("%w: record %d does not decode: %v", ErrCorrupt, seq, err)
+	}
+	switch {
+	case rec.Format != FileFormat:
+		return rec, fmt.Errorf("%w: record %d has format %d (this build reads %d)", ErrCorrupt, seq, rec.Format, FileFormat)
+	case rec.Seq != seq:
+		return rec, fmt.Errorf("%w: record %d carries sequence number %d", ErrCorrupt, seq, rec.Seq)
+	case rec.PrevHash != prev:
+		return rec, fmt.Errorf("%w: record %d breaks the hash chain", ErrCorrupt, seq)
+	}
+	want, _, err := computeHash(rec)
+	if err != nil {
+		return rec, err
+	}
+	if rec.Hash != want {
+		return rec, fmt.Errorf("%w: record %d hash mismatch", ErrCorrupt, seq)
+	}
+	switch rec.Kind {
+	case RecordRun:
+	case RecordCharge:
+		if rec.Event == nil {
+			return rec, fmt.Errorf("%w: charge record %d has no event", ErrCorrupt, seq)
+		}
+		if err := rec.Event.Validate(); err != nil {
+			return rec, fmt.Errorf("%w: record %d: %v", ErrCorrupt, seq, err)
+		}
+	default:
+		return rec, fmt.Errorf("%w: record %d has unknown kind %q", ErrCorrupt, seq, rec.Kind)
+	}
+	return rec, nil
+}
+
+// Append fills in r's format, sequence number and hash chain, writes it and
+// fsyncs the file, and returns the record as written. On any write or sync
+// failure it tries to cut the file back to its last complete record, marks
+// the File broken and returns an error wrapping ErrBroken (and the cause);
+// every later Append fails the same way. The caller must then stop: a
+// charge that cannot be made durable must not be followed by a release.
+func (f *File) Append(r Record) (Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.closed:
+		return Record{}, ErrClosed
+	case f.broken != nil:
+		return Record{}, f.broken
+	}
+	if err := validateNew(r); err != nil {
+		return Record{}, err
+	}
+	r.Format = FileFormat
+	r.Seq = f.n + 1
+	r.PrevHash = f.headHash()
+	h, _, err := computeHash(r)
+	if err != nil {
+		return Record{}, err
+	}
+	r.Hash = h
+	payload, err := json.Marshal(r)
+	if err != nil {
+		return Record{}, err
+	}
+	frame := make([]byte, frameHeader+len(payload))
+	putFrameHeader(frame, payload)
+	copy(frame[frameHeader:], payload)
+	if _, err := f.f.Write(frame); err != nil {
+		return Record{}, f.fail(err)
+	}
+	if err := f.sync(); err != nil {
+		return Record{}, f.fail(err)
+	}
+	f.size += int64(len(frame))
+	f.n++
+	f.head = r
+	return r, nil
+}
+
+func validateNew(r Record) error {
+	switch r.Kind {
+	case RecordRun:
+		return nil
+	case RecordCharge:
+		if r.Event == nil {
+			return fmt.Errorf("%w: charge without an event", ErrInvalidEvent)
+		}
+		return r.Event.Validate()
+	}
+	return fmt.Errorf("ledger: unknown record kind %q", r.Kind)
+}
+
+// putFrameHeader writes the length and CRC32C of payload into hdr[:8].
+func putFrameHeader(hdr, payload []byte) {
+	binary.LittleEndian.PutUint32(hdr[0:4], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(hdr[4:8], crc32.Checksum(payload, castagnoli))
+}
+
+// fail marks the file broken after a write or sync error. It tries to
+// truncate a partial frame away so that the file on disk stays a valid
+// prefix, but the File stays broken either way: after a failed fsync the
+// kernel may have dropped dirty pages, so nothing written since the last
+// successful sync can be trusted.
+func (f *File) fail(cause error) error {
+	_ = f.f.Truncate(f.size)
+	_, _ = f.f.Seek(f.size, io.SeekStart)
+	f.broken = fmt.Errorf("%w: %v", ErrBroken, cause)
+	return f.broken
+}
+
+func (f *File) headHash() string {
+	if f.n == 0 {
+		return genesisHash
+	}
+	return f.head.Hash
+}
+
+// Head returns the last record and the number of records. With no records,
+// it returns the zero Record and 0.
+func (f *File) Head() (Record, uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.head, f.n
+}
+
+// Path returns the file's path.
+func (f *File) Path() string { return f.path }
+
+// Close closes the file. Records appended before Close are already durable.
+func (f *File) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	return f.f.Close()
+}
+
+// syncDir fsyncs a directory so that a newly created or renamed entry in it
+// survives a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("ledger: open directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("ledger: sync directory %s: %w", dir, err)
+	}
+	return nil
+}
