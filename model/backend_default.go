@@ -1,0 +1,5 @@
+//go:build !openblas
+
+package model
+
+func defaultBackend() Backend { return Gonum{} }

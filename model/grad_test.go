@@ -1,0 +1,414 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+)
+
+// gradCases are small models that exercise every layer type's forward and
+// backward, including the input gradient of each layer (a parameter layer
+// sits below every parameter-free layer).
+func gradCases() []Spec {
+	return []Spec{
+		{Name: "linear", Input: []int{5}, Classes: 3, Layers: []LayerSpec{{Type: Flatten}, {Type: Linear, Out: 3}}},
+		{Name: "relu", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: ReLU}, {Type: Linear, Out: 3}}},
+		{Name: "tanh", Input: []int{4}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 5}, {Type: Tanh}, {Type: Linear, Out: 2}}},
+		{Name: "layernorm", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: LayerNorm}, {Type: Linear, Out: 3}}},
+		{Name: "conv", Input: []int{2, 6, 5}, Classes: 3, Layers: []LayerSpec{
+			{Type: Conv2D, Out: 3, Kernel: 3, Stride: 2, Pad: 1}, {Type: Tanh}, {Type: Flatten}, {Type: Linear, Out: 3}}},
+		{Name: "conv-conv", Input: []int{2, 7, 7}, Classes: 2, Layers: []LayerSpec{
+			{Type: Conv2D, Out: 3, Kernel: 3}, {Type: ReLU}, {Type: Conv2D, Out: 2, Kernel: 2, Stride: 2, Pad: 1}, {Type: Flatten}, {Type: Linear, Out: 2}}},
+		{Name: "maxpool", Input: []int{1, 6, 6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Conv2D, Out: 2, Kernel: 2}, {Type: MaxPool, Kernel: 2, Stride: 1}, {Type: Flatten}, {Type: Linear, Out: 3}}},
+		{Name: "avgpool", Input: []int{3, 6, 6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Conv2D, Out: 2, Kernel: 2}, {Type: AvgPool, Kernel: 2}, {Type: Flatten}, {Type: Linear, Out: 3}}},
+		{Name: "embeddingbag", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
+			{Type: EmbeddingBag, Vocab: 7, Dim: 4}, {Type: Linear, Out: 3}}},
+		TextBag(9, 4, 5, 3, 6),
+		CNN([]int{1, 28, 28}, 10),
+	}
+}
+
+// TestMeanGradFiniteDifferences checks every layer's backward pass (float32)
+// against central differences of the independent float64 reference.
+func TestMeanGradFiniteDifferences(t *testing.T) {
+	for ci, spec := range gradCases() {
+		t.Run(spec.Name, func(t *testing.T) {
+			m, err := New(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(uint64(ci), 1))
+			theta := randomTheta(t, m, uint64(ci))
+			x, y := randomBatch(m, 3, rng)
+			ws, err := m.NewWorkspace(3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := make([]float32, m.NumParams())
+			loss, err := ws.MeanGrad(g, theta, x, y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			th64 := make([]float64, len(theta))
+			for i, v := range theta {
+				th64[i] = float64(v)
+			}
+			if want := refLoss(t, m, th64, x, y); math.Abs(loss-want) > 1e-5*math.Max(1, math.Abs(want)) {
+				t.Fatalf("loss = %v, reference %v", loss, want)
+			}
+			// All coordinates for small models, a random subset for big ones.
+			coords := make([]int, 0, len(theta))
+			for i := range theta {
+				coords = append(coords, i)
+			}
+			if len(coords) > 300 {
+				rng.Shuffle(len(coords), func(i, j int) { coords[i], coords[j] = coords[j], coords[i] })
+				coords = coords[:300]
+			}
+			// Central differences: error O(h²·f'''); h = 1e-5 in float64
+			// keeps truncation and rounding (≈1e-16/h) both below 1e-9.
+			const h = 1e-5
+			var diff2, ref2, maxRef float64
+			for _, j := range coords {
+				old := th64[j]
+				th64[j] = old + h
+				lp := refLoss(t, m, th64, x, y)
+				th64[j] = old - h
+				lm := refLoss(t, m, th64, x, y)
+				th64[j] = old
+				fd := (lp - lm) / (2 * h)
+				d := float64(g[j]) - fd
+				diff2 += d * d
+				ref2 += fd * fd
+				maxRef = math.Max(maxRef, math.Abs(fd))
+			}
+			// float32 backward vs float64 reference: relative 1e-3 in norm.
+			if rel := math.Sqrt(diff2 / ref2); !(rel < 1e-3) {
+				t.Errorf("relative gradient error %.3g over %d coordinates (‖fd‖ = %.3g)", rel, len(coords), math.Sqrt(ref2))
+			}
+			if maxRef == 0 {
+				t.Errorf("finite-difference gradient is identically zero: test is vacuous")
+			}
+		})
+	}
+}
+
+// withConvMode returns a copy of m whose conv layers all use the ghost norm
+// (ghost = true) or all materialize per-example gradients.
+func withConvMode(m *Model, ghost bool) *Model {
+	c := *m
+	c.layers = slices.Clone(m.layers)
+	for i, l := range c.layers {
+		if cv, ok := l.(*conv); ok {
+			cp := *cv
+			cp.ghost = ghost
+			c.layers[i] = &cp
+		}
+	}
+	return &c
+}
+
+// perExampleNorms returns each example's gradient norm, the slow way.
+func perExampleNorms(t *testing.T, ws *Workspace, theta, x []float32, y []int32) []float64 {
+	t.Helper()
+	d := ws.m.InputSize()
+	g := make([]float32, ws.m.NumParams())
+	out := make([]float64, len(y))
+	for i := range y {
+		if _, err := ws.MeanGrad(g, theta, x[i*d:(i+1)*d], y[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+		out[i] = math.Sqrt(sumSq(g))
+	}
+	return out
+}
+
+func relDiff(got, want []float32) float64 {
+	var d2, w2 float64
+	for i := range got {
+		d := float64(got[i]) - float64(want[i])
+		d2 += d * d
+		w2 += float64(want[i]) * float64(want[i])
+	}
+	if w2 == 0 {
+		return math.Sqrt(d2)
+	}
+	return math.Sqrt(d2 / w2)
+}
+
+// checkClipped compares ClippedSum with the naive reference on one batch,
+// with the clip norm at the median per-example norm so that some examples
+// are clipped and some are not.
+func checkClipped(t *testing.T, m *Model, B int, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	theta := randomTheta(t, m, seed)
+	x, y := randomBatch(m, B, rng)
+	ws, err := m.NewWorkspace(B + rng.IntN(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	norms := perExampleNorms(t, ws, theta, x, y)
+	sorted := slices.Clone(norms)
+	slices.Sort(sorted)
+	clip := sorted[len(sorted)/2]
+	if clip == 0 {
+		clip = 1
+	}
+	got := make([]float32, m.NumParams())
+	want := make([]float32, m.NumParams())
+	n, err := ws.ClippedSum(got, theta, x, y, clip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != B {
+		t.Fatalf("count = %d, want %d", n, B)
+	}
+	if _, err := ws.ClippedSumNaive(want, theta, x, y, clip); err != nil {
+		t.Fatal(err)
+	}
+	if rel := relDiff(got, want); !(rel <= 1e-4) {
+		t.Fatalf("%s B=%d clip=%.4g norms=%.4g: clipped sum relative error %.3g", m.spec.Name, B, clip, norms, rel)
+	}
+	// The result really is a clipped sum: its norm is at most B·clip.
+	if s := math.Sqrt(sumSq(got)); s > float64(B)*clip*(1+1e-5) {
+		t.Fatalf("‖clipped sum‖ = %v > B·C = %v", s, float64(B)*clip)
+	}
+}
+
+// TestClippedSumMatchesNaiveOnLayerCases runs the property check on every
+// gradient case with both convolution norm strategies.
+func TestClippedSumMatchesNaiveOnLayerCases(t *testing.T) {
+	for ci, spec := range gradCases() {
+		m, err := New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ghost := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/ghost=%v", spec.Name, ghost), func(t *testing.T) {
+				for _, B := range []int{1, 2, 7} {
+					checkClipped(t, withConvMode(m, ghost), B, uint64(100*ci+B))
+				}
+			})
+		}
+	}
+}
+
+// randomSpec draws a random valid model: dense, convolutional or text.
+func randomSpec(rng *rand.Rand) Spec {
+	classes := 2 + rng.IntN(4)
+	act := func() LayerSpec {
+		return LayerSpec{Type: []string{ReLU, Tanh, LayerNorm}[rng.IntN(3)]}
+	}
+	for {
+		var s Spec
+		switch rng.IntN(3) {
+		case 0:
+			s = Spec{Name: "rand-dense", Input: []int{1 + rng.IntN(12)}, Classes: classes}
+			for range rng.IntN(3) {
+				s.Layers = append(s.Layers, LayerSpec{Type: Linear, Out: 1 + rng.IntN(10)}, act())
+			}
+			s.Layers = append(s.Layers, LayerSpec{Type: Linear, Out: classes})
+		case 1:
+			s = Spec{Name: "rand-conv", Input: []int{1 + rng.IntN(3), 3 + rng.IntN(7), 3 + rng.IntN(7)}, Classes: classes}
+			for range 1 + rng.IntN(2) {
+				k := 1 + rng.IntN(3)
+				s.Layers = append(s.Layers, LayerSpec{Type: Conv2D, Out: 1 + rng.IntN(4), Kernel: k, Stride: 1 + rng.IntN(2), Pad: rng.IntN(k)})
+				s.Layers = append(s.Layers, LayerSpec{Type: []string{ReLU, Tanh}[rng.IntN(2)]})
+				if rng.IntN(2) == 0 {
+					s.Layers = append(s.Layers, LayerSpec{Type: []string{MaxPool, AvgPool}[rng.IntN(2)], Kernel: 1 + rng.IntN(2), Stride: 1 + rng.IntN(2)})
+				}
+			}
+			s.Layers = append(s.Layers, LayerSpec{Type: Flatten}, LayerSpec{Type: Linear, Out: classes})
+		default:
+			s = Spec{Name: "rand-text", Input: []int{1 + rng.IntN(6)}, Classes: classes, Layers: []LayerSpec{
+				{Type: EmbeddingBag, Vocab: 2 + rng.IntN(9), Dim: 1 + rng.IntN(5)}}}
+			if rng.IntN(2) == 0 {
+				s.Layers = append(s.Layers, LayerSpec{Type: Linear, Out: 1 + rng.IntN(6)}, act())
+			}
+			s.Layers = append(s.Layers, LayerSpec{Type: Linear, Out: classes})
+		}
+		if s.Validate() == nil {
+			return s
+		}
+	}
+}
+
+// TestClippedSumMatchesNaiveRandom is the property test over random
+// architectures, shapes and batch sizes.
+func TestClippedSumMatchesNaiveRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2024, 3))
+	for trial := range 60 {
+		spec := randomSpec(rng)
+		m, err := New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		B := 1 + rng.IntN(9)
+		ghost := rng.IntN(2) == 0
+		t.Run(fmt.Sprintf("%d-%s", trial, spec.Name), func(t *testing.T) {
+			checkClipped(t, withConvMode(m, ghost), B, uint64(trial))
+		})
+	}
+}
+
+// TestClippedSumMatchesNaivePresets runs the property check on the presets.
+func TestClippedSumMatchesNaivePresets(t *testing.T) {
+	for i, name := range Presets() {
+		spec, err := Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "textbag" {
+			spec = TextBag(50, 8, 8, 4, 16) // the shape, with a smaller table
+		}
+		m, err := New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(name, func(t *testing.T) { checkClipped(t, m, 8, uint64(i)) })
+	}
+}
+
+// TestClippedSumLargeClipIsBTimesMean: with a clip norm above every
+// per-example norm nothing is clipped and the sum is B times the mean.
+func TestClippedSumLargeClipIsBTimesMean(t *testing.T) {
+	m, err := New(MLP([]int{20}, []int{16}, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	theta := randomTheta(t, m, 5)
+	x, y := randomBatch(m, 6, rng)
+	ws, _ := m.NewWorkspace(6)
+	sum := make([]float32, m.NumParams())
+	mean := make([]float32, m.NumParams())
+	if _, err := ws.ClippedSum(sum, theta, x, y, 1e9); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.MeanGrad(mean, theta, x, y); err != nil {
+		t.Fatal(err)
+	}
+	for i := range mean {
+		mean[i] *= 6
+	}
+	if rel := relDiff(sum, mean); rel > 1e-5 {
+		t.Fatalf("unclipped sum vs 6·mean: relative error %.3g", rel)
+	}
+}
+
+// TestClippedSumDeterministic: same inputs, same bits, whatever GOMAXPROCS.
+func TestClippedSumDeterministic(t *testing.T) {
+	spec, _ := Preset("cnn")
+	m, err := New(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(8, 8))
+	theta := randomTheta(t, m, 8)
+	x, y := randomBatch(m, 32, rng)
+	run := func(procs int) []float32 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		ws, err := m.NewWorkspace(32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float32, m.NumParams())
+		if _, err := ws.ClippedSum(out, theta, x, y, 0.5); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	a, b, c := run(1), run(2), run(4)
+	if !slices.Equal(a, b) || !slices.Equal(a, c) {
+		t.Fatal("clipped sum differs across GOMAXPROCS")
+	}
+}
+
+func TestGradientErrors(t *testing.T) {
+	m, err := New(TextBag(5, 3, 4, 2, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, _ := m.NewWorkspace(2)
+	theta := randomTheta(t, m, 1)
+	dst := make([]float32, m.NumParams())
+	good := []float32{0, 1, -1, 4, 4, 2}
+	nan := slices.Clone(theta)
+	nan[0] = float32(math.NaN())
+	tests := []struct {
+		name  string
+		dst   []float32
+		theta []float32
+		x     []float32
+		y     []int32
+		clip  float64
+		want  error
+	}{
+		{"short theta", dst, theta[1:], good, []int32{0, 1}, 1, ErrShape},
+		{"short dst", dst[1:], theta, good, []int32{0, 1}, 1, ErrShape},
+		{"nil dst", nil, theta, good, []int32{0, 1}, 1, ErrShape},
+		{"x length", dst, theta, good[1:], []int32{0, 1}, 1, ErrShape},
+		{"batch too big", dst, theta, append(slices.Clone(good), 1, 2, 3), []int32{0, 1, 1}, 1, ErrShape},
+		{"label", dst, theta, good, []int32{0, 2}, 1, ErrShape},
+		{"negative label", dst, theta, good, []int32{-1, 0}, 1, ErrShape},
+		{"token too big", dst, theta, []float32{0, 1, 5, 4, 4, 2}, []int32{0, 1}, 1, ErrShape},
+		{"token fraction", dst, theta, []float32{0, 1.5, 2, 4, 4, 2}, []int32{0, 1}, 1, ErrShape},
+		{"token nan", dst, theta, []float32{0, float32(math.NaN()), 2, 4, 4, 2}, []int32{0, 1}, 1, ErrShape},
+		{"token -2", dst, theta, []float32{0, -2, 2, 4, 4, 2}, []int32{0, 1}, 1, ErrShape},
+		{"zero clip", dst, theta, good, []int32{0, 1}, 0, ErrBadClip},
+		{"nan clip", dst, theta, good, []int32{0, 1}, math.NaN(), ErrBadClip},
+		{"inf clip", dst, theta, good, []int32{0, 1}, math.Inf(1), ErrBadClip},
+		{"nan theta", dst, nan, []float32{0, 1, 2, 0, 1, 2}, []int32{0, 1}, 1, ErrNonFinite},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ws.ClippedSum(tc.dst, tc.theta, tc.x, tc.y, tc.clip)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("ClippedSum error = %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if _, err := ws.MeanGrad(dst, theta, nil, nil); !errors.Is(err, ErrShape) {
+		t.Fatalf("MeanGrad on empty batch: %v, want ErrShape", err)
+	}
+	for i := range dst {
+		dst[i] = 7
+	}
+	n, err := ws.ClippedSum(dst, theta, nil, nil, 1)
+	if err != nil || n != 0 || slices.ContainsFunc(dst, func(v float32) bool { return v != 0 }) {
+		t.Fatalf("empty batch: n=%d err=%v, dst not zeroed", n, err)
+	}
+}
+
+func TestEvaluate(t *testing.T) {
+	m, err := New(LogReg([]int{2}, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// logits = (x0, x1): predicts the larger coordinate.
+	theta := []float32{1, 0, 0, 1, 0, 0}
+	x := []float32{2, 0, 0, 2, 3, 1, 0, 1, 5, 4}
+	y := []int32{0, 1, 1, 1, 0}
+	ws, _ := m.NewWorkspace(2) // several batches
+	got, err := ws.Evaluate(theta, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantLoss float64
+	for i := range y {
+		z0, z1 := float64(x[2*i]), float64(x[2*i+1])
+		lse := math.Log(math.Exp(z0) + math.Exp(z1))
+		wantLoss += lse - []float64{z0, z1}[y[i]]
+	}
+	wantLoss /= 5
+	if got.N != 5 || got.Accuracy != 0.8 || math.Abs(got.Loss-wantLoss) > 1e-6 {
+		t.Fatalf("Evaluate = %+v, want N 5, accuracy 0.8, loss %v", got, wantLoss)
+	}
+}

@@ -1,0 +1,248 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/dpcluster/dpcluster/dataset"
+)
+
+// ErrShape is returned (wrapped) when a parameter vector, batch, label or
+// destination has the wrong length or a value out of range (a label outside
+// [0, Classes), a token id outside [-1, Vocab)).
+var ErrShape = errors.New("model: shape mismatch")
+
+// ErrNonFinite is returned when a forward or backward pass produces NaN or
+// ±Inf (for instance from non-finite parameters or inputs). The destination
+// then holds unspecified values and must not be used.
+var ErrNonFinite = errors.New("model: non-finite value")
+
+// ErrBadClip is returned when the clipping norm is not a positive finite number.
+var ErrBadClip = errors.New("model: clip norm must be positive and finite")
+
+// ParamInfo names one parameter tensor: a view theta[Offset:Offset+Size]
+// of the flat parameter vector, with a row-major Shape.
+type ParamInfo struct {
+	Name   string
+	Shape  []int
+	Offset int
+	Size   int
+}
+
+// Model is a validated spec with its parameter layout. It holds no
+// parameters itself: every method takes the flat vector theta. A Model is
+// immutable and safe for concurrent use; computing gradients needs a
+// Workspace (one per goroutine).
+type Model struct {
+	spec      Spec
+	hash      string
+	layers    []layer
+	params    []ParamInfo
+	layerOff  []int // offset of layer i's parameters in theta
+	layerSize []int // number of parameters of layer i
+	numParams int
+	inShape   []int
+	inSize    int
+	classes   int
+	vocab     int // > 0 when the first layer is an embedding bag
+	backend   Backend
+}
+
+// New validates spec and builds its parameter layout with DefaultBackend.
+// Errors wrap ErrInvalidSpec.
+func New(spec Spec) (*Model, error) { return NewWithBackend(spec, DefaultBackend()) }
+
+// NewWithBackend is New with an explicit compute back end.
+func NewWithBackend(spec Spec, be Backend) (*Model, error) {
+	if be == nil {
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidSpec)
+	}
+	m, err := plan(spec)
+	if err != nil {
+		return nil, err
+	}
+	m.backend = be
+	return m, nil
+}
+
+// plan normalizes and validates a spec and infers every layer's shape.
+func plan(s Spec) (*Model, error) {
+	s = s.normalized()
+	if s.Loss != SoftmaxCrossEntropy {
+		return nil, fmt.Errorf("%w: unknown loss %q (have %q)", ErrInvalidSpec, s.Loss, SoftmaxCrossEntropy)
+	}
+	if len(s.Input) != 1 && len(s.Input) != 3 {
+		return nil, fmt.Errorf("%w: input shape %v must be [D] or [C, H, W]", ErrInvalidSpec, s.Input)
+	}
+	inSize := shapeSize(s.Input)
+	if inSize < 1 {
+		return nil, fmt.Errorf("%w: input shape %v has a non-positive or huge dimension", ErrInvalidSpec, s.Input)
+	}
+	if s.Classes < 2 || s.Classes > maxElems {
+		return nil, fmt.Errorf("%w: classes = %d, need ≥ 2", ErrInvalidSpec, s.Classes)
+	}
+	if len(s.Layers) == 0 {
+		return nil, fmt.Errorf("%w: no layers", ErrInvalidSpec)
+	}
+	m := &Model{spec: s, inShape: slices.Clone(s.Input), inSize: inSize, classes: s.Classes}
+	shape := slices.Clone(s.Input)
+	names := map[string]bool{}
+	off := 0
+	for i, ls := range s.Layers {
+		l, err := buildLayer(i, ls, shape)
+		if err != nil {
+			return nil, fmt.Errorf("%w: layer %d (%s) on input %v: %v", ErrInvalidSpec, i, ls.Type, shape, err)
+		}
+		if _, ok := l.(*embedBag); ok {
+			m.vocab = ls.Vocab
+		}
+		prefix := ls.Name
+		if prefix == "" {
+			prefix = fmt.Sprint(i)
+		}
+		m.layerOff = append(m.layerOff, off)
+		start := off
+		for _, p := range l.paramShapes() {
+			name := prefix + "." + p.name
+			if names[name] {
+				return nil, fmt.Errorf("%w: layer %d: duplicate parameter name %q", ErrInvalidSpec, i, name)
+			}
+			names[name] = true
+			n := shapeSize(p.shape)
+			if n < 1 || off > maxElems-n {
+				return nil, fmt.Errorf("%w: layer %d: parameter %q too large", ErrInvalidSpec, i, name)
+			}
+			m.params = append(m.params, ParamInfo{Name: name, Shape: p.shape, Offset: off, Size: n})
+			off += n
+		}
+		m.layerSize = append(m.layerSize, off-start)
+		m.layers = append(m.layers, l)
+		shape = l.outShape()
+		if shapeSize(shape) < 1 {
+			return nil, fmt.Errorf("%w: layer %d (%s) output %v is empty or too large", ErrInvalidSpec, i, ls.Type, shape)
+		}
+	}
+	if len(shape) != 1 || shape[0] != s.Classes {
+		return nil, fmt.Errorf("%w: last layer outputs %v, want [%d] (classes)", ErrInvalidSpec, shape, s.Classes)
+	}
+	if off == 0 {
+		return nil, fmt.Errorf("%w: model has no parameters", ErrInvalidSpec)
+	}
+	m.numParams = off
+	h, err := s.Hash()
+	if err != nil {
+		return nil, err
+	}
+	m.hash = h
+	return m, nil
+}
+
+// Spec returns the normalized spec (defaults filled in).
+func (m *Model) Spec() Spec {
+	s := m.spec
+	s.Input = slices.Clone(s.Input)
+	s.Layers = slices.Clone(s.Layers)
+	return s
+}
+
+// Hash returns Spec().Hash().
+func (m *Model) Hash() string { return m.hash }
+
+// NumParams returns the length of the flat parameter vector.
+func (m *Model) NumParams() int { return m.numParams }
+
+// Params returns the named tensor views of the parameter vector, in order.
+func (m *Model) Params() []ParamInfo {
+	out := make([]ParamInfo, len(m.params))
+	for i, p := range m.params {
+		p.Shape = slices.Clone(p.Shape)
+		out[i] = p
+	}
+	return out
+}
+
+// Param returns the view of theta holding the named tensor, or false.
+func (m *Model) Param(theta []float32, name string) ([]float32, bool) {
+	if len(theta) != m.numParams {
+		return nil, false
+	}
+	for _, p := range m.params {
+		if p.Name == name {
+			return theta[p.Offset : p.Offset+p.Size : p.Offset+p.Size], true
+		}
+	}
+	return nil, false
+}
+
+// InputShape returns the per-example input shape.
+func (m *Model) InputShape() []int { return slices.Clone(m.inShape) }
+
+// InputSize returns the number of float32 values per example.
+func (m *Model) InputSize() int { return m.inSize }
+
+// Classes returns the number of classes.
+func (m *Model) Classes() int { return m.classes }
+
+// Backend returns the compute back end.
+func (m *Model) Backend() Backend { return m.backend }
+
+// CheckDataset reports whether d fits the model: same per-example size,
+// shape (if d.Shape is set), number of classes and, for token models, a
+// vocabulary no larger than the embedding table.
+func (m *Model) CheckDataset(d *dataset.Dataset) error {
+	if d == nil {
+		return fmt.Errorf("%w: nil dataset", ErrShape)
+	}
+	if d.Dim != m.inSize {
+		return fmt.Errorf("%w: dataset %q has %d features, model wants %d (%v)", ErrShape, d.Name, d.Dim, m.inSize, m.inShape)
+	}
+	if d.Shape != nil && len(d.Shape) == len(m.inShape) && !slices.Equal(d.Shape, m.inShape) {
+		return fmt.Errorf("%w: dataset %q has shape %v, model wants %v", ErrShape, d.Name, d.Shape, m.inShape)
+	}
+	if d.Classes != m.classes {
+		return fmt.Errorf("%w: dataset %q has %d classes, model has %d", ErrShape, d.Name, d.Classes, m.classes)
+	}
+	if m.vocab > 0 && (d.Vocab < 1 || d.Vocab > m.vocab) {
+		return fmt.Errorf("%w: dataset %q has vocabulary %d, model's embedding has %d rows", ErrShape, d.Name, d.Vocab, m.vocab)
+	}
+	return nil
+}
+
+// Init writes deterministic initial parameters for seed into dst (length
+// NumParams): the same seed gives the same bits on every machine. Weights and
+// biases of linear and conv layers are uniform in ±1/sqrt(fan_in) (PyTorch's
+// default, He et al. 2015 "Delving deep into rectifiers" with a = √5),
+// embeddings are N(0, 1) (PyTorch's nn.EmbeddingBag), layer-norm gains 1 and
+// biases 0. The generator is PCG (math/rand/v2) seeded per tensor, so
+// adding a layer does not change earlier tensors.
+func (m *Model) Init(dst []float32, seed uint64) error {
+	if len(dst) != m.numParams {
+		return fmt.Errorf("%w: Init dst has %d values, want %d", ErrShape, len(dst), m.numParams)
+	}
+	for li, l := range m.layers {
+		w := dst[m.layerOff[li] : m.layerOff[li]+m.layerSize[li]]
+		rng := rand.New(rand.NewPCG(seed, uint64(li)*0x9e3779b97f4a7c15+1))
+		l.init(w, rng)
+	}
+	return nil
+}
+
+// uniformInit fills w with U(-bound, bound) drawn from rng.
+func uniformInit(w []float32, bound float64, rng *rand.Rand) {
+	for i := range w {
+		w[i] = float32((2*rng.Float64() - 1) * bound)
+	}
+}
+
+// checkFinite reports whether every value is finite.
+func allFinite(v []float32) bool {
+	for _, x := range v {
+		if f := float64(x); math.IsNaN(f) || math.IsInf(f, 0) {
+			return false
+		}
+	}
+	return true
+}

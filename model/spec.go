@@ -1,0 +1,255 @@
+package model
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Layer type names accepted in a LayerSpec.
+const (
+	Linear       = "linear"
+	ReLU         = "relu"
+	Tanh         = "tanh"
+	Conv2D       = "conv2d"
+	MaxPool      = "maxpool"
+	AvgPool      = "avgpool"
+	Flatten      = "flatten"
+	EmbeddingBag = "embeddingbag"
+	LayerNorm    = "layernorm"
+)
+
+// Loss names accepted in Spec.Loss.
+const (
+	SoftmaxCrossEntropy = "softmax_cross_entropy"
+)
+
+// ErrInvalidSpec is returned (wrapped, naming the offending layer) when a
+// model spec is malformed or its shapes do not fit together.
+var ErrInvalidSpec = errors.New("model: invalid spec")
+
+// Spec describes a model: a per-example input shape, a stack of layers and a
+// loss. It is plain data, encoded as JSON; its Hash identifies the model on
+// the wire. Shapes are written the PyTorch way: images are [C, H, W] and a
+// conv weight is [out, in, kh, kw]; a linear weight is [out, in].
+type Spec struct {
+	// Name is informational (it is part of the hash).
+	Name string `json:"name,omitempty"`
+	// Input is the per-example input shape: [D] for vectors and token
+	// sequences, [C, H, W] for images.
+	Input []int `json:"input"`
+	// Classes is the number of output classes; the last layer must produce
+	// [Classes] values.
+	Classes int `json:"classes"`
+	// Loss is the loss name; "" means SoftmaxCrossEntropy.
+	Loss string `json:"loss,omitempty"`
+	// Layers are applied in order.
+	Layers []LayerSpec `json:"layers"`
+}
+
+// LayerSpec is one layer. Which fields matter depends on Type:
+//
+//	linear:       Out (weight [Out, in], bias [Out]); input must be flat
+//	relu, tanh:   none
+//	conv2d:       Out channels, Kernel, Stride (default 1), Pad (default 0);
+//	              weight [Out, C, Kernel, Kernel], bias [Out]; input [C, H, W]
+//	maxpool,
+//	avgpool:      Kernel, Stride (default Kernel); no padding; input [C, H, W]
+//	flatten:      none; [C, H, W] becomes [C*H*W] in C, H, W order
+//	embeddingbag: Vocab, Dim (weight [Vocab, Dim]); must be the first layer;
+//	              input [L] token ids (float32 integers, -1 = padding);
+//	              output is the mean embedding of the non-padding tokens
+//	              (zero if there are none)
+//	layernorm:    Eps (default 1e-5); gain and bias over the whole flat input
+type LayerSpec struct {
+	Type string `json:"type"`
+	// Name prefixes the layer's parameter names ("<name>.weight"); default
+	// is the layer index ("3.weight").
+	Name   string  `json:"name,omitempty"`
+	Out    int     `json:"out,omitempty"`
+	Kernel int     `json:"kernel,omitempty"`
+	Stride int     `json:"stride,omitempty"`
+	Pad    int     `json:"pad,omitempty"`
+	Vocab  int     `json:"vocab,omitempty"`
+	Dim    int     `json:"dim,omitempty"`
+	Eps    float64 `json:"eps,omitempty"`
+}
+
+// maxElems bounds every tensor and activation size so index arithmetic
+// cannot overflow and a hostile spec cannot ask for absurd memory.
+const maxElems = 1 << 31
+
+// ParseSpec decodes a JSON spec, rejecting unknown fields, and validates it.
+func ParseSpec(data []byte) (Spec, error) {
+	var s Spec
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return Spec{}, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
+	}
+	if dec.More() {
+		return Spec{}, fmt.Errorf("%w: trailing data after the spec", ErrInvalidSpec)
+	}
+	if err := s.Validate(); err != nil {
+		return Spec{}, err
+	}
+	return s, nil
+}
+
+// Validate checks the spec and infers every layer's shape; errors wrap
+// ErrInvalidSpec and name the layer and shapes involved.
+func (s Spec) Validate() error {
+	_, err := plan(s)
+	return err
+}
+
+// normalized returns a copy with defaults filled in, so that equivalent
+// specs hash equally.
+func (s Spec) normalized() Spec {
+	out := s
+	out.Input = append([]int(nil), s.Input...)
+	out.Layers = append([]LayerSpec(nil), s.Layers...)
+	if out.Loss == "" {
+		out.Loss = SoftmaxCrossEntropy
+	}
+	for i := range out.Layers {
+		l := &out.Layers[i]
+		switch l.Type {
+		case Conv2D:
+			if l.Stride == 0 {
+				l.Stride = 1
+			}
+		case MaxPool, AvgPool:
+			if l.Stride == 0 {
+				l.Stride = l.Kernel
+			}
+		case LayerNorm:
+			if l.Eps == 0 {
+				l.Eps = 1e-5
+			}
+		}
+	}
+	return out
+}
+
+// CanonicalJSON returns the normalized spec (defaults filled in) as JSON
+// with object keys sorted and no insignificant whitespace.
+func (s Spec) CanonicalJSON() ([]byte, error) {
+	raw, err := json.Marshal(s.normalized())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
+	}
+	// Round-trip through generic values: encoding/json writes map keys
+	// sorted, which makes the encoding independent of struct field order.
+	var generic any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&generic); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
+	}
+	return json.Marshal(generic)
+}
+
+// Hash returns the hex SHA-256 of CanonicalJSON. Nodes and the coordinator
+// compare hashes to check that they run the same model. It returns an error
+// only for specs that cannot be encoded (non-finite Eps).
+func (s Spec) Hash() (string, error) {
+	b, err := s.CanonicalJSON()
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// shapeSize returns the product of dims, or -1 if a dim is non-positive or
+// the product exceeds maxElems.
+func shapeSize(dims []int) int {
+	n := 1
+	for _, d := range dims {
+		if d < 1 || d > maxElems || n > maxElems/d {
+			return -1
+		}
+		n *= d
+	}
+	return n
+}
+
+// Presets returns the names accepted by Preset.
+func Presets() []string { return []string{"logreg", "mlp", "cnn", "textbag"} }
+
+// Preset returns a built-in spec for Fashion-MNIST-shaped data
+// ([1, 28, 28] inputs, 10 classes); "textbag" uses a 10000-token
+// vocabulary, 64-dimensional embeddings, 64 hidden units, 4 classes and
+// sequences of 128 tokens. Use the constructors (LogReg, MLP, CNN, TextBag)
+// for other shapes.
+func Preset(name string) (Spec, error) {
+	img := []int{1, 28, 28}
+	switch name {
+	case "logreg":
+		return LogReg(img, 10), nil
+	case "mlp":
+		return MLP(img, []int{256, 256}, 10), nil
+	case "cnn":
+		return CNN(img, 10), nil
+	case "textbag":
+		return TextBag(10000, 64, 64, 4, 128), nil
+	}
+	return Spec{}, fmt.Errorf("%w: unknown preset %q (have %v)", ErrInvalidSpec, name, Presets())
+}
+
+// LogReg is multinomial logistic regression: flatten → linear.
+func LogReg(input []int, classes int) Spec {
+	return Spec{Name: "logreg", Input: append([]int(nil), input...), Classes: classes, Layers: []LayerSpec{
+		{Type: Flatten}, {Type: Linear, Out: classes},
+	}}
+}
+
+// MLP is flatten → (linear → ReLU)* → linear; MLP([1,28,28], []int{256,256}, 10)
+// is the "mlp" preset (784-256-256-10).
+func MLP(input []int, hidden []int, classes int) Spec {
+	layers := []LayerSpec{{Type: Flatten}}
+	for _, h := range hidden {
+		layers = append(layers, LayerSpec{Type: Linear, Out: h}, LayerSpec{Type: ReLU})
+	}
+	layers = append(layers, LayerSpec{Type: Linear, Out: classes})
+	return Spec{Name: "mlp", Input: append([]int(nil), input...), Classes: classes, Layers: layers}
+}
+
+// CNN is the tanh convolutional network of Papernot, Thakurta, Song, Chien
+// and Erlingsson, "Tempered Sigmoid Activations for Deep Learning with
+// Differential Privacy" (AAAI 2021), for 28×28 inputs: conv 16 8×8 stride 2
+// pad 3 → tanh → maxpool 2 stride 1 → conv 32 4×4 stride 2 → tanh →
+// maxpool 2 stride 1 → flatten → linear 32 → tanh → linear classes.
+func CNN(input []int, classes int) Spec {
+	return Spec{Name: "cnn", Input: append([]int(nil), input...), Classes: classes, Layers: []LayerSpec{
+		{Type: Conv2D, Out: 16, Kernel: 8, Stride: 2, Pad: 3},
+		{Type: Tanh},
+		{Type: MaxPool, Kernel: 2, Stride: 1},
+		{Type: Conv2D, Out: 32, Kernel: 4, Stride: 2},
+		{Type: Tanh},
+		{Type: MaxPool, Kernel: 2, Stride: 1},
+		{Type: Flatten},
+		{Type: Linear, Out: 32},
+		{Type: Tanh},
+		{Type: Linear, Out: classes},
+	}}
+}
+
+// TextBag is a bag-of-embeddings text classifier: embedding bag (mean of
+// token embeddings) → linear hidden → ReLU → linear classes, over token
+// sequences of length seqLen.
+func TextBag(vocab, embed, hidden, classes, seqLen int) Spec {
+	return Spec{Name: "textbag", Input: []int{seqLen}, Classes: classes, Layers: []LayerSpec{
+		{Type: EmbeddingBag, Vocab: vocab, Dim: embed},
+		{Type: Linear, Out: hidden},
+		{Type: ReLU},
+		{Type: Linear, Out: classes},
+	}}
+}
+
+func validEps(e float64) bool { return e > 0 && e < 1 && !math.IsNaN(e) }
