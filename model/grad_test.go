@@ -412,3 +412,17 @@ func TestEvaluate(t *testing.T) {
 		t.Fatalf("Evaluate = %+v, want N 5, accuracy 0.8, loss %v", got, wantLoss)
 	}
 }
+
+// TestTanh32 bounds the float32 tanh against math.Tanh over a dense grid.
+func TestTanh32(t *testing.T) {
+	var worst float64
+	for x := -12.0; x <= 12; x += 1e-4 {
+		got := float64(tanh32(float32(x)))
+		want := math.Tanh(float64(float32(x)))
+		worst = math.Max(worst, math.Abs(got-want))
+	}
+	// A few float32 ulps of 1 (ulp = 6e-8).
+	if worst > 5e-7 {
+		t.Fatalf("max |tanh32 - tanh| = %.3g", worst)
+	}
+}

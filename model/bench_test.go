@@ -1,0 +1,59 @@
+package model
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// benchStep benchmarks one gradient step at B = 256 on
+// Fashion-MNIST-shaped random data: the non-private mean gradient, the
+// ghost-norm clipped sum ("dp") and the naive per-example reference.
+func benchStep(b *testing.B, preset string) {
+	const B = 256
+	spec, err := Preset(preset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := New(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	theta := make([]float32, m.NumParams())
+	if err := m.Init(theta, 1); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	x := make([]float32, B*m.InputSize())
+	for i := range x {
+		x[i] = rng.Float32()
+	}
+	y := make([]int32, B)
+	for i := range y {
+		y[i] = int32(rng.IntN(m.Classes()))
+	}
+	ws, err := m.NewWorkspace(B)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst := make([]float32, m.NumParams())
+	run := func(name string, step func() error) {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := step(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(B*b.N)/b.Elapsed().Seconds(), "examples/s")
+		})
+	}
+	run("nonprivate", func() error { _, err := ws.MeanGrad(dst, theta, x, y); return err })
+	run("dp", func() error { _, err := ws.ClippedSum(dst, theta, x, y, 1); return err })
+	run("naive", func() error { _, err := ws.ClippedSumNaive(dst, theta, x, y, 1); return err })
+}
+
+// BenchmarkMLPStep: the "mlp" preset (784-256-256-10), B = 256.
+func BenchmarkMLPStep(b *testing.B) { benchStep(b, "mlp") }
+
+// BenchmarkCNNStep: the "cnn" preset (Papernot et al. 2021), B = 256.
+func BenchmarkCNNStep(b *testing.B) { benchStep(b, "cnn") }

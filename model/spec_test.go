@@ -1,0 +1,236 @@
+package model
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestPresetsShapes(t *testing.T) {
+	tests := []struct {
+		name   string
+		params int
+		names  []string
+	}{
+		{"logreg", 784*10 + 10, []string{"1.weight", "1.bias"}},
+		{"mlp", 784*256 + 256 + 256*256 + 256 + 256*10 + 10, []string{"1.weight", "1.bias", "3.weight", "3.bias", "5.weight", "5.bias"}},
+		// conv1 16·1·8·8+16, conv2 32·16·4·4+32, linear 512→32, linear 32→10
+		{"cnn", 16*64 + 16 + 32*256 + 32 + 32*512 + 32 + 32*10 + 10, []string{"0.weight", "0.bias", "3.weight", "3.bias", "7.weight", "7.bias", "9.weight", "9.bias"}},
+		{"textbag", 10000*64 + 64*64 + 64 + 64*4 + 4, []string{"0.weight", "1.weight", "1.bias", "3.weight", "3.bias"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec, err := Preset(tc.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := m.NumParams(); got != tc.params {
+				t.Errorf("NumParams = %d, want %d", got, tc.params)
+			}
+			var names []string
+			off := 0
+			for _, p := range m.Params() {
+				names = append(names, p.Name)
+				if p.Offset != off || p.Size != shapeSize(p.Shape) {
+					t.Errorf("param %s: offset %d size %d shape %v, want offset %d", p.Name, p.Offset, p.Size, p.Shape, off)
+				}
+				off += p.Size
+			}
+			if !slices.Equal(names, tc.names) {
+				t.Errorf("param names = %v, want %v", names, tc.names)
+			}
+		})
+	}
+	if _, err := Preset("resnet"); !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("unknown preset: %v", err)
+	}
+}
+
+func TestCNNConvShapes(t *testing.T) {
+	m, err := New(CNN([]int{1, 28, 28}, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got [][]int
+	for _, l := range m.layers {
+		got = append(got, l.outShape())
+	}
+	want := [][]int{{16, 14, 14}, {16, 14, 14}, {16, 13, 13}, {32, 5, 5}, {32, 5, 5}, {32, 4, 4}, {512}, {32}, {32}, {10}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("layer shapes = %v, want %v", got, want)
+	}
+	// Cost model: conv1 (T=196, K=64, O=16) materializes, conv2 (T=25,
+	// K=256, O=32) uses the ghost norm.
+	if m.layers[0].(*conv).ghost || !m.layers[3].(*conv).ghost {
+		t.Fatal("unexpected per-layer norm strategy")
+	}
+}
+
+func TestSpecHash(t *testing.T) {
+	spec, _ := Preset("mlp")
+	h1, err := spec.Hash()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pinned: changing the canonical encoding breaks cross-version checks.
+	const want = "a68ee4372853da0e63b54941110e8489f64dbe976bd1da329d860b2f4012cd7f"
+	if h1 != want {
+		t.Errorf("mlp hash = %s, want %s", h1, want)
+	}
+	// Defaults written out explicitly hash the same.
+	cnn, _ := Preset("cnn")
+	explicit := cnn
+	explicit.Layers = slices.Clone(cnn.Layers)
+	explicit.Loss = SoftmaxCrossEntropy
+	explicit.Layers[2].Stride = 1
+	explicit.Layers[0].Stride = 2
+	ha, _ := cnn.Hash()
+	hb, _ := explicit.Hash()
+	if ha != hb {
+		t.Errorf("explicit defaults change the hash")
+	}
+	// Any change in architecture changes the hash.
+	other := MLP([]int{1, 28, 28}, []int{256, 128}, 10)
+	if h2, _ := other.Hash(); h2 == h1 {
+		t.Errorf("different models share a hash")
+	}
+	// JSON round trip keeps the hash.
+	b, err := spec.CanonicalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h3, _ := back.Hash(); h3 != h1 {
+		t.Errorf("round trip changed the hash: %s", b)
+	}
+	if !strings.HasPrefix(string(b), `{"classes":10,"input":[1,28,28],"layers":[{"type":"flatten"}`) {
+		t.Errorf("canonical JSON = %s", b)
+	}
+	if m, _ := New(spec); m.Hash() != h1 {
+		t.Errorf("Model.Hash differs from Spec.Hash")
+	}
+}
+
+func TestParseSpecErrors(t *testing.T) {
+	tests := []struct {
+		name, json, want string
+	}{
+		{"unknown field", `{"input":[4],"classes":2,"layers":[{"type":"linear","out":2}],"extra":1}`, "unknown field"},
+		{"unknown layer", `{"input":[4],"classes":2,"layers":[{"type":"dense","out":2}]}`, `unknown layer type "dense"`},
+		{"missing type", `{"input":[4],"classes":2,"layers":[{"out":2}]}`, "missing layer type"},
+		{"linear on image", `{"input":[1,4,4],"classes":2,"layers":[{"type":"linear","out":2}]}`, "add a flatten layer"},
+		{"wrong output", `{"input":[4],"classes":3,"layers":[{"type":"linear","out":2}]}`, "want [3]"},
+		{"kernel too big", `{"input":[1,4,4],"classes":2,"layers":[{"type":"conv2d","out":2,"kernel":5},{"type":"flatten"},{"type":"linear","out":2}]}`, "kernel 5 larger"},
+		{"pool too big", `{"input":[1,4,4],"classes":2,"layers":[{"type":"maxpool","kernel":5},{"type":"flatten"},{"type":"linear","out":2}]}`, "kernel ≤ H"},
+		{"irrelevant field", `{"input":[4],"classes":2,"layers":[{"type":"linear","out":2,"kernel":3}]}`, `field "kernel" is not used by linear`},
+		{"embedding not first", `{"input":[4],"classes":2,"layers":[{"type":"linear","out":4},{"type":"embeddingbag","vocab":3,"dim":2},{"type":"linear","out":2}]}`, "must be the first layer"},
+		{"no params", `{"input":[2],"classes":2,"layers":[{"type":"relu"}]}`, "no parameters"},
+		{"bad input", `{"input":[2,3],"classes":2,"layers":[{"type":"flatten"},{"type":"linear","out":2}]}`, "must be [D] or [C, H, W]"},
+		{"zero input", `{"input":[0],"classes":2,"layers":[{"type":"linear","out":2}]}`, "non-positive"},
+		{"one class", `{"input":[2],"classes":1,"layers":[{"type":"linear","out":1}]}`, "classes = 1"},
+		{"bad loss", `{"input":[2],"classes":2,"loss":"mse","layers":[{"type":"linear","out":2}]}`, "unknown loss"},
+		{"bad eps", `{"input":[2],"classes":2,"layers":[{"type":"layernorm","eps":-1},{"type":"linear","out":2}]}`, "eps = -1"},
+		{"huge", `{"input":[100000,100000,100000],"classes":2,"layers":[{"type":"flatten"},{"type":"linear","out":2}]}`, "huge"},
+		{"duplicate names", `{"input":[2],"classes":2,"layers":[{"type":"linear","out":2,"name":"a"},{"type":"linear","out":2,"name":"a"}]}`, "duplicate parameter"},
+		{"trailing", `{"input":[2],"classes":2,"layers":[{"type":"linear","out":2}]} {}`, "trailing"},
+		{"not json", `[1,2`, "invalid spec"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseSpec([]byte(tc.json))
+			if !errors.Is(err, ErrInvalidSpec) {
+				t.Fatalf("error %v does not wrap ErrInvalidSpec", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestInitDeterministic(t *testing.T) {
+	spec, _ := Preset("cnn")
+	m, _ := New(spec)
+	a := make([]float32, m.NumParams())
+	b := make([]float32, m.NumParams())
+	c := make([]float32, m.NumParams())
+	if err := m.Init(a, 7); err != nil {
+		t.Fatal(err)
+	}
+	_ = m.Init(b, 7)
+	_ = m.Init(c, 8)
+	if !slices.Equal(a, b) || slices.Equal(a, c) {
+		t.Fatal("Init is not a deterministic function of the seed")
+	}
+	// PyTorch-style bounds: conv1 weights within 1/sqrt(64).
+	w, ok := m.Param(a, "0.weight")
+	if !ok || len(w) != 1024 {
+		t.Fatal("Param(0.weight) missing")
+	}
+	for _, v := range w {
+		if math.Abs(float64(v)) > 1.0/8 {
+			t.Fatalf("conv1 weight %v outside ±1/8", v)
+		}
+	}
+	if err := m.Init(a[1:], 7); !errors.Is(err, ErrShape) {
+		t.Fatalf("short Init: %v", err)
+	}
+}
+
+// FuzzParseSpec: arbitrary bytes never panic; an accepted spec builds a
+// model whose hash survives a canonical round trip, and small ones run.
+func FuzzParseSpec(f *testing.F) {
+	for _, name := range Presets() {
+		s, _ := Preset(name)
+		b, _ := s.CanonicalJSON()
+		f.Add(b)
+	}
+	f.Add([]byte(`{"input":[2,5,5],"classes":2,"layers":[{"type":"conv2d","out":2,"kernel":3,"pad":1},{"type":"avgpool","kernel":2},{"type":"flatten"},{"type":"layernorm"},{"type":"linear","out":2}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := ParseSpec(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidSpec) {
+				t.Fatalf("error %v does not wrap ErrInvalidSpec", err)
+			}
+			return
+		}
+		m, err := New(s)
+		if err != nil {
+			t.Fatalf("ParseSpec accepted a spec New rejects: %v", err)
+		}
+		b, err := s.CanonicalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := ParseSpec(b)
+		if err != nil {
+			t.Fatalf("canonical JSON does not parse: %v", err)
+		}
+		if h, _ := back.Hash(); h != m.Hash() {
+			t.Fatal("hash changed in a canonical round trip")
+		}
+		if m.NumParams() > 1<<16 || m.InputSize() > 1<<12 {
+			return
+		}
+		ws, err := m.NewWorkspace(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		theta := make([]float32, m.NumParams())
+		_ = m.Init(theta, 1)
+		x := make([]float32, 2*m.InputSize())
+		dst := make([]float32, m.NumParams())
+		if _, err := ws.ClippedSum(dst, theta, x, []int32{0, 1}, 1); err != nil && !errors.Is(err, ErrNonFinite) {
+			t.Fatal(err)
+		}
+	})
+}
