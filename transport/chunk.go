@@ -1,0 +1,234 @@
+package transport
+
+import (
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+)
+
+type transferKey struct {
+	sender string
+	id     uint64
+}
+
+// transfer is the receive state of one chunked message.
+type transfer struct {
+	topic    Topic
+	total    uint32
+	size     uint32
+	length   uint64
+	wholeCRC uint32
+	buf      []byte
+	have     []uint64 // bitset of received chunk indices
+	n        uint32
+	started  time.Time
+	last     time.Time // last new chunk
+	lastNack time.Time
+	nacks    int
+}
+
+// reassembler rebuilds chunked messages. It is safe for concurrent use. Its
+// memory is bounded: a transfer may not exceed maxMessage bytes and all
+// transfers in flight together may not exceed maxTotal bytes; a transfer that
+// is not complete timeout after its first chunk is dropped and freed.
+type reassembler struct {
+	maxMessage int64
+	maxTotal   int64
+
+	mu       sync.Mutex
+	inflight int64
+	xfers    map[transferKey]*transfer
+	finished map[transferKey]time.Time // completed or abandoned, to drop late duplicates
+}
+
+func newReassembler(maxMessage, maxTotal int64) *reassembler {
+	return &reassembler{
+		maxMessage: maxMessage,
+		maxTotal:   maxTotal,
+		xfers:      make(map[transferKey]*transfer),
+		finished:   make(map[transferKey]time.Time),
+	}
+}
+
+// add stores c, which must have passed chunk.check. It returns the whole
+// message once the last missing chunk arrives and the whole-message CRC32C
+// matches. Errors: ErrDuplicateChunk for a chunk already held (or of a
+// finished transfer), ErrCorrupt for a chunk inconsistent with its transfer
+// or a whole-message CRC mismatch (the transfer is dropped), ErrTooLarge
+// when the transfer does not fit the limits. c.Data is copied.
+func (r *reassembler) add(c *chunk, now time.Time) ([]byte, error) {
+	key := transferKey{c.Sender, c.Transfer}
+	r.mu.Lock()
+	if _, ok := r.finished[key]; ok {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: transfer %d from %s already finished", ErrDuplicateChunk, c.Transfer, c.Sender)
+	}
+	x := r.xfers[key]
+	if x == nil {
+		if c.Len > uint64(r.maxMessage) {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("%w: transfer of %d bytes, limit %d", ErrTooLarge, c.Len, r.maxMessage)
+		}
+		if r.inflight+int64(c.Len) > r.maxTotal {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("%w: %d bytes in flight, limit %d", ErrTooLarge, r.inflight+int64(c.Len), r.maxTotal)
+		}
+		x = &transfer{
+			topic: c.Topic, total: c.Total, size: c.Size, length: c.Len, wholeCRC: c.WholeCRC,
+			buf:     make([]byte, c.Len),
+			have:    make([]uint64, (c.Total+63)/64),
+			started: now,
+		}
+		r.inflight += int64(c.Len)
+		r.xfers[key] = x
+	} else if x.topic != c.Topic || x.total != c.Total || x.size != c.Size || x.length != c.Len || x.wholeCRC != c.WholeCRC {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: chunk %d inconsistent with transfer %d from %s", ErrCorrupt, c.Index, c.Transfer, c.Sender)
+	}
+	w, bit := c.Index/64, uint64(1)<<(c.Index%64)
+	if x.have[w]&bit != 0 {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: chunk %d of transfer %d from %s", ErrDuplicateChunk, c.Index, c.Transfer, c.Sender)
+	}
+	copy(x.buf[c.Offset:], c.Data)
+	x.have[w] |= bit
+	x.n++
+	x.last = now
+	if x.n < x.total {
+		r.mu.Unlock()
+		return nil, nil
+	}
+	r.finishLocked(key, x, now)
+	r.mu.Unlock()
+	if crc32.Checksum(x.buf, castagnoli) != x.wholeCRC {
+		return nil, fmt.Errorf("%w: transfer %d from %s: whole-message CRC32C mismatch", ErrCorrupt, c.Transfer, c.Sender)
+	}
+	return x.buf, nil
+}
+
+func (r *reassembler) finishLocked(key transferKey, x *transfer, now time.Time) {
+	delete(r.xfers, key)
+	r.inflight -= int64(x.length)
+	r.finished[key] = now
+}
+
+// nackReq asks sender to resend the listed chunks of transfer id.
+type nackReq struct {
+	sender  string
+	id      uint64
+	missing []uint32
+}
+
+// scan drops transfers older than timeout (returning an ErrIncomplete error
+// for each), forgets finished transfers older than timeout, and returns a
+// NACK for each transfer that received no new chunk for nackAfter and was
+// not NACKed in the last nackAfter, at most maxNacks times per transfer.
+func (r *reassembler) scan(now time.Time, nackAfter, timeout time.Duration, maxNacks int) ([]nackReq, []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var reqs []nackReq
+	var errs []error
+	for key, x := range r.xfers {
+		if now.Sub(x.started) >= timeout {
+			r.finishLocked(key, x, now)
+			errs = append(errs, fmt.Errorf("%w: transfer %d from %s (%v): %d of %d chunks after %v",
+				ErrIncomplete, key.id, key.sender, x.topic, x.n, x.total, timeout))
+			continue
+		}
+		if x.nacks >= maxNacks || now.Sub(x.last) < nackAfter || now.Sub(x.lastNack) < nackAfter {
+			continue
+		}
+		var missing []uint32
+		for i := uint32(0); i < x.total && len(missing) < maxNackIndices; i++ {
+			if x.have[i/64]&(1<<(i%64)) == 0 {
+				missing = append(missing, i)
+			}
+		}
+		x.lastNack = now
+		x.nacks++
+		reqs = append(reqs, nackReq{sender: key.sender, id: key.id, missing: missing})
+	}
+	for key, t := range r.finished {
+		if now.Sub(t) >= timeout {
+			delete(r.finished, key)
+		}
+	}
+	return reqs, errs
+}
+
+// inFlight returns the number of incomplete transfers and their bytes.
+func (r *reassembler) inFlight() (int, int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.xfers), r.inflight
+}
+
+// retained is a sent transfer kept for retransmission.
+type retained struct {
+	id       uint64
+	topic    Topic
+	data     []byte
+	wholeCRC uint32
+	size     uint32
+	total    uint32
+	at       time.Time
+}
+
+// chunk returns chunk i of the retained transfer.
+func (t *retained) chunk(sender string, i uint32) chunk {
+	off := uint64(i) * uint64(t.size)
+	end := min(off+uint64(t.size), uint64(len(t.data)))
+	d := t.data[off:end]
+	return chunk{
+		Sender: sender, Transfer: t.id, Topic: t.topic, Index: i, Total: t.total, Size: t.size,
+		Offset: off, Len: uint64(len(t.data)), WholeCRC: t.wholeCRC, CRC: crc32.Checksum(d, castagnoli), Data: d,
+	}
+}
+
+// retainCache keeps the most recent sent transfers, bounded in bytes and age,
+// oldest evicted first.
+type retainCache struct {
+	maxBytes int64
+	ttl      time.Duration
+
+	mu    sync.Mutex
+	bytes int64
+	order []*retained
+}
+
+func (rc *retainCache) put(t *retained) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if int64(len(t.data)) > rc.maxBytes {
+		return
+	}
+	rc.order = append(rc.order, t)
+	rc.bytes += int64(len(t.data))
+	for rc.bytes > rc.maxBytes {
+		rc.bytes -= int64(len(rc.order[0].data))
+		rc.order[0] = nil
+		rc.order = rc.order[1:]
+	}
+}
+
+func (rc *retainCache) get(id uint64) *retained {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, t := range rc.order {
+		if t.id == id {
+			return t
+		}
+	}
+	return nil
+}
+
+func (rc *retainCache) expire(now time.Time) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for len(rc.order) > 0 && now.Sub(rc.order[0].at) >= rc.ttl {
+		rc.bytes -= int64(len(rc.order[0].data))
+		rc.order[0] = nil
+		rc.order = rc.order[1:]
+	}
+}

@@ -1,0 +1,515 @@
+package transport
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Conn is what coordinator and node code needs from the message bus:
+// publish and subscribe typed messages. Messages carrying tensors (Params,
+// Contribution, RoundStart with inline parameters) are sent whole when they
+// fit the server's max payload and chunked otherwise; the receiver sees the
+// reassembled message either way. *Client implements Conn over NATS
+// (Connect) and over the in-memory fake (transport/fake).
+type Conn interface {
+	// Publish sends m on its topic. It returns once m has been handed to
+	// the link (for chunked messages: once every chunk was flushed to the
+	// server), not when it was received. It fails with ErrWrongRun,
+	// ErrUnknownType, ErrTooLarge, ErrClosed or the context's error.
+	Publish(ctx context.Context, m Message) error
+	// Subscribe calls h with every message received on topic, one at a
+	// time in arrival order, from a goroutine owned by the subscription.
+	// Messages published after Subscribe returns reach it.
+	Subscribe(topic Topic, h Handler) (Subscription, error)
+	// Close stops all subscriptions and releases the connection.
+	Close() error
+}
+
+// Handler receives a decoded message. The message and its slices are owned
+// by the handler.
+type Handler func(Message)
+
+// Subscription is an active Subscribe.
+type Subscription interface {
+	// Unsubscribe stops delivery. A handler call in progress completes; no
+	// call starts after Unsubscribe returns. It may be called from the
+	// handler itself.
+	Unsubscribe() error
+}
+
+// Link is the raw, best-effort message layer under a Client: core NATS or
+// the in-memory fake. Messages may be lost; a Link never alters bytes it
+// delivers (the fake may, to test that the codec notices).
+type Link interface {
+	// Publish sends data on subject. It must not retain data.
+	Publish(subject string, data []byte) error
+	// Subscribe calls fn with each message on subject, one at a time; fn
+	// owns data. Messages published after Subscribe returns reach fn. The
+	// returned function unsubscribes.
+	Subscribe(subject string, fn func(data []byte)) (unsubscribe func() error, err error)
+	// Flush returns once the link has handed every published message on
+	// (for NATS: the server has processed them).
+	Flush(ctx context.Context) error
+	// MaxPayload is the largest message the link carries.
+	MaxPayload() int
+	// Close releases the link.
+	Close() error
+}
+
+// Stats counts a Client's traffic. Values never include message contents.
+type Stats struct {
+	Published       uint64 // messages published (whole or chunked)
+	ChunkedSent     uint64 // of which chunked
+	Received        uint64 // messages delivered to subscriptions' queues
+	DecodeErrors    uint64 // frames rejected (reported to OnError)
+	DuplicateChunks uint64
+	NacksSent       uint64
+	NacksServed     uint64 // NACKs answered with a retransmission
+	Retransmitted   uint64 // chunks resent
+	Incomplete      uint64 // transfers dropped after TransferTimeout
+}
+
+// Client is the typed, chunking layer over a Link. It is safe for concurrent
+// use. Construct it with Connect (NATS) or NewClient (any Link).
+type Client struct {
+	link     Link
+	cfg      ClientConfig
+	log      *slog.Logger
+	id       string
+	subjects Subjects
+	reasm    *reassembler
+	retain   *retainCache
+	seq      atomic.Uint64
+	onClose  []func()
+
+	stats struct {
+		published, chunked, received, decodeErrs, dups, nacksSent, nacksServed, retrans, incomplete atomic.Uint64
+	}
+
+	mu     sync.Mutex
+	closed bool
+	topics map[Topic]*topicSubs
+	unsubs []func() error // internal link subscriptions
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type topicSubs struct {
+	unsubscribe func() error
+	subs        []*subscription
+}
+
+// NewClient returns a Client over link. It subscribes to its NACK and inbox
+// subjects and starts one background goroutine (NACKs and timeouts), both
+// stopped by Close. The Client owns link: Close closes it. A nil log
+// discards.
+func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if link.MaxPayload() <= chunkOverhead+64 {
+		return nil, fmt.Errorf("%w: link max payload %d too small", ErrInvalidConfig, link.MaxPayload())
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	subjects, err := NewSubjects(cfg.Run)
+	if err != nil {
+		return nil, err
+	}
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("transport: client id: %w", err)
+	}
+	id := hex.EncodeToString(rnd[:])
+	if cfg.Name != "" {
+		id = cfg.Name + "-" + id
+	}
+	c := &Client{
+		link:     link,
+		cfg:      cfg,
+		log:      log.With("client", id, "run", cfg.Run),
+		id:       id,
+		subjects: subjects,
+		reasm:    newReassembler(cfg.MaxMessageBytes, cfg.MaxReassemblyBytes),
+		retain:   &retainCache{maxBytes: cfg.RetainBytes, ttl: cfg.RetainFor},
+		topics:   make(map[Topic]*topicSubs),
+		stop:     make(chan struct{}),
+	}
+	for _, s := range []struct {
+		subject string
+		fn      func([]byte)
+	}{
+		{subjects.Nack(id), c.onNackFrame},
+		{subjects.Inbox(id), func(b []byte) { c.onFrame(0, b) }},
+	} {
+		u, err := link.Subscribe(s.subject, s.fn)
+		if err != nil {
+			for _, u := range c.unsubs {
+				_ = u()
+			}
+			return nil, fmt.Errorf("transport: subscribe %s: %w", s.subject, err)
+		}
+		c.unsubs = append(c.unsubs, u)
+	}
+	c.wg.Add(1)
+	go c.janitor()
+	return c, nil
+}
+
+// ID returns the client's unique ID (its NACK and inbox subject token).
+func (c *Client) ID() string { return c.id }
+
+// Subjects returns the client's subject scheme.
+func (c *Client) Subjects() Subjects { return c.subjects }
+
+// Stats returns a snapshot of the client's counters.
+func (c *Client) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		Published: s.published.Load(), ChunkedSent: s.chunked.Load(), Received: s.received.Load(),
+		DecodeErrors: s.decodeErrs.Load(), DuplicateChunks: s.dups.Load(), NacksSent: s.nacksSent.Load(),
+		NacksServed: s.nacksServed.Load(), Retransmitted: s.retrans.Load(), Incomplete: s.incomplete.Load(),
+	}
+}
+
+// Publish implements Conn.
+func (c *Client) Publish(ctx context.Context, m Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if c.isClosed() {
+		return ErrClosed
+	}
+	if m == nil || m.Type().Topic() == 0 {
+		return fmt.Errorf("%w: %T", ErrUnknownType, m)
+	}
+	if m.RunName() != c.cfg.Run {
+		return fmt.Errorf("%w: %q, client run %q", ErrWrongRun, m.RunName(), c.cfg.Run)
+	}
+	data, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	if int64(len(data)) > c.cfg.MaxMessageBytes {
+		return fmt.Errorf("%w: %v of %d bytes, limit %d", ErrTooLarge, m.Type(), len(data), c.cfg.MaxMessageBytes)
+	}
+	topic := m.Type().Topic()
+	subject := c.subjects.Topic(topic)
+	c.stats.published.Add(1)
+	if len(data) <= c.link.MaxPayload() {
+		return c.link.Publish(subject, data)
+	}
+	c.stats.chunked.Add(1)
+	return c.sendChunked(ctx, subject, topic, data)
+}
+
+// sendChunked publishes data as chunks of at most MaxPayload bytes each,
+// flushing every WindowBytes, and keeps data for retransmission.
+func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, data []byte) error {
+	maxPayload := c.link.MaxPayload()
+	size := uint32(maxPayload - chunkOverhead)
+	total := (uint64(len(data)) + uint64(size) - 1) / uint64(size)
+	if total > 1<<32-1 {
+		return fmt.Errorf("%w: %d chunks", ErrTooLarge, total)
+	}
+	t := &retained{
+		id: c.seq.Add(1), topic: topic, data: data, wholeCRC: crc32.Checksum(data, castagnoli),
+		size: size, total: uint32(total), at: time.Now(),
+	}
+	c.retain.put(t)
+	buf := make([]byte, 0, maxPayload)
+	window := 0
+	for i := uint32(0); i < t.total; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ch := t.chunk(c.id, i)
+		buf = appendChunk(buf[:0], &ch)
+		if err := c.link.Publish(subject, buf); err != nil {
+			return fmt.Errorf("transport: chunk %d of %d: %w", i, t.total, err)
+		}
+		window += len(buf)
+		if window >= c.cfg.WindowBytes {
+			if err := c.link.Flush(ctx); err != nil {
+				return fmt.Errorf("transport: flush: %w", err)
+			}
+			window = 0
+		}
+	}
+	return c.link.Flush(ctx)
+}
+
+// Subscribe implements Conn.
+func (c *Client) Subscribe(topic Topic, h Handler) (Subscription, error) {
+	if !topic.valid() {
+		return nil, fmt.Errorf("transport: subscribe: unknown topic %d", topic)
+	}
+	if h == nil {
+		return nil, errors.New("transport: subscribe: nil handler")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	ts := c.topics[topic]
+	if ts == nil {
+		u, err := c.link.Subscribe(c.subjects.Topic(topic), func(b []byte) { c.onFrame(topic, b) })
+		if err != nil {
+			return nil, fmt.Errorf("transport: subscribe %v: %w", topic, err)
+		}
+		ts = &topicSubs{unsubscribe: u}
+		c.topics[topic] = ts
+	}
+	s := &subscription{c: c, topic: topic, h: h, queue: make(chan Message, c.cfg.QueueLen), done: make(chan struct{})}
+	ts.subs = append(ts.subs, s)
+	c.wg.Add(1)
+	go s.run()
+	return s, nil
+}
+
+type subscription struct {
+	c     *Client
+	topic Topic
+	h     Handler
+	queue chan Message
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (s *subscription) run() {
+	defer s.c.wg.Done()
+	for {
+		select {
+		case <-s.done:
+			return
+		case m := <-s.queue:
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			s.h(m)
+		}
+	}
+}
+
+// deliver queues m, blocking while the queue is full (back-pressure into the
+// link's buffers) until the subscription or client stops.
+func (s *subscription) deliver(m Message) {
+	select {
+	case s.queue <- m:
+	case <-s.done:
+	}
+}
+
+// Unsubscribe implements Subscription.
+func (s *subscription) Unsubscribe() error {
+	c := s.c
+	c.mu.Lock()
+	var err error
+	if ts := c.topics[s.topic]; ts != nil {
+		for i, x := range ts.subs {
+			if x == s {
+				ts.subs = append(ts.subs[:i:i], ts.subs[i+1:]...)
+				break
+			}
+		}
+		if len(ts.subs) == 0 {
+			delete(c.topics, s.topic)
+			err = ts.unsubscribe()
+		}
+	}
+	c.mu.Unlock()
+	s.once.Do(func() { close(s.done) })
+	return err
+}
+
+// onFrame handles a frame from a topic subject (topic ≠ 0) or from the
+// client's inbox (topic = 0, retransmitted chunks only).
+func (c *Client) onFrame(topic Topic, data []byte) {
+	f, err := decodeFrame(data)
+	if err != nil {
+		c.reject(err)
+		return
+	}
+	switch {
+	case f.typ == typeChunk:
+		if topic != 0 && f.chunk.Topic != topic {
+			c.reject(fmt.Errorf("%w: %v chunk on the %v subject", ErrCorrupt, f.chunk.Topic, topic))
+			return
+		}
+		whole, err := c.reasm.add(&f.chunk, time.Now())
+		if errors.Is(err, ErrDuplicateChunk) {
+			c.stats.dups.Add(1)
+			return
+		}
+		if err != nil {
+			c.reject(err)
+			return
+		}
+		if whole == nil {
+			return
+		}
+		m, err := Decode(whole)
+		if err != nil {
+			c.reject(err)
+			return
+		}
+		c.dispatch(f.chunk.Topic, m)
+	case f.typ == typeNack || topic == 0:
+		c.reject(fmt.Errorf("%w: %v frame on the %v subject", ErrUnknownType, f.typ, topic))
+	default:
+		c.dispatch(topic, f.msg)
+	}
+}
+
+// dispatch checks that m belongs on topic and to the client's run, and
+// queues it for every subscription of topic.
+func (c *Client) dispatch(topic Topic, m Message) {
+	if m.Type().Topic() != topic {
+		c.reject(fmt.Errorf("%w: %v on the %v subject", ErrUnknownType, m.Type(), topic))
+		return
+	}
+	if m.RunName() != c.cfg.Run {
+		c.reject(fmt.Errorf("%w: %v for run %q", ErrWrongRun, m.Type(), m.RunName()))
+		return
+	}
+	c.mu.Lock()
+	var subs []*subscription
+	if ts := c.topics[topic]; ts != nil {
+		subs = append(subs, ts.subs...)
+	}
+	c.mu.Unlock()
+	for _, s := range subs {
+		c.stats.received.Add(1)
+		s.deliver(m)
+	}
+}
+
+func (c *Client) reject(err error) {
+	if errors.Is(err, ErrIncomplete) {
+		c.stats.incomplete.Add(1)
+	} else {
+		c.stats.decodeErrs.Add(1)
+	}
+	c.log.Debug("transport: frame rejected", "err", err)
+	if c.cfg.OnError != nil {
+		c.cfg.OnError(err)
+	}
+}
+
+// onNackFrame answers a retransmit request by resending the missing chunks
+// of a retained transfer to the requester's inbox.
+func (c *Client) onNackFrame(data []byte) {
+	f, err := decodeFrame(data)
+	if err != nil {
+		c.reject(err)
+		return
+	}
+	if f.typ != typeNack {
+		c.reject(fmt.Errorf("%w: %v frame on the nack subject", ErrUnknownType, f.typ))
+		return
+	}
+	t := c.retain.get(f.nack.Transfer)
+	if t == nil {
+		c.log.Debug("transport: nack for a transfer no longer retained", "transfer", f.nack.Transfer)
+		return
+	}
+	c.stats.nacksServed.Add(1)
+	inbox := c.subjects.Inbox(f.nack.Receiver)
+	buf := make([]byte, 0, c.link.MaxPayload())
+	for _, i := range f.nack.Missing {
+		if i >= t.total {
+			continue
+		}
+		ch := t.chunk(c.id, i)
+		buf = appendChunk(buf[:0], &ch)
+		if err := c.link.Publish(inbox, buf); err != nil {
+			c.log.Debug("transport: retransmit failed", "err", err)
+			return
+		}
+		c.stats.retrans.Add(1)
+	}
+}
+
+// janitor sends NACKs for stalled transfers, drops timed-out ones and
+// expires the retransmit cache, until Close.
+func (c *Client) janitor() {
+	defer c.wg.Done()
+	tick := time.NewTicker(max(c.cfg.NackAfter/4, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-tick.C:
+			reqs, errs := c.reasm.scan(now, c.cfg.NackAfter, c.cfg.TransferTimeout, c.cfg.MaxNacks)
+			for _, err := range errs {
+				c.reject(err)
+			}
+			for _, r := range reqs {
+				data, err := encodeNack(nack{Receiver: c.id, Transfer: r.id, Missing: r.missing})
+				if err == nil {
+					err = c.link.Publish(c.subjects.Nack(r.sender), data)
+				}
+				if err != nil {
+					c.log.Debug("transport: nack failed", "err", err)
+					continue
+				}
+				c.stats.nacksSent.Add(1)
+			}
+			c.retain.expire(now)
+		}
+	}
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// Close implements Conn: it unsubscribes everything, waits for the client's
+// goroutines (so no handler runs after Close returns, unless Close is called
+// from a handler, which it must not be), closes the link and stops an owned
+// embedded server. Close is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	var errs []error
+	for _, u := range c.unsubs {
+		errs = append(errs, u())
+	}
+	var subs []*subscription
+	for t, ts := range c.topics {
+		errs = append(errs, ts.unsubscribe())
+		subs = append(subs, ts.subs...)
+		delete(c.topics, t)
+	}
+	c.mu.Unlock()
+	close(c.stop)
+	for _, s := range subs {
+		s.once.Do(func() { close(s.done) })
+	}
+	c.wg.Wait()
+	errs = append(errs, c.link.Close())
+	for _, f := range c.onClose {
+		f()
+	}
+	return errors.Join(errs...)
+}

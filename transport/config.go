@@ -1,0 +1,265 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ClientConfig configures the typed layer shared by every Link: the run,
+// message size limits and the chunked-transfer recovery. The zero value is
+// not valid; start from DefaultClientConfig.
+type ClientConfig struct {
+	// Run scopes all subjects; it must satisfy ValidRunName.
+	Run string
+	// Name is an optional human-readable prefix of the client ID (a subject
+	// token); the ID gets a random suffix so it is unique.
+	Name string
+	// MaxMessageBytes bounds one encoded message, sent or received.
+	MaxMessageBytes int64
+	// MaxReassemblyBytes bounds the bytes of all incomplete incoming
+	// transfers together. It must be ≥ MaxMessageBytes.
+	MaxReassemblyBytes int64
+	// QueueLen is the number of decoded messages buffered per Subscription
+	// ahead of its handler.
+	QueueLen int
+	// WindowBytes is how many chunk bytes a sender publishes before it
+	// flushes the connection (waits for the server to have read them).
+	WindowBytes int
+	// NackAfter is how long a receiver waits without a new chunk before it
+	// asks the sender to resend the missing chunks, and the minimum gap
+	// between two NACKs of one transfer.
+	NackAfter time.Duration
+	// MaxNacks bounds the NACKs sent per transfer.
+	MaxNacks int
+	// TransferTimeout is how long after its first chunk an incomplete
+	// transfer is dropped and its memory freed (reported as ErrIncomplete).
+	TransferTimeout time.Duration
+	// RetainFor is how long a sender keeps a chunked message for
+	// retransmission. It should be ≥ TransferTimeout.
+	RetainFor time.Duration
+	// RetainBytes bounds the bytes a sender keeps for retransmission.
+	RetainBytes int64
+	// OnError, if not nil, is called with every receive-side error: frames
+	// that fail to decode (ErrUnknownVersion, ErrUnknownType, ErrTruncated,
+	// ErrCorrupt, ErrTooLarge, ErrWrongRun) and transfers that time out
+	// (ErrIncomplete). It is called from receive goroutines, possibly
+	// concurrently, and must not block. Errors never contain message values.
+	OnError func(error)
+}
+
+// DefaultClientConfig returns the defaults: messages up to 1 GiB, 2 GiB of
+// reassembly, NACK after 200 ms of silence (up to 10 times), transfers
+// dropped after 30 s, sent transfers kept 30 s and up to 1 GiB.
+func DefaultClientConfig() ClientConfig {
+	return ClientConfig{
+		Run:                "default",
+		MaxMessageBytes:    1 << 30,
+		MaxReassemblyBytes: 2 << 30,
+		QueueLen:           64,
+		WindowBytes:        8 << 20,
+		NackAfter:          200 * time.Millisecond,
+		MaxNacks:           10,
+		TransferTimeout:    30 * time.Second,
+		RetainFor:          30 * time.Second,
+		RetainBytes:        1 << 30,
+	}
+}
+
+// Validate checks ranges and cross-field relations.
+func (c ClientConfig) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if !validToken(c.Run) {
+		bad("Run %q must be 1-64 of [A-Za-z0-9_-]", c.Run)
+	}
+	if c.Name != "" && (!validToken(c.Name) || len(c.Name) > 40) {
+		bad("Name %q must be 1-40 of [A-Za-z0-9_-]", c.Name)
+	}
+	if c.MaxMessageBytes <= 0 {
+		bad("MaxMessageBytes %d must be > 0", c.MaxMessageBytes)
+	}
+	if c.MaxReassemblyBytes < c.MaxMessageBytes {
+		bad("MaxReassemblyBytes %d must be ≥ MaxMessageBytes %d", c.MaxReassemblyBytes, c.MaxMessageBytes)
+	}
+	if c.QueueLen <= 0 {
+		bad("QueueLen %d must be > 0", c.QueueLen)
+	}
+	if c.WindowBytes <= 0 {
+		bad("WindowBytes %d must be > 0", c.WindowBytes)
+	}
+	if c.NackAfter <= 0 {
+		bad("NackAfter %v must be > 0", c.NackAfter)
+	}
+	if c.MaxNacks < 0 {
+		bad("MaxNacks %d must be ≥ 0", c.MaxNacks)
+	}
+	if c.TransferTimeout <= c.NackAfter {
+		bad("TransferTimeout %v must be > NackAfter %v", c.TransferTimeout, c.NackAfter)
+	}
+	if c.RetainFor < c.TransferTimeout {
+		bad("RetainFor %v must be ≥ TransferTimeout %v", c.RetainFor, c.TransferTimeout)
+	}
+	if c.RetainBytes < 0 {
+		bad("RetainBytes %d must be ≥ 0", c.RetainBytes)
+	}
+	return errors.Join(errs...)
+}
+
+// Config configures Connect: the typed layer (ClientConfig), and either the
+// NATS servers to dial (URLs and their security options) or, when URLs is
+// empty, an embedded NATS server started in-process (Embedded).
+type Config struct {
+	ClientConfig
+
+	// URLs of the NATS servers (nats:// or tls://). Empty means: start an
+	// embedded server as configured by Embedded and connect to it.
+	URLs []string
+
+	// Embedded configures the in-process server used when URLs is empty.
+	Embedded ServerConfig
+
+	// TLS secures the connection to URLs.
+	TLS TLSConfig
+	// NKeySeedFile is a file holding an NKey user seed. At most one of
+	// NKeySeedFile, CredentialsFile and Token may be set.
+	NKeySeedFile string
+	// CredentialsFile is a NATS .creds file (user JWT and seed).
+	CredentialsFile string
+	// Token is an authentication token.
+	Token string
+
+	// ConnectTimeout bounds the initial connection (further bounded by the
+	// context passed to Connect).
+	ConnectTimeout time.Duration
+	// ReconnectWait is the first reconnect delay; each further attempt
+	// doubles it up to MaxReconnectWait, plus up to 25% random jitter.
+	ReconnectWait    time.Duration
+	MaxReconnectWait time.Duration
+	// MaxReconnects is the number of reconnect attempts before the
+	// connection is closed for good; negative means forever.
+	MaxReconnects int
+	// PendingBytes is each subscription's client-side buffer (nats.go
+	// SetPendingLimits; the message-count limit is disabled). It must hold
+	// at least one WindowBytes burst per sender; beyond it NATS drops
+	// messages as a slow consumer, and chunk loss is recovered by NACK.
+	PendingBytes int
+}
+
+// TLSConfig names the PEM files for TLS. CertFile and KeyFile go together.
+type TLSConfig struct {
+	CAFile     string
+	CertFile   string
+	KeyFile    string
+	ServerName string
+}
+
+func (t TLSConfig) enabled() bool { return t.CAFile != "" || t.CertFile != "" || t.ServerName != "" }
+
+// ServerConfig configures an embedded NATS server.
+type ServerConfig struct {
+	// Host and Port to listen on; Port -1 picks a free port.
+	Host string
+	Port int
+	// MaxPayload is the largest message the server accepts (NATS default
+	// 1 MiB; larger messages are chunked by the Client).
+	MaxPayload int32
+	// MaxPending is the server's per-client outbound buffer before it
+	// disconnects the client as a slow consumer (NATS default 64 MiB).
+	MaxPending int64
+	// ReadyTimeout bounds the wait for the server to accept connections.
+	ReadyTimeout time.Duration
+}
+
+// DefaultServerConfig returns an embedded server on 127.0.0.1:4222 with
+// NATS's 1 MiB max payload and a 256 MiB per-client outbound buffer.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{
+		Host:         "127.0.0.1",
+		Port:         4222,
+		MaxPayload:   1 << 20,
+		MaxPending:   256 << 20,
+		ReadyTimeout: 10 * time.Second,
+	}
+}
+
+// Validate checks the server configuration.
+func (s ServerConfig) Validate() error {
+	var errs []error
+	if s.Host == "" {
+		errs = append(errs, fmt.Errorf("%w: embedded Host is empty", ErrInvalidConfig))
+	}
+	if s.Port < -1 || s.Port > 65535 {
+		errs = append(errs, fmt.Errorf("%w: embedded Port %d", ErrInvalidConfig, s.Port))
+	}
+	if s.MaxPayload < 4096 {
+		errs = append(errs, fmt.Errorf("%w: embedded MaxPayload %d must be ≥ 4096", ErrInvalidConfig, s.MaxPayload))
+	}
+	if s.MaxPending < int64(s.MaxPayload) {
+		errs = append(errs, fmt.Errorf("%w: embedded MaxPending %d must be ≥ MaxPayload", ErrInvalidConfig, s.MaxPending))
+	}
+	if s.ReadyTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%w: embedded ReadyTimeout must be > 0", ErrInvalidConfig))
+	}
+	return errors.Join(errs...)
+}
+
+// DefaultConfig returns a configuration that starts an embedded server on
+// 127.0.0.1:4222, reconnects forever with backoff from 100 ms to 5 s, and
+// buffers up to 512 MiB per subscription.
+func DefaultConfig() Config {
+	return Config{
+		ClientConfig:     DefaultClientConfig(),
+		Embedded:         DefaultServerConfig(),
+		ConnectTimeout:   10 * time.Second,
+		ReconnectWait:    100 * time.Millisecond,
+		MaxReconnectWait: 5 * time.Second,
+		MaxReconnects:    -1,
+		PendingBytes:     512 << 20,
+	}
+}
+
+// Validate checks ranges and cross-field relations. Security options are
+// rejected with an embedded server (which listens without them), rather than
+// silently ignored.
+func (c Config) Validate() error {
+	errs := []error{c.ClientConfig.Validate()}
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if len(c.URLs) == 0 {
+		errs = append(errs, c.Embedded.Validate())
+		if c.TLS.enabled() || c.NKeySeedFile != "" || c.CredentialsFile != "" || c.Token != "" {
+			bad("TLS and authentication options need URLs; the embedded server listens without them")
+		}
+	}
+	for _, u := range c.URLs {
+		if u == "" {
+			bad("empty URL")
+		}
+	}
+	auth := 0
+	for _, s := range []string{c.NKeySeedFile, c.CredentialsFile, c.Token} {
+		if s != "" {
+			auth++
+		}
+	}
+	if auth > 1 {
+		bad("set at most one of NKeySeedFile, CredentialsFile, Token")
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		bad("TLS CertFile and KeyFile must be set together")
+	}
+	if c.ConnectTimeout <= 0 {
+		bad("ConnectTimeout must be > 0")
+	}
+	if c.ReconnectWait <= 0 || c.MaxReconnectWait < c.ReconnectWait {
+		bad("need 0 < ReconnectWait ≤ MaxReconnectWait, have %v, %v", c.ReconnectWait, c.MaxReconnectWait)
+	}
+	if c.PendingBytes < c.WindowBytes {
+		bad("PendingBytes %d must be ≥ WindowBytes %d", c.PendingBytes, c.WindowBytes)
+	}
+	return errors.Join(errs...)
+}

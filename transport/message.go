@@ -1,0 +1,272 @@
+package transport
+
+import "fmt"
+
+// Version is the envelope format version written by this build. Decoders
+// reject every other version with ErrUnknownVersion. Adding an optional
+// field to a message body keeps the version (decoders ignore unknown map
+// keys); changing the meaning or type of a field, or the envelope or chunk
+// layout, takes a new version.
+const Version = 1
+
+// Type identifies a message body in the envelope. Values are part of the
+// wire format and never reused.
+type Type uint8
+
+// Message types. typeChunk and typeNack are internal frames of the chunked
+// transfer and are never delivered to a Handler.
+const (
+	TypeJoin         Type = 1
+	TypeLeave        Type = 2
+	TypeHeartbeat    Type = 3
+	TypeRoundStart   Type = 4
+	TypeContribution Type = 5
+	TypeParams       Type = 6
+	TypeLeader       Type = 7
+	TypeStatus       Type = 8
+
+	typeChunk Type = 16
+	typeNack  Type = 17
+)
+
+// String returns the type's name for logs and metrics.
+func (t Type) String() string {
+	switch t {
+	case TypeJoin:
+		return "join"
+	case TypeLeave:
+		return "leave"
+	case TypeHeartbeat:
+		return "heartbeat"
+	case TypeRoundStart:
+		return "round_start"
+	case TypeContribution:
+		return "contribution"
+	case TypeParams:
+		return "params"
+	case TypeLeader:
+		return "leader"
+	case TypeStatus:
+		return "status"
+	case typeChunk:
+		return "chunk"
+	case typeNack:
+		return "nack"
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// Topic returns the topic on which messages of type t travel, or 0 for
+// internal and unknown types.
+func (t Type) Topic() Topic {
+	switch t {
+	case TypeJoin, TypeLeave, TypeHeartbeat:
+		return TopicNodes
+	case TypeRoundStart:
+		return TopicRounds
+	case TypeContribution:
+		return TopicContributions
+	case TypeParams:
+		return TopicParams
+	case TypeLeader:
+		return TopicLeader
+	case TypeStatus:
+		return TopicStatus
+	}
+	return 0
+}
+
+// Message is one of the message bodies of this package: Join, Leave,
+// Heartbeat, RoundStart, Contribution, Params, Leader or Status (values, not
+// pointers). Handlers receive them as values; use a type switch.
+type Message interface {
+	// Type returns the message's wire type.
+	Type() Type
+	// RunName returns the run the message belongs to.
+	RunName() string
+}
+
+// Join announces a node to the coordinator. ModelHash identifies the model
+// specification the node runs (the coordinator refuses a node whose hash
+// differs from its own). ShardSize is the node's number of examples; it is
+// public configuration, not a per-step quantity.
+type Join struct {
+	Run       string `msgpack:"run"`
+	NodeID    string `msgpack:"node"`
+	ShardSize int64  `msgpack:"shard"`
+	ModelHash string `msgpack:"model"`
+}
+
+// Leave announces that a node stops taking part. Reason is free text for
+// logs and must hold no private data.
+type Leave struct {
+	Run    string `msgpack:"run"`
+	NodeID string `msgpack:"node"`
+	Reason string `msgpack:"reason,omitempty"`
+}
+
+// Heartbeat tells the coordinator a node is alive. Step is the last step the
+// node contributed to (0 if none).
+type Heartbeat struct {
+	Run       string `msgpack:"run"`
+	NodeID    string `msgpack:"node"`
+	ShardSize int64  `msgpack:"shard"`
+	ModelHash string `msgpack:"model"`
+	Step      uint64 `msgpack:"step"`
+}
+
+// RoundStart opens round Step. RoundID is a fresh random nonce per round: a
+// new leader that reopens the same step draws a new RoundID, so a
+// contribution made for the old round cannot be counted in the new one.
+// Term and Leader name the coordinator replica that opened the round; nodes
+// ignore rounds from a term older than the newest Leader announcement they
+// have seen. The nodes compute gradients at parameters ParamsVersion (a
+// Params message with that Version); Params may also be carried inline.
+// Deadline is the round's close time in Unix nanoseconds.
+type RoundStart struct {
+	Run           string  `msgpack:"run"`
+	Step          uint64  `msgpack:"step"`
+	RoundID       uint64  `msgpack:"round"`
+	Term          uint64  `msgpack:"term"`
+	Leader        string  `msgpack:"leader"`
+	ParamsVersion uint64  `msgpack:"pver"`
+	Deadline      int64   `msgpack:"deadline"`
+	SampleRate    float64 `msgpack:"q"`
+	ClipNorm      float64 `msgpack:"clip"`
+	Params        Vector  `msgpack:"params,omitempty"`
+}
+
+// Contribution is one node's answer to a round: the sum of its clipped
+// per-example gradients and the number of examples it sampled. Both are
+// un-noised private data: never log or persist them.
+type Contribution struct {
+	Run     string `msgpack:"run"`
+	Step    uint64 `msgpack:"step"`
+	RoundID uint64 `msgpack:"round"`
+	NodeID  string `msgpack:"node"`
+	Count   int64  `msgpack:"count"`
+	Sum     Vector `msgpack:"sum"`
+}
+
+// Params broadcasts committed parameters θ after step Step. Version
+// increases by one with each committed update; Term is the Raft term of the
+// leader that committed it.
+type Params struct {
+	Run     string `msgpack:"run"`
+	Step    uint64 `msgpack:"step"`
+	Version uint64 `msgpack:"version"`
+	Term    uint64 `msgpack:"term"`
+	Values  Vector `msgpack:"values"`
+}
+
+// Leader announces the current Raft leader of the coordinator group, so nodes
+// find it over NATS with no static address. Step is the last committed step.
+// A higher Term wins; within a term there is one leader.
+type Leader struct {
+	Run       string `msgpack:"run"`
+	ReplicaID string `msgpack:"replica"`
+	Term      uint64 `msgpack:"term"`
+	Step      uint64 `msgpack:"step"`
+}
+
+// StatusCode classifies a Status message.
+type StatusCode uint8
+
+// Status codes.
+const (
+	StatusRunning  StatusCode = 1 // training is running; Step is the open step
+	StatusAccepted StatusCode = 2 // Node's contribution to Step was accepted
+	StatusRejected StatusCode = 3 // Node's contribution to Step was rejected; Detail holds the reason name
+	StatusDone     StatusCode = 4 // training finished normally
+	StatusStopped  StatusCode = 5 // training stopped (budget exhausted, ledger failure); Detail says why
+)
+
+// Status reports coordinator or node state. Detail is a short public reason
+// (an enum name), never values.
+type Status struct {
+	Run    string     `msgpack:"run"`
+	From   string     `msgpack:"from"`
+	Node   string     `msgpack:"node,omitempty"`
+	Step   uint64     `msgpack:"step"`
+	Code   StatusCode `msgpack:"code"`
+	Detail string     `msgpack:"detail,omitempty"`
+}
+
+func (Join) Type() Type         { return TypeJoin }
+func (Leave) Type() Type        { return TypeLeave }
+func (Heartbeat) Type() Type    { return TypeHeartbeat }
+func (RoundStart) Type() Type   { return TypeRoundStart }
+func (Contribution) Type() Type { return TypeContribution }
+func (Params) Type() Type       { return TypeParams }
+func (Leader) Type() Type       { return TypeLeader }
+func (Status) Type() Type       { return TypeStatus }
+
+func (m Join) RunName() string         { return m.Run }
+func (m Leave) RunName() string        { return m.Run }
+func (m Heartbeat) RunName() string    { return m.Run }
+func (m RoundStart) RunName() string   { return m.Run }
+func (m Contribution) RunName() string { return m.Run }
+func (m Params) RunName() string       { return m.Run }
+func (m Leader) RunName() string       { return m.Run }
+func (m Status) RunName() string       { return m.Run }
+
+// newBody returns a pointer to a zero body of type t, or nil if t is not a
+// public message type.
+func newBody(t Type) any {
+	switch t {
+	case TypeJoin:
+		return new(Join)
+	case TypeLeave:
+		return new(Leave)
+	case TypeHeartbeat:
+		return new(Heartbeat)
+	case TypeRoundStart:
+		return new(RoundStart)
+	case TypeContribution:
+		return new(Contribution)
+	case TypeParams:
+		return new(Params)
+	case TypeLeader:
+		return new(Leader)
+	case TypeStatus:
+		return new(Status)
+	}
+	return nil
+}
+
+// deref turns the pointer made by newBody into the Message value.
+func deref(p any) Message {
+	switch v := p.(type) {
+	case *Join:
+		return *v
+	case *Leave:
+		return *v
+	case *Heartbeat:
+		return *v
+	case *RoundStart:
+		return *v
+	case *Contribution:
+		return *v
+	case *Params:
+		return *v
+	case *Leader:
+		return *v
+	case *Status:
+		return *v
+	}
+	return nil
+}
+
+// sizeHint estimates the encoded size of m to size the encode buffer once.
+func sizeHint(m Message) int {
+	n := 256
+	switch v := m.(type) {
+	case RoundStart:
+		n += 4 * len(v.Params)
+	case Contribution:
+		n += 4 * len(v.Sum)
+	case Params:
+		n += 4 * len(v.Values)
+	}
+	return n
+}

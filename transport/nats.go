@@ -1,0 +1,221 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Server is an embedded NATS server running in this process.
+type Server struct {
+	ns *server.Server
+}
+
+// StartServer starts an embedded NATS server and waits until it accepts
+// connections. Stop it with Shutdown.
+func StartServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ns, err := server.NewServer(&server.Options{
+		Host:       cfg.Host,
+		Port:       cfg.Port,
+		MaxPayload: cfg.MaxPayload,
+		MaxPending: cfg.MaxPending,
+		NoLog:      true,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transport: embedded server: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(cfg.ReadyTimeout) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, fmt.Errorf("transport: embedded server on %s:%d not ready after %v", cfg.Host, cfg.Port, cfg.ReadyTimeout)
+	}
+	return &Server{ns: ns}, nil
+}
+
+// URL returns the server's client URL (nats://host:port).
+func (s *Server) URL() string { return s.ns.ClientURL() }
+
+// Shutdown stops the server and waits for it to finish.
+func (s *Server) Shutdown() {
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+}
+
+// Connect returns a Client over NATS. With cfg.URLs empty it first starts an
+// embedded server (cfg.Embedded), owned by the Client and shut down by its
+// Close. The connection attempt is bounded by cfg.ConnectTimeout and ctx's
+// deadline. A nil log discards.
+func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	urls := cfg.URLs
+	var srv *Server
+	if len(urls) == 0 {
+		var err error
+		if srv, err = StartServer(cfg.Embedded); err != nil {
+			return nil, err
+		}
+		urls = []string{srv.URL()}
+	}
+	link, err := dialNATS(ctx, cfg, urls, log)
+	if err != nil {
+		if srv != nil {
+			srv.Shutdown()
+		}
+		return nil, err
+	}
+	c, err := NewClient(link, cfg.ClientConfig, log)
+	if err != nil {
+		_ = link.Close()
+		if srv != nil {
+			srv.Shutdown()
+		}
+		return nil, err
+	}
+	if srv != nil {
+		c.onClose = append(c.onClose, srv.Shutdown)
+	}
+	return c, nil
+}
+
+// natsLink is a Link over core NATS.
+type natsLink struct {
+	nc      *nats.Conn
+	pending int
+}
+
+func dialNATS(ctx context.Context, cfg Config, urls []string, log *slog.Logger) (*natsLink, error) {
+	timeout := cfg.ConnectTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	if timeout <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	name := cfg.Name
+	if name == "" {
+		name = "dpcluster"
+	}
+	opts := []nats.Option{
+		nats.Name(name + "/" + cfg.Run),
+		nats.Timeout(timeout),
+		nats.MaxReconnects(cfg.MaxReconnects),
+		nats.CustomReconnectDelay(backoff(cfg.ReconnectWait, cfg.MaxReconnectWait)),
+		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
+			subject := ""
+			if s != nil {
+				subject = s.Subject
+			}
+			log.Warn("transport: nats async error", "subject", subject, "err", err)
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("transport: disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("transport: reconnected", "url", nc.ConnectedUrlRedacted())
+		}),
+	}
+	if cfg.TLS.enabled() {
+		if cfg.TLS.CAFile != "" {
+			opts = append(opts, nats.RootCAs(cfg.TLS.CAFile))
+		}
+		if cfg.TLS.CertFile != "" {
+			opts = append(opts, nats.ClientCert(cfg.TLS.CertFile, cfg.TLS.KeyFile))
+		}
+		opts = append(opts, nats.Secure(&tls.Config{ServerName: cfg.TLS.ServerName, MinVersion: tls.VersionTLS12}))
+	}
+	switch {
+	case cfg.NKeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport: nkey seed: %w", err)
+		}
+		opts = append(opts, o)
+	case cfg.CredentialsFile != "":
+		opts = append(opts, nats.UserCredentials(cfg.CredentialsFile))
+	case cfg.Token != "":
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("transport: connect: %w", err)
+	}
+	return &natsLink{nc: nc, pending: cfg.PendingBytes}, nil
+}
+
+// backoff returns a reconnect delay doubling from base to limit, plus up to
+// 25% jitter so a fleet of nodes does not reconnect in lockstep.
+func backoff(base, limit time.Duration) nats.ReconnectDelayHandler {
+	return func(attempts int) time.Duration {
+		d := base
+		for i := 1; i < attempts && d < limit; i++ {
+			d *= 2
+		}
+		d = min(d, limit)
+		return d + time.Duration(rand.Int64N(int64(d)/4+1))
+	}
+}
+
+func (l *natsLink) Publish(subject string, data []byte) error {
+	return l.nc.Publish(subject, data)
+}
+
+func (l *natsLink) Subscribe(subject string, fn func([]byte)) (func() error, error) {
+	sub, err := l.nc.Subscribe(subject, func(m *nats.Msg) { fn(m.Data) })
+	if err != nil {
+		return nil, err
+	}
+	if err := sub.SetPendingLimits(-1, l.pending); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	// Round-trip so the server has registered the subscription before
+	// Subscribe returns: a message published afterwards reaches it.
+	if err := l.nc.FlushTimeout(10 * time.Second); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() error {
+		err := sub.Unsubscribe()
+		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription) {
+			return nil
+		}
+		return err
+	}, nil
+}
+
+func (l *natsLink) Flush(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	return l.nc.FlushWithContext(ctx)
+}
+
+func (l *natsLink) MaxPayload() int { return int(l.nc.MaxPayload()) }
+
+func (l *natsLink) Close() error {
+	l.nc.Close()
+	return nil
+}
