@@ -9,8 +9,10 @@ import (
 // Errors returned by Step and New.
 var (
 	// ErrNonFinite is returned (wrapped, with the first offending index) by
-	// Step when the noisy gradient holds a NaN or ±Inf. Nothing is modified:
-	// θ, the moments, the momentum buffer and the step count are untouched.
+	// Step when the noisy gradient holds a NaN, ±Inf, or a value of
+	// magnitude ≥ 2^63 (MaxGradient; its square would overflow the float32
+	// second moment). Nothing is modified: θ, the moments, the momentum
+	// buffer and the step count are untouched.
 	ErrNonFinite = errors.New("dpadam: non-finite noisy gradient")
 	// ErrDimension is returned (wrapped) by New for a non-positive
 	// dimension and by Step when θ or g̃ does not have Dim() elements.
@@ -104,8 +106,11 @@ func (o *Optimizer) Dim() int { return o.dim }
 // place and advances the step count. Both slices must have Dim() elements
 // (else ErrDimension); the Optimizer keeps no reference to either.
 //
-// If g̃ holds a NaN or ±Inf, Step returns ErrNonFinite and changes nothing:
-// it checks all of g̃ before writing anything. θ is not checked.
+// If g̃ holds a NaN, ±Inf or a value with |g̃_i| ≥ MaxGradient, Step returns
+// ErrNonFinite and changes nothing: it checks all of g̃ before writing
+// anything. θ is not checked. Bounding g̃ keeps every state value finite
+// (|m| < 2^63, v < 2^126, |b| < 2^63/(1−μ)), so a snapshot of any reachable
+// state decodes.
 //
 // Step allocates nothing.
 func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
@@ -145,12 +150,18 @@ func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 	return d, nil
 }
 
-// firstNonFinite returns the index of the first NaN or ±Inf in x, or -1.
-// A float32 is non-finite exactly when its 8 exponent bits are all ones.
+// MaxGradient bounds the noisy gradient's coordinates: Step rejects
+// |g̃_i| ≥ 2^63 with ErrNonFinite. Real gradients are many orders of
+// magnitude smaller; the bound keeps g̃² and the moments finite in float32.
+const MaxGradient = 1 << 63
+
+// firstNonFinite returns the index of the first element of x that is NaN,
+// ±Inf or of magnitude ≥ 2^63, or -1. For float32 these are exactly the
+// values whose biased exponent is ≥ 127+63 (255 encodes NaN and Inf).
 func firstNonFinite(x []float32) int {
-	const expMask = 0x7f800000
+	const expMask, limit = 0x7f800000, (127 + 63) << 23
 	for i, f := range x {
-		if math.Float32bits(f)&expMask == expMask {
+		if math.Float32bits(f)&expMask >= limit {
 			return i
 		}
 	}
@@ -204,19 +215,27 @@ func newAdamConsts(c *Config, t int64) adamConsts {
 func adamBCKernel(theta, m, v, g []float32, k adamConsts, phi, gammaPrime float64) (sumVHat, sumU2 float64, floors int) {
 	n := len(theta)
 	m, v, g = m[:n], v[:n], g[:n]
+	// Local copies keep the constants in registers.
+	b1, c1, b2, c2, lrM, invV := k.b1, k.c1, k.b2, k.c2, k.lrM, k.invV
+	gpBits := math.Float64bits(gammaPrime)
 	for i := range theta {
 		gi := float64(g[i])
-		mi := float64(k.b1*float64(m[i])) + float64(k.c1*gi)
-		vi := float64(k.b2*float64(v[i])) + float64(k.c2*float64(gi*gi))
+		mi := float64(b1*float64(m[i])) + float64(c1*gi)
+		vi := float64(b2*float64(v[i])) + float64(c2*float64(gi*gi))
 		m[i] = float32(mi)
 		v[i] = float32(vi)
-		vHat := float64(k.invV * vi)
+		vHat := float64(invV * vi)
 		den := vHat - phi
-		if den < gammaPrime {
-			den = gammaPrime
-			floors++
-		}
-		u := float64(k.lrM*mi) / math.Sqrt(den)
+		// den = max(den, γ') without a branch: the floor is active for
+		// about half the coordinates when Φ dominates v̂, so a branch would
+		// mispredict constantly. den−γ' is negative exactly when den < γ'
+		// (the difference of distinct floats is never 0), so its sign bit
+		// both counts the floor and selects γ' through an all-ones mask.
+		floor := math.Float64bits(den-gammaPrime) >> 63
+		floors += int(floor)
+		mask := -floor
+		den = math.Float64frombits(math.Float64bits(den)&^mask | gpBits&mask)
+		u := float64(lrM*mi) / math.Sqrt(den)
 		theta[i] = float32(float64(theta[i]) - u)
 		sumVHat += vHat
 		sumU2 += float64(u * u)
