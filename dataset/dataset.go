@@ -9,6 +9,11 @@
 // pixel values scaled to [0,1]; token datasets use Shape [L] and store token
 // ids as exact integers in float32 with -1 as padding.
 //
+// LoadFashionMNIST finds Fashion-MNIST in an explicit directory,
+// $DPCLUSTER_DATA, the user cache dir or the Debian package's directory
+// /usr/share/datasets/fashion-mnist (`apt-get install dataset-fashion-mnist`),
+// and downloads it with SHA-256 verification only when asked to.
+//
 // Typical use on a node:
 //
 //	train, test, err := dataset.LoadFashionMNIST(ctx, dataset.DefaultLoadOptions())

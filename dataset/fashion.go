@@ -35,8 +35,8 @@ const (
 	maxDownloadBytes = 64 << 20
 )
 
-// FashionMNISTFiles are the four file names, as published and as installed
-// by the Debian package. An uncompressed file without the .gz suffix is
+// fashionFiles are the four file names, as published and as installed by
+// the Debian package. An uncompressed file without the .gz suffix is
 // accepted in a directory too (compression is detected by content).
 var fashionFiles = [4]string{
 	"train-images-idx3-ubyte.gz",
