@@ -74,7 +74,9 @@ const shade = 1.0 / (1 << 24)
 // the residual error one-sided, gaps are drawn for q·(1−2⁻²⁴), which keeps
 // every index's inclusion probability at or below q (the subsampled-
 // Gaussian privacy bound grows with q, so accounting with q stays valid)
-// and within 1e-7 relative of it. q = 1 is handled exactly (every index).
+// and within 1e-7 relative of it (for normal q ≥ 2⁻¹⁰⁰⁰; in the
+// subnormal range the product q·(1−2⁻²⁴) rounds back to q, and rates that
+// small never arise in practice). q = 1 is handled exactly (every index).
 // Gaps are compared with the remaining length in float64 before conversion,
 // so a huge gap (tiny q) cannot overflow an int.
 //
@@ -147,10 +149,17 @@ func (p *Poisson) Sample(dst []int, n int) []int {
 	i := -1 // last included index
 	for {
 		gap := math.Floor(math.Log1p(-p.uniform()) * p.invLog) // ≥ 0: both factors ≤ 0
-		if gap >= float64(n-1-i) {
+		// The next index is i+gap+1; stop if it is ≥ n. Compare in float64
+		// first (a huge or NaN gap must not reach the int conversion), then
+		// exactly in int (float64(n-1-i) may round up when n > 2⁵³).
+		if !(gap < float64(n-1-i)) {
 			return dst
 		}
-		i += int(gap) + 1
+		g := int(gap)
+		if g >= n-1-i {
+			return dst
+		}
+		i += g + 1
 		dst = append(dst, i)
 	}
 }

@@ -68,6 +68,19 @@ func TestEdgeCases(t *testing.T) {
 			t.Fatalf("q=5e-324: Sample = %v, want empty", got)
 		}
 	}
+	// Huge n with gaps near the int range: indices stay in [0, n), increasing.
+	huge := seeded(t, 1e-18, 3)
+	sawAny := false
+	for range 20 {
+		got := huge.Sample(nil, math.MaxInt)
+		sawAny = sawAny || len(got) > 0
+		if !slices.IsSorted(got) || (len(got) > 0 && got[0] < 0) {
+			t.Fatalf("n=MaxInt: bad sample %v", got)
+		}
+	}
+	if !sawAny {
+		t.Fatal("n=MaxInt, q=1e-18: expected ~9 indices per batch, got none in 20 batches")
+	}
 	// An empty batch is a legal outcome: q small, n small.
 	empty := 0
 	small := seeded(t, 0.01, 2)
