@@ -173,12 +173,14 @@ func LoadFashionMNIST(ctx context.Context, opts LoadOptions) (train, test *Datas
 			cache = filepath.Join(ucd, "dpcluster", "fashion-mnist")
 		}
 	}
-	var dirs []string
+	var dirs, looked []string
 	if opts.Dir != "" {
 		dirs = append(dirs, opts.Dir)
 	}
 	if env := os.Getenv(FashionMNISTEnv); opts.UseEnv && env != "" {
 		dirs = append(dirs, filepath.Join(env, "fashion-mnist"), env)
+	} else if opts.UseEnv {
+		looked = append(looked, "$"+FashionMNISTEnv+" (unset)")
 	}
 	if cache != "" {
 		dirs = append(dirs, cache)
@@ -187,7 +189,6 @@ func LoadFashionMNIST(ctx context.Context, opts LoadOptions) (train, test *Datas
 		dirs = append(dirs, opts.SystemDir)
 	}
 
-	var looked []string
 	for _, dir := range dirs {
 		paths, missing := findFashionFiles(dir)
 		if missing != "" {
@@ -210,8 +211,8 @@ func LoadFashionMNIST(ctx context.Context, opts LoadOptions) (train, test *Datas
 		return nil, nil, notFound(looked)
 	}
 	if err := downloadFashion(ctx, opts, cache, log); err != nil {
-		looked = append(looked, fmt.Sprintf("download from %s into %s (%v)", opts.BaseURL, cache, err))
-		return nil, nil, errors.Join(notFound(looked), err)
+		looked = append(looked, fmt.Sprintf("download from %s into %s (failed, see below)", opts.BaseURL, cache))
+		return nil, nil, fmt.Errorf("%w\ndownload error: %w", notFound(looked), err)
 	}
 	paths, missing := findFashionFiles(cache)
 	if missing != "" {
