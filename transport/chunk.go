@@ -179,11 +179,12 @@ type retained struct {
 func (t *retained) chunk(sender string, i uint32) chunk {
 	off := uint64(i) * uint64(t.size)
 	end := min(off+uint64(t.size), uint64(len(t.data)))
-	d := t.data[off:end]
-	return chunk{
+	c := chunk{
 		Sender: sender, Transfer: t.id, Topic: t.topic, Index: i, Total: t.total, Size: t.size,
-		Offset: off, Len: uint64(len(t.data)), WholeCRC: t.wholeCRC, CRC: crc32.Checksum(d, castagnoli), Data: d,
+		Offset: off, Len: uint64(len(t.data)), WholeCRC: t.wholeCRC, Data: t.data[off:end],
 	}
+	c.CRC = c.crc()
+	return c
 }
 
 // retainCache keeps the most recent sent transfers, bounded in bytes and age,

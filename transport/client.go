@@ -89,6 +89,7 @@ type Client struct {
 	retain   *retainCache
 	seq      atomic.Uint64
 	onClose  []func()
+	server   *Server // embedded server owned by this client, if any
 
 	stats struct {
 		published, chunked, received, decodeErrs, dups, nacksSent, nacksServed, retrans, incomplete atomic.Uint64
@@ -164,6 +165,15 @@ func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
 	c.wg.Add(1)
 	go c.janitor()
 	return c, nil
+}
+
+// ServerURL returns the client URL of the embedded server this Client
+// started (Connect with no URLs), or "" if it did not start one.
+func (c *Client) ServerURL() string {
+	if c.server == nil {
+		return ""
+	}
+	return c.server.URL()
 }
 
 // ID returns the client's unique ID (its NACK and inbox subject token).

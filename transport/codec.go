@@ -248,7 +248,7 @@ type chunk struct {
 	Offset   uint64 // Index·Size
 	Len      uint64 // length of the whole message
 	WholeCRC uint32 // CRC32C of the whole message
-	CRC      uint32 // CRC32C of Data
+	CRC      uint32 // CRC32C of the header fields above and Data (chunkCRC)
 	Data     []byte // aliases the frame it was decoded from
 }
 
@@ -348,6 +348,25 @@ func decodeChunk(d *msgpack.Decoder, r *bytes.Reader, data []byte) (chunk, error
 	return c, nil
 }
 
+// crc returns the chunk's CRC32C: over its header fields (sender, transfer,
+// topic, index, total, size, offset, length, whole-message CRC, fixed-width
+// little-endian, after the sender's length byte) and then its data, so a
+// corrupted header cannot pass as a chunk of another transfer.
+func (c *chunk) crc() uint32 {
+	var h [1 + 64 + 8 + 1 + 4*3 + 8*2 + 4]byte
+	b := append(h[:0], byte(len(c.Sender)))
+	b = append(b, c.Sender...)
+	b = binary.LittleEndian.AppendUint64(b, c.Transfer)
+	b = append(b, byte(c.Topic))
+	b = binary.LittleEndian.AppendUint32(b, c.Index)
+	b = binary.LittleEndian.AppendUint32(b, c.Total)
+	b = binary.LittleEndian.AppendUint32(b, c.Size)
+	b = binary.LittleEndian.AppendUint64(b, c.Offset)
+	b = binary.LittleEndian.AppendUint64(b, c.Len)
+	b = binary.LittleEndian.AppendUint32(b, c.WholeCRC)
+	return crc32.Update(crc32.Checksum(b, castagnoli), castagnoli, c.Data)
+}
+
 // check validates a chunk on its own.
 func (c *chunk) check() error {
 	switch {
@@ -365,7 +384,7 @@ func (c *chunk) check() error {
 		return fmt.Errorf("%w: chunk %d at offset %d, want %d", ErrCorrupt, c.Index, c.Offset, uint64(c.Index)*uint64(c.Size))
 	case uint64(len(c.Data)) != min(uint64(c.Size), c.Len-c.Offset):
 		return fmt.Errorf("%w: chunk %d holds %d bytes", ErrCorrupt, c.Index, len(c.Data))
-	case crc32.Checksum(c.Data, castagnoli) != c.CRC:
+	case c.crc() != c.CRC:
 		return fmt.Errorf("%w: chunk %d CRC32C mismatch", ErrCorrupt, c.Index)
 	}
 	return nil

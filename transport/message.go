@@ -179,6 +179,10 @@ const (
 	StatusRejected StatusCode = 3 // Node's contribution to Step was rejected; Detail holds the reason name
 	StatusDone     StatusCode = 4 // training finished normally
 	StatusStopped  StatusCode = 5 // training stopped (budget exhausted, ledger failure); Detail says why
+	// StatusNeedParams is sent by Node when it lacks Params version Step
+	// (a RoundStart named a version it never received whole); the leader
+	// answers by publishing that Params again.
+	StatusNeedParams StatusCode = 6
 )
 
 // Status reports coordinator or node state. Detail is a short public reason

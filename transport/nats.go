@@ -93,6 +93,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error)
 		return nil, err
 	}
 	if srv != nil {
+		c.server = srv
 		c.onClose = append(c.onClose, srv.Shutdown)
 	}
 	return c, nil

@@ -1,0 +1,209 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// testFrames splits a Params of n floats into chunk frames of maxPayload.
+func testFrames(t testing.TB, n, maxPayload int, transfer uint64) (Params, [][]byte) {
+	t.Helper()
+	v := make(Vector, n)
+	for i := range v {
+		v[i] = float32(i) * 0.5
+	}
+	m := Params{Run: "r", Step: 1, Version: transfer, Values: v}
+	frames, err := SplitFrames(m, "s", transfer, maxPayload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, frames
+}
+
+func mustChunk(t testing.TB, frame []byte) chunk {
+	t.Helper()
+	f, err := decodeFrame(frame)
+	if err != nil || f.typ != typeChunk {
+		t.Fatalf("decodeFrame: %v %v", f.typ, err)
+	}
+	return f.chunk
+}
+
+func TestReassembleAnyOrder(t *testing.T) {
+	m, frames := testFrames(t, 3000, 1024, 1)
+	want, _ := Encode(m)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 20 {
+		r := newReassembler(1<<20, 1<<20)
+		order := rng.Perm(len(frames))
+		if trial == 0 {
+			for i := range order {
+				order[i] = len(frames) - 1 - i
+			}
+		}
+		var got []byte
+		for k, i := range order {
+			c := mustChunk(t, frames[i])
+			whole, err := r.add(&c, time.Now())
+			if err != nil {
+				t.Fatalf("trial %d: add chunk %d: %v", trial, i, err)
+			}
+			if (whole != nil) != (k == len(order)-1) {
+				t.Fatalf("trial %d: completion after %d of %d chunks", trial, k+1, len(order))
+			}
+			got = whole
+			if k == 2 { // a duplicate mid-transfer
+				if _, err := r.add(&c, time.Now()); !errors.Is(err, ErrDuplicateChunk) {
+					t.Fatalf("duplicate: %v", err)
+				}
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("trial %d: reassembled bytes differ", trial)
+		}
+		// A late duplicate of a finished transfer does not restart it.
+		c := mustChunk(t, frames[0])
+		if _, err := r.add(&c, time.Now()); !errors.Is(err, ErrDuplicateChunk) {
+			t.Fatalf("late duplicate: %v", err)
+		}
+		if n, b := r.inFlight(); n != 0 || b != 0 {
+			t.Fatalf("in flight after completion: %d transfers, %d bytes", n, b)
+		}
+	}
+}
+
+func TestReassembleErrors(t *testing.T) {
+	_, frames := testFrames(t, 3000, 1024, 1)
+	_, other := testFrames(t, 3001, 1024, 1) // same sender and transfer number, other message
+	now := time.Now()
+
+	r := newReassembler(1<<20, 1<<20)
+	c0, o1 := mustChunk(t, frames[0]), mustChunk(t, other[1])
+	if _, err := r.add(&c0, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.add(&o1, now); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("inconsistent chunk: %v", err)
+	}
+
+	// Whole-message CRC mismatch: every chunk is self-consistent but the
+	// announced whole CRC is wrong.
+	r = newReassembler(1<<20, 1<<20)
+	var err error
+	for _, f := range frames {
+		c := mustChunk(t, f)
+		c.WholeCRC ^= 1
+		_, err = r.add(&c, now)
+	}
+	if !errors.Is(err, ErrCorrupt) {
+		t.Errorf("whole CRC mismatch: %v", err)
+	}
+
+	// Limits.
+	r = newReassembler(1000, 1<<20)
+	if _, err := r.add(&c0, now); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("message limit: %v", err)
+	}
+	r = newReassembler(1<<20, 20000)
+	if _, err := r.add(&c0, now); err != nil {
+		t.Fatal(err)
+	}
+	_, frames2 := testFrames(t, 3000, 1024, 2)
+	c2 := mustChunk(t, frames2[0])
+	if _, err := r.add(&c2, now); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("reassembly budget: %v", err)
+	}
+}
+
+func TestScanNacksAndTimeouts(t *testing.T) {
+	_, frames := testFrames(t, 3000, 1024, 1)
+	t0 := time.Now()
+	r := newReassembler(1<<20, 1<<20)
+	for i, f := range frames {
+		if i == 1 || i == len(frames)-1 {
+			continue
+		}
+		c := mustChunk(t, f)
+		if _, err := r.add(&c, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs, errs := r.scan(t0.Add(50*time.Millisecond), 100*time.Millisecond, time.Second, 2)
+	if len(reqs) != 0 || len(errs) != 0 {
+		t.Fatalf("early scan: %v %v", reqs, errs)
+	}
+	reqs, _ = r.scan(t0.Add(100*time.Millisecond), 100*time.Millisecond, time.Second, 2)
+	if len(reqs) != 1 || reqs[0].sender != "s" || reqs[0].id != 1 ||
+		len(reqs[0].missing) != 2 || reqs[0].missing[0] != 1 || int(reqs[0].missing[1]) != len(frames)-1 {
+		t.Fatalf("nack: %+v", reqs)
+	}
+	if reqs, _ = r.scan(t0.Add(150*time.Millisecond), 100*time.Millisecond, time.Second, 2); len(reqs) != 0 {
+		t.Fatal("nacked again within NackAfter")
+	}
+	if reqs, _ = r.scan(t0.Add(200*time.Millisecond), 100*time.Millisecond, time.Second, 2); len(reqs) != 1 {
+		t.Fatal("second nack missing")
+	}
+	if reqs, _ = r.scan(t0.Add(300*time.Millisecond), 100*time.Millisecond, time.Second, 2); len(reqs) != 0 {
+		t.Fatal("more than MaxNacks")
+	}
+	_, errs = r.scan(t0.Add(time.Second), 100*time.Millisecond, time.Second, 2)
+	if len(errs) != 1 || !errors.Is(errs[0], ErrIncomplete) {
+		t.Fatalf("timeout: %v", errs)
+	}
+	if n, b := r.inFlight(); n != 0 || b != 0 {
+		t.Fatalf("memory not freed: %d transfers, %d bytes", n, b)
+	}
+}
+
+func TestChunkCheck(t *testing.T) {
+	_, frames := testFrames(t, 3000, 1024, 1)
+	base := mustChunk(t, frames[1])
+	cases := []struct {
+		name   string
+		mutate func(c *chunk)
+	}{
+		{"index past total", func(c *chunk) { c.Index = c.Total }},
+		{"wrong offset", func(c *chunk) { c.Offset++ }},
+		{"wrong total", func(c *chunk) { c.Total++ }},
+		{"zero size", func(c *chunk) { c.Size = 0 }},
+		{"short data", func(c *chunk) { c.Data = c.Data[1:] }},
+		{"data CRC", func(c *chunk) { c.CRC ^= 1 }},
+		{"bad sender", func(c *chunk) { c.Sender = "a.b" }},
+		{"bad topic", func(c *chunk) { c.Topic = 0 }},
+	}
+	for _, tc := range cases {
+		c := base
+		tc.mutate(&c)
+		frame := appendChunk(nil, &c)
+		if _, err := decodeFrame(frame); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", tc.name, err)
+		}
+	}
+	for i := range frames[0] {
+		if _, err := decodeFrame(frames[0][:i]); !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrCorrupt) {
+			t.Errorf("prefix %d: %v", i, err)
+		}
+	}
+}
+
+func TestRetainCacheBounds(t *testing.T) {
+	rc := &retainCache{maxBytes: 100, ttl: time.Second}
+	t0 := time.Now()
+	for i := range 5 {
+		rc.put(&retained{id: uint64(i), data: make([]byte, 40), at: t0.Add(time.Duration(i) * time.Millisecond)})
+	}
+	if rc.get(2) != nil || rc.get(3) == nil || rc.get(4) == nil {
+		t.Error("oldest not evicted first")
+	}
+	rc.put(&retained{id: 9, data: make([]byte, 101)})
+	if rc.get(9) != nil {
+		t.Error("oversized transfer retained")
+	}
+	rc.expire(t0.Add(time.Second + 3*time.Millisecond))
+	if rc.get(3) != nil || rc.get(4) == nil {
+		t.Error("expiry wrong")
+	}
+}

@@ -1,0 +1,244 @@
+package transport_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dpcluster/dpcluster/transport"
+	"github.com/dpcluster/dpcluster/transport/fake"
+)
+
+type inbox struct {
+	mu   sync.Mutex
+	msgs []transport.Message
+}
+
+func (b *inbox) add(m transport.Message) { b.mu.Lock(); b.msgs = append(b.msgs, m); b.mu.Unlock() }
+func (b *inbox) n() int                  { b.mu.Lock(); defer b.mu.Unlock(); return len(b.msgs) }
+
+func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func fakeConfig() transport.ClientConfig {
+	cfg := transport.DefaultClientConfig()
+	cfg.Run = "fake"
+	cfg.NackAfter = 20 * time.Millisecond
+	cfg.MaxNacks = 100
+	cfg.TransferTimeout = 10 * time.Second
+	cfg.RetainFor = 10 * time.Second
+	return cfg
+}
+
+func paramsOf(run string, v uint64, n int) transport.Params {
+	vals := make(transport.Vector, n)
+	for i := range vals {
+		vals[i] = float32(math.Sin(float64(i) + float64(v)))
+	}
+	return transport.Params{Run: run, Step: v, Version: v, Values: vals}
+}
+
+func checkParams(t *testing.T, got transport.Message, want transport.Params) {
+	t.Helper()
+	p := got.(transport.Params)
+	if p.Version != want.Version || len(p.Values) != len(want.Values) {
+		t.Fatalf("got version %d len %d, want %d len %d", p.Version, len(p.Values), want.Version, len(want.Values))
+	}
+	for i := range p.Values {
+		if math.Float32bits(p.Values[i]) != math.Float32bits(want.Values[i]) {
+			t.Fatalf("version %d: value %d differs", p.Version, i)
+		}
+	}
+}
+
+// Broadcast through drops, duplicates, reordering, delay and bit flips:
+// every receiver gets every message intact, thanks to NACK retransmission.
+func TestFakeFaultsRecoveredByNack(t *testing.T) {
+	net := fake.NewNetwork(42, fake.Options{MaxPayload: 32 << 10})
+	cfg := fakeConfig()
+	var corruptErrs atomic.Int64
+	cfg.OnError = func(err error) {
+		if errors.Is(err, transport.ErrCorrupt) {
+			corruptErrs.Add(1)
+		}
+	}
+	sender, err := transport.NewClient(net.Link("coord"), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	var boxes []*inbox
+	var receivers []*transport.Client
+	for i := range 3 {
+		c, err := transport.NewClient(net.Link(fmt.Sprintf("node-%d", i)), cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		b := &inbox{}
+		if _, err := c.Subscribe(transport.TopicParams, b.add); err != nil {
+			t.Fatal(err)
+		}
+		boxes = append(boxes, b)
+		receivers = append(receivers, c)
+	}
+	net.SetFaults(fake.Faults{Drop: 0.1, Duplicate: 0.1, Reorder: 0.2, Corrupt: 0.02, Delay: time.Millisecond})
+	const msgs, n = 4, 100_000 // 400 kB each: 13 chunks
+	var want []transport.Params
+	for v := range msgs {
+		p := paramsOf(cfg.Run, uint64(v+1), n)
+		want = append(want, p)
+		if err := sender.Publish(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, b := range boxes {
+		waitUntil(t, fmt.Sprintf("receiver %d", i), 20*time.Second, func() bool { return b.n() >= msgs })
+	}
+	net.SetFaults(fake.Faults{})
+	for i, b := range boxes {
+		b.mu.Lock()
+		got := append([]transport.Message(nil), b.msgs...)
+		b.mu.Unlock()
+		if len(got) != msgs {
+			t.Fatalf("receiver %d got %d messages, want %d", i, len(got), msgs)
+		}
+		seen := map[uint64]bool{}
+		for _, m := range got {
+			v := m.(transport.Params).Version
+			if seen[v] {
+				t.Fatalf("receiver %d got version %d twice", i, v)
+			}
+			seen[v] = true
+			checkParams(t, m, want[v-1])
+		}
+	}
+	st := net.Stats()
+	if st.Dropped == 0 || st.Duplicated == 0 || st.Reordered == 0 || st.Corrupted == 0 {
+		t.Errorf("faults not exercised: %+v", st)
+	}
+	var nacks, dups uint64
+	for _, r := range receivers {
+		nacks += r.Stats().NacksSent
+		dups += r.Stats().DuplicateChunks
+	}
+	if nacks == 0 || sender.Stats().Retransmitted == 0 || dups == 0 {
+		t.Errorf("recovery not exercised: nacks %d, retransmitted %d, duplicate chunks %d", nacks, sender.Stats().Retransmitted, dups)
+	}
+	// Bit flips are caught by the chunk CRC32C (a flip in a chunk's
+	// header can at worst start a bogus transfer that times out).
+	if corruptErrs.Load() == 0 {
+		t.Error("no corrupt chunk detected")
+	}
+}
+
+// A receiver whose queue overflows (like a NATS slow consumer) loses chunks
+// and recovers them by NACK.
+func TestFakeSlowConsumerRecovers(t *testing.T) {
+	net := fake.NewNetwork(7, fake.Options{MaxPayload: 16 << 10})
+	cfg := fakeConfig()
+	sender, _ := transport.NewClient(net.Link("coord"), cfg, nil)
+	defer sender.Close()
+	recv, _ := transport.NewClient(net.Link("node"), cfg, nil)
+	defer recv.Close()
+	b := &inbox{}
+	if _, err := recv.Subscribe(transport.TopicParams, b.add); err != nil {
+		t.Fatal(err)
+	}
+	net.SetFaults(fake.Faults{QueueLimit: 8})
+	want := paramsOf(cfg.Run, 1, 200_000) // 800 kB: 50 chunks
+	if err := sender.Publish(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "params", 20*time.Second, func() bool { return b.n() == 1 })
+	checkParams(t, b.msgs[0], want)
+	if net.Stats().Overflowed == 0 || recv.Stats().NacksSent == 0 {
+		t.Errorf("no overflow/NACK: %+v %+v", net.Stats(), recv.Stats())
+	}
+}
+
+// A partitioned receiver gets nothing; after Heal it gets new messages.
+func TestFakePartition(t *testing.T) {
+	net := fake.NewNetwork(1, fake.Options{})
+	cfg := fakeConfig()
+	coord, _ := transport.NewClient(net.Link("coord"), cfg, nil)
+	defer coord.Close()
+	other, _ := transport.NewClient(net.Link("other"), cfg, nil)
+	defer other.Close()
+	node, _ := transport.NewClient(net.Link("node"), cfg, nil)
+	defer node.Close()
+	b := &inbox{}
+	if _, err := node.Subscribe(transport.TopicStatus, b.add); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	net.Partition("coord", "node")
+	if err := coord.Publish(ctx, transport.Status{Run: cfg.Run, From: "coord"}); err != nil {
+		t.Fatal(err)
+	}
+	// A later message from an unpartitioned sender arrives; the
+	// partitioned one, queued before it if at all, did not.
+	if err := other.Publish(ctx, transport.Status{Run: cfg.Run, From: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "other's status", 5*time.Second, func() bool { return b.n() == 1 })
+	if from := b.msgs[0].(transport.Status).From; from != "other" {
+		t.Fatalf("got status from %q through a partition", from)
+	}
+	net.Heal()
+	if err := coord.Publish(ctx, transport.Status{Run: cfg.Run, From: "coord"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "coord's status after heal", 5*time.Second, func() bool { return b.n() == 2 })
+	if net.Stats().Partitioned != 1 {
+		t.Errorf("Partitioned = %d, want 1", net.Stats().Partitioned)
+	}
+}
+
+// A filter drops one chunk deterministically the first time; the receiver
+// NACKs it and gets it from the sender's retransmit cache.
+func TestFakeFilterDropsOneChunk(t *testing.T) {
+	net := fake.NewNetwork(1, fake.Options{MaxPayload: 8 << 10})
+	cfg := fakeConfig()
+	var mu sync.Mutex
+	dropped := 0
+	net.SetFaults(fake.Faults{Filter: func(from, subject string, data []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if from == "coord" && subject == "dpc.fake.params" && dropped < 3 {
+			dropped++
+			return dropped != 3 // drop the third chunk on the params subject
+		}
+		return true
+	}})
+	coord, _ := transport.NewClient(net.Link("coord"), cfg, nil)
+	defer coord.Close()
+	node, _ := transport.NewClient(net.Link("node"), cfg, nil)
+	defer node.Close()
+	b := &inbox{}
+	if _, err := node.Subscribe(transport.TopicParams, b.add); err != nil {
+		t.Fatal(err)
+	}
+	want := paramsOf(cfg.Run, 3, 10_000)
+	if err := coord.Publish(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "params", 5*time.Second, func() bool { return b.n() == 1 })
+	checkParams(t, b.msgs[0], want)
+	if got := coord.Stats().Retransmitted; got != 1 {
+		t.Errorf("Retransmitted = %d, want 1", got)
+	}
+}
