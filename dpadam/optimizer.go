@@ -60,7 +60,10 @@ type Diagnostics struct {
 // are computed by binary exponentiation with plain multiplies, never
 // math.Pow. IEEE-754 add, multiply, divide and square root are correctly
 // rounded, so replicas on any architecture or GOAMD64 level produce the
-// same bits, and the diagnostic sums run in index order.
+// same bits, and the diagnostic sums run in a fixed order. On amd64 with
+// AVX2, DP-AdamBC's loop runs in assembly doing the same IEEE operations
+// four coordinates at a time (same bits; build with -tags noasm for the
+// pure-Go kernel, which is always built and tested).
 //
 // An Optimizer is not safe for concurrent use. The zero value is only a
 // target for UnmarshalBinary.
@@ -134,7 +137,8 @@ func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 	var floors int
 	switch c.Algorithm {
 	case AdamBC:
-		sumVHat, sumU2, floors = adamBCKernel(theta, o.m, o.v, noisyGrad, newAdamConsts(c, t), d.Phi, c.GammaPrime)
+		k := newAdamConsts(c, t)
+		sumVHat, sumU2, floors = adamBCKernel(theta, o.m, o.v, noisyGrad, &k)
 	case Adam:
 		sumVHat, sumU2 = adamKernel(theta, o.m, o.v, noisyGrad, newAdamConsts(c, t), c.AdamEps)
 	case SGD:
@@ -184,12 +188,15 @@ func powInt(x float64, n int64) float64 {
 }
 
 // adamConsts are the per-step scalars of Adam and AdamBC, hoisted out of the
-// coordinate loop.
+// coordinate loop. The field order is part of the assembly kernel's ABI
+// (kernel_amd64.s reads them by offset).
 type adamConsts struct {
 	b1, c1 float64 // β1, 1−β1
 	b2, c2 float64 // β2, 1−β2
 	lrM    float64 // η/(1−β1^t): η·m̂ = lrM·m
 	invV   float64 // 1/(1−β2^t): v̂ = invV·v
+	phi    float64 // Φ (AdamBC)
+	gp     float64 // γ' (AdamBC)
 }
 
 func newAdamConsts(c *Config, t int64) adamConsts {
@@ -200,8 +207,26 @@ func newAdamConsts(c *Config, t int64) adamConsts {
 		c2:   1 - c.Beta2,
 		lrM:  c.LearningRate / (1 - powInt(c.Beta1, t)),
 		invV: 1 / (1 - powInt(c.Beta2, t)),
+		phi:  c.Phi(),
+		gp:   c.GammaPrime,
 	}
 }
+
+// lanes holds the diagnostic sums in four interleaved lanes: coordinate i
+// is added, in increasing i, to lane i mod 4, and the total is
+// (l0 + l1) + (l2 + l3). The fixed order makes the diagnostics identical
+// between the Go and the SIMD kernel (float addition is not associative).
+// The layout is part of the assembly kernel's ABI.
+type lanes struct {
+	vHat [4]float64 // Σ v̂
+	u2   [4]float64 // Σ u²
+}
+
+func sum4(l *[4]float64) float64 { return (l[0] + l[1]) + (l[2] + l[3]) }
+
+// simdBlock is the number of coordinates per assembly call: the assembly
+// loop cannot be preempted, so it returns to Go every 64K coordinates.
+const simdBlock = 1 << 16
 
 // adamBCKernel is Algorithm 1 of the paper, lines 5–7, for one step:
 //
@@ -210,15 +235,34 @@ func newAdamConsts(c *Config, t int64) adamConsts {
 //	v̂ = v/(1−β2^t)
 //	θ ← θ − (η/(1−β1^t))·m / sqrt(max(v̂ − Φ, γ'))   (= θ − η·m̂/sqrt(max(v̂−Φ, γ')), Eq. 4)
 //
-// It returns Σv̂, Σu² and the number of coordinates with v̂ − Φ < γ'.
+// It returns Σv̂, Σu² and the number of coordinates with v̂ − Φ < γ'. On
+// amd64 with AVX2 the bulk runs in adamBCAVX2, which performs the same
+// IEEE operations per coordinate (4 at a time) and so gives the same bits.
+func adamBCKernel(theta, m, v, g []float32, k *adamConsts) (sumVHat, sumU2 float64, floors int) {
+	var acc lanes
+	n := len(theta)
+	m, v, g = m[:n], v[:n], g[:n]
+	done := 0
+	if haveAVX2 {
+		for n-done >= 4 {
+			c := min(n-done, simdBlock) &^ 3
+			floors += adamBCAVX2(&theta[done], &m[done], &v[done], &g[done], c, k, &acc)
+			done += c
+		}
+	}
+	floors += adamBCGo(theta, m, v, g, done, k, &acc)
+	return sum4(&acc.vHat), sum4(&acc.u2), floors
+}
+
+// adamBCGo is the portable kernel for coordinates [start, len(theta)).
 // Every product feeding a sum is rounded explicitly (no FMA, see Optimizer).
-func adamBCKernel(theta, m, v, g []float32, k adamConsts, phi, gammaPrime float64) (sumVHat, sumU2 float64, floors int) {
+func adamBCGo(theta, m, v, g []float32, start int, k *adamConsts, acc *lanes) (floors int) {
 	n := len(theta)
 	m, v, g = m[:n], v[:n], g[:n]
 	// Local copies keep the constants in registers.
-	b1, c1, b2, c2, lrM, invV := k.b1, k.c1, k.b2, k.c2, k.lrM, k.invV
-	gpBits := math.Float64bits(gammaPrime)
-	for i := range theta {
+	b1, c1, b2, c2, lrM, invV, phi, gp := k.b1, k.c1, k.b2, k.c2, k.lrM, k.invV, k.phi, k.gp
+	gpBits := math.Float64bits(gp)
+	for i := start; i < n; i++ {
 		gi := float64(g[i])
 		mi := float64(b1*float64(m[i])) + float64(c1*gi)
 		vi := float64(b2*float64(v[i])) + float64(c2*float64(gi*gi))
@@ -231,16 +275,16 @@ func adamBCKernel(theta, m, v, g []float32, k adamConsts, phi, gammaPrime float6
 		// mispredict constantly. den−γ' is negative exactly when den < γ'
 		// (the difference of distinct floats is never 0), so its sign bit
 		// both counts the floor and selects γ' through an all-ones mask.
-		floor := math.Float64bits(den-gammaPrime) >> 63
+		floor := math.Float64bits(den-gp) >> 63
 		floors += int(floor)
 		mask := -floor
 		den = math.Float64frombits(math.Float64bits(den)&^mask | gpBits&mask)
 		u := float64(lrM*mi) / math.Sqrt(den)
 		theta[i] = float32(float64(theta[i]) - u)
-		sumVHat += vHat
-		sumU2 += float64(u * u)
+		acc.vHat[i&3] += vHat
+		acc.u2[i&3] += float64(u * u)
 	}
-	return sumVHat, sumU2, floors
+	return floors
 }
 
 // adamKernel is DP-Adam (paper §3, and Kingma & Ba 2015 Algorithm 1 applied

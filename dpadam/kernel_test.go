@@ -1,0 +1,53 @@
+package dpadam
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestAdamBCKernelPaths checks that the SIMD kernel (when this build and
+// CPU have it) and the portable Go kernel produce identical bits for θ, m,
+// v, the floor count and the lane sums, over lengths that exercise the
+// 4-wide body, the scalar tail and the 64K block split, with the γ' floor
+// active nowhere, everywhere, and on a mix of coordinates.
+func TestAdamBCKernelPaths(t *testing.T) {
+	if !haveAVX2 {
+		t.Logf("no SIMD kernel in this build or on this CPU: checking the Go kernel against itself only")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{1, 3, 4, 5, 7, 64, 1001, simdBlock + 5, 2*simdBlock + 12} {
+		for _, phi := range []float64{0, 5e-6, 1} { // floor: (almost) nowhere, on a mix, everywhere
+			k := adamConsts{b1: 0.9, c1: 0.1, b2: 0.999, c2: 1 - 0.999, lrM: 1e-3 / (1 - 0.9*0.9),
+				invV: 1 / (1 - 0.999*0.999), phi: phi, gp: 1e-10}
+			theta, m, v, g := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+			for i := range n {
+				theta[i] = float32(rng.NormFloat64())
+				m[i] = float32(1e-4 * rng.NormFloat64())
+				v[i] = float32(1e-8 * rng.ExpFloat64())
+				g[i] = float32(2e-4 * rng.NormFloat64())
+			}
+			theta2, m2, v2 := append([]float32(nil), theta...), append([]float32(nil), m...), append([]float32(nil), v...)
+
+			sumV, sumU, floors := adamBCKernel(theta, m, v, g, &k)
+			var acc lanes
+			floors2 := adamBCGo(theta2, m2, v2, g, 0, &k, &acc)
+			sumV2, sumU2 := sum4(&acc.vHat), sum4(&acc.u2)
+
+			if !bitsEqual(theta, theta2) || !bitsEqual(m, m2) || !bitsEqual(v, v2) {
+				t.Fatalf("n=%d Φ=%g: vectors differ between kernels", n, phi)
+			}
+			if floors != floors2 || math.Float64bits(sumV) != math.Float64bits(sumV2) ||
+				math.Float64bits(sumU) != math.Float64bits(sumU2) {
+				t.Fatalf("n=%d Φ=%g: (Σv̂, Σu², floors) = (%v, %v, %d) vs Go (%v, %v, %d)",
+					n, phi, sumV, sumU, floors, sumV2, sumU2, floors2)
+			}
+			if phi == 1 && floors != n {
+				t.Errorf("n=%d: Φ=1 floors %d coordinates, want all", n, floors)
+			}
+			if phi == 5e-6 && (floors == 0 || floors == n) && n > 100 {
+				t.Errorf("n=%d: Φ=5e-6 floors %d of %d coordinates, want a mix", n, floors, n)
+			}
+		}
+	}
+}
