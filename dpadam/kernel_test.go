@@ -4,7 +4,28 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
+
+// TestKernelABI pins the struct offsets kernel_amd64.s reads.
+func TestKernelABI(t *testing.T) {
+	var k adamConsts
+	var l lanes
+	for _, tc := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"b1", unsafe.Offsetof(k.b1), 0}, {"c1", unsafe.Offsetof(k.c1), 8},
+		{"b2", unsafe.Offsetof(k.b2), 16}, {"c2", unsafe.Offsetof(k.c2), 24},
+		{"lrM", unsafe.Offsetof(k.lrM), 32}, {"invV", unsafe.Offsetof(k.invV), 40},
+		{"phi", unsafe.Offsetof(k.phi), 48}, {"gp", unsafe.Offsetof(k.gp), 56},
+		{"vHat", unsafe.Offsetof(l.vHat), 0}, {"u2", unsafe.Offsetof(l.u2), 32},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("offset of %s = %d, want %d (kernel_amd64.s)", tc.name, tc.got, tc.want)
+		}
+	}
+}
 
 // TestAdamBCKernelPaths checks that the SIMD kernel (when this build and
 // CPU have it) and the portable Go kernel produce identical bits for θ, m,

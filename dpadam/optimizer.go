@@ -107,7 +107,8 @@ func (o *Optimizer) Dim() int { return o.dim }
 
 // Step applies one update with the noisy gradient g̃ (noisyGrad) to theta in
 // place and advances the step count. Both slices must have Dim() elements
-// (else ErrDimension); the Optimizer keeps no reference to either.
+// (else ErrDimension) and must not overlap; the Optimizer keeps no
+// reference to either.
 //
 // If g̃ holds a NaN, ±Inf or a value with |g̃_i| ≥ MaxGradient, Step returns
 // ErrNonFinite and changes nothing: it checks all of g̃ before writing
@@ -157,7 +158,7 @@ func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 // MaxGradient bounds the noisy gradient's coordinates: Step rejects
 // |g̃_i| ≥ 2^63 with ErrNonFinite. Real gradients are many orders of
 // magnitude smaller; the bound keeps g̃² and the moments finite in float32.
-const MaxGradient = 1 << 63
+const MaxGradient float64 = 1 << 63
 
 // firstNonFinite returns the index of the first element of x that is NaN,
 // ±Inf or of magnitude ≥ 2^63, or -1. For float32 these are exactly the
