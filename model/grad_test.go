@@ -67,9 +67,9 @@ func TestMeanGradFiniteDifferences(t *testing.T) {
 			for i := range theta {
 				coords = append(coords, i)
 			}
-			if len(coords) > 300 {
+			if len(coords) > 120 {
 				rng.Shuffle(len(coords), func(i, j int) { coords[i], coords[j] = coords[j], coords[i] })
-				coords = coords[:300]
+				coords = coords[:120]
 			}
 			// Central differences: error O(h²·f'''); h = 1e-5 in float64
 			// keeps truncation and rounding (≈1e-16/h) both below 1e-9.

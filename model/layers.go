@@ -324,7 +324,7 @@ func (a *activation) forward(p *pass, w, in, out []float32, st any) {
 		x, y := in[lo*a.n:hi*a.n], out[lo*a.n:hi*a.n]
 		if a.tanh {
 			for j, v := range x {
-				y[j] = float32(math.Tanh(float64(v)))
+				y[j] = tanh32(v)
 			}
 			return
 		}
@@ -403,8 +403,10 @@ func (f *flatten) backward(p *pass, w, in, out, dout, din []float32, st any) {
 // ---------------------------------------------------------------- conv2d
 
 // conv is a 2-D convolution, computed as a GEMM on the unfolded input
-// (im2col): cols [B·T, K] with T = Ho·Wo output positions and K = C·k·k,
-// out [B·T, O] = cols · Wᵀ + b, W [O, K] in (c, kh, kw) order (PyTorch's).
+// (im2col): cols [B·T, K] with T = Ho·Wo output positions and K = k·k·C,
+// out [B·T, O] = cols · Wᵀ + b. The parameter W is [O, C, kh, kw]
+// (PyTorch's order); internally it is permuted to [O, kh, kw, C] so that
+// unfolding a channels-last input copies contiguous runs.
 //
 // Example i's weight gradient is Gᵢ = Dᵢᵀ Aᵢ with Dᵢ [T, O] its output
 // gradients and Aᵢ [T, K] its unfolded input, so
@@ -419,6 +421,7 @@ type conv struct {
 
 type convState struct {
 	cols, dcols []float32
+	wp          []float32   // weights (then weight gradient) in [O, kh, kw, C] order
 	scratch     [][]float32 // per worker: [T·T]·2 (ghost) or [O·K]
 	bsum        [][]float64 // per worker [O]
 }
@@ -431,7 +434,7 @@ func (l *conv) init(w []float32, rng *rand.Rand) {
 	uniformInit(w, 1/math.Sqrt(float64(l.K)), rng)
 }
 func (l *conv) newState(maxB, workers int, needDin bool) any {
-	st := &convState{cols: make([]float32, maxB*l.T*l.K)}
+	st := &convState{cols: make([]float32, maxB*l.T*l.K), wp: make([]float32, l.o*l.K)}
 	if needDin {
 		st.dcols = make([]float32, maxB*l.T*l.K)
 	}
@@ -446,54 +449,84 @@ func (l *conv) newState(maxB, workers int, needDin bool) any {
 	return st
 }
 
-func (l *conv) im2col(cols, x []float32) {
-	r := 0
-	for oh := 0; oh < l.ho; oh++ {
-		for ow := 0; ow < l.wo; ow++ {
-			for c := 0; c < l.c; c++ {
-				for kh := 0; kh < l.k; kh++ {
-					hh := oh*l.s - l.p + kh
-					if hh < 0 || hh >= l.h {
-						clear(cols[r : r+l.k])
-						r += l.k
-						continue
-					}
-					base := hh * l.w
-					for kw := 0; kw < l.k; kw++ {
-						ww := ow*l.s - l.p + kw
-						if ww < 0 || ww >= l.w {
-							cols[r] = 0
-						} else {
-							cols[r] = x[(base+ww)*l.c+c]
-						}
-						r++
-					}
-				}
+// permute copies the weights from the public [O, C, kh, kw] order to the
+// internal [O, kh, kw, C] order (inverse: unpermute), matching the
+// channels-last unfolded input whose patch rows are then contiguous runs.
+func (l *conv) permute(dst, w []float32) {
+	kk := l.k * l.k
+	for o := 0; o < l.o; o++ {
+		src, d := w[o*l.K:(o+1)*l.K], dst[o*l.K:(o+1)*l.K]
+		for c := 0; c < l.c; c++ {
+			for r := 0; r < kk; r++ {
+				d[r*l.c+c] = src[c*kk+r]
 			}
 		}
 	}
 }
 
-func (l *conv) col2im(dx, cols []float32) {
-	clear(dx)
+func (l *conv) unpermute(dst, w []float32) {
+	kk := l.k * l.k
+	for o := 0; o < l.o; o++ {
+		src, d := w[o*l.K:(o+1)*l.K], dst[o*l.K:(o+1)*l.K]
+		for c := 0; c < l.c; c++ {
+			for r := 0; r < kk; r++ {
+				d[c*kk+r] = src[r*l.c+c]
+			}
+		}
+	}
+}
+
+// span returns, for an output column ow, the first input column of the
+// window and the range [lo, hi) of kernel columns that fall inside the image.
+func (l *conv) span(ow int) (w0, lo, hi int) {
+	w0 = ow*l.s - l.p
+	return w0, max(0, -w0), min(l.k, l.w-w0)
+}
+
+// im2col unfolds one example (H, W, C layout) into cols [T, K], patch
+// order (kh, kw, c), zero outside the image.
+func (l *conv) im2col(cols, x []float32) {
+	kc := l.k * l.c
 	r := 0
 	for oh := 0; oh < l.ho; oh++ {
 		for ow := 0; ow < l.wo; ow++ {
-			for c := 0; c < l.c; c++ {
-				for kh := 0; kh < l.k; kh++ {
-					hh := oh*l.s - l.p + kh
-					if hh < 0 || hh >= l.h {
-						r += l.k
-						continue
-					}
-					base := hh * l.w
-					for kw := 0; kw < l.k; kw++ {
-						ww := ow*l.s - l.p + kw
-						if ww >= 0 && ww < l.w {
-							dx[(base+ww)*l.c+c] += cols[r]
-						}
-						r++
-					}
+			w0, lo, hi := l.span(ow)
+			for kh := 0; kh < l.k; kh++ {
+				row := cols[r : r+kc]
+				r += kc
+				hh := oh*l.s - l.p + kh
+				if hh < 0 || hh >= l.h || lo >= hi {
+					clear(row)
+					continue
+				}
+				clear(row[:lo*l.c])
+				base := (hh*l.w + w0) * l.c
+				copy(row[lo*l.c:hi*l.c], x[base+lo*l.c:base+hi*l.c])
+				clear(row[hi*l.c:])
+			}
+		}
+	}
+}
+
+// col2im is the adjoint of im2col: it accumulates cols into dx.
+func (l *conv) col2im(dx, cols []float32) {
+	clear(dx)
+	kc := l.k * l.c
+	r := 0
+	for oh := 0; oh < l.ho; oh++ {
+		for ow := 0; ow < l.wo; ow++ {
+			w0, lo, hi := l.span(ow)
+			for kh := 0; kh < l.k; kh++ {
+				row := cols[r : r+kc]
+				r += kc
+				hh := oh*l.s - l.p + kh
+				if hh < 0 || hh >= l.h || lo >= hi {
+					continue
+				}
+				base := (hh*l.w + w0) * l.c
+				d := dx[base+lo*l.c : base+hi*l.c]
+				for j, v := range row[lo*l.c : hi*l.c] {
+					d[j] += v
 				}
 			}
 		}
@@ -508,9 +541,10 @@ func (l *conv) forward(p *pass, w, in, out []float32, st any) {
 			l.im2col(s.cols[i*tk:(i+1)*tk], in[i*nin:(i+1)*nin])
 		}
 	})
-	W, b := w[:l.o*l.K], w[l.o*l.K:]
+	l.permute(s.wp, w[:l.o*l.K])
+	b := w[l.o*l.K:]
 	rows := p.B * l.T
-	p.be.Sgemm(false, true, rows, l.o, l.K, 1, s.cols, l.K, W, l.K, 0, out, l.o)
+	p.be.Sgemm(false, true, rows, l.o, l.K, 1, s.cols, l.K, s.wp, l.K, 0, out, l.o)
 	for r := 0; r < rows; r++ {
 		row := out[r*l.o : (r+1)*l.o]
 		for o, bv := range b {
@@ -519,12 +553,13 @@ func (l *conv) forward(p *pass, w, in, out []float32, st any) {
 	}
 }
 
+// backward uses the permuted weights forward left in the state.
 func (l *conv) backward(p *pass, w, in, out, dout, din []float32, st any) {
 	if din == nil {
 		return
 	}
 	s := st.(*convState)
-	p.be.Sgemm(false, false, p.B*l.T, l.K, l.o, 1, dout, l.o, w[:l.o*l.K], l.K, 0, s.dcols, l.K)
+	p.be.Sgemm(false, false, p.B*l.T, l.K, l.o, 1, dout, l.o, s.wp, l.K, 0, s.dcols, l.K)
 	nin, tk := l.h*l.w*l.c, l.T*l.K
 	p.parFor(p.B, tk, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -565,7 +600,8 @@ func (l *conv) sqNorms(p *pass, in, out, dout []float32, acc []float64, st any) 
 func (l *conv) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
 	s := st.(*convState)
 	rows := p.B * l.T
-	p.be.Sgemm(true, false, l.o, l.K, rows, alpha, dout, l.o, s.cols, l.K, 0, dw[:l.o*l.K], l.K)
+	p.be.Sgemm(true, false, l.o, l.K, rows, alpha, dout, l.o, s.cols, l.K, 0, s.wp, l.K)
+	l.unpermute(dw[:l.o*l.K], s.wp)
 	bs := s.bsum[0]
 	colSum(bs, dout, rows, l.o)
 	db := dw[l.o*l.K:]
@@ -583,72 +619,112 @@ type pool struct {
 	c, h, w, k, s, ho, wo int
 }
 
-type poolState struct{ arg []int32 }
-
-func (l *pool) outShape() []int { return []int{l.c, l.ho, l.wo} }
-func (l *pool) newState(maxB, workers int, needDin bool) any {
-	if l.max {
-		return &poolState{arg: make([]int32, maxB*l.c*l.ho*l.wo)}
-	}
-	return nil
-}
+func (l *pool) outShape() []int                              { return []int{l.c, l.ho, l.wo} }
+func (l *pool) newState(maxB, workers int, needDin bool) any { return nil }
 
 func (l *pool) forward(p *pass, w, in, out []float32, st any) {
 	nin, nout := l.h*l.w*l.c, l.ho*l.wo*l.c
-	inv := 1 / float32(l.k*l.k)
-	var args []int32
-	if l.max {
-		args = st.(*poolState).arg
-	}
 	p.parFor(p.B, nout*l.k*l.k, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
 			x, y := in[i*nin:(i+1)*nin], out[i*nout:(i+1)*nout]
-			var arg []int32
 			if l.max {
-				arg = args[i*nout : (i+1)*nout]
+				l.maxForward(y, x)
+			} else {
+				l.avgForward(y, x)
 			}
-			for oh := 0; oh < l.ho; oh++ {
-				for ow := 0; ow < l.wo; ow++ {
-					o := (oh*l.wo + ow) * l.c
-					yo := y[o : o+l.c]
-					first := true
-					for kh := 0; kh < l.k; kh++ {
-						for kw := 0; kw < l.k; kw++ {
-							j := ((oh*l.s+kh)*l.w + ow*l.s + kw) * l.c
-							xs := x[j : j+l.c]
-							switch {
-							case first && l.max:
-								copy(yo, xs)
-								ao := arg[o : o+l.c]
-								for c := range ao {
-									ao[c] = int32(j + c)
-								}
-							case first:
-								copy(yo, xs)
-							case l.max:
-								ao := arg[o : o+l.c]
-								for c, v := range xs {
-									if v > yo[c] {
-										yo[c], ao[c] = v, int32(j+c)
-									}
-								}
-							default:
-								for c, v := range xs {
-									yo[c] += v
-								}
-							}
-							first = false
-						}
+		}
+	})
+}
+
+// rowOffsets returns where output row oh starts in y and where its window
+// element (kh, kw) for ow = 0 starts in x: y[yo+ow·c+ch] pairs with
+// x[xo+ow·s·c+ch], so the inner loops run over whole output rows.
+func (l *pool) rowOffsets(oh, kh, kw int) (yo, xo int) {
+	return oh * l.wo * l.c, ((oh*l.s+kh)*l.w + kw) * l.c
+}
+
+// maxForward takes window maxima with the branch-free max builtin; the
+// backward pass recovers each argmax by comparison instead of storing it.
+func (l *pool) maxForward(y, x []float32) {
+	rowLen, c, step := l.wo*l.c, l.c, l.s*l.c
+	for oh := 0; oh < l.ho; oh++ {
+		for kh := 0; kh < l.k; kh++ {
+			for kw := 0; kw < l.k; kw++ {
+				yo, xo := l.rowOffsets(oh, kh, kw)
+				yr := y[yo : yo+rowLen]
+				first := kh == 0 && kw == 0
+				if l.s == 1 { // the whole output row pairs with one input run
+					xs := x[xo : xo+rowLen]
+					if first {
+						copy(yr, xs)
+						continue
 					}
-					if !l.max {
-						for c := range yo {
-							yo[c] *= inv
+					for j, v := range xs {
+						yr[j] = max(yr[j], v)
+					}
+					continue
+				}
+				for ow := 0; ow < l.wo; ow++ {
+					xs := x[xo+ow*step : xo+ow*step+c]
+					ys := yr[ow*c : (ow+1)*c]
+					if first {
+						copy(ys, xs)
+						continue
+					}
+					for ch, v := range xs {
+						ys[ch] = max(ys[ch], v)
+					}
+				}
+			}
+		}
+	}
+}
+
+// maxBackward routes each output gradient to the first window element (in
+// kh, kw order) equal to the maximum.
+func (l *pool) maxBackward(dx, dy, x, y []float32) {
+	for oh := 0; oh < l.ho; oh++ {
+		for ow := 0; ow < l.wo; ow++ {
+			for ch := 0; ch < l.c; ch++ {
+				o := (oh*l.wo+ow)*l.c + ch
+				target := y[o]
+			window:
+				for kh := 0; kh < l.k; kh++ {
+					for kw := 0; kw < l.k; kw++ {
+						j := ((oh*l.s+kh)*l.w+ow*l.s+kw)*l.c + ch
+						if x[j] == target {
+							dx[j] += dy[o]
+							break window
 						}
 					}
 				}
 			}
 		}
-	})
+	}
+}
+
+func (l *pool) avgForward(y, x []float32) {
+	rowLen, c, step := l.wo*l.c, l.c, l.s*l.c
+	inv := 1 / float32(l.k*l.k)
+	clear(y)
+	for oh := 0; oh < l.ho; oh++ {
+		for kh := 0; kh < l.k; kh++ {
+			for kw := 0; kw < l.k; kw++ {
+				yo, xo := l.rowOffsets(oh, kh, kw)
+				yr := y[yo : yo+rowLen]
+				for ow := 0; ow < l.wo; ow++ {
+					xs := x[xo+ow*step : xo+ow*step+c]
+					ys := yr[ow*c : (ow+1)*c]
+					for ch, v := range xs {
+						ys[ch] += v
+					}
+				}
+			}
+		}
+	}
+	for j := range y {
+		y[j] *= inv
+	}
 }
 
 func (l *pool) backward(p *pass, w, in, out, dout, din []float32, st any) {
@@ -662,19 +738,19 @@ func (l *pool) backward(p *pass, w, in, out, dout, din []float32, st any) {
 			dx, dy := din[i*nin:(i+1)*nin], dout[i*nout:(i+1)*nout]
 			clear(dx)
 			if l.max {
-				arg := st.(*poolState).arg[i*nout : (i+1)*nout]
-				for o, g := range dy {
-					dx[arg[o]] += g
-				}
+				l.maxBackward(dx, dy, in[i*nin:(i+1)*nin], out[i*nout:(i+1)*nout])
 				continue
 			}
+			rowLen, c, step := l.wo*l.c, l.c, l.s*l.c
 			for oh := 0; oh < l.ho; oh++ {
-				for ow := 0; ow < l.wo; ow++ {
-					for c := 0; c < l.c; c++ {
-						g := dy[(oh*l.wo+ow)*l.c+c] * inv
-						for kh := 0; kh < l.k; kh++ {
-							for kw := 0; kw < l.k; kw++ {
-								dx[((oh*l.s+kh)*l.w+ow*l.s+kw)*l.c+c] += g
+				for kh := 0; kh < l.k; kh++ {
+					for kw := 0; kw < l.k; kw++ {
+						yo, xo := l.rowOffsets(oh, kh, kw)
+						yr := dy[yo : yo+rowLen]
+						for ow := 0; ow < l.wo; ow++ {
+							xs := dx[xo+ow*step : xo+ow*step+c]
+							for ch, g := range yr[ow*c : (ow+1)*c] {
+								xs[ch] += g * inv
 							}
 						}
 					}
