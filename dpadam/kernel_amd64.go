@@ -35,3 +35,9 @@ func xgetbv() (eax, edx uint32)
 //
 //go:noescape
 func adamBCAVX2(theta, m, v, grad *float32, n int, k *adamConsts, acc *lanes) (floors int)
+
+// anyNonFiniteAVX2 reports whether any of the n float32s at x (n a multiple
+// of 8) is NaN, ±Inf or of magnitude ≥ 2^63 (see firstNonFinite).
+//
+//go:noescape
+func anyNonFiniteAVX2(x *float32, n int) bool

@@ -94,3 +94,35 @@ done:
 	VZEROUPPER
 	MOVQ R10, floors+56(FP)
 	RET
+
+// func anyNonFiniteAVX2(x *float32, n int) bool
+//
+// Reports whether any of the n float32s at x (n a multiple of 8) has a
+// biased exponent ≥ 190, i.e. is NaN, ±Inf or of magnitude ≥ 2^63: the
+// masked exponent bits, compared as signed int32, exceed 189<<23.
+TEXT ·anyNonFiniteAVX2(SB), NOSPLIT, $0-17
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ $0x7f800000, AX
+	MOVQ AX, X1
+	VPBROADCASTD X1, Y1      // exponent mask
+	MOVQ $0x5e800000, AX     // 189<<23
+	MOVQ AX, X2
+	VPBROADCASTD X2, Y2
+	VPXOR Y0, Y0, Y0         // any lane ever above the limit
+	XORQ R9, R9
+
+scan:
+	CMPQ R9, CX
+	JGE  scanned
+	VPAND    (SI)(R9*4), Y1, Y3
+	VPCMPGTD Y2, Y3, Y3
+	VPOR     Y3, Y0, Y0
+	ADDQ     $8, R9
+	JMP      scan
+
+scanned:
+	VPTEST Y0, Y0
+	SETNE  ret+16(FP)
+	VZEROUPPER
+	RET

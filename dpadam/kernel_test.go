@@ -72,3 +72,39 @@ func TestAdamBCKernelPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstNonFinite checks every float32 exponent at several positions and
+// vector lengths (SIMD body, tail, block split) against the definition:
+// rejected iff NaN, ±Inf or |x| ≥ 2^63.
+func TestFirstNonFinite(t *testing.T) {
+	for _, n := range []int{1, 7, 8, 9, 64, 1000, simdBlock + 9} {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(i%13) - 6
+		}
+		if got := firstNonFinite(x); got != -1 {
+			t.Fatalf("n=%d: clean vector: firstNonFinite = %d, want -1", n, got)
+		}
+		for _, pos := range []int{0, n / 2, n - 1} {
+			for e := range 256 {
+				for _, sign := range []uint32{0, 1 << 31} {
+					saved := x[pos]
+					x[pos] = math.Float32frombits(sign | uint32(e)<<23 | 0x12345)
+					want := -1
+					if f := float64(x[pos]); math.IsNaN(f) || math.Abs(f) >= MaxGradient {
+						want = pos
+					}
+					if got := firstNonFinite(x); got != want {
+						t.Fatalf("n=%d pos=%d value %v (exponent %d): firstNonFinite = %d, want %d", n, pos, x[pos], e, got, want)
+					}
+					x[pos] = saved
+				}
+			}
+		}
+		// The first of several bad values is reported.
+		x[n-1], x[n/2] = float32(math.NaN()), float32(math.Inf(1))
+		if got, want := firstNonFinite(x), n/2; got != want {
+			t.Fatalf("n=%d: firstNonFinite = %d, want %d", n, got, want)
+		}
+	}
+}

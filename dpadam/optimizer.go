@@ -161,9 +161,30 @@ func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 const MaxGradient float64 = 1 << 63
 
 // firstNonFinite returns the index of the first element of x that is NaN,
-// ±Inf or of magnitude ≥ 2^63, or -1. For float32 these are exactly the
-// values whose biased exponent is ≥ 127+63 (255 encodes NaN and Inf).
+// ±Inf or of magnitude ≥ 2^63, or -1. With AVX2 it scans 64K-element
+// blocks eight lanes at a time and locates the index in Go only in a block
+// that has a hit.
 func firstNonFinite(x []float32) int {
+	done := 0
+	if haveAVX2 {
+		for len(x)-done >= 8 {
+			c := min(len(x)-done, simdBlock) &^ 7
+			if anyNonFiniteAVX2(&x[done], c) {
+				return done + firstNonFiniteGo(x[done:done+c])
+			}
+			done += c
+		}
+	}
+	if i := firstNonFiniteGo(x[done:]); i >= 0 {
+		return done + i
+	}
+	return -1
+}
+
+// firstNonFiniteGo is the portable firstNonFinite. For float32 the rejected
+// values are exactly those whose biased exponent is ≥ 127+63 (255 encodes
+// NaN and Inf).
+func firstNonFiniteGo(x []float32) int {
 	const expMask, limit = 0x7f800000, (127 + 63) << 23
 	for i, f := range x {
 		if math.Float32bits(f)&expMask >= limit {
