@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -147,6 +149,76 @@ func benchTCP(b *testing.B, n int) {
 		}
 		if _, err := io.ReadFull(c, ack); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRawNATS moves the same bytes as BenchmarkRound through the same
+// kind of embedded server with bare nats.go (1 MiB messages, no codec, no
+// chunk headers or CRCs, no reassembly): the ceiling for any NATS-based
+// transport on this machine.
+func BenchmarkRawNATS(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("floats=%dM", n>>20), func(b *testing.B) { benchRawNATS(b, n) })
+	}
+}
+
+func benchRawNATS(b *testing.B, n int) {
+	srv := testServer(b)
+	dial := func() *nats.Conn {
+		nc, err := nats.Connect(srv.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nc.Close)
+		return nc
+	}
+	const msg = 1 << 20
+	msgs := (4*n + msg - 1) / msg
+	payload := make([]byte, msg)
+	coord := dial()
+	done := make(chan struct{}, benchNodes)
+	got := 0
+	sub, err := coord.Subscribe("raw.contrib", func(m *nats.Msg) {
+		got++
+		if got%msgs == 0 {
+			done <- struct{}{}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, 1<<30)
+	for range benchNodes {
+		nc := dial()
+		seen := 0
+		s, err := nc.Subscribe("raw.params", func(m *nats.Msg) {
+			seen++
+			if seen%msgs == 0 {
+				for range msgs {
+					_ = nc.Publish("raw.contrib", payload)
+				}
+				_ = nc.Flush()
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = s.SetPendingLimits(-1, 1<<30)
+		_ = nc.Flush()
+	}
+	_ = coord.Flush()
+	b.SetBytes(int64(2 * benchNodes * 4 * n))
+	b.ResetTimer()
+	for range b.N {
+		for range msgs {
+			if err := coord.Publish("raw.params", payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = coord.Flush()
+		for range benchNodes {
+			<-done
 		}
 	}
 }

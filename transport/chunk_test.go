@@ -25,7 +25,7 @@ func testFrames(t testing.TB, n, maxPayload int, transfer uint64) (Params, [][]b
 
 func mustChunk(t testing.TB, frame []byte) chunk {
 	t.Helper()
-	f, err := decodeFrame(frame)
+	f, err := decodeFrame(frame, false)
 	if err != nil || f.typ != typeChunk {
 		t.Fatalf("decodeFrame: %v %v", f.typ, err)
 	}
@@ -178,12 +178,12 @@ func TestChunkCheck(t *testing.T) {
 		c := base
 		tc.mutate(&c)
 		frame := appendChunk(nil, &c)
-		if _, err := decodeFrame(frame); !errors.Is(err, ErrCorrupt) {
+		if _, err := decodeFrame(frame, false); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %v, want ErrCorrupt", tc.name, err)
 		}
 	}
 	for i := range frames[0] {
-		if _, err := decodeFrame(frames[0][:i]); !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrCorrupt) {
+		if _, err := decodeFrame(frames[0][:i], false); !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrCorrupt) {
 			t.Errorf("prefix %d: %v", i, err)
 		}
 	}

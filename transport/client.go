@@ -348,7 +348,7 @@ func (s *subscription) Unsubscribe() error {
 // onFrame handles a frame from a topic subject (topic ≠ 0) or from the
 // client's inbox (topic = 0, retransmitted chunks only).
 func (c *Client) onFrame(topic Topic, data []byte) {
-	f, err := decodeFrame(data)
+	f, err := decodeFrame(data, true)
 	if err != nil {
 		c.reject(err)
 		return
@@ -371,7 +371,7 @@ func (c *Client) onFrame(topic Topic, data []byte) {
 		if whole == nil {
 			return
 		}
-		m, err := Decode(whole)
+		m, err := decode(whole, true)
 		if err != nil {
 			c.reject(err)
 			return
@@ -422,7 +422,7 @@ func (c *Client) reject(err error) {
 // onNackFrame answers a retransmit request by resending the missing chunks
 // of a retained transfer to the requester's inbox.
 func (c *Client) onNackFrame(data []byte) {
-	f, err := decodeFrame(data)
+	f, err := decodeFrame(data, true)
 	if err != nil {
 		c.reject(err)
 		return

@@ -6,6 +6,8 @@ import (
 	"math"
 	"reflect"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func samples() []Message {
@@ -46,14 +48,85 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 }
 
 func TestVectorWireFormat(t *testing.T) {
-	b, err := Encode(Params{Run: "r", Values: Vector{1, -2}})
+	for _, run := range []string{"r", "ru", "run", "runs", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"} {
+		b, err := Encode(Params{Run: run, Values: Vector{1, -2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// bin8 of 1+pad+8 bytes: the pad byte, pad zeros, then 1.0 and
+		// -2.0 little-endian at an offset that is a multiple of 4.
+		floats := []byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0}
+		i := bytes.Index(b, floats)
+		if i < 0 || i%4 != 0 || i+len(floats) != len(b) {
+			t.Fatalf("run %q: floats at %d in %x", run, i, b)
+		}
+		ok := false
+		for pad := 0; pad <= 3 && !ok; pad++ {
+			ok = b[i-1-pad] == byte(pad) && countZeros(b[i-pad:i]) == pad && b[i-3-pad] == 0xc4 && int(b[i-2-pad]) == 1+pad+8
+		}
+		if !ok {
+			t.Errorf("run %q: bad tensor header in %x", run, b)
+		}
+	}
+	// Decoding a frame the client owns aliases it: no copy.
+	b, _ := Encode(Params{Run: "r", Values: make(Vector, 1000)})
+	m, err := decode(b, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The tensor is a bin8 of 8 bytes: little-endian 1.0 and -2.0.
-	want := []byte{0xc4, 8, 0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0}
-	if !bytes.Contains(b, want) {
-		t.Errorf("encoding %x does not contain %x", b, want)
+	if v := m.(Params).Values; littleEndian && &float32Bytes(v)[0] != &b[len(b)-4000] {
+		t.Error("owned decode copied the tensor")
+	}
+	m, _ = decode(b, false)
+	if v := m.(Params).Values; &float32Bytes(v)[0] == &b[len(b)-4000] {
+		t.Error("Decode aliases the caller's bytes")
+	}
+}
+
+// countZeros counts the zero bytes at the end of b.
+func countZeros(b []byte) int {
+	n := 0
+	for n < len(b) && b[len(b)-1-n] == 0 {
+		n++
+	}
+	return n
+}
+
+// contributionBody encodes a Contribution body whose sum is the raw bin
+// sum.
+func contributionBody(t *testing.T, sum []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	if err := e.Encode(map[string]any{"run": "r", "sum": sum}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestTensorDecodeErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		sum  []byte
+		want error
+	}{
+		{"pad too large", []byte{4, 0, 0, 0, 0, 0, 0, 0, 0}, ErrCorrupt},
+		{"not whole floats", []byte{0, 1, 2, 3, 4, 5}, ErrCorrupt},
+		{"pad longer than bin", []byte{3, 0}, ErrCorrupt},
+		{"nonzero padding", []byte{2, 0, 1, 0, 0, 0x80, 0x3f}, ErrCorrupt},
+	}
+	for _, tc := range cases {
+		if _, err := DecodeAs(TypeContribution, contributionBody(t, tc.sum)); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	m, err := DecodeAs(TypeContribution, contributionBody(t, []byte{1, 0, 0, 0, 0x80, 0x3f}))
+	if err != nil || len(m.(Contribution).Sum) != 1 || m.(Contribution).Sum[0] != 1 {
+		t.Errorf("valid padded tensor: %v, %v", m, err)
+	}
+	m, err = DecodeAs(TypeContribution, contributionBody(t, []byte{2, 0, 0}))
+	if err != nil || m.(Contribution).Sum == nil || len(m.(Contribution).Sum) != 0 {
+		t.Errorf("padding only: %v, %v", m, err)
 	}
 }
 
@@ -62,10 +135,9 @@ func TestDecodeErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oddBin := bytes.Replace(good, []byte{0xc4, 12}, []byte{0xc4, 11}, 1)
-	oddBin = oddBin[:len(oddBin)-1]
-	// Replace the 14-byte sum (bin8 of 12) by a bin32 declaring 2 GiB.
-	hugeBin := append(append([]byte(nil), good[:len(good)-14]...), 0xc6, 0x7f, 0xff, 0xff, 0xfc, 1, 2, 3, 4)
+	// Replace the sum (bin8 of 1+pad+12 bytes) by a bin32 declaring 2 GiB.
+	binStart := bytes.LastIndex(good, []byte{0xc4})
+	hugeBin := append(append([]byte(nil), good[:binStart]...), 0xc6, 0x7f, 0xff, 0xff, 0xfc, 0, 2, 3, 4)
 	cases := []struct {
 		name string
 		data []byte
@@ -82,7 +154,6 @@ func TestDecodeErrors(t *testing.T) {
 		{"truncated", good[:len(good)-1], ErrTruncated},
 		{"trailing", append(append([]byte(nil), good...), 0xc0), ErrCorrupt},
 		{"wrong field type", append([]byte{0x93, 0x01, 0x01}, 0x81, 0xa3, 'r', 'u', 'n', 0xc3), ErrCorrupt},
-		{"tensor not whole floats", oddBin, ErrCorrupt},
 		{"tensor longer than frame", hugeBin, ErrTruncated},
 	}
 	for _, tc := range cases {

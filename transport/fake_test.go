@@ -152,20 +152,36 @@ func TestFakeSlowConsumerRecovers(t *testing.T) {
 	cfg := fakeConfig()
 	sender, _ := transport.NewClient(net.Link("coord"), cfg, nil)
 	defer sender.Close()
-	recv, _ := transport.NewClient(net.Link("node"), cfg, nil)
+	rcfg := cfg
+	rcfg.QueueLen = 1
+	recv, _ := transport.NewClient(net.Link("node"), rcfg, nil)
 	defer recv.Close()
 	b := &inbox{}
-	if _, err := recv.Subscribe(transport.TopicParams, b.add); err != nil {
+	release := make(chan struct{})
+	if _, err := recv.Subscribe(transport.TopicParams, func(m transport.Message) {
+		<-release
+		b.add(m)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	net.SetFaults(fake.Faults{QueueLimit: 8})
-	want := paramsOf(cfg.Run, 1, 200_000) // 800 kB: 50 chunks
-	if err := sender.Publish(context.Background(), want); err != nil {
+	ctx := context.Background()
+	// Three small messages stall the receiver: one in the handler, one in
+	// its queue, one blocking the link's delivery goroutine. The chunks
+	// behind them overflow the link's queue.
+	for v := range 3 {
+		if err := sender.Publish(ctx, paramsOf(cfg.Run, uint64(v+1), 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := paramsOf(cfg.Run, 4, 200_000) // 800 kB: 50 chunks
+	if err := sender.Publish(ctx, want); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "params", 20*time.Second, func() bool { return b.n() == 1 })
-	checkParams(t, b.msgs[0], want)
-	if net.Stats().Overflowed == 0 || recv.Stats().NacksSent == 0 {
+	close(release)
+	waitUntil(t, "params", 20*time.Second, func() bool { return b.n() == 4 })
+	checkParams(t, b.msgs[3], want)
+	if net.Stats().Overflowed == 0 || recv.Stats().NacksSent == 0 || sender.Stats().Retransmitted == 0 {
 		t.Errorf("no overflow/NACK: %+v %+v", net.Stats(), recv.Stats())
 	}
 }

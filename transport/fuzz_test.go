@@ -64,7 +64,7 @@ func FuzzDecodeFrame(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fr, err := decodeFrame(data)
+		fr, err := decodeFrame(data, true) // tensors alias data
 		if err != nil {
 			if !isSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
@@ -126,7 +126,7 @@ func FuzzDecodeChunk(f *testing.F) {
 		f.Add(fr)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fr, err := decodeFrame(data)
+		fr, err := decodeFrame(data, false)
 		if err != nil {
 			if !isSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
@@ -157,7 +157,7 @@ func FuzzDecodeNack(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fr, err := decodeFrame(data)
+		fr, err := decodeFrame(data, false)
 		if err != nil {
 			if !isSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
@@ -203,7 +203,7 @@ func FuzzReassemble(f *testing.F) {
 			}
 			frame := data[:n]
 			data = data[n:]
-			fr, err := decodeFrame(frame)
+			fr, err := decodeFrame(frame, false)
 			if err != nil || fr.typ != typeChunk {
 				continue
 			}
@@ -224,7 +224,7 @@ func FuzzReassemble(f *testing.F) {
 }
 
 func frames0CRC(t *testing.T, frames [][]byte) uint32 {
-	fr, err := decodeFrame(frames[0])
+	fr, err := decodeFrame(frames[0], false)
 	if err != nil {
 		t.Fatal(err)
 	}
