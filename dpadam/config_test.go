@@ -58,6 +58,8 @@ func TestConfigValidate(t *testing.T) {
 		{"clip zero", func(c *Config) { c.ClipNorm = 0 }, "ClipNorm"},
 		{"clip negative", func(c *Config) { c.ClipNorm = -1 }, "ClipNorm"},
 		{"clip Inf", func(c *Config) { c.ClipNorm = inf }, "ClipNorm"},
+		{"clip NaN", func(c *Config) { c.ClipNorm = nan }, "ClipNorm"},
+		{"batch -Inf", func(c *Config) { c.ExpectedBatchSize = -inf }, "ExpectedBatchSize"},
 		{"batch zero", func(c *Config) { c.ExpectedBatchSize = 0 }, "ExpectedBatchSize"},
 		{"batch negative", func(c *Config) { c.ExpectedBatchSize = -256 }, "ExpectedBatchSize"},
 		{"batch NaN", func(c *Config) { c.ExpectedBatchSize = nan }, "ExpectedBatchSize"},

@@ -116,7 +116,7 @@ func (o *Optimizer) Dim() int { return o.dim }
 // (|m| < 2^63, v < 2^126, |b| < 2^63/(1−μ)), so a snapshot of any reachable
 // state decodes.
 //
-// Step allocates nothing.
+// Step allocates nothing (only its error values are allocated).
 func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 	if o.cfg.Algorithm == "" {
 		return Diagnostics{}, ErrUninitialized
