@@ -22,6 +22,7 @@ type transfer struct {
 	buf      []byte
 	have     []uint64 // bitset of received chunk indices
 	n        uint32
+	maxIdx   uint32 // highest index received
 	started  time.Time
 	last     time.Time // last new chunk
 	lastNack time.Time
@@ -94,6 +95,7 @@ func (r *reassembler) add(c *chunk, now time.Time) ([]byte, error) {
 	copy(x.buf[c.Offset:], c.Data)
 	x.have[w] |= bit
 	x.n++
+	x.maxIdx = max(x.maxIdx, c.Index)
 	x.last = now
 	if x.n < x.total {
 		r.mu.Unlock()
@@ -113,6 +115,10 @@ func (r *reassembler) finishLocked(key transferKey, x *transfer, now time.Time) 
 	r.finished[key] = now
 }
 
+// tailFactor: chunks past the highest index received are NACKed after a
+// stall of tailFactor·NackAfter.
+const tailFactor = 4
+
 // nackReq asks sender to resend the listed chunks of transfer id.
 type nackReq struct {
 	sender  string
@@ -123,7 +129,9 @@ type nackReq struct {
 // scan drops transfers older than timeout (returning an ErrIncomplete error
 // for each), forgets finished transfers older than timeout, and returns a
 // NACK for each transfer that received no new chunk for nackAfter and was
-// not NACKed in the last nackAfter, at most maxNacks times per transfer.
+// not NACKed in the last nackAfter, at most maxNacks times per transfer. A
+// NACK lists the holes below the highest index received, and after a stall
+// of tailFactor·nackAfter also the missing tail.
 func (r *reassembler) scan(now time.Time, nackAfter, timeout time.Duration, maxNacks int) ([]nackReq, []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -139,11 +147,23 @@ func (r *reassembler) scan(now time.Time, nackAfter, timeout time.Duration, maxN
 		if x.nacks >= maxNacks || now.Sub(x.last) < nackAfter || now.Sub(x.lastNack) < nackAfter {
 			continue
 		}
+		// Senders publish chunks in index order and NATS keeps one
+		// publisher's order, so a hole below the highest index received is
+		// a loss. Missing chunks above it may still be on their way (a
+		// sender paused by flow control or a busy CPU): they are NACKed
+		// only after a stall of tailFactor·nackAfter.
+		limit := x.maxIdx + 1
+		if now.Sub(x.last) >= tailFactor*nackAfter {
+			limit = x.total
+		}
 		var missing []uint32
-		for i := uint32(0); i < x.total && len(missing) < maxNackIndices; i++ {
+		for i := uint32(0); i < limit && len(missing) < maxNackIndices; i++ {
 			if x.have[i/64]&(1<<(i%64)) == 0 {
 				missing = append(missing, i)
 			}
+		}
+		if len(missing) == 0 {
+			continue
 		}
 		x.lastNack = now
 		x.nacks++
