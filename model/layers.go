@@ -421,7 +421,8 @@ type conv struct {
 
 type convState struct {
 	cols, dcols []float32
-	wp          []float32   // weights (then weight gradient) in [O, kh, kw, C] order
+	wp          []float32 // weights (then weight gradient) in [O, kh, kw, C] order
+	part        [gradChunks][]float32
 	scratch     [][]float32 // per worker: [T·T]·2 (ghost) or [O·K]
 	bsum        [][]float64 // per worker [O]
 }
@@ -435,6 +436,9 @@ func (l *conv) init(w []float32, rng *rand.Rand) {
 }
 func (l *conv) newState(maxB, workers int, needDin bool) any {
 	st := &convState{cols: make([]float32, maxB*l.T*l.K), wp: make([]float32, l.o*l.K)}
+	for c := range st.part {
+		st.part[c] = make([]float32, l.o*l.K)
+	}
 	if needDin {
 		st.dcols = make([]float32, maxB*l.T*l.K)
 	}
@@ -597,11 +601,29 @@ func (l *conv) sqNorms(p *pass, in, out, dout []float32, acc []float64, st any) 
 	})
 }
 
+// gradChunks is the fixed number of partial products a convolution's
+// weight gradient is split into (by examples), so that the long reduction
+// over B·T rows runs on several cores; partial results are summed in chunk
+// order, so the result does not depend on the number of workers.
+const gradChunks = 4
+
 func (l *conv) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
 	s := st.(*convState)
-	rows := p.B * l.T
-	p.be.Sgemm(true, false, l.o, l.K, rows, alpha, dout, l.o, s.cols, l.K, 0, s.wp, l.K)
+	p.par(gradChunks, func(_, lo, hi int) {
+		for c := lo; c < hi; c++ {
+			e0, e1 := c*p.B/gradChunks, (c+1)*p.B/gradChunks
+			r0, rows := e0*l.T, (e1-e0)*l.T
+			p.be.Sgemm(true, false, l.o, l.K, rows, alpha, dout[r0*l.o:], l.o, s.cols[r0*l.K:], l.K, 0, s.part[c], l.K)
+		}
+	})
+	copy(s.wp, s.part[0])
+	for _, part := range s.part[1:] {
+		for j, v := range part {
+			s.wp[j] += v
+		}
+	}
 	l.unpermute(dw[:l.o*l.K], s.wp)
+	rows := p.B * l.T
 	bs := s.bsum[0]
 	colSum(bs, dout, rows, l.o)
 	db := dw[l.o*l.K:]
@@ -619,8 +641,16 @@ type pool struct {
 	c, h, w, k, s, ho, wo int
 }
 
-func (l *pool) outShape() []int                              { return []int{l.c, l.ho, l.wo} }
-func (l *pool) newState(maxB, workers int, needDin bool) any { return nil }
+func (l *pool) outShape() []int { return []int{l.c, l.ho, l.wo} }
+
+type poolState struct{ arg []int32 }
+
+func (l *pool) newState(maxB, workers int, needDin bool) any {
+	if l.max {
+		return &poolState{arg: make([]int32, maxB*l.c*l.ho*l.wo)}
+	}
+	return nil
+}
 
 func (l *pool) forward(p *pass, w, in, out []float32, st any) {
 	nin, nout := l.h*l.w*l.c, l.ho*l.wo*l.c
@@ -628,7 +658,7 @@ func (l *pool) forward(p *pass, w, in, out []float32, st any) {
 		for i := lo; i < hi; i++ {
 			x, y := in[i*nin:(i+1)*nin], out[i*nout:(i+1)*nout]
 			if l.max {
-				l.maxForward(y, x)
+				l.maxForward(y, st.(*poolState).arg[i*nout:(i+1)*nout], x)
 			} else {
 				l.avgForward(y, x)
 			}
@@ -643,59 +673,36 @@ func (l *pool) rowOffsets(oh, kh, kw int) (yo, xo int) {
 	return oh * l.wo * l.c, ((oh*l.s+kh)*l.w + kw) * l.c
 }
 
-// maxForward takes window maxima with the branch-free max builtin; the
-// backward pass recovers each argmax by comparison instead of storing it.
-func (l *pool) maxForward(y, x []float32) {
+// maxForward takes window maxima and records in arg the input index of
+// each maximum (the first in kh, kw order). The conditional updates are
+// written as selects so the compiler can emit conditional moves: with random
+// data the comparison is unpredictable.
+func (l *pool) maxForward(y []float32, arg []int32, x []float32) {
 	rowLen, c, step := l.wo*l.c, l.c, l.s*l.c
 	for oh := 0; oh < l.ho; oh++ {
 		for kh := 0; kh < l.k; kh++ {
 			for kw := 0; kw < l.k; kw++ {
 				yo, xo := l.rowOffsets(oh, kh, kw)
-				yr := y[yo : yo+rowLen]
+				yr, ar := y[yo:yo+rowLen], arg[yo:yo+rowLen]
 				first := kh == 0 && kw == 0
-				if l.s == 1 { // the whole output row pairs with one input run
-					xs := x[xo : xo+rowLen]
-					if first {
-						copy(yr, xs)
-						continue
-					}
-					for j, v := range xs {
-						yr[j] = max(yr[j], v)
-					}
-					continue
-				}
 				for ow := 0; ow < l.wo; ow++ {
-					xs := x[xo+ow*step : xo+ow*step+c]
-					ys := yr[ow*c : (ow+1)*c]
+					xb := xo + ow*step
+					xs := x[xb : xb+c]
+					ys, as := yr[ow*c:(ow+1)*c], ar[ow*c:(ow+1)*c]
 					if first {
 						copy(ys, xs)
+						for ch := range as {
+							as[ch] = int32(xb + ch)
+						}
 						continue
 					}
 					for ch, v := range xs {
-						ys[ch] = max(ys[ch], v)
-					}
-				}
-			}
-		}
-	}
-}
-
-// maxBackward routes each output gradient to the first window element (in
-// kh, kw order) equal to the maximum.
-func (l *pool) maxBackward(dx, dy, x, y []float32) {
-	for oh := 0; oh < l.ho; oh++ {
-		for ow := 0; ow < l.wo; ow++ {
-			for ch := 0; ch < l.c; ch++ {
-				o := (oh*l.wo+ow)*l.c + ch
-				target := y[o]
-			window:
-				for kh := 0; kh < l.k; kh++ {
-					for kw := 0; kw < l.k; kw++ {
-						j := ((oh*l.s+kh)*l.w+ow*l.s+kw)*l.c + ch
-						if x[j] == target {
-							dx[j] += dy[o]
-							break window
+						cur, a := ys[ch], as[ch]
+						if v > cur {
+							a = int32(xb + ch)
 						}
+						as[ch] = a
+						ys[ch] = max(cur, v)
 					}
 				}
 			}
@@ -738,7 +745,9 @@ func (l *pool) backward(p *pass, w, in, out, dout, din []float32, st any) {
 			dx, dy := din[i*nin:(i+1)*nin], dout[i*nout:(i+1)*nout]
 			clear(dx)
 			if l.max {
-				l.maxBackward(dx, dy, in[i*nin:(i+1)*nin], out[i*nout:(i+1)*nout])
+				for o, a := range st.(*poolState).arg[i*nout : (i+1)*nout] {
+					dx[a] += dy[o]
+				}
 				continue
 			}
 			rowLen, c, step := l.wo*l.c, l.c, l.s*l.c
