@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/dpcluster/dpcluster/dataset"
@@ -13,32 +12,36 @@ import (
 	"github.com/dpcluster/dpcluster/sampling"
 )
 
-// mixture draws n points of a k-class Gaussian mixture in dim dimensions:
-// class c has mean 3·e_c (unit covariance), so the Bayes accuracy is
-// high but not trivial.
-func mixture(n, dim, k int, seed uint64) *dataset.Dataset {
-	rng := rand.New(rand.NewPCG(seed, 11))
-	d := &dataset.Dataset{Name: "mixture", X: make([]float32, n*dim), Y: make([]int32, n), Dim: dim, Classes: k}
-	for i := range n {
-		c := rng.IntN(k)
-		d.Y[i] = int32(c)
-		for j := range dim {
-			v := rng.NormFloat64()
-			if j == c {
-				v += 3
-			}
-			d.X[i*dim+j] = float32(v)
-		}
+// mixture returns dataset.GaussianMixture(n, dim, k, 4, seed), whose
+// class means are 4·(random unit vectors), so any two are typically ≈ 5.7
+// apart and the Bayes accuracy is high.
+func mixture(t testing.TB, n, dim, k int, seed uint64) *dataset.Dataset {
+	t.Helper()
+	d, err := dataset.GaussianMixture(n, dim, k, 4, seed)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return d
 }
 
+// split returns the first n rows and the rest.
+func split(d *dataset.Dataset, n int) (*dataset.Dataset, *dataset.Dataset) {
+	a, b := make([]int, n), make([]int, d.Len()-n)
+	for i := range a {
+		a[i] = i
+	}
+	for i := range b {
+		b[i] = n + i
+	}
+	return d.Subset(a), d.Subset(b)
+}
+
 // TestRunLogRegMixture trains logistic regression with DP-AdamBC (σ = 1,
-// C = 1, B = 100) and checks held-out accuracy. With means 3·e_c the
-// Bayes classifier scores ≈ 95% on 4 classes; the DP model must reach 90%.
+// C = 1, B = 100) on a 4-class Gaussian mixture and checks accuracy on
+// 2000 held-out points: it must reach 90%.
 func TestRunLogRegMixture(t *testing.T) {
 	const dim, k = 8, 4
-	trainSet, testSet := mixture(4000, dim, k, 1), mixture(2000, dim, k, 2)
+	trainSet, testSet := split(mixture(t, 6000, dim, k, 1), 4000)
 	m, err := model.New(model.LogReg([]int{dim}, k))
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +95,7 @@ func evalOnce(t *testing.T, m *model.Model, theta []float32, d *dataset.Dataset)
 // and chunking a batch over a small workspace gives the same result as
 // one chunk up to float32 summation order.
 func TestRunDeterministicWithSeeds(t *testing.T) {
-	data := mixture(600, 5, 3, 9)
+	data := mixture(t, 600, 5, 3, 9)
 	m, _ := model.New(model.MLP([]int{5}, []int{8}, 3))
 	run := func(maxBatch int) []float32 {
 		theta := make([]float32, m.NumParams())
@@ -119,7 +122,7 @@ func TestRunDeterministicWithSeeds(t *testing.T) {
 }
 
 func TestRunErrors(t *testing.T) {
-	data := mixture(100, 3, 2, 1)
+	data := mixture(t, 100, 3, 2, 1)
 	m, _ := model.New(model.LogReg([]int{3}, 2))
 	theta := make([]float32, m.NumParams())
 	good := DefaultConfig()
