@@ -30,6 +30,9 @@ type Workspace struct {
 	naiveAcc []float64
 }
 
+// clipShade is the relative margin under the clip norm (see ClippedSum).
+const clipShade = 1 - 1.0/(1<<16)
+
 // Metrics are a loss and accuracy over a set of examples.
 type Metrics struct {
 	// Loss is the mean softmax cross-entropy (natural log).
@@ -241,6 +244,11 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 // Optimization on Large Model at Small Cost", Alg. 1; ghost clipping, Li,
 // Tramèr, Liang and Hashimoto 2022).
 //
+// Examples are clipped to C' = C·(1−2⁻¹⁶) rather than exactly C: the norms
+// are computed in float32 arithmetic (relative error ~1e-6), and the margin
+// keeps every contribution, and so ‖sum‖ ≤ count·C, strictly within the
+// sensitivity the accountant assumes and the coordinator checks.
+//
 // Errors: ErrShape, ErrBadClip, ErrNonFinite (dst then holds unspecified
 // values).
 func (w *Workspace) ClippedSum(dst, theta, x []float32, y []int32, clip float64) (int, error) {
@@ -274,10 +282,10 @@ func (w *Workspace) ClippedSum(dst, theta, x []float32, y []int32, clip float64)
 		if math.IsNaN(n) || math.IsInf(n, 0) {
 			return 0, fmt.Errorf("%w: example %d's gradient norm is %v", ErrNonFinite, i, n)
 		}
-		// Reuse norms[i] to hold cᵢ = min(1, C/‖gᵢ‖).
+		// Reuse norms[i] to hold cᵢ = min(1, C'/‖gᵢ‖).
 		norms[i] = 1
-		if g := math.Sqrt(n); g > clip {
-			norms[i] = clip / g
+		if g := math.Sqrt(n); g > clip*clipShade {
+			norms[i] = clip * clipShade / g
 		}
 	}
 	for l, ly := range w.m.layers {
@@ -329,8 +337,8 @@ func (w *Workspace) ClippedSumNaive(dst, theta, x []float32, y []int32, clip flo
 			return 0, err
 		}
 		c := 1.0
-		if n := math.Sqrt(sumSq(w.naiveG)); n > clip {
-			c = clip / n
+		if n := math.Sqrt(sumSq(w.naiveG)); n > clip*clipShade {
+			c = clip * clipShade / n
 		}
 		for j, v := range w.naiveG {
 			w.naiveAcc[j] += c * float64(v)
