@@ -284,6 +284,9 @@ func adamBCGo(theta, m, v, g []float32, start int, k *adamConsts, acc *lanes) (f
 	// Local copies keep the constants in registers.
 	b1, c1, b2, c2, lrM, invV, phi, gp := k.b1, k.c1, k.b2, k.c2, k.lrM, k.invV, k.phi, k.gp
 	gpBits := math.Float64bits(gp)
+	// Work on local copies of the lanes: stores through acc could alias
+	// the slices as far as the compiler knows, forcing reloads.
+	sumV, sumU := acc.vHat, acc.u2
 	for i := start; i < n; i++ {
 		gi := float64(g[i])
 		mi := float64(b1*float64(m[i])) + float64(c1*gi)
@@ -303,9 +306,10 @@ func adamBCGo(theta, m, v, g []float32, start int, k *adamConsts, acc *lanes) (f
 		den = math.Float64frombits(math.Float64bits(den)&^mask | gpBits&mask)
 		u := float64(lrM*mi) / math.Sqrt(den)
 		theta[i] = float32(float64(theta[i]) - u)
-		acc.vHat[i&3] += vHat
-		acc.u2[i&3] += float64(u * u)
+		sumV[i&3] += vHat
+		sumU[i&3] += float64(u * u)
 	}
+	acc.vHat, acc.u2 = sumV, sumU
 	return floors
 }
 
