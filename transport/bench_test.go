@@ -22,14 +22,26 @@ const benchNodes = 4
 // the op ends when the coordinator has all 4. Bytes per op count the 8
 // vectors delivered (4 broadcast copies + 4 contributions); compare the
 // MB/s with BenchmarkTCPLoopback's for the same n.
+//
+// The payload=8MiB variants raise the embedded server's max payload (NATS
+// allows up to 64 MiB) so tensors travel in fewer, larger chunks.
 func BenchmarkRound(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("floats=%dM", n>>20), func(b *testing.B) { benchRound(b, n) })
+	for _, payload := range []int32{1 << 20, 8 << 20} {
+		for _, n := range benchSizes {
+			b.Run(fmt.Sprintf("payload=%dMiB/floats=%dM", payload>>20, n>>20), func(b *testing.B) { benchRound(b, n, payload) })
+		}
 	}
 }
 
-func benchRound(b *testing.B, n int) {
-	srv := testServer(b)
+func benchRound(b *testing.B, n int, payload int32) {
+	scfg := transport.DefaultServerConfig()
+	scfg.Port = -1
+	scfg.MaxPayload = payload
+	srv, err := transport.StartServer(scfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
 	mk := func(name string) *transport.Client {
 		cfg := transport.DefaultConfig()
 		cfg.Run = "bench"

@@ -439,10 +439,12 @@ func (c *Client) onNackFrame(data []byte) {
 	c.stats.nacksServed.Add(1)
 	inbox := c.subjects.Inbox(f.nack.Receiver)
 	buf := make([]byte, 0, c.link.MaxPayload())
+	sent := make([]uint64, (t.total+63)/64) // each index at most once per NACK: no amplification
 	for _, i := range f.nack.Missing {
-		if i >= t.total {
+		if i >= t.total || sent[i/64]&(1<<(i%64)) != 0 {
 			continue
 		}
+		sent[i/64] |= 1 << (i % 64)
 		ch := t.chunk(c.id, i)
 		buf = appendChunk(buf[:0], &ch)
 		if err := c.link.Publish(inbox, buf); err != nil {

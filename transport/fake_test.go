@@ -258,3 +258,27 @@ func TestFakeFilterDropsOneChunk(t *testing.T) {
 		t.Errorf("Retransmitted = %d, want 1", got)
 	}
 }
+
+// A NACK listing one chunk many times gets it resent once.
+func TestNackIsNotAnAmplifier(t *testing.T) {
+	net := fake.NewNetwork(1, fake.Options{MaxPayload: 8 << 10})
+	cfg := fakeConfig()
+	coord, _ := transport.NewClient(net.Link("coord"), cfg, nil)
+	defer coord.Close()
+	if err := coord.Publish(context.Background(), paramsOf(cfg.Run, 1, 10_000)); err != nil {
+		t.Fatal(err)
+	}
+	frame := []byte{0x93, 0x01, 0x11, 0x83, 0xa3, 'r', 'c', 'v', 0xa1, 'x', 0xa4, 'x', 'f', 'e', 'r', 0x01, 0xa7, 'm', 'i', 's', 's', 'i', 'n', 'g', 0xdc, 0x03, 0xe8}
+	for range 1000 {
+		frame = append(frame, 0x02)
+	}
+	inj := net.Link("evil")
+	defer inj.Close()
+	if err := inj.Publish(coord.Subjects().Nack(coord.ID()), frame); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "nack served", 5*time.Second, func() bool { return coord.Stats().NacksServed == 1 })
+	if got := coord.Stats().Retransmitted; got != 1 {
+		t.Errorf("Retransmitted = %d, want 1", got)
+	}
+}
