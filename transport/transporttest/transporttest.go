@@ -50,6 +50,7 @@ func Run(t *testing.T, newHarness Factory) {
 	t.Run("OrderFromOnePublisher", func(t *testing.T) { testOrder(t, newHarness) })
 	t.Run("MalformedFrames", func(t *testing.T) { testMalformed(t, newHarness) })
 	t.Run("ChunkFaults", func(t *testing.T) { testChunkFaults(t, newHarness) })
+	t.Run("NackRecovery", func(t *testing.T) { testNackRecovery(t, newHarness) })
 	t.Run("PublishErrors", func(t *testing.T) { testPublishErrors(t, newHarness) })
 	t.Run("UnsubscribeAndClose", func(t *testing.T) { testUnsubscribe(t, newHarness) })
 	t.Run("NoGoroutineLeak", func(t *testing.T) { testNoLeak(t, newHarness) })
@@ -430,6 +431,44 @@ func testChunkFaults(t *testing.T, newHarness Factory) {
 		t.Fatal(err)
 	}
 	expectDelivered("valid transfer afterwards", m7)
+}
+
+// testNackRecovery makes a receiver miss one chunk of a real sender's
+// transfer: the receiver NACKs it and the sender resends it from its
+// retransmit cache. The sender first publishes the message with nobody
+// subscribed; the suite then replays its chunks (transfer 1 of the sender's
+// ID, the first chunked transfer of a new Client) minus one.
+func testNackRecovery(t *testing.T, newHarness Factory) {
+	cfg := Config()
+	h := newHarness(t, cfg, 2)
+	defer h.Close()
+	sender, ok := h.Conns[0].(interface{ ID() string })
+	if !ok {
+		t.Skip("Conn does not expose its client ID")
+	}
+	m := transport.Params{Run: cfg.Run, Step: 11, Version: 11, Values: vector(11, h.MaxPayload)} // 4 chunks
+	if err := h.Conns[0].Publish(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	col := subscribe(t, h.Conns[1], transport.TopicParams)
+	frames, err := transport.SplitFrames(m, sender.ID(), 1, h.MaxPayload)
+	if err != nil || len(frames) < 3 {
+		t.Fatalf("SplitFrames: %d frames, %v", len(frames), err)
+	}
+	subj, _ := transport.NewSubjects(cfg.Run)
+	for i, f := range frames {
+		if i == 1 {
+			continue
+		}
+		if err := h.Inject(subj.Topic(transport.TopicParams), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "transfer completed by retransmission", func() bool { return col.len() == 1 })
+	got := col.all()[0].(transport.Params)
+	if got.Version != m.Version || !sameBits(got.Values, m.Values) {
+		t.Fatal("recovered params differ")
+	}
 }
 
 func testPublishErrors(t *testing.T, newHarness Factory) {
