@@ -65,6 +65,12 @@ func (OpenBLAS) Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float
 		sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
+	sgemmRows(workers, ta, tb, transA, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// sgemmRows splits C's rows over workers goroutines. It is a separate
+// function so that the serial path above allocates nothing.
+func sgemmRows(workers int, ta, tb uint32, transA bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	var wg sync.WaitGroup
 	chunk := (m + workers - 1) / workers
 	for r0 := 0; r0 < m; r0 += chunk {

@@ -37,6 +37,9 @@ func benchStep(b *testing.B, preset string) {
 	}
 	dst := make([]float32, m.NumParams())
 	run := func(name string, step func() error) {
+		if err := step(); err != nil { // warm-up: first touch of every buffer
+			b.Fatal(err)
+		}
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
