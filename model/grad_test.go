@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/dataset"
 )
 
 // gradCases are small models that exercise every layer type's forward and
@@ -425,5 +427,42 @@ func TestTanh32(t *testing.T) {
 	// A few float32 ulps of 1 (ulp = 6e-8).
 	if worst > 5e-7 {
 		t.Fatalf("max |tanh32 - tanh| = %.3g", worst)
+	}
+}
+
+// TestClippedSumIndexed: chunked sums over dataset rows match one big
+// ClippedSum, and bad indices are errors.
+func TestClippedSumIndexed(t *testing.T) {
+	m, err := New(MLP([]int{6}, []int{5}, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(4, 4))
+	x, y := randomBatch(m, 40, rng)
+	d := &dataset.Dataset{Name: "t", X: x, Y: y, Dim: 6, Classes: 3}
+	theta := randomTheta(t, m, 4)
+	idx := []int{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 38, 39, 0, 11}
+	small, _ := m.NewWorkspace(4) // six chunks
+	big, _ := m.NewWorkspace(len(idx))
+	got := make([]float32, m.NumParams())
+	want := make([]float32, m.NumParams())
+	n, err := small.ClippedSumIndexed(got, theta, d, idx, 0.3)
+	if err != nil || n != len(idx) {
+		t.Fatalf("n = %d, err = %v", n, err)
+	}
+	sub := d.Subset(idx)
+	if _, err := big.ClippedSum(want, theta, sub.X, sub.Y, 0.3); err != nil {
+		t.Fatal(err)
+	}
+	if rel := relDiff(got, want); rel > 1e-6 {
+		t.Fatalf("chunked vs single: relative error %.3g", rel)
+	}
+	for _, bad := range [][]int{{0, 40}, {-1}} {
+		if _, err := small.ClippedSumIndexed(got, theta, d, bad, 0.3); !errors.Is(err, ErrShape) {
+			t.Fatalf("idx %v: %v", bad, err)
+		}
+	}
+	if _, err := small.ClippedSumIndexed(got, theta, &dataset.Dataset{Dim: 5, Classes: 3}, nil, 0.3); !errors.Is(err, ErrShape) {
+		t.Fatalf("wrong dataset: %v", err)
 	}
 }

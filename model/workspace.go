@@ -28,6 +28,10 @@ type Workspace struct {
 	// naive reference buffers, allocated on first use
 	naiveG   []float32
 	naiveAcc []float64
+	// ClippedSumIndexed buffers, allocated on first use
+	gx   []float32
+	gy   []int32
+	part []float32
 }
 
 // clipShade is the relative margin under the clip norm (see ClippedSum).
@@ -310,6 +314,51 @@ func (w *Workspace) ClippedSum(dst, theta, x []float32, y []int32, clip float64)
 		return 0, fmt.Errorf("%w: in the clipped sum", ErrNonFinite)
 	}
 	return B, nil
+}
+
+// ClippedSumIndexed is ClippedSum over the rows idx of d (a Poisson batch
+// drawn by package sampling, say), of any length: rows are gathered into
+// workspace buffers MaxBatch at a time and the chunks' clipped sums are
+// added in order (float32). It returns len(idx). The first call allocates
+// a batch buffer and a parameter-sized buffer. Errors: those of ClippedSum
+// and CheckDataset, and ErrShape for an index outside [0, d.Len()).
+func (w *Workspace) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, idx []int, clip float64) (int, error) {
+	if err := w.m.CheckDataset(d); err != nil {
+		return 0, err
+	}
+	for _, i := range idx {
+		if i < 0 || i >= d.Len() {
+			return 0, fmt.Errorf("%w: index %d outside dataset %q of %d rows", ErrShape, i, d.Name, d.Len())
+		}
+	}
+	if w.gx == nil {
+		w.gx = make([]float32, w.maxB*w.m.inSize)
+		w.gy = make([]int32, w.maxB)
+	}
+	if len(idx) <= w.maxB {
+		d.Gather(w.gx, w.gy, idx)
+		return w.ClippedSum(dst, theta, w.gx[:len(idx)*w.m.inSize], w.gy[:len(idx)], clip)
+	}
+	if w.part == nil {
+		w.part = make([]float32, w.m.numParams)
+	}
+	for lo := 0; lo < len(idx); lo += w.maxB {
+		chunk := idx[lo:min(lo+w.maxB, len(idx))]
+		d.Gather(w.gx, w.gy, chunk)
+		out := dst
+		if lo > 0 {
+			out = w.part
+		}
+		if _, err := w.ClippedSum(out, theta, w.gx[:len(chunk)*w.m.inSize], w.gy[:len(chunk)], clip); err != nil {
+			return 0, err
+		}
+		if lo > 0 {
+			for j, v := range w.part {
+				dst[j] += v
+			}
+		}
+	}
+	return len(idx), nil
 }
 
 // ClippedSumNaive computes the same result as ClippedSum the slow way, as a

@@ -170,12 +170,8 @@ func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *datas
 		return Result{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	var (
-		d     = m.InputSize()
 		batch = make([]int, 0, maxB)
-		x     = make([]float32, maxB*d)
-		y     = make([]int32, maxB)
 		sum   = make([]float32, m.NumParams())
-		part  = make([]float32, m.NumParams())
 		g     = make([]float32, m.NumParams())
 		res   = Result{SampleRate: q}
 	)
@@ -186,16 +182,8 @@ func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *datas
 			return res, err
 		}
 		batch = src.Sampler.Sample(batch[:0], N)
-		clear(sum)
-		for lo := 0; lo < len(batch); lo += maxB {
-			idx := batch[lo:min(lo+maxB, len(batch))]
-			data.Gather(x, y, idx)
-			if _, err := ws.ClippedSum(part, theta, x[:len(idx)*d], y[:len(idx)], oc.ClipNorm); err != nil {
-				return res, fmt.Errorf("train: step %d: %w", step, err)
-			}
-			for j, v := range part {
-				sum[j] += v
-			}
+		if _, err := ws.ClippedSumIndexed(sum, theta, data, batch, oc.ClipNorm); err != nil {
+			return res, fmt.Errorf("train: step %d: %w", step, err)
 		}
 		if err := src.Noise.NoisyGradient(g, sum, oc.NoiseMultiplier, oc.ClipNorm, B); err != nil {
 			return res, err
