@@ -31,6 +31,8 @@ func gradCases() []Spec {
 			{Type: Conv2D, Out: 2, Kernel: 2}, {Type: AvgPool, Kernel: 2}, {Type: Flatten}, {Type: Linear, Out: 3}}},
 		{Name: "embeddingbag", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
 			{Type: EmbeddingBag, Vocab: 7, Dim: 4}, {Type: Linear, Out: 3}}},
+		{Name: "image-flatten", Input: []int{2, 3, 4}, Classes: 3, Layers: []LayerSpec{
+			{Type: MaxPool, Kernel: 2, Stride: 1}, {Type: Flatten}, {Type: Linear, Out: 3}}},
 		TextBag(9, 4, 5, 3, 6),
 		CNN([]int{1, 28, 28}, 10),
 	}
