@@ -196,23 +196,53 @@ type Status struct {
 	Detail string     `msgpack:"detail,omitempty"`
 }
 
-func (Join) Type() Type         { return TypeJoin }
-func (Leave) Type() Type        { return TypeLeave }
-func (Heartbeat) Type() Type    { return TypeHeartbeat }
-func (RoundStart) Type() Type   { return TypeRoundStart }
-func (Contribution) Type() Type { return TypeContribution }
-func (Params) Type() Type       { return TypeParams }
-func (Leader) Type() Type       { return TypeLeader }
-func (Status) Type() Type       { return TypeStatus }
+// Type implements Message.
+func (Join) Type() Type { return TypeJoin }
 
-func (m Join) RunName() string         { return m.Run }
-func (m Leave) RunName() string        { return m.Run }
-func (m Heartbeat) RunName() string    { return m.Run }
-func (m RoundStart) RunName() string   { return m.Run }
+// Type implements Message.
+func (Leave) Type() Type { return TypeLeave }
+
+// Type implements Message.
+func (Heartbeat) Type() Type { return TypeHeartbeat }
+
+// Type implements Message.
+func (RoundStart) Type() Type { return TypeRoundStart }
+
+// Type implements Message.
+func (Contribution) Type() Type { return TypeContribution }
+
+// Type implements Message.
+func (Params) Type() Type { return TypeParams }
+
+// Type implements Message.
+func (Leader) Type() Type { return TypeLeader }
+
+// Type implements Message.
+func (Status) Type() Type { return TypeStatus }
+
+// RunName implements Message.
+func (m Join) RunName() string { return m.Run }
+
+// RunName implements Message.
+func (m Leave) RunName() string { return m.Run }
+
+// RunName implements Message.
+func (m Heartbeat) RunName() string { return m.Run }
+
+// RunName implements Message.
+func (m RoundStart) RunName() string { return m.Run }
+
+// RunName implements Message.
 func (m Contribution) RunName() string { return m.Run }
-func (m Params) RunName() string       { return m.Run }
-func (m Leader) RunName() string       { return m.Run }
-func (m Status) RunName() string       { return m.Run }
+
+// RunName implements Message.
+func (m Params) RunName() string { return m.Run }
+
+// RunName implements Message.
+func (m Leader) RunName() string { return m.Run }
+
+// RunName implements Message.
+func (m Status) RunName() string { return m.Run }
 
 // newBody returns a pointer to a zero body of type t, or nil if t is not a
 // public message type.
