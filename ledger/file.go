@@ -136,7 +136,7 @@ type File struct {
 // hash chain, and truncates a torn final record (a frame cut short by a
 // crash), fsyncing the repair. It returns ErrCorrupt for any other damage.
 // The repaired count is the number of bytes removed from the tail.
-func OpenFile(path string) (f *File, repaired int64, err error) {
+func OpenFile(path string, opts ...Option) (f *File, repaired int64, err error) {
 	fh, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, 0, fmt.Errorf("ledger: open %s: %w", path, err)
@@ -171,10 +171,26 @@ func OpenFile(path string) (f *File, repaired int64, err error) {
 	}
 	lf := &File{f: fh, path: path, size: good, n: uint64(len(recs))}
 	lf.sync = fh.Sync
+	for _, o := range opts {
+		o(lf)
+	}
 	if len(recs) > 0 {
 		lf.head = recs[len(recs)-1]
 	}
 	return lf, repaired, nil
+}
+
+// Option configures OpenFile and Open.
+type Option func(*File)
+
+// WithSyncHook makes the file call fn, instead of fsync, where it would
+// fsync an appended record. It exists to inject write failures in tests
+// (a full disk, an fsync error); fn may call f.Sync itself.
+func WithSyncHook(fn func(f *os.File) error) Option {
+	return func(lf *File) {
+		fh := lf.f
+		lf.sync = func() error { return fn(fh) }
+	}
 }
 
 // ReadFile reads and verifies every record of the ledger file at path
@@ -410,4 +426,47 @@ func syncDir(dir string) error {
 		return fmt.Errorf("ledger: sync directory %s: %w", dir, err)
 	}
 	return nil
+}
+
+// Size returns the number of bytes of complete, durable records. The file
+// is append-only, so its first Size bytes never change afterwards: a
+// snapshot can record Size and copy that prefix later.
+func (f *File) Size() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.size
+}
+
+// Install atomically replaces the ledger file at path with data, a ledger
+// prefix taken from another replica's snapshot. data must verify (CRCs,
+// hash chain, no torn tail); it is written to a temporary file, fsynced,
+// renamed over path, and the directory is fsynced (the crash-safe sequence
+// of hashicorp/raft's file snapshots).
+func Install(path string, data []byte) error {
+	if _, good, err := scan(bytes.NewReader(data)); err != nil {
+		return fmt.Errorf("ledger: refusing to install: %w", err)
+	} else if good != int64(len(data)) {
+		return fmt.Errorf("%w: ledger to install has a torn tail", ErrCorrupt)
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".install-*")
+	if err != nil {
+		return fmt.Errorf("ledger: install: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("ledger: install: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("ledger: install: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("ledger: install: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("ledger: install: %w", err)
+	}
+	return syncDir(dir)
 }

@@ -34,8 +34,8 @@ type Ledger struct {
 
 // Open opens (or creates) the ledger file at path, repairing a torn tail
 // (see OpenFile), and replays its records into a fresh accountant.
-func Open(path string) (*Ledger, error) {
-	f, _, err := OpenFile(path)
+func Open(path string, opts ...Option) (*Ledger, error) {
+	f, _, err := OpenFile(path, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -195,3 +195,15 @@ func (l *Ledger) Path() string { return l.file.Path() }
 
 // Close closes the ledger file.
 func (l *Ledger) Close() error { return l.file.Close() }
+
+// Size returns the byte length of the ledger's durable records (see
+// File.Size).
+func (l *Ledger) Size() int64 { return l.file.Size() }
+
+// Run returns the run record, or false before Start.
+func (l *Ledger) Run() (Record, bool) {
+	if l.run == nil {
+		return Record{}, false
+	}
+	return *l.run, true
+}
