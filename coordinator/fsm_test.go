@@ -1,0 +1,369 @@
+package coordinator
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+const testDim = 64
+
+// testInit is a deterministic θ₀ for tests: a seeded normal vector.
+func testInit(c RunConfig) ([]float32, error) {
+	r := rand.New(rand.NewPCG(c.InitSeed, 1))
+	theta := make([]float32, c.Dim)
+	for i := range theta {
+		theta[i] = float32(r.NormFloat64() * 0.1)
+	}
+	return theta, nil
+}
+
+func testRunConfig() RunConfig {
+	opt := dpadam.DefaultConfig()
+	opt.NoiseMultiplier, opt.ClipNorm, opt.ExpectedBatchSize = 1.0, 1.0, 100
+	return RunConfig{
+		Run: "test", Dim: testDim, InitSeed: 7, TotalExamples: 10000, SampleRate: 0.01,
+		Optimizer: opt, TargetEpsilon: 5, Delta: 1e-5, SeedPolicy: SeedSeeded,
+		ModelHash: "test-model",
+	}
+}
+
+// noisyGrads returns a seeded sequence of fake privatized gradients.
+func noisyGrads(n int, seed uint64) [][]float32 {
+	r := rand.New(rand.NewPCG(seed, 2))
+	out := make([][]float32, n)
+	for i := range out {
+		g := make([]float32, testDim)
+		for j := range g {
+			g[j] = float32(r.NormFloat64() * 0.01)
+		}
+		out[i] = g
+	}
+	return out
+}
+
+// logEntry wraps an encoded entry as Raft would deliver it.
+func logEntry(t *testing.T, index uint64, typ entryType, body any) *raft.Log {
+	t.Helper()
+	data, err := encodeEntry(typ, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: data}
+}
+
+func stepLog(t *testing.T, index uint64, step int64, c RunConfig, g []float32) *raft.Log {
+	t.Helper()
+	b := make([]byte, 4*len(g))
+	putFloats(b, g)
+	return logEntry(t, index, entryStep, stepEntry{Step: step, Event: c.Event(), Grad: b, Round: "r"})
+}
+
+func newTestFSM(t *testing.T, dir string, opts ...ledger.Option) *FSM {
+	t.Helper()
+	f, err := NewFSM(dir, testInit, nil, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func mustApply(t *testing.T, f *FSM, l *raft.Log) ApplyResult {
+	t.Helper()
+	res, _ := f.Apply(l).(ApplyResult)
+	return res
+}
+
+// reference runs the optimizer directly over the same g̃ sequence.
+func reference(t *testing.T, c RunConfig, grads [][]float32) []float32 {
+	t.Helper()
+	theta, _ := testInit(c)
+	opt, err := dpadam.New(c.Optimizer, c.Dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range grads {
+		if _, err := opt.Step(theta, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return theta
+}
+
+func bitsEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestFSMAppliesSteps(t *testing.T) {
+	dir := t.TempDir()
+	f := newTestFSM(t, dir)
+	c := testRunConfig()
+	if res := mustApply(t, f, logEntry(t, 1, entryConfig, c)); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	grads := noisyGrads(10, 1)
+	for i, g := range grads {
+		res := mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, g))
+		if res.Err != nil || !res.Applied || !res.Charged {
+			t.Fatalf("step %d: %+v", i+1, res)
+		}
+	}
+	got, step := f.Params(nil)
+	if step != 10 || !bitsEqual(got, reference(t, c, grads)) {
+		t.Errorf("θ after 10 steps differs from the optimizer run directly (step %d)", step)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.Charges != 10 || rep.Applied != 10 {
+		t.Errorf("audit: %+v, %v", rep, err)
+	}
+	want, _, _ := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 10, c.Delta)
+	if s := f.State(); math.Abs(s.Epsilon-want) > 1e-12 {
+		t.Errorf("ε = %v, want %v", s.Epsilon, want)
+	}
+}
+
+// TestFSMReplayChargedNotApplied: a step entry for an already-applied step
+// (a late duplicate after failover) changes nothing but is still charged.
+func TestFSMReplayChargedNotApplied(t *testing.T) {
+	dir := t.TempDir()
+	f := newTestFSM(t, dir)
+	c := testRunConfig()
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	grads := noisyGrads(3, 2)
+	for i, g := range grads {
+		mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, g))
+	}
+	before, _ := f.Params(nil)
+	charges := f.State().Charges
+	res := mustApply(t, f, stepLog(t, 5, 2, c, noisyGrads(1, 99)[0]))
+	if res.Applied || !res.Charged {
+		t.Errorf("duplicate step 2: %+v, want charged and not applied", res)
+	}
+	after, step := f.Params(nil)
+	if step != 3 || !bitsEqual(before, after) {
+		t.Errorf("duplicate step changed θ (step %d)", step)
+	}
+	if got := f.State().Charges; got != charges+1 {
+		t.Errorf("charges = %d, want %d", got, charges+1)
+	}
+	rep, _ := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if !rep.OK || rep.Replays != 1 || rep.Applied != 3 {
+		t.Errorf("audit: %+v", rep)
+	}
+	// A gap (step 5 after 3) and a non-finite g̃ are also charged, not applied.
+	res = mustApply(t, f, stepLog(t, 6, 5, c, grads[0]))
+	if res.Applied || !res.Charged || res.Err == nil {
+		t.Errorf("gap step: %+v", res)
+	}
+	bad := append([]float32(nil), grads[0]...)
+	bad[3] = float32(math.NaN())
+	res = mustApply(t, f, stepLog(t, 7, 4, c, bad))
+	if res.Applied || !res.Charged || !errors.Is(res.Err, dpadam.ErrNonFinite) {
+		t.Errorf("NaN step: %+v", res)
+	}
+	if _, step := f.Params(nil); step != 3 {
+		t.Errorf("step = %d after refused entries, want 3", step)
+	}
+}
+
+func TestFSMBudgetRefusal(t *testing.T) {
+	dir := t.TempDir()
+	f := newTestFSM(t, dir)
+	c := testRunConfig()
+	eps5, _, _ := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 5, c.Delta)
+	c.TargetEpsilon = eps5 * (1 + 1e-9)
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	grads := noisyGrads(6, 3)
+	for i := range 5 {
+		if res := mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, grads[i])); !res.Applied {
+			t.Fatalf("step %d refused: %+v", i+1, res)
+		}
+	}
+	if over, _ := f.WouldExceed(); !over {
+		t.Error("WouldExceed = false with the budget spent")
+	}
+	before, _ := f.Params(nil)
+	res := mustApply(t, f, stepLog(t, 7, 6, c, grads[5]))
+	if !errors.Is(res.Err, ledger.ErrBudgetExceeded) || res.Applied || res.Charged {
+		t.Fatalf("step 6: %+v, want refused with ErrBudgetExceeded", res)
+	}
+	after, step := f.Params(nil)
+	if step != 5 || !bitsEqual(before, after) {
+		t.Error("refused step changed θ")
+	}
+	if s := f.State(); s.Stopped == "" || s.Charges != 5 {
+		t.Errorf("state after refusal: %+v", s)
+	}
+	rep, _ := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if !rep.OK || rep.Charges != 5 {
+		t.Errorf("audit: %+v", rep)
+	}
+}
+
+func TestFSMLedgerFailureFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	fail := false
+	f := newTestFSM(t, dir, ledger.WithSyncHook(func(fh *os.File) error {
+		if fail {
+			return syscall.ENOSPC
+		}
+		return fh.Sync()
+	}))
+	c := testRunConfig()
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	grads := noisyGrads(3, 4)
+	mustApply(t, f, stepLog(t, 2, 1, c, grads[0]))
+	before, _ := f.Params(nil)
+	fail = true
+	res := mustApply(t, f, stepLog(t, 3, 2, c, grads[1]))
+	if !errors.Is(res.Err, ErrFatal) || !errors.Is(res.Err, ledger.ErrBroken) || res.Applied {
+		t.Fatalf("step with a failing ledger: %+v", res)
+	}
+	fail = false
+	res = mustApply(t, f, stepLog(t, 4, 2, c, grads[1]))
+	if !errors.Is(res.Err, ErrFatal) || res.Applied {
+		t.Errorf("replica kept applying after a ledger failure: %+v", res)
+	}
+	after, step := f.Params(nil)
+	if step != 1 || !bitsEqual(before, after) {
+		t.Error("θ changed after the ledger failed")
+	}
+	if f.State().Fatal == nil {
+		t.Error("State().Fatal is nil")
+	}
+	if _, err := f.Snapshot(); err == nil {
+		t.Error("a failed replica took a snapshot")
+	}
+}
+
+func TestFSMRejectsBadEntries(t *testing.T) {
+	f := newTestFSM(t, t.TempDir())
+	c := testRunConfig()
+	// A step before the configuration is refused and charges nothing.
+	if res := mustApply(t, f, stepLog(t, 1, 1, c, noisyGrads(1, 5)[0])); !errors.Is(res.Err, ErrNotConfigured) {
+		t.Errorf("step before config: %+v", res)
+	}
+	bad := c
+	bad.Optimizer.ExpectedBatchSize = 99
+	if res := mustApply(t, f, logEntry(t, 2, entryConfig, bad)); !errors.Is(res.Err, ErrInvalidRunConfig) {
+		t.Errorf("inconsistent config: %+v", res)
+	}
+	mustApply(t, f, logEntry(t, 3, entryConfig, c))
+	other := c
+	other.Run = "other"
+	if res := mustApply(t, f, logEntry(t, 4, entryConfig, other)); res.Err == nil {
+		t.Error("a second, different configuration was accepted")
+	}
+	if res := mustApply(t, f, logEntry(t, 5, entryConfig, c)); res.Err != nil {
+		t.Errorf("re-proposed identical configuration: %v", res.Err)
+	}
+	// A g̃ of the wrong length is refused without a charge.
+	if res := mustApply(t, f, stepLog(t, 6, 1, c, make([]float32, testDim-1))); res.Err == nil || res.Charged {
+		t.Errorf("short g̃: %+v", res)
+	}
+	if s := f.State(); s.Charges != 0 || s.Fatal != nil {
+		t.Errorf("state: %+v", s)
+	}
+	// An undecodable entry is fatal: the replica cannot follow the log.
+	res := mustApply(t, f, &raft.Log{Index: 7, Type: raft.LogCommand, Data: []byte{byte(entryStep), 9, 1}})
+	if !errors.Is(res.Err, ErrFatal) {
+		t.Errorf("entry of unknown version: %+v", res)
+	}
+}
+
+// memSink is a raft.SnapshotSink over a buffer.
+type memSink struct{ bytes.Buffer }
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { return nil }
+func (s *memSink) Close() error  { return nil }
+
+type readCloser struct{ *bytes.Reader }
+
+func (readCloser) Close() error { return nil }
+
+// TestFSMSnapshotRestore: restore into a fresh replica (whose ledger is
+// empty) and continue; the result equals the uninterrupted run, and both
+// ledgers audit clean with one record per step.
+func TestFSMSnapshotRestore(t *testing.T) {
+	c := testRunConfig()
+	grads := noisyGrads(12, 6)
+	dirA := t.TempDir()
+	a := newTestFSM(t, dirA)
+	mustApply(t, a, logEntry(t, 1, entryConfig, c))
+	for i := range 7 {
+		mustApply(t, a, stepLog(t, uint64(i+2), int64(i+1), c, grads[i]))
+	}
+	snap, err := a.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	dirB := t.TempDir()
+	b := newTestFSM(t, dirB)
+	if err := b.Restore(readCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 7; i < 12; i++ {
+		for _, f := range []*FSM{a, b} {
+			if res := mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, grads[i])); !res.Applied {
+				t.Fatalf("step %d: %+v", i+1, res)
+			}
+		}
+	}
+	ta, _ := a.Params(nil)
+	tb, _ := b.Params(nil)
+	if !bitsEqual(ta, tb) || !bitsEqual(ta, reference(t, c, grads)) {
+		t.Error("restored replica diverged from the uninterrupted run")
+	}
+	la, _ := os.ReadFile(filepath.Join(dirA, LedgerFile))
+	lb, _ := os.ReadFile(filepath.Join(dirB, LedgerFile))
+	if !bytes.Equal(la, lb) {
+		t.Error("ledgers differ after restore")
+	}
+	// Restoring an older snapshot over a ledger that is ahead keeps the
+	// ledger, and replayed entries are not charged twice.
+	if err := a.Restore(readCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 7; i < 12; i++ {
+		res := mustApply(t, a, stepLog(t, uint64(i+2), int64(i+1), c, grads[i]))
+		if !res.Applied || res.Charged {
+			t.Fatalf("replayed step %d: %+v, want applied without a new charge", i+1, res)
+		}
+	}
+	if ta2, _ := a.Params(nil); !bitsEqual(ta2, ta) {
+		t.Error("replay after restore diverged")
+	}
+	if rep, _ := ledger.Audit(filepath.Join(dirA, LedgerFile)); !rep.OK || rep.Charges != 12 {
+		t.Errorf("audit after replay: %+v", rep)
+	}
+	// Corrupt snapshots are refused.
+	bad := bytes.Clone(sink.Bytes())
+	bad[len(bad)/2] ^= 1
+	if err := b.Restore(readCloser{bytes.NewReader(bad)}); !errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("corrupt snapshot: %v", err)
+	}
+}

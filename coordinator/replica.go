@@ -1,0 +1,314 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
+
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// ReplicaConfig configures one coordinator replica.
+type ReplicaConfig struct {
+	// ID is the replica's Raft server ID, unique in the cluster.
+	ID string
+	// RaftAddr is the TCP address Raft binds and advertises, host:port.
+	RaftAddr string
+	// DataDir holds the Raft log (raft-wal), snapshots and the ledger.
+	DataDir string
+	// Bootstrap starts a new cluster with Peers (or just this replica if
+	// Peers is empty). It is a no-op on a data dir that already has state.
+	Bootstrap bool
+	// Peers are the initial voters when bootstrapping, this replica
+	// included.
+	Peers []raft.Server
+
+	// Raft timing. Defaults favour fast failover on a LAN.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	// SnapshotThreshold is how many log entries trigger a snapshot and
+	// TrailingLogs how many stay after one: each step entry carries g̃
+	// (4 bytes per parameter), so these bound the log's disk use at about
+	// (SnapshotThreshold+TrailingLogs)·4·dim bytes.
+	SnapshotThreshold uint64
+	TrailingLogs      uint64
+	SnapshotInterval  time.Duration
+	SnapshotsRetained int
+
+	// Logger receives the replica's structured logs (nil: discarded).
+	Logger *slog.Logger
+	// RaftLogOutput receives hashicorp/raft's own logs at warn level and
+	// above (nil: discarded).
+	RaftLogOutput io.Writer
+}
+
+// DefaultReplicaConfig returns the defaults: election timeouts of a few
+// hundred milliseconds (failover well under a second on loopback),
+// snapshots every 64 entries with 32 trailing, 2 snapshots retained.
+func DefaultReplicaConfig() ReplicaConfig {
+	return ReplicaConfig{
+		HeartbeatTimeout:   300 * time.Millisecond,
+		ElectionTimeout:    300 * time.Millisecond,
+		LeaderLeaseTimeout: 200 * time.Millisecond,
+		CommitTimeout:      20 * time.Millisecond,
+		SnapshotThreshold:  64,
+		TrailingLogs:       32,
+		SnapshotInterval:   5 * time.Second,
+		SnapshotsRetained:  2,
+	}
+}
+
+// Validate checks the configuration.
+func (c ReplicaConfig) Validate() error {
+	switch {
+	case c.ID == "":
+		return errors.New("coordinator: replica ID is empty")
+	case c.RaftAddr == "":
+		return errors.New("coordinator: Raft address is empty")
+	case c.DataDir == "":
+		return errors.New("coordinator: data dir is empty")
+	case c.LeaderLeaseTimeout > c.HeartbeatTimeout:
+		return errors.New("coordinator: leader lease timeout must not exceed the heartbeat timeout")
+	case c.SnapshotThreshold == 0:
+		return errors.New("coordinator: snapshot threshold must be positive")
+	case c.SnapshotsRetained < 1:
+		return errors.New("coordinator: must retain at least one snapshot")
+	}
+	if _, _, err := net.SplitHostPort(c.RaftAddr); err != nil {
+		return fmt.Errorf("coordinator: Raft address %q: %w", c.RaftAddr, err)
+	}
+	return nil
+}
+
+// Replica is one coordinator replica: a Raft node over durable stores with
+// the FSM on top.
+type Replica struct {
+	cfg       ReplicaConfig
+	raft      *raft.Raft
+	fsm       *FSM
+	wal       *wal.WAL
+	meta      *metadb.BoltMetaDB
+	transport *raft.NetworkTransport
+	log       *slog.Logger
+}
+
+// OpenReplica opens (creating if needed) the replica's data dir, starts
+// Raft and, if asked, bootstraps the cluster.
+func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("replica", cfg.ID)
+	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "raft")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	out := cfg.RaftLogOutput
+	if out == nil {
+		out = io.Discard
+	}
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: out})
+
+	fsm, err := NewFSM(cfg.DataDir, init, log)
+	if err != nil {
+		return nil, err
+	}
+	r := &Replica{cfg: cfg, fsm: fsm, log: log}
+	ok := false
+	defer func() {
+		if !ok {
+			r.closeStores()
+		}
+	}()
+	// raft-wal's Close leaves the meta store it opened itself open (and its
+	// file lock held), so the replica owns the meta store and closes it.
+	r.meta = &metadb.BoltMetaDB{}
+	r.wal, err = wal.Open(filepath.Join(cfg.DataDir, "raft"), wal.WithMetaStore(r.meta))
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: opening Raft log: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, err
+	}
+	r.transport, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, addr, 4, 10*time.Second, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.Logger = hlog
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	if cfg.Bootstrap {
+		has, err := raft.HasExistingState(r.wal, r.wal, snaps)
+		if err != nil {
+			return nil, err
+		}
+		if !has {
+			peers := cfg.Peers
+			if len(peers) == 0 {
+				peers = []raft.Server{{ID: rc.LocalID, Address: r.transport.LocalAddr()}}
+			}
+			if err := raft.BootstrapCluster(rc, r.wal, r.wal, snaps, r.transport, raft.Configuration{Servers: peers}); err != nil {
+				return nil, fmt.Errorf("coordinator: bootstrap: %w", err)
+			}
+		}
+	}
+	r.raft, err = raft.NewRaft(rc, fsm, r.wal, r.wal, snaps, r.transport)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: starting Raft: %w", err)
+	}
+	ok = true
+	return r, nil
+}
+
+func (r *Replica) closeStores() {
+	if r.transport != nil {
+		r.transport.Close()
+	}
+	if r.wal != nil {
+		r.wal.Close()
+	}
+	if r.meta != nil {
+		r.meta.Close()
+	}
+	r.fsm.Close()
+}
+
+// FSM returns the replica's state machine.
+func (r *Replica) FSM() *FSM { return r.fsm }
+
+// Raft returns the underlying Raft node (for membership operations).
+func (r *Replica) Raft() *raft.Raft { return r.raft }
+
+// ID returns the replica's ID.
+func (r *Replica) ID() string { return r.cfg.ID }
+
+// IsLeader reports whether this replica currently leads.
+func (r *Replica) IsLeader() bool { return r.raft.State() == raft.Leader }
+
+// LeaderCh returns raft's leadership-change channel.
+func (r *Replica) LeaderCh() <-chan bool { return r.raft.LeaderCh() }
+
+// Term returns the current Raft term.
+func (r *Replica) Term() uint64 { return r.raft.CurrentTerm() }
+
+// timeout turns ctx's deadline into raft's timeout argument.
+func timeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return 0
+}
+
+// Barrier waits until every entry committed before it has been applied to
+// this replica's FSM. A new leader calls it before opening a round, so no
+// committed step is redone.
+func (r *Replica) Barrier(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.raft.Barrier(timeout(ctx)).Error()
+}
+
+// propose applies an encoded entry and waits for it to be committed and
+// applied to the local FSM.
+func (r *Replica) propose(ctx context.Context, data []byte) (ApplyResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ApplyResult{}, err
+	}
+	f := r.raft.Apply(data, timeout(ctx))
+	if err := f.Error(); err != nil {
+		return ApplyResult{}, err
+	}
+	res, _ := f.Response().(ApplyResult)
+	return res, nil
+}
+
+// Configure proposes the run configuration. Applying it again with the same
+// configuration is a no-op, so a new leader may re-propose it.
+func (r *Replica) Configure(ctx context.Context, c RunConfig) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	data, err := encodeEntry(entryConfig, c)
+	if err != nil {
+		return err
+	}
+	res, err := r.propose(ctx, data)
+	if err != nil {
+		return err
+	}
+	return res.Err
+}
+
+// ProposeStep proposes the noisy gradient g̃ of a step and waits until it is
+// committed and applied here. The caller must not release θ_t before this
+// returns with res.Applied.
+func (r *Replica) ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error) {
+	buf := make([]byte, 4*len(noisyGrad))
+	putFloats(buf, noisyGrad)
+	data, err := encodeEntry(entryStep, stepEntry{Step: step, Event: event, Grad: buf, Round: round})
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	return r.propose(ctx, data)
+}
+
+// ProposeStop proposes the end of the run.
+func (r *Replica) ProposeStop(ctx context.Context, reason string) error {
+	data, err := encodeEntry(entryStop, stopEntry{Reason: reason})
+	if err != nil {
+		return err
+	}
+	_, err = r.propose(ctx, data)
+	return err
+}
+
+// Snapshot asks Raft for a snapshot now.
+func (r *Replica) Snapshot() error { return r.raft.Snapshot().Error() }
+
+// Close stops Raft (transferring leadership first if this replica leads
+// and has peers) and closes the stores. Entries applied before Close are
+// durable.
+func (r *Replica) Close() error {
+	if r.IsLeader() {
+		if cf := r.raft.GetConfiguration(); cf.Error() == nil && len(cf.Configuration().Servers) > 1 {
+			_ = r.raft.LeadershipTransfer().Error()
+		}
+	}
+	err := r.raft.Shutdown().Error()
+	r.closeStores()
+	return err
+}

@@ -1,0 +1,99 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// ErrInvalidRunConfig is returned (wrapped, naming the field) for a run
+// configuration that is out of range or inconsistent.
+var ErrInvalidRunConfig = errors.New("coordinator: invalid run configuration")
+
+// RunConfig is everything that defines a training run. It is the first
+// entry of the Raft log, so every replica trains the same run, and it holds
+// only public constants.
+type RunConfig struct {
+	// Run names the run; NATS subjects and the ledger are scoped by it.
+	Run string `json:"run" msgpack:"run"`
+	// ModelSpec is the model's JSON spec and ModelHash its hash; nodes
+	// refuse to join a run whose hash differs from theirs.
+	ModelSpec []byte `json:"model_spec" msgpack:"model_spec"`
+	ModelHash string `json:"model_hash" msgpack:"model_hash"`
+	// Dim is the number of model parameters.
+	Dim int `json:"dim" msgpack:"dim"`
+	// InitSeed seeds the deterministic initialization of θ₀ (θ₀ is public).
+	InitSeed uint64 `json:"init_seed" msgpack:"init_seed"`
+	// TotalExamples is N, the number of training examples across nodes.
+	TotalExamples int64 `json:"total_examples" msgpack:"total_examples"`
+	// SampleRate is q, the Poisson inclusion probability on every node.
+	SampleRate float64 `json:"sample_rate" msgpack:"sample_rate"`
+	// Optimizer holds the update rule and its hyperparameters, and the
+	// mechanism's σ (NoiseMultiplier), C (ClipNorm) and B
+	// (ExpectedBatchSize = q·N).
+	Optimizer dpadam.Config `json:"optimizer" msgpack:"optimizer"`
+	// TargetEpsilon and Delta are the privacy budget, enforced by the state
+	// machine when it charges the ledger.
+	TargetEpsilon float64 `json:"target_epsilon" msgpack:"target_epsilon"`
+	Delta         float64 `json:"delta" msgpack:"delta"`
+	// MaxSteps ends the run after this many applied steps (0: until the
+	// budget is spent).
+	MaxSteps int64 `json:"max_steps" msgpack:"max_steps"`
+	// SeedPolicy says where the leader's noise comes from: "crypto" (the
+	// default, a CSPRNG seeded from the OS) or "seeded" for reproducible
+	// tests only; a seeded run is labelled as such everywhere.
+	SeedPolicy string `json:"seed_policy" msgpack:"seed_policy"`
+}
+
+// Seed policies.
+const (
+	SeedCrypto = "crypto"
+	SeedSeeded = "seeded"
+)
+
+// Event returns the ledger event charged for each step of the run: the
+// Gaussian mechanism with noise multiplier σ on a Poisson sample of rate q.
+func (c RunConfig) Event() ledger.Event {
+	return ledger.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
+}
+
+// Validate checks ranges and the relations between fields: the expected
+// batch size B must equal q·N (to relative 1e-9), since DP-AdamBC's Φ and
+// the noisy average g̃ = (S+z)/B both depend on it.
+func (c RunConfig) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidRunConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Run == "":
+		return bad("run name is empty")
+	case c.Dim <= 0:
+		return bad("dim %d must be positive", c.Dim)
+	case c.TotalExamples <= 0:
+		return bad("total examples %d must be positive", c.TotalExamples)
+	case !(c.SampleRate > 0 && c.SampleRate <= 1):
+		return bad("sample rate %v must be in (0, 1]", c.SampleRate)
+	case !(c.TargetEpsilon > 0) || math.IsInf(c.TargetEpsilon, 0):
+		return bad("target epsilon %v must be positive and finite", c.TargetEpsilon)
+	case !(c.Delta > 0 && c.Delta < 1):
+		return bad("delta %v must be in (0, 1)", c.Delta)
+	case c.MaxSteps < 0:
+		return bad("max steps %d must not be negative", c.MaxSteps)
+	case c.SeedPolicy != SeedCrypto && c.SeedPolicy != SeedSeeded:
+		return bad("seed policy %q must be %q or %q", c.SeedPolicy, SeedCrypto, SeedSeeded)
+	}
+	if err := c.Optimizer.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)
+	}
+	if !(c.Optimizer.NoiseMultiplier > 0) {
+		return bad("noise multiplier %v must be positive: a run without noise is not private", c.Optimizer.NoiseMultiplier)
+	}
+	b := c.SampleRate * float64(c.TotalExamples)
+	if math.Abs(c.Optimizer.ExpectedBatchSize-b) > 1e-9*b {
+		return bad("expected batch size %v must equal q·N = %v", c.Optimizer.ExpectedBatchSize, b)
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package coordinator
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+
+	"github.com/hashicorp/raft"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// A snapshot is: magic "DPCSNAP1", a little-endian uint64 body length, the
+// msgpack body (snapshotBody), and the CRC32C of the body. It holds the run
+// configuration, θ, the optimizer state, the run's stop reason, and the
+// ledger's records up to the snapshot (so a replica that installs the
+// snapshot from a peer ends up with the same ledger). Everything in it is
+// public or privatized.
+
+var snapMagic = [8]byte{'D', 'P', 'C', 'S', 'N', 'A', 'P', '1'}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrBadSnapshot is returned by Restore for a snapshot that does not decode.
+var ErrBadSnapshot = errors.New("coordinator: malformed snapshot")
+
+type snapshotBody struct {
+	Configured bool      `msgpack:"configured"`
+	Config     RunConfig `msgpack:"config"`
+	Theta      []byte    `msgpack:"theta"` // little-endian float32
+	Optimizer  []byte    `msgpack:"optimizer"`
+	Applied    int64     `msgpack:"applied"`
+	Stopped    string    `msgpack:"stopped"`
+	// LedgerSize is the byte length of the ledger prefix at the snapshot,
+	// and LedgerHead the hash of its last record.
+	LedgerSize int64  `msgpack:"ledger_size"`
+	LedgerHead string `msgpack:"ledger_head"`
+	LedgerSeq  uint64 `msgpack:"ledger_seq"`
+}
+
+type fsmSnapshot struct {
+	body       snapshotBody
+	ledgerPath string
+}
+
+// Snapshot captures the state. Raft calls it between Applies; the copy of θ
+// and the optimizer state is taken here, and Persist (which may run
+// concurrently with later Applies) reads only the immutable ledger prefix.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.fatal != nil {
+		return nil, f.fatal
+	}
+	head, seq := f.ledger.Head()
+	s := &fsmSnapshot{ledgerPath: f.ledgerPath, body: snapshotBody{
+		Applied: f.applied, Stopped: f.stopped,
+		LedgerSize: f.ledger.Size(), LedgerHead: head.Hash, LedgerSeq: seq,
+	}}
+	if f.cfg != nil {
+		s.body.Configured, s.body.Config = true, *f.cfg
+		s.body.Theta = make([]byte, 4*len(f.theta))
+		putFloats(s.body.Theta, f.theta)
+		opt, err := f.opt.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		s.body.Optimizer = opt
+	}
+	return s, nil
+}
+
+// Persist writes the snapshot to sink.
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	err := s.write(sink)
+	if err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+// snapshotFile is the wire form: body plus the ledger prefix.
+type snapshotFile struct {
+	Body   snapshotBody `msgpack:"body"`
+	Ledger []byte       `msgpack:"ledger"`
+}
+
+func (s *fsmSnapshot) write(w io.Writer) error {
+	lf, err := os.Open(s.ledgerPath)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	prefix := make([]byte, s.body.LedgerSize)
+	if _, err := io.ReadFull(lf, prefix); err != nil {
+		return fmt.Errorf("coordinator: reading ledger for snapshot: %w", err)
+	}
+	body, err := msgpack.Marshal(snapshotFile{Body: s.body, Ledger: prefix})
+	if err != nil {
+		return err
+	}
+	var hdr [16]byte
+	copy(hdr[:8], snapMagic[:])
+	binary.LittleEndian.PutUint64(hdr[8:], uint64(len(body)))
+	var tail [4]byte
+	binary.LittleEndian.PutUint32(tail[:], crc32.Checksum(body, castagnoli))
+	for _, b := range [][]byte{hdr[:], body, tail[:]} {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release is a no-op: the snapshot holds no resources.
+func (s *fsmSnapshot) Release() {}
+
+// Restore replaces the state with a snapshot's. If the local ledger already
+// holds the snapshot's ledger prefix (same record count reached, same hash
+// at that record) it is kept, records after the prefix included: Raft will
+// replay their entries and the state machine will not charge them twice.
+// Otherwise the snapshot's ledger replaces the local one.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	data, err := io.ReadAll(rc)
+	if err != nil {
+		return err
+	}
+	snap, err := decodeSnapshot(data)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.reconcileLedger(snap); err != nil {
+		return err
+	}
+	b := snap.Body
+	f.cfg, f.theta, f.opt, f.grad = nil, nil, nil, nil
+	f.applied, f.stopped, f.diag = b.Applied, b.Stopped, dpadam.Diagnostics{}
+	if b.Configured {
+		c := b.Config
+		theta := make([]float32, c.Dim)
+		if err := getFloats(theta, b.Theta); err != nil {
+			return fmt.Errorf("%w: θ: %v", ErrBadSnapshot, err)
+		}
+		var opt dpadam.Optimizer
+		if err := opt.UnmarshalBinary(b.Optimizer); err != nil {
+			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		}
+		if opt.Dim() != c.Dim {
+			return fmt.Errorf("%w: optimizer dimension %d, config %d", ErrBadSnapshot, opt.Dim(), c.Dim)
+		}
+		f.cfg, f.theta, f.opt, f.grad = &c, theta, &opt, make([]float32, c.Dim)
+	}
+	f.log.Info("restored snapshot", "step", f.applied, "ledger_records", b.LedgerSeq)
+	return nil
+}
+
+func decodeSnapshot(data []byte) (snapshotFile, error) {
+	var s snapshotFile
+	if len(data) < 20 || !bytes.Equal(data[:8], snapMagic[:]) {
+		return s, fmt.Errorf("%w: bad header", ErrBadSnapshot)
+	}
+	n := binary.LittleEndian.Uint64(data[8:16])
+	if n != uint64(len(data)-20) {
+		return s, fmt.Errorf("%w: body length %d, have %d bytes", ErrBadSnapshot, n, len(data)-20)
+	}
+	body := data[16 : 16+n]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(data[16+n:]) {
+		return s, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
+	}
+	if err := msgpack.Unmarshal(body, &s); err != nil {
+		return s, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if int64(len(s.Ledger)) != s.Body.LedgerSize {
+		return s, fmt.Errorf("%w: ledger prefix is %d bytes, header says %d", ErrBadSnapshot, len(s.Ledger), s.Body.LedgerSize)
+	}
+	return s, nil
+}
+
+// reconcileLedger makes the local ledger hold at least the snapshot's
+// ledger prefix. Called with f.mu held.
+func (f *FSM) reconcileLedger(snap snapshotFile) error {
+	local, err := os.ReadFile(f.ledgerPath)
+	if err != nil {
+		return err
+	}
+	if int64(len(local)) >= snap.Body.LedgerSize && bytes.Equal(local[:snap.Body.LedgerSize], snap.Ledger) {
+		return nil // local ledger already holds the prefix
+	}
+	f.log.Warn("replacing local ledger with the snapshot's", "local_bytes", len(local), "snapshot_bytes", len(snap.Ledger))
+	if err := f.ledger.Close(); err != nil {
+		return err
+	}
+	if err := ledger.Install(f.ledgerPath, snap.Ledger); err != nil {
+		return err
+	}
+	l, err := ledger.Open(f.ledgerPath)
+	if err != nil {
+		return err
+	}
+	f.ledger = l
+	return nil
+}
