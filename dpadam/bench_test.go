@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 var benchSizes = []int{1 << 20, 10 << 20}
@@ -81,6 +82,65 @@ func BenchmarkAxpy(b *testing.B) {
 				axpy(1e-7, x, y)
 			}
 			reportBandwidth(b, n, bytesPerParam)
+		})
+	}
+}
+
+// BenchmarkStepVsAxpy is the must-show comparison of docs/BENCHMARKS.md:
+// every iteration runs one DP-AdamBC step and one axpy over the same n,
+// alternating which goes first, and times each, so both see the same load
+// on a shared machine. It reports the step's ns/param and GB/s (28
+// bytes/param, as BenchmarkStep), the axpy's GB/s (12 bytes/param, as
+// BenchmarkAxpy) and bw-ratio = step GB/s ÷ axpy GB/s (the target is at
+// least 0.5). ns/op is the pair.
+func BenchmarkStepVsAxpy(b *testing.B) {
+	const stepBytes, axpyBytes = 28, 12
+	for _, n := range benchSizes {
+		b.Run(benchName(n), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			cfg := DefaultConfig()
+			cfg.NoiseMultiplier, cfg.ClipNorm, cfg.ExpectedBatchSize = 0.4, 0.1, 256
+			opt, err := New(cfg, n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			theta := randomVec(rng, n, 0.1)
+			grad := randomVec(rng, n, 2e-4)
+			x := randomVec(rng, n, 1)
+			y := randomVec(rng, n, 1)
+			step := func() {
+				if _, err := opt.Step(theta, grad); err != nil {
+					b.Fatal(err)
+				}
+			}
+			step() // warm-up: first touch of m and v
+			axpy(1e-7, x, y)
+			var tStep, tAxpy time.Duration
+			iters := 0
+			for b.Loop() {
+				if iters%2 == 0 {
+					t0 := time.Now()
+					step()
+					t1 := time.Now()
+					axpy(1e-7, x, y)
+					tStep, tAxpy = tStep+t1.Sub(t0), tAxpy+time.Since(t1)
+				} else {
+					t0 := time.Now()
+					axpy(1e-7, x, y)
+					t1 := time.Now()
+					step()
+					tAxpy, tStep = tAxpy+t1.Sub(t0), tStep+time.Since(t1)
+				}
+				iters++
+			}
+			stepNs := float64(tStep.Nanoseconds()) / float64(iters)
+			axpyNs := float64(tAxpy.Nanoseconds()) / float64(iters)
+			stepGBs := float64(stepBytes*n) / stepNs
+			axpyGBs := float64(axpyBytes*n) / axpyNs
+			b.ReportMetric(stepNs/float64(n), "ns/param")
+			b.ReportMetric(stepGBs, "step-GB/s")
+			b.ReportMetric(axpyGBs, "axpy-GB/s")
+			b.ReportMetric(stepGBs/axpyGBs, "bw-ratio")
 		})
 	}
 }
