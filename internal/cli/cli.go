@@ -16,5 +16,6 @@ func NewCoordinatorCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newPrivacyCmd())
+	root.AddCommand(newLedgerCmd())
 	return root
 }

@@ -1,0 +1,275 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// errAuditFailed is returned by ledger audit when the ledger fails any
+// check, after the report has been printed.
+var errAuditFailed = errors.New("ledger audit failed")
+
+func newLedgerCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ledger",
+		Short: "Inspect and audit a replica's privacy ledger (read-only)",
+		Long: `Inspect and audit the hash-chained privacy ledger a coordinator replica keeps.
+DIR is a replica's data directory (the ledger is DIR/` + coordinator.LedgerFile + `) or a ledger file.
+These commands never modify the file; a torn tail is reported, not repaired.`,
+	}
+	cmd.AddCommand(newLedgerShowCmd(), newLedgerAuditCmd())
+	return cmd
+}
+
+// ledgerPath resolves DIR to a ledger file: DIR/ledger.log if DIR is a
+// directory, DIR itself otherwise. A missing ledger is an error wrapping
+// fs.ErrNotExist that names the path looked for.
+func ledgerPath(arg string) (string, error) {
+	fi, err := os.Stat(arg)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("no ledger at %s: %w", arg, fs.ErrNotExist)
+		}
+		return "", err
+	}
+	if !fi.IsDir() {
+		return arg, nil
+	}
+	path := filepath.Join(arg, coordinator.LedgerFile)
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("no ledger in data directory %s: %s %w", arg, path, fs.ErrNotExist)
+		}
+		return "", err
+	}
+	return path, nil
+}
+
+// showResult is the --json output of ledger show.
+type showResult struct {
+	Path          string  `json:"path"`
+	Run           string  `json:"run"`
+	TargetEpsilon float64 `json:"target_epsilon"`
+	Delta         float64 `json:"delta"`
+	// Epsilon is the ε recorded by the last charge (0 before any).
+	Epsilon   float64 `json:"epsilon"`
+	Count     int     `json:"count"`
+	HeadHash  string  `json:"head_hash"`
+	TornBytes int64   `json:"torn_bytes"`
+	// Error is set when the file is corrupt; Records then holds the
+	// records that verified before the damage.
+	Error   string          `json:"error,omitempty"`
+	Records []ledger.Record `json:"records"`
+}
+
+func newLedgerShowCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show DIR",
+		Short: "Print a ledger's run and every record",
+		Long: `Print a ledger's run and every record. A corrupt ledger prints the records that
+verified before the damage and exits non-zero.`,
+		Example: `  coordinator ledger show /var/lib/dpcluster/coord-1
+  coordinator ledger show /var/lib/dpcluster/coord-1/ledger.log --json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path, err := ledgerPath(args[0])
+			if err != nil {
+				return err
+			}
+			recs, torn, readErr := ledger.ReadFile(path)
+			if readErr != nil && !errors.Is(readErr, ledger.ErrCorrupt) {
+				return readErr
+			}
+			res := showResult{Path: path, Count: len(recs), TornBytes: torn, Records: recs}
+			if res.Records == nil {
+				res.Records = []ledger.Record{}
+			}
+			if len(recs) > 0 {
+				res.HeadHash = recs[len(recs)-1].Hash
+				if r := recs[0]; r.Kind == ledger.RecordRun {
+					res.Run, res.TargetEpsilon, res.Delta = r.Run, r.TargetEpsilon, r.Delta
+				}
+			}
+			for _, r := range recs {
+				if r.Kind == ledger.RecordCharge {
+					res.Epsilon = r.Epsilon
+				}
+			}
+			if readErr != nil {
+				res.Error = readErr.Error()
+			}
+			if asJSON {
+				err = writeJSON(cmd.OutOrStdout(), res)
+			} else {
+				err = printShow(cmd.OutOrStdout(), res)
+			}
+			if readErr != nil {
+				return readErr
+			}
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run and the full records as JSON")
+	return cmd
+}
+
+// printShow writes res for a human; it builds the text first so that a
+// write error is returned once.
+func printShow(out io.Writer, res showResult) error {
+	var b strings.Builder
+	w := &b
+	fmt.Fprintf(w, "ledger   %s\n", res.Path)
+	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(res.Run), res.TargetEpsilon, res.Delta)
+	fmt.Fprintf(w, "records  %d, ε spent %.6g\n", res.Count, res.Epsilon)
+	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
+	if res.TornBytes > 0 {
+		fmt.Fprintf(w, "torn     %d bytes after the last complete record (repaired on the next open)\n", res.TornBytes)
+	}
+	if res.Error != "" {
+		fmt.Fprintf(w, "CORRUPT  %s\n", res.Error)
+	}
+	if len(res.Records) > 0 {
+		fmt.Fprintln(w)
+		printRecords(w, res.Records)
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
+}
+
+// printRecords writes one aligned line per record.
+func printRecords(w io.Writer, recs []ledger.Record) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tKIND\tSTEP\tQ\tσ\tTERM\tINDEX\tREPLAY\tε\tHASH")
+	for _, r := range recs {
+		if r.Kind != ledger.RecordCharge {
+			fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", r.Seq, r.Kind, shortHash(r.Hash))
+			continue
+		}
+		q, sigma := "-", "-"
+		if r.Event != nil {
+			q, sigma = eventParams(*r.Event)
+		}
+		replay := "-"
+		if r.Replay {
+			replay = "replay"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%.6g\t%s\n",
+			r.Seq, r.Kind, r.Step, q, sigma, r.Term, r.Index, replay, r.Epsilon, shortHash(r.Hash))
+	}
+	tw.Flush() // cannot fail: w is a strings.Builder
+}
+
+// eventParams returns the sampling rate and noise multiplier of a
+// (Poisson-subsampled) Gaussian event, and the event kind in the σ column
+// for any other event.
+func eventParams(e ledger.Event) (q, sigma string) {
+	switch {
+	case e.Kind == ledger.KindGaussian:
+		return "1", strconv.FormatFloat(e.NoiseMultiplier, 'g', -1, 64)
+	case e.Kind == ledger.KindPoissonSampled && e.Event != nil && e.Event.Kind == ledger.KindGaussian:
+		return strconv.FormatFloat(e.SampleRate, 'g', -1, 64), strconv.FormatFloat(e.Event.NoiseMultiplier, 'g', -1, 64)
+	}
+	return "-", string(e.Kind)
+}
+
+func shortHash(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func newLedgerAuditCmd() *cobra.Command {
+	var (
+		asJSON      bool
+		expectSteps int
+	)
+	cmd := &cobra.Command{
+		Use:   "audit DIR",
+		Short: "Verify a ledger: CRCs, hash chain, recomputed ε, budget, step order",
+		Long: `Verify a ledger without modifying it: every record's CRC and the SHA-256 hash
+chain, one run record first, every recorded ε against the RDP accountant's
+recomputation, no ε past the target, strictly increasing Raft indexes, and no
+step applied twice. A torn tail is reported, not a failure.
+
+Exits 0 exactly when the audit passes; with --json the report is printed
+either way.`,
+		Example: `  coordinator ledger audit /var/lib/dpcluster/coord-1
+  coordinator ledger audit /var/lib/dpcluster/coord-1 --json --expect-steps 2343`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("expect-steps") && expectSteps < 0 {
+				return fmt.Errorf("--expect-steps must be at least 0, not %d", expectSteps)
+			}
+			path, err := ledgerPath(args[0])
+			if err != nil {
+				return err
+			}
+			rep, err := ledger.Audit(path)
+			if err != nil {
+				return err
+			}
+			if cmd.Flags().Changed("expect-steps") && rep.Applied != expectSteps {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("%d applied steps, --expect-steps %d", rep.Applied, expectSteps))
+				rep.OK = false
+			}
+			if asJSON {
+				err = writeJSON(cmd.OutOrStdout(), rep)
+			} else {
+				err = printAudit(cmd.OutOrStdout(), rep)
+			}
+			if err != nil {
+				return err
+			}
+			if !rep.OK {
+				return fmt.Errorf("%w: %s: %d problem(s)", errAuditFailed, path, len(rep.Problems))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the audit report as JSON")
+	cmd.Flags().IntVar(&expectSteps, "expect-steps", 0, "also fail unless exactly this many steps were applied (non-replay charges)")
+	return cmd
+}
+
+func printAudit(out io.Writer, rep ledger.AuditReport) error {
+	var b strings.Builder
+	w := &b
+	verdict := "OK"
+	if !rep.OK {
+		verdict = "FAILED"
+	}
+	fmt.Fprintf(w, "audit    %s: %s\n", verdict, rep.Path)
+	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(rep.Run), rep.TargetEpsilon, rep.Delta)
+	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
+		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
+	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g\n",
+		rep.RecordedEpsilon, rep.RecomputedEpsilon, rep.TargetEpsilon)
+	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
+	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "problem  %s\n", p)
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
+}
