@@ -251,11 +251,20 @@ func scan(r io.Reader) ([]Record, int64, error) {
 			return recs, off, fmt.Errorf("%w: record at offset %d claims %d bytes", ErrCorrupt, off, n)
 		}
 		payload := make([]byte, n)
-		if _, err := io.ReadFull(br, payload); err != nil {
-			if err == io.EOF || err == io.ErrUnexpectedEOF {
-				return recs, off, nil // torn payload
+		if m, err := io.ReadFull(br, payload); err != nil {
+			if err != io.EOF && err != io.ErrUnexpectedEOF {
+				return recs, off, err
 			}
-			return recs, off, err
+			// A crash leaves a prefix of the last frame, perhaps
+			// followed by zeros. A JSON payload never holds a NUL byte
+			// and every frame header does (its length is below 1<<24),
+			// so a NUL followed by data means whole frames follow: the
+			// length is corrupt, and truncating would drop records.
+			rest := payload[:m]
+			if i := bytes.IndexByte(rest, 0); i >= 0 && bytes.Count(rest[i:], []byte{0}) != len(rest)-i {
+				return recs, off, fmt.Errorf("%w: record at offset %d claims %d bytes, past the end of the file, with records after it", ErrCorrupt, off, n)
+			}
+			return recs, off, nil // torn payload
 		}
 		if crc32.Checksum(payload, castagnoli) != sum {
 			return recs, off, fmt.Errorf("%w: CRC mismatch in record %d at offset %d", ErrCorrupt, len(recs)+1, off)

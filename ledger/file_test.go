@@ -172,6 +172,10 @@ func TestLedgerCorruptionDetected(t *testing.T) {
 		{"flipped payload byte", func(b []byte) []byte { b[mid] ^= 0x01; return b }},
 		{"flipped CRC byte", func(b []byte) []byte { b[frameLen(t, b, 5)+5] ^= 0x80; return b }},
 		{"huge length", func(b []byte) []byte { b[frameLen(t, b, 3)+3] = 0x7f; return b }},
+		// A length grown past the end of the file, but under
+		// maxRecordSize, must not pass for a torn tail: that would drop
+		// every record after it.
+		{"length past end of file", func(b []byte) []byte { b[frameLen(t, b, 3)+2] ^= 0x01; return b }},
 		{"record removed", func(b []byte) []byte {
 			s, e := frameLen(t, b, 4), frameLen(t, b, 5)
 			return append(b[:s:s], b[e:]...)
