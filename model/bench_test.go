@@ -3,11 +3,17 @@ package model
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // benchStep benchmarks one gradient step at B = 256 on
 // Fashion-MNIST-shaped random data: the non-private mean gradient, the
-// ghost-norm clipped sum ("dp") and the naive per-example reference.
+// ghost-norm clipped sum ("dp") and the naive per-example reference. The
+// "paired" sub-benchmark runs one nonprivate and one dp step per iteration,
+// alternating which goes first, and reports both throughputs and their
+// ratio dp/nonprivate (step time of dp ÷ step time of nonprivate) measured
+// under the same load: the number docs/BENCHMARKS.md records, since the
+// machine is shared and sub-benchmarks run one after another.
 func benchStep(b *testing.B, preset string) {
 	const B = 256
 	spec, err := Preset(preset)
@@ -50,9 +56,35 @@ func benchStep(b *testing.B, preset string) {
 			b.ReportMetric(float64(B*b.N)/b.Elapsed().Seconds(), "examples/s")
 		})
 	}
-	run("nonprivate", func() error { _, err := ws.MeanGrad(dst, theta, x, y); return err })
-	run("dp", func() error { _, err := ws.ClippedSum(dst, theta, x, y, 1); return err })
+	nonprivate := func() error { _, err := ws.MeanGrad(dst, theta, x, y); return err }
+	dp := func() error { _, err := ws.ClippedSum(dst, theta, x, y, 1); return err }
+	run("nonprivate", nonprivate)
+	run("dp", dp)
 	run("naive", func() error { _, err := ws.ClippedSumNaive(dst, theta, x, y, 1); return err })
+	b.Run("paired", func(b *testing.B) {
+		timed := func(step func() error) time.Duration {
+			t0 := time.Now()
+			if err := step(); err != nil {
+				b.Fatal(err)
+			}
+			return time.Since(t0)
+		}
+		var tNP, tDP time.Duration
+		iters := 0
+		for b.Loop() {
+			if iters%2 == 0 {
+				tNP += timed(nonprivate)
+				tDP += timed(dp)
+			} else {
+				tDP += timed(dp)
+				tNP += timed(nonprivate)
+			}
+			iters++
+		}
+		b.ReportMetric(float64(B*iters)/tNP.Seconds(), "nonprivate-examples/s")
+		b.ReportMetric(float64(B*iters)/tDP.Seconds(), "dp-examples/s")
+		b.ReportMetric(tDP.Seconds()/tNP.Seconds(), "dp/nonprivate")
+	})
 }
 
 // BenchmarkMLPStep: the "mlp" preset (784-256-256-10), B = 256.
