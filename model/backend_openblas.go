@@ -20,15 +20,33 @@ import (
 //
 // OpenBLAS's own threads busy-wait between calls and fight the Go scheduler
 // (and the goroutines that issue per-example products concurrently), so the
-// library is set to one thread and large products are split here by rows of
-// C over GOMAXPROCS goroutines. Each row block is an independent product
-// with the same k order, so results do not depend on the split.
+// library is set to one thread and large products are split here into row
+// blocks of C, run over GOMAXPROCS goroutines. OpenBLAS's bits for a row
+// do depend on the block it is computed in (its kernels treat edge rows
+// differently), so the blocks are a function of the product's shape alone,
+// never of GOMAXPROCS: the same product gives the same bits on any machine
+// running the same OpenBLAS build.
 type OpenBLAS struct{}
 
 func init() { C.openblas_set_num_threads(1) }
 
 // parallelFlops is the size (m·n·k) above which a product is split.
 const parallelFlops = 1 << 21
+
+// A split product has at most maxRowBlocks blocks of at least minRowBlock
+// rows, each a multiple of 16 rows (the micro-kernels' heights), except the
+// last.
+const (
+	minRowBlock  = 64
+	maxRowBlocks = 16
+)
+
+// rowBlock returns the block height for a product with m rows of C: a
+// function of m only.
+func rowBlock(m int) int {
+	blocks := min((m+minRowBlock-1)/minRowBlock, maxRowBlocks)
+	return ((m+blocks-1)/blocks + 15) &^ 15
+}
 
 // Name returns "openblas".
 func (OpenBLAS) Name() string { return "openblas" }
@@ -60,29 +78,44 @@ func (OpenBLAS) Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float
 		panic(fmt.Sprintf("model: OpenBLAS Sgemm: bad dimensions m=%d n=%d k=%d lda=%d ldb=%d ldc=%d len=%d,%d,%d",
 			m, n, k, lda, ldb, ldc, len(a), len(b), len(c)))
 	}
-	workers := min(runtime.GOMAXPROCS(0), m/16)
-	if workers < 2 || m*n*k < parallelFlops {
+	if m*n*k < parallelFlops || m <= minRowBlock {
 		sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
-	sgemmRows(workers, ta, tb, transA, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	blk := rowBlock(m)
+	blocks := (m + blk - 1) / blk
+	workers := min(runtime.GOMAXPROCS(0), blocks)
+	if workers < 2 {
+		for i := range blocks {
+			sgemmBlock(i, blk, ta, tb, transA, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		}
+		return
+	}
+	sgemmRows(workers, blocks, blk, ta, tb, transA, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
-// sgemmRows splits C's rows over workers goroutines. It is a separate
-// function so that the serial path above allocates nothing.
-func sgemmRows(workers int, ta, tb uint32, transA bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+// sgemmBlock computes rows [i·blk, min((i+1)·blk, m)) of C.
+func sgemmBlock(i, blk int, ta, tb uint32, transA bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	r0 := i * blk
+	aOff := r0 * lda // rows of A
+	if transA {
+		aOff = r0 // columns of Aᵀ's storage
+	}
+	sgemm(ta, tb, min(blk, m-r0), n, k, alpha, a[aOff:], lda, b, ldb, beta, c[r0*ldc:], ldc)
+}
+
+// sgemmRows runs the row blocks over workers goroutines (block i on worker
+// i mod workers). It is a separate function so that the serial paths above
+// allocate nothing.
+func sgemmRows(workers, blocks, blk int, ta, tb uint32, transA bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	var wg sync.WaitGroup
-	chunk := (m + workers - 1) / workers
-	for r0 := 0; r0 < m; r0 += chunk {
-		rows := min(chunk, m-r0)
-		aOff := r0 * lda // rows of A
-		if transA {
-			aOff = r0 // columns of Aᵀ's storage
-		}
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sgemm(ta, tb, rows, n, k, alpha, a[aOff:], lda, b, ldb, beta, c[r0*ldc:], ldc)
+			for i := w; i < blocks; i += workers {
+				sgemmBlock(i, blk, ta, tb, transA, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+			}
 		}()
 	}
 	wg.Wait()
