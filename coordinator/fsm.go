@@ -203,7 +203,7 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 		_, err := f.ledger.Charge(s.Step, s.Event, l.Term, l.Index, !willApply)
 		switch {
 		case errors.Is(err, ledger.ErrBudgetExceeded):
-			f.stopped = "privacy budget exhausted"
+			f.stopped = stopBudget
 			f.log.Warn("step refused: privacy budget exhausted", "step", s.Step, "epsilon", f.ledger.Spent())
 			res.Err = err
 			res.Epsilon = f.ledger.Spent()
@@ -236,7 +236,7 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	f.diag = diag
 	res.Applied, res.Diag = true, diag
 	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
-		f.stopped = "max steps reached"
+		f.stopped = stopMaxSteps
 	}
 	return res
 }

@@ -47,6 +47,9 @@ type ReplicaConfig struct {
 	TrailingLogs      uint64
 	SnapshotInterval  time.Duration
 	SnapshotsRetained int
+	// LogSegmentBytes is the size of the Raft log's segment files
+	// (raft-wal preallocates each one).
+	LogSegmentBytes int
 
 	// Logger receives the replica's structured logs (nil: discarded).
 	Logger *slog.Logger
@@ -57,7 +60,8 @@ type ReplicaConfig struct {
 
 // DefaultReplicaConfig returns the defaults: election timeouts of a few
 // hundred milliseconds (failover well under a second on loopback),
-// snapshots every 64 entries with 32 trailing, 2 snapshots retained.
+// snapshots every 64 entries with 32 trailing, 2 snapshots retained, 64 MiB
+// log segments.
 func DefaultReplicaConfig() ReplicaConfig {
 	return ReplicaConfig{
 		HeartbeatTimeout:   300 * time.Millisecond,
@@ -68,6 +72,7 @@ func DefaultReplicaConfig() ReplicaConfig {
 		TrailingLogs:       32,
 		SnapshotInterval:   5 * time.Second,
 		SnapshotsRetained:  2,
+		LogSegmentBytes:    64 << 20,
 	}
 }
 
@@ -86,6 +91,8 @@ func (c ReplicaConfig) Validate() error {
 		return errors.New("coordinator: snapshot threshold must be positive")
 	case c.SnapshotsRetained < 1:
 		return errors.New("coordinator: must retain at least one snapshot")
+	case c.LogSegmentBytes < 1<<20:
+		return errors.New("coordinator: log segment size must be at least 1 MiB")
 	}
 	if _, _, err := net.SplitHostPort(c.RaftAddr); err != nil {
 		return fmt.Errorf("coordinator: Raft address %q: %w", c.RaftAddr, err)
@@ -141,7 +148,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	// raft-wal's Close leaves the meta store it opened itself open (and its
 	// file lock held), so the replica owns the meta store and closes it.
 	r.meta = &metadb.BoltMetaDB{}
-	r.wal, err = wal.Open(filepath.Join(cfg.DataDir, "raft"), wal.WithMetaStore(r.meta))
+	r.wal, err = wal.Open(filepath.Join(cfg.DataDir, "raft"), wal.WithMetaStore(r.meta), wal.WithSegmentSize(cfg.LogSegmentBytes))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: opening Raft log: %w", err)
 	}

@@ -26,6 +26,7 @@ func openTestReplica(t *testing.T, dir, addr string) *Replica {
 	cfg := DefaultReplicaConfig()
 	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", addr, dir, true
 	cfg.SnapshotThreshold, cfg.TrailingLogs = 8, 4
+	cfg.LogSegmentBytes = 1 << 20
 	r, err := OpenReplica(cfg, testInit)
 	if err != nil {
 		t.Fatal(err)

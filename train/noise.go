@@ -77,6 +77,17 @@ func (n *NoiseSource) Normal() float64 {
 // (not the realized count, which is private). dst and sum may be the same
 // slice. sigma = 0 adds no noise (non-private runs only).
 func (n *NoiseSource) NoisyGradient(dst, sum []float32, sigma, clip, expectedBatch float64) error {
+	return noisyGradient(n, dst, sum, sigma, clip, expectedBatch)
+}
+
+// NoisyGradient64 is NoisyGradient for a sum accumulated in float64 (the
+// coordinator's aggregate, package aggregation). The noise is added in
+// float64 before the single rounding to float32.
+func (n *NoiseSource) NoisyGradient64(dst []float32, sum []float64, sigma, clip, expectedBatch float64) error {
+	return noisyGradient(n, dst, sum, sigma, clip, expectedBatch)
+}
+
+func noisyGradient[F float32 | float64](n *NoiseSource, dst []float32, sum []F, sigma, clip, expectedBatch float64) error {
 	if len(dst) != len(sum) {
 		return fmt.Errorf("%w: dst has %d values, sum %d", ErrNoise, len(dst), len(sum))
 	}

@@ -68,3 +68,28 @@ func TestNoiseSources(t *testing.T) {
 		}
 	}
 }
+
+// TestNoisyGradient64MatchesFloat32: for a sum representable in both
+// widths, the float64 path draws the same noise and rounds the same way.
+func TestNoisyGradient64MatchesFloat32(t *testing.T) {
+	sum32 := []float32{0.5, -1.25, 3, 0, 7.75}
+	sum64 := make([]float64, len(sum32))
+	for i, v := range sum32 {
+		sum64[i] = float64(v)
+	}
+	got, want := make([]float32, len(sum32)), make([]float32, len(sum32))
+	if err := NewSeededNoiseSource(9).NoisyGradient64(got, sum64, 1.3, 0.7, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewSeededNoiseSource(9).NoisyGradient(want, sum32, 1.3, 0.7, 10); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Errorf("[%d] = %v, want %v", i, got[i], want[i])
+		}
+	}
+	if err := NewSeededNoiseSource(9).NoisyGradient64(got[:2], sum64, 1, 1, 1); !errors.Is(err, ErrNoise) {
+		t.Errorf("length mismatch: err = %v", err)
+	}
+}

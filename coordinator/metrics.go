@@ -1,0 +1,152 @@
+package coordinator
+
+import (
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/aggregation"
+	"github.com/dpcluster/dpcluster/model"
+)
+
+// Metrics are a replica's Prometheus metrics. Every value is public: step
+// numbers, ε, timings, counts of contributions by outcome, Raft state and
+// test-split evaluations. No per-node sum or example count is exported.
+//
+// A nil *Metrics is valid and records nothing.
+type Metrics struct {
+	step         prometheus.Gauge
+	epsilon      prometheus.Gauge
+	target       prometheus.Gauge
+	charges      prometheus.Gauge
+	stopped      prometheus.Gauge
+	roundSeconds prometheus.Histogram
+	participants prometheus.Gauge
+	acceptedN    prometheus.Counter
+	rejectedN    *prometheus.CounterVec
+	raftState    *prometheus.GaugeVec
+	term         prometheus.Gauge
+	nodes        prometheus.Gauge
+	testAccuracy prometheus.Gauge
+	testLoss     prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them on reg, labelled with
+// the run and replica. It fails if they are already registered there.
+func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error) {
+	labels := prometheus.Labels{"run": run, "replica": replica}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator", Name: name, Help: help, ConstLabels: labels})
+	}
+	m := &Metrics{
+		step:    gauge("step", "Last applied training step."),
+		epsilon: gauge("epsilon_spent", "Privacy spent so far (ε at the run's δ, RDP accountant)."),
+		target:  gauge("epsilon_target", "The run's privacy budget ε."),
+		charges: gauge("ledger_charges", "Charge records in the privacy ledger (≥ applied steps)."),
+		stopped: gauge("stopped", "1 once the run has stopped."),
+		roundSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "round_seconds",
+			Help: "Time from RoundStart to the round's close.", ConstLabels: labels,
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		participants: gauge("round_participants", "Nodes whose contribution the last round accepted."),
+		acceptedN: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "contributions_accepted_total",
+			Help: "Contributions accepted into a round.", ConstLabels: labels,
+		}),
+		rejectedN: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "contributions_rejected_total",
+			Help: "Contributions rejected, by reason.", ConstLabels: labels,
+		}, []string{"reason"}),
+		raftState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "raft_state",
+			Help: "1 for the replica's current Raft state.", ConstLabels: labels,
+		}, []string{"state"}),
+		term:         gauge("raft_term", "Current Raft term."),
+		nodes:        gauge("nodes", "Live registered nodes."),
+		testAccuracy: gauge("test_accuracy", "Accuracy of θ on the held-out test split at the last evaluation."),
+		testLoss:     gauge("test_loss", "Mean loss of θ on the held-out test split at the last evaluation."),
+	}
+	for _, r := range aggregation.Reasons() {
+		m.rejectedN.WithLabelValues(r.String())
+	}
+	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
+		m.raftState.WithLabelValues(s.String())
+	}
+	for _, c := range []prometheus.Collector{
+		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.participants,
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.testAccuracy, m.testLoss,
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observe records the replica's state.
+func (m *Metrics) observe(st State, r *Replica) {
+	if m == nil {
+		return
+	}
+	m.step.Set(float64(st.Applied))
+	m.epsilon.Set(st.Epsilon)
+	m.charges.Set(float64(st.Charges))
+	if st.Stopped != "" {
+		m.stopped.Set(1)
+	}
+	if c, ok := r.FSM().Config(); ok {
+		m.target.Set(c.TargetEpsilon)
+	}
+	state := r.raft.State()
+	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.raftState.WithLabelValues(s.String()).Set(v)
+	}
+	m.term.Set(float64(r.raft.CurrentTerm()))
+}
+
+func (m *Metrics) nodeCount(n int) {
+	if m != nil {
+		m.nodes.Set(float64(n))
+	}
+}
+
+func (m *Metrics) roundClosed(res aggregation.Result, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.roundSeconds.Observe(d.Seconds())
+	m.participants.Set(float64(len(res.Accepted)))
+}
+
+func (m *Metrics) stepApplied(p Progress) {
+	if m == nil {
+		return
+	}
+	m.step.Set(float64(p.Step))
+	m.epsilon.Set(p.Epsilon)
+}
+
+func (m *Metrics) accepted() {
+	if m != nil {
+		m.acceptedN.Inc()
+	}
+}
+
+func (m *Metrics) rejected(r aggregation.Reason) {
+	if m != nil {
+		m.rejectedN.WithLabelValues(r.String()).Inc()
+	}
+}
+
+func (m *Metrics) evaluated(e model.Metrics) {
+	if m != nil {
+		m.testAccuracy.Set(e.Accuracy)
+		m.testLoss.Set(e.Loss)
+	}
+}

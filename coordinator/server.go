@@ -1,0 +1,713 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dpcluster/dpcluster/aggregation"
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// Evaluator scores parameters on held-out data: the test split, never the
+// training data. Implementations need not be safe for concurrent use; the
+// Server calls Evaluate from one goroutine.
+type Evaluator interface {
+	Evaluate(theta []float32) (model.Metrics, error)
+}
+
+// ServerConfig configures a replica's Server: the rounds its replica runs
+// while it leads.
+type ServerConfig struct {
+	// RoundTimeout is how long a round waits for contributions before it
+	// closes with whoever answered.
+	RoundTimeout time.Duration
+	// MinNodes is how many live registered nodes a round needs before it
+	// opens. A round never opens with none: a step over no data would
+	// spend privacy budget for nothing.
+	MinNodes int
+	// NodeTimeout drops a node from the registry when nothing (Join,
+	// Heartbeat) was heard from it for this long.
+	NodeTimeout time.Duration
+	// AnnounceEvery is the period of the leader's Leader announcement.
+	AnnounceEvery time.Duration
+	// EvalEvery evaluates θ on the Evaluator every EvalEvery applied steps
+	// (0: only after the last step). Without an Evaluator, nothing is
+	// evaluated.
+	EvalEvery int64
+	// Evaluator, if not nil, evaluates θ on the held-out test split.
+	Evaluator Evaluator
+	// OnStep, if not nil, is called on the leader after each applied step
+	// and after each evaluation (progress bars). It must not block.
+	OnStep func(Progress)
+	// Metrics, if not nil, receives the Server's metrics (NewMetrics).
+	Metrics *Metrics
+	// Noise is the leader's Gaussian noise source. Nil means a fresh
+	// crypto-keyed one (train.NewNoiseSource). A seeded source makes the
+	// run NOT private; the Server refuses one unless the run's SeedPolicy
+	// is SeedSeeded, and logs it loudly.
+	Noise *train.NoiseSource
+}
+
+// DefaultServerConfig returns rounds of at most 10 s over at least one
+// node, nodes forgotten after 5 s of silence, a leader announcement every
+// second, and evaluation only at the end.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{
+		RoundTimeout:  10 * time.Second,
+		MinNodes:      1,
+		NodeTimeout:   5 * time.Second,
+		AnnounceEvery: time.Second,
+	}
+}
+
+// Validate checks the configuration.
+func (c ServerConfig) Validate() error {
+	switch {
+	case c.RoundTimeout <= 0:
+		return fmt.Errorf("coordinator: round timeout %v must be positive", c.RoundTimeout)
+	case c.MinNodes < 1:
+		return fmt.Errorf("coordinator: min nodes %d must be at least 1", c.MinNodes)
+	case c.NodeTimeout <= 0:
+		return fmt.Errorf("coordinator: node timeout %v must be positive", c.NodeTimeout)
+	case c.AnnounceEvery <= 0 || c.AnnounceEvery > c.NodeTimeout:
+		return fmt.Errorf("coordinator: announce period %v must be in (0, node timeout %v]", c.AnnounceEvery, c.NodeTimeout)
+	case c.EvalEvery < 0:
+		return fmt.Errorf("coordinator: eval every %d must not be negative", c.EvalEvery)
+	}
+	return nil
+}
+
+// Progress is a public view of the run after a step, for progress bars
+// and logs. It holds no un-noised quantity.
+type Progress struct {
+	Step          int64
+	MaxSteps      int64
+	Epsilon       float64
+	TargetEpsilon float64
+	// Participants is the number of nodes whose contribution the step's
+	// round accepted.
+	Participants int
+	// Eval is the last evaluation on the test split, at step EvalStep
+	// (EvalStep 0: none yet).
+	Eval     model.Metrics
+	EvalStep int64
+}
+
+// Summary is the outcome of a run, as seen by one replica.
+type Summary struct {
+	Steps   int64   // applied steps
+	Epsilon float64 // ε spent (at the run's δ)
+	Delta   float64
+	Charges uint64 // ledger charge records (≥ Steps)
+	Stopped string // why the run stopped
+	// Final is the evaluation of the final θ on the test split (leader
+	// with an Evaluator only; FinalEvaluated says whether it is set).
+	Final          model.Metrics
+	FinalEvaluated bool
+}
+
+// Server is one replica's part of a training run. On every replica it
+// keeps the registry of live nodes (from Join and Heartbeat); while its
+// replica leads, it runs rounds. For step t the leader does, in order
+// (commit before release, DESIGN.md):
+//
+//  1. On gaining leadership: Barrier, so every committed step is applied
+//     here and no committed step is redone; propose the run configuration
+//     if the log has none; announce Leader{term} (and every AnnounceEvery
+//     after); publish θ_{t-1}, which is committed.
+//  2. Open round t: a fresh random round ID, the live registered nodes, a
+//     deadline RoundTimeout away; publish RoundStart.
+//  3. Collect contributions into an aggregation.Round (which validates
+//     them) until every node answered or the deadline passed.
+//  4. Draw z ~ N(0, σ²C²I) from the CSPRNG and form g̃ = (S + z)/B in
+//     float64; clear S. Nothing un-noised leaves this function.
+//  5. Propose the step entry (t, g̃, the ledger event) and wait until it is
+//     committed and applied here: the state machine has charged the
+//     ledger (fsynced) and then updated θ.
+//  6. Only then publish Params(θ_t).
+//
+// Before opening a round the leader checks that one more step fits the
+// budget; if not, it proposes the end of the run (the state machine
+// refuses an over-budget step anyway). When the state machine reports the
+// run stopped, the leader evaluates the final θ, publishes Status done, and
+// Run returns on every replica.
+type Server struct {
+	replica *Replica
+	conn    transport.Conn
+	run     RunConfig
+	cfg     ServerConfig
+	log     *slog.Logger
+	noise   *train.NoiseSource
+	metrics *Metrics
+
+	nodes registry
+	round atomic.Pointer[openRound] // the leader's open round, if any
+
+	paramsMu   sync.Mutex
+	lastResent map[uint64]time.Time // NeedParams rate limit, by version
+}
+
+type openRound struct {
+	r    *aggregation.Round
+	term uint64
+}
+
+// NewServer returns a Server for replica, training run over conn. The run
+// configuration must be the one the replica's log holds (or will hold: the
+// first leader proposes it).
+func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerConfig, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := run.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	noise := cfg.Noise
+	if noise == nil {
+		var err error
+		if noise, err = train.NewNoiseSource(); err != nil {
+			return nil, err
+		}
+	}
+	if noise.Seeded() {
+		if run.SeedPolicy != SeedSeeded {
+			return nil, fmt.Errorf("%w: a seeded noise source needs seed policy %q", ErrInvalidRunConfig, SeedSeeded)
+		}
+		log.Warn("coordinator: SEEDED noise source: this run is NOT differentially private")
+	} else if run.SeedPolicy != SeedCrypto {
+		return nil, fmt.Errorf("%w: seed policy %q but a crypto noise source", ErrInvalidRunConfig, run.SeedPolicy)
+	}
+	return &Server{
+		replica: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise,
+		metrics: cfg.Metrics, nodes: registry{nodes: make(map[string]nodeInfo)},
+		lastResent: make(map[uint64]time.Time),
+	}, nil
+}
+
+// ErrRunMismatch is returned by Run when the replica's log holds another
+// run's configuration.
+var ErrRunMismatch = errors.New("coordinator: the replica's log holds a different run")
+
+// Run serves until the run stops (it returns the Summary and nil), ctx is
+// cancelled (ctx.Err()), or the replica fails (an error wrapping
+// ErrFatal). It subscribes to the node, contribution and status topics and
+// unsubscribes before returning; every goroutine it starts has exited by
+// then.
+func (s *Server) Run(ctx context.Context) (Summary, error) {
+	var subs []transport.Subscription
+	defer func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
+	for _, t := range []struct {
+		topic transport.Topic
+		h     transport.Handler
+	}{
+		{transport.TopicNodes, s.onNodeMessage},
+		{transport.TopicContributions, s.onContribution},
+		{transport.TopicStatus, s.onStatus},
+	} {
+		sub, err := s.conn.Subscribe(t.topic, t.h)
+		if err != nil {
+			return Summary{}, err
+		}
+		subs = append(subs, sub)
+	}
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		st := s.replica.FSM().State()
+		s.observeState(st)
+		if st.Fatal != nil {
+			return s.summary(st), st.Fatal
+		}
+		if st.Stopped != "" && !s.replica.IsLeader() {
+			return s.summary(st), nil
+		}
+		if s.replica.IsLeader() {
+			done, err := s.lead(ctx)
+			if err != nil || done {
+				return s.finalSummary(ctx, err)
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return s.summary(st), ctx.Err()
+		case <-poll.C:
+		}
+	}
+}
+
+// lead runs rounds for as long as this replica leads. It returns done when
+// the run has stopped, and (false, nil) when leadership was lost.
+func (s *Server) lead(ctx context.Context) (done bool, err error) {
+	term := s.replica.Term()
+	log := s.log.With("term", term)
+	if err := s.replica.Barrier(ctx); err != nil {
+		log.Warn("barrier failed; not leading", "err", err)
+		return false, ignoreLeadershipLoss(ctx, err)
+	}
+	if c, ok := s.replica.FSM().Config(); !ok {
+		if err := s.replica.Configure(ctx, s.run); err != nil {
+			return false, ignoreLeadershipLoss(ctx, err)
+		}
+	} else if !sameConfig(c, s.run) {
+		return false, fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, s.run.Run)
+	}
+	log.Info("leading", "step", s.replica.FSM().State().Applied)
+
+	// The announcer owns nothing but its ticker; lead stops it on return.
+	actx, stopAnnounce := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.announce(actx, term)
+	}()
+	defer func() {
+		stopAnnounce()
+		wg.Wait()
+		s.round.Store(nil)
+	}()
+
+	s.publishParams(ctx, term)
+	g := make([]float32, s.run.Dim)
+	for {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if !s.replica.IsLeader() || s.replica.Term() != term {
+			log.Info("lost leadership")
+			return false, nil
+		}
+		st := s.replica.FSM().State()
+		s.observeState(st)
+		if st.Fatal != nil {
+			return false, st.Fatal
+		}
+		if st.Stopped != "" {
+			return true, nil
+		}
+		exceed, err := s.replica.FSM().WouldExceed()
+		if err != nil {
+			return false, err
+		}
+		if exceed {
+			log.Info("privacy budget reached; stopping", "epsilon", st.Epsilon, "target", s.run.TargetEpsilon)
+			if err := s.replica.ProposeStop(ctx, stopBudget); err != nil {
+				return false, ignoreLeadershipLoss(ctx, err)
+			}
+			continue
+		}
+		nodes, shards := s.nodes.live(time.Now(), s.cfg.NodeTimeout)
+		if len(nodes) < s.cfg.MinNodes {
+			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if err := s.step(ctx, log, term, st.Applied+1, nodes, shards, g); err != nil {
+			return false, ignoreLeadershipLoss(ctx, err)
+		}
+	}
+}
+
+// Stop reasons the Server writes into the log.
+const (
+	stopBudget   = "privacy budget exhausted"
+	stopMaxSteps = "max steps reached"
+)
+
+// step runs round t (steps 2-6 of the Server doc comment).
+func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int64, nodes []string, shards map[string]int64, g []float32) error {
+	roundID, err := randomID()
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	deadline := started.Add(s.cfg.RoundTimeout)
+	r, err := aggregation.NewRound(uint64(t), nodes, s.run.Dim, s.run.Optimizer.ClipNorm, deadline,
+		aggregation.WithRoundID(roundID), aggregation.WithShardSizes(shards))
+	if err != nil {
+		return err
+	}
+	s.round.Store(&openRound{r: r, term: term})
+	err = s.conn.Publish(ctx, transport.RoundStart{
+		Run: s.run.Run, Step: uint64(t), RoundID: roundID, Term: term, Leader: s.replica.ID(),
+		ParamsVersion: uint64(t - 1), Deadline: deadline.UnixNano(),
+		SampleRate: s.run.SampleRate, ClipNorm: s.run.Optimizer.ClipNorm,
+	})
+	if err != nil {
+		r.Close()
+		s.round.Store(nil)
+		return fmt.Errorf("coordinator: publishing round %d: %w", t, err)
+	}
+	// Wait for the round, watching leadership: a deposed leader must not
+	// propose (it could not commit anyway) and should stop waiting.
+	watch := time.NewTicker(50 * time.Millisecond)
+	defer watch.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-r.Done():
+			waiting = false
+		case <-ctx.Done():
+			r.Close()
+			s.round.Store(nil)
+			return ctx.Err()
+		case <-watch.C:
+			if !s.replica.IsLeader() {
+				r.Close()
+				s.round.Store(nil)
+				return raft.ErrNotLeader
+			}
+		}
+	}
+	res := r.Close()
+	s.round.Store(nil)
+	s.metrics.roundClosed(res, time.Since(started))
+	if len(res.Accepted) == 0 {
+		// Nobody answered (all nodes died, or the deadline was too
+		// short): releasing noise over an empty sum would spend budget
+		// for nothing. Forget the silent nodes and try again.
+		log.Warn("round closed with no contribution; not releasing", "step", t, "cause", res.ClosedBy.String())
+		s.nodes.forget(res.Missing)
+		return nil
+	}
+	// 4. Noise, in float64, over the sum; then clear the sum. The Result's
+	// Sum is this round's own buffer (the Round is discarded).
+	oc := s.run.Optimizer
+	err = s.noise.NoisyGradient64(g, res.Sum, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize)
+	clear(res.Sum)
+	if err != nil {
+		return err
+	}
+	// 5. Propose and wait for commit and local apply.
+	ar, err := s.replica.ProposeStep(ctx, t, s.run.Event(), g, fmt.Sprintf("%s/%d/%016x", s.replica.ID(), term, roundID))
+	if err != nil {
+		return err
+	}
+	if !ar.Applied {
+		// Refused by the state machine (budget, stop): the next loop
+		// iteration sees the stopped state.
+		log.Info("step not applied", "step", t, "reason", ar.Err)
+		return nil
+	}
+	// 6. Release θ_t.
+	s.publishParams(ctx, term)
+	p := Progress{
+		Step: t, MaxSteps: s.run.MaxSteps, Epsilon: ar.Epsilon, TargetEpsilon: s.run.TargetEpsilon,
+		Participants: len(res.Accepted),
+	}
+	log.Debug("step committed", "step", t, "epsilon", ar.Epsilon, "participants", len(res.Accepted),
+		"missing", len(res.Missing), "rejected", len(res.Rejected), "round_ms", time.Since(started).Milliseconds())
+	if s.cfg.Evaluator != nil && s.cfg.EvalEvery > 0 && t%s.cfg.EvalEvery == 0 {
+		s.evaluate(log, &p)
+	}
+	s.metrics.stepApplied(p)
+	if s.cfg.OnStep != nil {
+		s.cfg.OnStep(p)
+	}
+	return nil
+}
+
+// evaluate scores the committed θ on the test split and records it in p.
+func (s *Server) evaluate(log *slog.Logger, p *Progress) {
+	theta, step := s.replica.FSM().Params(nil)
+	m, err := s.cfg.Evaluator.Evaluate(theta)
+	if err != nil {
+		log.Warn("evaluation failed", "step", step, "err", err)
+		return
+	}
+	p.Eval, p.EvalStep = m, step
+	s.metrics.evaluated(m)
+	log.Info("test evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "epsilon", p.Epsilon)
+}
+
+// finalSummary ends the run on the leader: evaluate the final θ, announce
+// the end to nodes, and return.
+func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
+	st := s.replica.FSM().State()
+	sum := s.summary(st)
+	if err != nil {
+		return sum, err
+	}
+	if s.cfg.Evaluator != nil {
+		p := Progress{Step: st.Applied, MaxSteps: s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: s.run.TargetEpsilon}
+		s.evaluate(s.log, &p)
+		if p.EvalStep > 0 {
+			sum.Final, sum.FinalEvaluated = p.Eval, true
+			if s.cfg.OnStep != nil {
+				s.cfg.OnStep(p)
+			}
+		}
+	}
+	code := transport.StatusDone
+	if st.Stopped != stopBudget && st.Stopped != stopMaxSteps {
+		code = transport.StatusStopped
+	}
+	// Core NATS is at-most-once: say it a few times so nodes hear it.
+	for i := range 3 {
+		if i > 0 && sleepCtx(ctx, 100*time.Millisecond) != nil {
+			break
+		}
+		_ = s.conn.Publish(ctx, transport.Status{
+			Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: code, Detail: st.Stopped,
+		})
+	}
+	s.log.Info("run finished", "steps", st.Applied, "epsilon", st.Epsilon, "reason", st.Stopped)
+	return sum, nil
+}
+
+func (s *Server) summary(st State) Summary {
+	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: s.run.Delta, Charges: st.Charges, Stopped: st.Stopped}
+}
+
+// announce publishes Leader{term} now and every AnnounceEvery until ctx
+// ends.
+func (s *Server) announce(ctx context.Context, term uint64) {
+	t := time.NewTicker(s.cfg.AnnounceEvery)
+	defer t.Stop()
+	for {
+		st := s.replica.FSM().State()
+		err := s.conn.Publish(ctx, transport.Leader{Run: s.run.Run, ReplicaID: s.replica.ID(), Term: term, Step: uint64(st.Applied)})
+		if err != nil && ctx.Err() == nil {
+			s.log.Debug("leader announcement failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// publishParams publishes the committed θ and its step.
+func (s *Server) publishParams(ctx context.Context, term uint64) {
+	theta, step := s.replica.FSM().Params(nil)
+	if theta == nil {
+		return
+	}
+	err := s.conn.Publish(ctx, transport.Params{
+		Run: s.run.Run, Step: uint64(step), Version: uint64(step), Term: term, Values: theta,
+	})
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("publishing parameters failed", "step", step, "err", err)
+	}
+}
+
+// onNodeMessage keeps the node registry (on every replica, so a new leader
+// knows the nodes at once).
+func (s *Server) onNodeMessage(m transport.Message) {
+	var id, hash string
+	var shard int64
+	switch v := m.(type) {
+	case transport.Join:
+		id, hash, shard = v.NodeID, v.ModelHash, v.ShardSize
+	case transport.Heartbeat:
+		id, hash, shard = v.NodeID, v.ModelHash, v.ShardSize
+	case transport.Leave:
+		s.nodes.forget([]string{v.NodeID})
+		s.log.Info("node left", "node", v.NodeID, "reason", v.Reason)
+		return
+	default:
+		return
+	}
+	if id == "" || !transport.ValidRunName(id) || shard < 0 {
+		s.log.Debug("ignoring node message with a bad node id or shard size", "type", m.Type().String())
+		return
+	}
+	if hash != s.run.ModelHash {
+		if s.replica.IsLeader() && s.nodes.shouldWarn(id, time.Now()) {
+			s.log.Warn("node runs a different model; refusing it", "node", id)
+			_ = s.conn.Publish(context.Background(), transport.Status{
+				Run: s.run.Run, From: s.replica.ID(), Node: id, Code: transport.StatusRejected, Detail: "model_hash",
+			})
+		}
+		return
+	}
+	if s.nodes.seen(id, shard, time.Now()) {
+		s.log.Info("node joined", "node", id, "shard", shard)
+	}
+}
+
+// onContribution hands a contribution to the open round, if any.
+func (s *Server) onContribution(m transport.Message) {
+	c, ok := m.(transport.Contribution)
+	if !ok {
+		return
+	}
+	or := s.round.Load()
+	if or == nil {
+		s.metrics.rejected(aggregation.ReasonLate)
+		return
+	}
+	err := or.r.Add(aggregation.Contribution{
+		NodeID: c.NodeID, Step: c.Step, RoundID: c.RoundID, Count: c.Count, Sum: c.Sum,
+	})
+	if err == nil {
+		s.metrics.accepted()
+		return
+	}
+	reason := aggregation.ReasonOf(err)
+	s.metrics.rejected(reason)
+	// The reason is public; the values are not, and are never logged.
+	s.log.Info("contribution rejected", "node", c.NodeID, "step", c.Step, "reason", reason.String())
+	if reason != aggregation.ReasonWrongStep && reason != aggregation.ReasonWrongRound {
+		_ = s.conn.Publish(context.Background(), transport.Status{
+			Run: s.run.Run, From: s.replica.ID(), Node: c.NodeID, Step: c.Step,
+			Code: transport.StatusRejected, Detail: reason.String(),
+		})
+	}
+}
+
+// onStatus answers a node's request for parameters it lacks.
+func (s *Server) onStatus(m transport.Message) {
+	st, ok := m.(transport.Status)
+	if !ok || st.Code != transport.StatusNeedParams || !s.replica.IsLeader() {
+		return
+	}
+	_, applied := s.replica.FSM().Params(nil)
+	if st.Step != uint64(applied) {
+		return // only the committed θ is held, and published, here
+	}
+	now := time.Now()
+	s.paramsMu.Lock()
+	last := s.lastResent[st.Step]
+	resend := now.Sub(last) >= 200*time.Millisecond
+	if resend {
+		clear(s.lastResent)
+		s.lastResent[st.Step] = now
+	}
+	s.paramsMu.Unlock()
+	if resend {
+		s.publishParams(context.Background(), s.replica.Term())
+	}
+}
+
+func (s *Server) observeState(st State) {
+	s.metrics.observe(st, s.replica)
+	s.metrics.nodeCount(s.nodes.count())
+}
+
+// ignoreLeadershipLoss turns the errors a deposed leader sees into nil:
+// losing leadership is not a failure of the run.
+func ignoreLeadershipLoss(ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+		return nil
+	}
+	return err
+}
+
+func randomID() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("coordinator: round id: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// registry is the set of nodes heard from recently. Shard sizes are public
+// configuration (a node's number of examples), not per-step data.
+type registry struct {
+	mu     sync.Mutex
+	nodes  map[string]nodeInfo
+	warned map[string]time.Time
+}
+
+type nodeInfo struct {
+	shard int64
+	seen  time.Time
+}
+
+// seen records a message from id; it reports whether id is new.
+func (r *registry) seen(id string, shard int64, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, known := r.nodes[id]
+	r.nodes[id] = nodeInfo{shard: shard, seen: now}
+	return !known
+}
+
+func (r *registry) forget(ids []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		delete(r.nodes, id)
+	}
+}
+
+// live returns the sorted IDs of nodes heard from within timeout, and their
+// shard sizes; it drops the others.
+func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]string, 0, len(r.nodes))
+	shards := make(map[string]int64, len(r.nodes))
+	for id, n := range r.nodes {
+		if now.Sub(n.seen) > timeout {
+			delete(r.nodes, id)
+			continue
+		}
+		ids = append(ids, id)
+		shards[id] = n.shard
+	}
+	slices.Sort(ids)
+	return ids, shards
+}
+
+func (r *registry) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.nodes)
+}
+
+// shouldWarn rate-limits model-mismatch answers to one per node per 5 s.
+func (r *registry) shouldWarn(id string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.warned == nil {
+		r.warned = make(map[string]time.Time)
+	}
+	if now.Sub(r.warned[id]) < 5*time.Second {
+		return false
+	}
+	if len(r.warned) > 4096 {
+		clear(r.warned)
+	}
+	r.warned[id] = now
+	return true
+}

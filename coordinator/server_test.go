@@ -1,0 +1,450 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// natsPair starts an embedded NATS server (owned by the first client) on a
+// free port and returns a connect function for more clients.
+func natsPair(t *testing.T, run string) (server *transport.Client, dial func(name string) *transport.Client) {
+	t.Helper()
+	cfg := transport.DefaultConfig()
+	cfg.Run, cfg.Name = run, "coord"
+	cfg.Embedded.Port = -1
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv, err := transport.Connect(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv, func(name string) *transport.Client {
+		t.Helper()
+		c := transport.DefaultConfig()
+		c.Run, c.Name, c.URLs = run, name, []string{srv.ServerURL()}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cl, err := transport.Connect(ctx, c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+}
+
+// scriptNode is a test node: it joins, heartbeats, and answers every round
+// it sees once with a fixed contribution (count, sum) from sumFor.
+type scriptNode struct {
+	id     string
+	conn   *transport.Client
+	sumFor func(step uint64) (int64, []float32)
+
+	mu       sync.Mutex
+	answered map[uint64]int // step → answers
+	status   []transport.Status
+}
+
+func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, id, modelHash string, sumFor func(uint64) (int64, []float32)) *scriptNode {
+	t.Helper()
+	n := &scriptNode{id: id, conn: conn, sumFor: sumFor, answered: make(map[uint64]int)}
+	run := conn.Subjects().Run()
+	if _, err := conn.Subscribe(transport.TopicRounds, func(m transport.Message) {
+		rs := m.(transport.RoundStart)
+		count, sum := n.sumFor(rs.Step)
+		n.mu.Lock()
+		n.answered[rs.Step]++
+		n.mu.Unlock()
+		_ = conn.Publish(ctx, transport.Contribution{Run: run, Step: rs.Step, RoundID: rs.RoundID, NodeID: id, Count: count, Sum: sum})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Subscribe(transport.TopicStatus, func(m transport.Message) {
+		st := m.(transport.Status)
+		n.mu.Lock()
+		n.status = append(n.status, st)
+		n.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hb := func() {
+		_ = conn.Publish(ctx, transport.Heartbeat{Run: run, NodeID: id, ShardSize: 1000, ModelHash: modelHash})
+	}
+	hb()
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				hb()
+			}
+		}
+	}()
+	return n
+}
+
+func (n *scriptNode) gotStatus(code transport.StatusCode) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, s := range n.status {
+		if s.Code == code && (s.Node == "" || s.Node == n.id) {
+			return true
+		}
+	}
+	return false
+}
+
+// sentinelSum is a recognisable clipped sum: every coordinate is a
+// distinct value built from the node and step, scaled so the L2 norm is
+// 0.9·count·C.
+func sentinelSum(node int, step uint64, dim int, count int64, clip float64) []float32 {
+	s := make([]float32, dim)
+	var ss float64
+	for i := range s {
+		s[i] = float32(1 + float64(node)*0.1 + float64(step)*0.001 + float64(i)*1e-5)
+		ss += float64(s[i]) * float64(s[i])
+	}
+	scale := 0.9 * float64(count) * clip / math.Sqrt(ss)
+	for i := range s {
+		s[i] = float32(float64(s[i]) * scale)
+	}
+	return s
+}
+
+func openReplicaForServer(t *testing.T, dir string) *Replica {
+	t.Helper()
+	r := openTestReplica(t, dir, freeAddr(t))
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// TestServerTrainsOverNATS runs the leader's round loop over a real NATS
+// server and a real single-replica Raft: three scripted nodes answer each
+// round; the run stops at MaxSteps. It checks that θ equals the optimizer
+// run directly on (S + z)/B with the same seeded noise (noise is added once,
+// to the float64 aggregate of the contributions in node order), that the
+// ledger has one charge per applied step and audits clean, and that nodes
+// are told the run is done.
+func TestServerTrainsOverNATS(t *testing.T) {
+	const steps = 12
+	dir := t.TempDir()
+	c := testRunConfig()
+	c.MaxSteps = steps
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	coordConn, dial := natsPair(t, c.Run)
+	counts := []int64{30, 35, 40}
+	var nodes []*scriptNode
+	for i, id := range []string{"n0", "n1", "n2"} {
+		nodes = append(nodes, startScriptNode(t, ctx, dial(id), id, c.ModelHash, func(step uint64) (int64, []float32) {
+			return counts[i], sentinelSum(i, step, c.Dim, counts[i], c.Optimizer.ClipNorm)
+		}))
+	}
+
+	r := openReplicaForServer(t, dir)
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.MinNodes = 3
+	scfg.Noise = train.NewSeededNoiseSource(42)
+	var progress []Progress
+	scfg.OnStep = func(p Progress) { progress = append(progress, p) }
+	s, err := NewServer(r, coordConn, c, scfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Steps != steps || sum.Charges != steps || sum.Stopped != stopMaxSteps {
+		t.Fatalf("summary %+v", sum)
+	}
+	if len(progress) != steps || progress[steps-1].Participants != 3 {
+		t.Errorf("progress: %d calls, last %+v", len(progress), progress[len(progress)-1])
+	}
+
+	// Reference: the same seeded noise over the float64 sum of the three
+	// contributions, in node-ID order.
+	noise := train.NewSeededNoiseSource(42)
+	grads := make([][]float32, steps)
+	for st := range grads {
+		agg := make([]float64, c.Dim)
+		for i := range nodes {
+			for j, v := range sentinelSum(i, uint64(st+1), c.Dim, counts[i], c.Optimizer.ClipNorm) {
+				agg[j] += float64(v)
+			}
+		}
+		grads[st] = make([]float32, c.Dim)
+		oc := c.Optimizer
+		if err := noise.NoisyGradient64(grads[st], agg, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, step := r.FSM().Params(nil)
+	if step != steps || !bitsEqual(got, reference(t, c, grads)) {
+		t.Errorf("θ differs from the reference run on (S+z)/B (step %d)", step)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.Applied != steps || rep.Charges != steps {
+		t.Errorf("audit: %+v, %v", rep, err)
+	}
+	for _, n := range nodes {
+		n.mu.Lock()
+		for st := uint64(1); st <= steps; st++ {
+			if n.answered[st] != 1 {
+				t.Errorf("node %s saw round %d %d times", n.id, st, n.answered[st])
+			}
+		}
+		n.mu.Unlock()
+		if !n.gotStatus(transport.StatusDone) {
+			t.Errorf("node %s was not told the run is done", n.id)
+		}
+	}
+
+	// Nothing un-noised is persisted: no node's sum, nor the aggregate S,
+	// appears (as float32 or float64 bytes) anywhere under the data dir —
+	// Raft log segments, snapshots, ledger.
+	if err := r.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	var needles [][]byte
+	for st := uint64(1); st <= steps; st++ {
+		agg := make([]float64, c.Dim)
+		for i := range nodes {
+			v := sentinelSum(i, st, c.Dim, counts[i], c.Optimizer.ClipNorm)
+			needles = append(needles, floatBytes32(v[:8]))
+			for j := range v {
+				agg[j] += float64(v[j])
+			}
+		}
+		agg32 := make([]float32, 8)
+		for j := range agg32 {
+			agg32[j] = float32(agg[j])
+		}
+		needles = append(needles, floatBytes32(agg32), floatBytes64(agg[:8]))
+	}
+	scanned := scanDir(t, dir, needles)
+	if scanned < 3 {
+		t.Errorf("scanned only %d files under the data dir", scanned)
+	}
+}
+
+// scanDir fails the test if any needle occurs in any file under dir, and
+// returns the number of files scanned.
+func scanDir(t *testing.T, dir string, needles [][]byte) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		n++
+		for _, nd := range needles {
+			if bytes.Contains(data, nd) {
+				t.Errorf("%s holds un-noised values", path)
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func floatBytes32(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func floatBytes64(v []float64) []byte {
+	b := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(x))
+	}
+	return b
+}
+
+// TestServerRejectsBadContributions: a node sending NaN, a node sending a
+// sum longer than count·C, and a node running another model are refused
+// with a reason; the rounds still complete with the good node, and the bad
+// ones are told why.
+func TestServerRejectsBadContributions(t *testing.T) {
+	dir := t.TempDir()
+	c := testRunConfig()
+	c.MaxSteps = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	good := startScriptNode(t, ctx, dial("good"), "good", c.ModelHash, func(step uint64) (int64, []float32) {
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	nan := startScriptNode(t, ctx, dial("nan"), "nan", c.ModelHash, func(step uint64) (int64, []float32) {
+		s := sentinelSum(1, step, c.Dim, 10, c.Optimizer.ClipNorm)
+		s[3] = float32(math.NaN())
+		return 10, s
+	})
+	long := startScriptNode(t, ctx, dial("long"), "long", c.ModelHash, func(step uint64) (int64, []float32) {
+		return 1, sentinelSum(2, step, c.Dim, 10, c.Optimizer.ClipNorm) // norm 9·C > 1·C
+	})
+	other := startScriptNode(t, ctx, dial("other"), "other", "another-model", func(step uint64) (int64, []float32) {
+		return 10, sentinelSum(3, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+
+	r := openReplicaForServer(t, dir)
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.MinNodes = 3
+	scfg.RoundTimeout = 500 * time.Millisecond
+	scfg.Noise = train.NewSeededNoiseSource(1)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress []Progress
+	s.cfg.OnStep = func(p Progress) { progress = append(progress, p) }
+	sum, err := s.Run(ctx)
+	if err != nil || sum.Steps != 3 {
+		t.Fatalf("Run: %+v, %v", sum, err)
+	}
+	for _, p := range progress {
+		if p.Participants != 1 {
+			t.Errorf("step %d accepted %d contributions, want 1 (the good node)", p.Step, p.Participants)
+		}
+	}
+	for _, tc := range []struct {
+		n      *scriptNode
+		detail string
+	}{{nan, "nan"}, {long, "norm_bound"}, {other, "model_hash"}} {
+		tc.n.mu.Lock()
+		found := false
+		for _, st := range tc.n.status {
+			if st.Code == transport.StatusRejected && st.Node == tc.n.id && st.Detail == tc.detail {
+				found = true
+			}
+		}
+		tc.n.mu.Unlock()
+		if !found {
+			t.Errorf("node %s was not told %q", tc.n.id, tc.detail)
+		}
+	}
+	good.mu.Lock()
+	for st := uint64(1); st <= 3; st++ {
+		if good.answered[st] != 1 {
+			t.Errorf("good node answered round %d %d times", st, good.answered[st])
+		}
+	}
+	good.mu.Unlock()
+}
+
+// TestServerStopsAtBudget: with no MaxSteps, the leader stops the run when
+// one more step would exceed the target ε; the ledger stays within it.
+func TestServerStopsAtBudget(t *testing.T) {
+	dir := t.TempDir()
+	c := testRunConfig()
+	// q = 0.01, σ = 1: find a target that allows a handful of steps.
+	eps5, _, err := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 5, c.Delta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps6, _, _ := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 6, c.Delta)
+	c.TargetEpsilon = (eps5 + eps6) / 2
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	r := openReplicaForServer(t, dir)
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = train.NewSeededNoiseSource(3)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Steps != 5 || sum.Stopped != stopBudget || sum.Epsilon > c.TargetEpsilon {
+		t.Fatalf("summary %+v, target %v", sum, c.TargetEpsilon)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.Applied != 5 {
+		t.Errorf("audit %+v, %v", rep, err)
+	}
+}
+
+// TestServerRunCancel: Run returns ctx.Err() when cancelled while waiting
+// for nodes, and unsubscribes.
+func TestServerRunCancel(t *testing.T) {
+	c := testRunConfig()
+	coordConn, _ := natsPair(t, c.Run)
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = train.NewSeededNoiseSource(3)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := s.Run(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run = %v, want deadline exceeded", err)
+	}
+}
+
+// TestNewServerSeedPolicy: a seeded noise source needs the seeded policy,
+// and the crypto policy a crypto source.
+func TestNewServerSeedPolicy(t *testing.T) {
+	c := testRunConfig()
+	c.SeedPolicy = SeedCrypto
+	if _, err := NewServer(nil, nil, c, ServerConfig{Noise: train.NewSeededNoiseSource(1), RoundTimeout: 1, MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1}, nil); !errors.Is(err, ErrInvalidRunConfig) {
+		t.Errorf("seeded source with crypto policy: %v", err)
+	}
+	c.SeedPolicy = SeedSeeded
+	if _, err := NewServer(nil, nil, c, DefaultServerConfig(), nil); !errors.Is(err, ErrInvalidRunConfig) {
+		t.Errorf("crypto source with seeded policy: %v", err)
+	}
+	bad := DefaultServerConfig()
+	bad.MinNodes = 0
+	if _, err := NewServer(nil, nil, c, bad, nil); err == nil {
+		t.Error("MinNodes 0 accepted")
+	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
