@@ -3,4 +3,70 @@
 // per-example gradients clipped to L2 norm C, and sends that sum and the
 // batch count to the coordinator's leader. A node never sees another node's
 // data and never adds noise; the leader does that once for the whole round.
+//
+//	cfg := node.DefaultConfig()
+//	cfg.ID, cfg.Run = "node-3", "mnist-1"
+//	conn, err := transport.Connect(ctx, tcfg, log) // tcfg.URLs: the NATS servers
+//	w, err := node.NewWorker(cfg, m, shard, conn, log)
+//	err = w.Run(ctx) // until the run ends (nil) or ctx is cancelled
+//	conn.Close()
+//
+// # Round protocol (node side)
+//
+// All messages are those of package transport, on the run's subjects
+// (docs/PROTOCOL.md).
+//
+//  1. Leaders. The coordinator's leader publishes Leader{ReplicaID, Term}
+//     when it gains leadership and every second. The node follows the
+//     highest term seen (also learnt from a RoundStart's Term and Leader)
+//     and ignores RoundStart and Params of a lower term, and Status from a
+//     replica known only as a lower term's leader.
+//  2. Registration. The node publishes Join{NodeID, ShardSize, ModelHash}
+//     when Run starts and again whenever it follows a new leader, a
+//     Heartbeat (with the last step it contributed to) every
+//     Config.HeartbeatEvery throughout, and Leave when Run returns.
+//  3. Parameters. The leader publishes Params{Version, Term, Values} after
+//     each committed step (Version = number of committed steps; 0 is θ₀)
+//     and when it gains leadership. The node validates them (length,
+//     finite values) and keeps the few highest versions.
+//  4. Rounds. RoundStart{Step, RoundID, Term, ParamsVersion, Deadline,
+//     SampleRate q, ClipNorm C} opens a round. The node answers each
+//     (Step, RoundID) at most once — a new RoundID for the same step (a
+//     new leader reopening it) is a new round — and never after Deadline.
+//     It checks q ∈ (0, 1], C finite and > 0 and a deadline, else skips
+//     the round with a logged reason.
+//  5. Answer. With Params of version ParamsVersion, the node draws a
+//     Poisson sample of its shard (each example independently with
+//     probability q, from a fresh crypto/rand-keyed sampler), computes
+//     S = Σ clip_C(∇ℓᵢ) and the count with model.Workspace.ClippedSumIndexed
+//     (any batch size, in chunks of Config.MaxBatch), and publishes
+//     Contribution{Step, RoundID, Count, Sum}. Without those Params it
+//     waits Config.ParamsGrace, then publishes Status{Code:
+//     StatusNeedParams, Step: ParamsVersion} every Config.ParamsRetry
+//     until the Params arrive (then answers) or the deadline passes (then
+//     skips). A newer round supersedes a round still waiting.
+//  6. Verdicts. Status{StatusRejected, Node: this node} is logged at warn;
+//     with Detail "model_hash" the coordinator runs another model and Run
+//     returns ErrModelMismatch. Status StatusDone or StatusStopped ends
+//     the run: Run publishes Leave and returns nil.
+//  7. Faults. A restarted node starts over (Join, wait for a round, ask for
+//     Params). A coordinator failover appears as a higher Leader term or as
+//     silence; the node keeps heartbeating and the transport reconnects.
+//
+// # Privacy
+//
+// A contribution's Sum and Count are un-noised private data: the node never
+// logs, exports (Stats, metrics) or persists them, nor which examples were
+// sampled; error messages about a computation are reduced to a class. Only
+// the number of rounds answered or skipped, timings and step and version
+// numbers are observable. Sampling randomness is cryptographically secure
+// unless WithSeededSampling is given, which is for tests and is logged as
+// not private.
+//
+// # Concurrency
+//
+// Transport handlers (one goroutine per subscription) only forward messages
+// on channels; a single loop goroutine (the one calling Run) owns all
+// protocol state and computes gradients; one more goroutine sends
+// heartbeats. Both stop before Run returns.
 package node

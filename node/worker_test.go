@@ -1,0 +1,686 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/sampling"
+	"github.com/dpcluster/dpcluster/transport"
+	"github.com/dpcluster/dpcluster/transport/fake"
+)
+
+func TestJoinAndHeartbeat(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	start(t, testConfig(), fx, nc)
+
+	j := recv(t, l.joins, "join")
+	want := transport.Join{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash()}
+	if j != want {
+		t.Errorf("join = %+v, want %+v", j, want)
+	}
+	for range 3 {
+		h := recv(t, l.heartbeats, "heartbeat")
+		wantH := transport.Heartbeat{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash()}
+		if h != wantH {
+			t.Errorf("heartbeat = %+v, want %+v", h, wantH)
+		}
+	}
+}
+
+// reference recomputes a seeded node's contribution: the same batch
+// (sampling.NewSeededPoisson(q, seed+step)) through a workspace of the
+// same capacity.
+func reference(t *testing.T, fx fixture, rs transport.RoundStart, seed uint64, maxBatch int) ([]float32, int) {
+	t.Helper()
+	p, err := sampling.NewSeededPoisson(rs.SampleRate, seed+rs.Step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := p.Sample(nil, fx.shard.Len())
+	ws, err := fx.m.NewWorkspace(maxBatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := make([]float32, fx.m.NumParams())
+	n, err := ws.ClippedSumIndexed(sum, fx.theta, fx.shard, idx, rs.ClipNorm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum, n
+}
+
+func norm2(v []float32) float64 {
+	var s float64
+	for _, x := range v {
+		s += float64(x) * float64(x)
+	}
+	return math.Sqrt(s)
+}
+
+// checkContribution checks the sensitivity bound and a sane batch size:
+// Count ~ Binomial(n, q), within 6 standard deviations of qn.
+func checkContribution(t *testing.T, c transport.Contribution, n int, q, clip float64) {
+	t.Helper()
+	if got, bound := norm2(c.Sum), float64(c.Count)*clip*(1+1e-6); got > bound {
+		t.Errorf("‖sum‖ = %v > count·C = %v", got, bound)
+	}
+	mean, sd := q*float64(n), math.Sqrt(float64(n)*q*(1-q))
+	if math.Abs(float64(c.Count)-mean) > 6*sd {
+		t.Errorf("count %d outside %v ± 6·%v", c.Count, mean, sd)
+	}
+}
+
+func TestAnswersOnceWithReferenceSum(t *testing.T) {
+	const seed = 99
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.MaxBatch = 16 // a q=0.25 batch of ~100 is computed in chunks
+	r := start(t, cfg, fx, nc, WithSeededSampling(seed))
+	recv(t, l.joins, "join")
+
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	rs := round(1, 77, 1, wait)
+	l.publish(rs)
+
+	c := recv(t, l.contribs, "contribution")
+	if c.Run != testRun || c.Step != 1 || c.RoundID != 77 || c.NodeID != testNode {
+		t.Errorf("contribution header = %s %d %d %s, want %s 1 77 %s", c.Run, c.Step, c.RoundID, c.NodeID, testRun, testNode)
+	}
+	checkContribution(t, c, fx.shard.Len(), rs.SampleRate, rs.ClipNorm)
+	want, wantN := reference(t, fx, rs, seed, cfg.MaxBatch)
+	if int(c.Count) != wantN {
+		t.Errorf("count = %d, reference %d", c.Count, wantN)
+	}
+	for i := range want {
+		if c.Sum[i] != want[i] { // same batch, same chunking: bit for bit
+			t.Fatalf("sum[%d] = %v, reference %v", i, c.Sum[i], want[i])
+		}
+	}
+	// Chunking changes only float32 rounding: one workspace for the whole
+	// batch agrees to ~1e-6 relative (float32 sums of ~7 chunks).
+	whole, _ := reference(t, fx, rs, seed, fx.shard.Len())
+	for i := range whole {
+		if d := math.Abs(float64(c.Sum[i] - whole[i])); d > 1e-5*(1+math.Abs(float64(whole[i]))) {
+			t.Fatalf("sum[%d] = %v, unchunked %v", i, c.Sum[i], whole[i])
+		}
+	}
+
+	// The same round again, duplicated by the network or re-sent: no
+	// second answer.
+	l.publish(rs)
+	eventually(t, "duplicate skipped", func() bool { return r.skipped(SkipDuplicate) == 1 })
+	none(t, l.contribs, "second contribution to one round")
+
+	// A new round ID for the same step (a new leader reopening it) is a
+	// new round.
+	rs2 := rs
+	rs2.RoundID = 78
+	l.publish(rs2)
+	c2 := recv(t, l.contribs, "contribution to the reopened round")
+	if c2.Step != 1 || c2.RoundID != 78 {
+		t.Errorf("reopened round answer is for %d/%d, want 1/78", c2.Step, c2.RoundID)
+	}
+
+	eventually(t, "heartbeat with step 1", func() bool {
+		h := recv(t, l.heartbeats, "heartbeat")
+		return h.Step == 1
+	})
+	st := r.w.Stats()
+	if st.Answered != 2 || st.LastStep != 1 || st.ParamsReceived != 1 || st.Term != 1 || st.Leader != "r1" {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestNeedParamsThenAnswer(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	rs := round(2, 5, 1, wait) // needs version 1, which the node lacks
+	l.publish(rs)
+	for range 2 { // asked, then asked again after ParamsRetry
+		s := recv(t, l.needs, "params request")
+		if s.Node != testNode || s.From != testNode || s.Step != 1 {
+			t.Errorf("params request = %+v, want node %s version 1", s, testNode)
+		}
+	}
+	none(t, l.contribs, "contribution without params")
+	theta1 := append([]float32(nil), fx.theta...)
+	theta1[0] += 0.5
+	l.params(1, 1, theta1)
+	c := recv(t, l.contribs, "contribution after params arrived")
+	if c.Step != 2 || c.RoundID != 5 {
+		t.Errorf("answered %d/%d, want 2/5", c.Step, c.RoundID)
+	}
+	checkContribution(t, c, fx.shard.Len(), rs.SampleRate, rs.ClipNorm)
+	if st := r.w.Stats(); st.Answered != 1 || st.NeedParamsSent < 2 || st.ParamsVersion != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+// TestParamsGrace: a RoundStart processed just before the Params published
+// ahead of it is answered without asking, thanks to the grace period.
+func TestParamsGrace(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.ParamsGrace = time.Minute
+	r := start(t, cfg, fx, nc)
+	recv(t, l.joins, "join")
+	l.publish(round(1, 1, 1, wait))
+	eventually(t, "round pending", func() bool { return r.w.Stats().Term == 1 })
+	l.params(0, 1, fx.theta)
+	recv(t, l.contribs, "contribution")
+	if n := r.w.Stats().NeedParamsSent; n != 0 {
+		t.Errorf("sent %d params requests during the grace period", n)
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+
+	// Closed before it arrives.
+	l.publish(round(1, 1, 1, -time.Second))
+	eventually(t, "late round skipped", func() bool { return r.skipped(SkipDeadline) == 1 })
+
+	// Waiting for params that come only after the deadline.
+	l.publish(round(3, 2, 1, 150*time.Millisecond))
+	recv(t, l.needs, "params request")
+	eventually(t, "round closed while waiting", func() bool { return r.skipped(SkipDeadline) == 2 })
+	l.params(2, 1, fx.theta)
+	eventually(t, "params stored", func() bool { return r.w.Stats().ParamsVersion == 2 })
+	none(t, l.contribs, "contribution after the deadline")
+}
+
+func TestTerms(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+
+	l.announce("r1", 1)
+	if j := recv(t, l.joins, "join for the first leader"); j.NodeID != testNode {
+		t.Errorf("join = %+v", j)
+	}
+	l.announce("r1", 1) // same term: no new join
+	l.announce("r2", 5)
+	recv(t, l.joins, "join for the term 5 leader")
+	none(t, l.joins, "extra join")
+	if st := r.w.Stats(); st.Term != 5 || st.Leader != "r2" {
+		t.Errorf("leader = %s term %d, want r2 term 5", st.Leader, st.Term)
+	}
+
+	// The deposed leader's params and rounds are ignored.
+	l.params(0, 3, fx.theta)
+	rs := round(1, 9, 3, wait)
+	rs.Leader = "r1"
+	rs.Params = fx.theta
+	l.publish(rs)
+	eventually(t, "stale round skipped", func() bool { return r.skipped(SkipStaleTerm) == 1 })
+	eventually(t, "stale params rejected", func() bool { return r.w.Stats().ParamsRejected == 1 })
+	if st := r.w.Stats(); st.ParamsReceived != 0 {
+		t.Errorf("stale params stored: stats = %+v", st)
+	}
+	// A Done from the deposed leader does not end the run.
+	l.publish(transport.Status{Run: testRun, From: "r1", Code: transport.StatusDone})
+	none(t, r.done, "Run result after a stale Done")
+
+	// A round from a newer term than any announcement adopts that term
+	// (and joins again) before answering.
+	rs = round(1, 10, 6, wait)
+	rs.Leader = "r3"
+	rs.Params = fx.theta
+	l.publish(rs)
+	recv(t, l.joins, "join for the term 6 leader")
+	recv(t, l.contribs, "contribution to the term 6 round")
+	if st := r.w.Stats(); st.Term != 6 || st.Leader != "r3" {
+		t.Errorf("leader = %s term %d, want r3 term 6", st.Leader, st.Term)
+	}
+}
+
+// TestDeferredDone: a re-elected replica's Done processed before its new
+// Leader announcement still ends the run once the announcement is seen.
+func TestDeferredDone(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	recv(t, l.joins, "join")
+	l.announce("r2", 2)
+	recv(t, l.joins, "join")
+	l.publish(transport.Status{Run: testRun, From: "r1", Code: transport.StatusDone})
+	none(t, r.done, "Run result after a stale Done")
+	l.announce("r1", 3)
+	if err := r.result(t); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+func TestEndOfRun(t *testing.T) {
+	for _, tc := range []struct {
+		code   transport.StatusCode
+		reason string
+	}{
+		{transport.StatusDone, "done"},
+		{transport.StatusStopped, "stopped"},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			fx := logregFixture(t)
+			nc, lc := natsPair(t)
+			l := newLeaderSide(t, lc)
+			runtime.GC()
+			before := runtime.NumGoroutine()
+			r := start(t, testConfig(), fx, nc)
+			recv(t, l.joins, "join")
+			l.announce("r1", 1)
+			recv(t, l.heartbeats, "heartbeat")
+			l.publish(transport.Status{Run: testRun, From: "r1", Code: tc.code, Detail: "steps_reached"})
+			if err := r.result(t); err != nil {
+				t.Fatalf("Run = %v, want nil", err)
+			}
+			if lv := recv(t, l.leaves, "leave"); lv.NodeID != testNode || lv.Reason != tc.reason {
+				t.Errorf("leave = %+v, want reason %q", lv, tc.reason)
+			}
+			// Every goroutine Run started, and the transport's for Run's
+			// subscriptions, are gone.
+			eventually(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+			// Nothing is sent after Leave.
+			for len(l.heartbeats) > 0 {
+				<-l.heartbeats
+			}
+			time.Sleep(3 * testConfig().HeartbeatEvery)
+			if n := len(l.heartbeats); n != 0 {
+				t.Errorf("%d heartbeats after Run returned", n)
+			}
+		})
+	}
+}
+
+func TestRejections(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	// Another node's model mismatch, and an ordinary rejection of ours:
+	// the run goes on.
+	l.publish(transport.Status{Run: testRun, From: "r1", Node: "node-b", Code: transport.StatusRejected, Detail: RejectModelHash})
+	l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Step: 3, Code: transport.StatusRejected, Detail: "norm"})
+	none(t, r.done, "Run result")
+	l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Code: transport.StatusRejected, Detail: RejectModelHash})
+	if err := r.result(t); !errors.Is(err, ErrModelMismatch) {
+		t.Fatalf("Run = %v, want ErrModelMismatch", err)
+	}
+	if lv := recv(t, l.leaves, "leave"); lv.Reason != "model_mismatch" {
+		t.Errorf("leave reason = %q", lv.Reason)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	r.cancel()
+	if err := r.result(t); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v, want context.Canceled", err)
+	}
+	if lv := recv(t, l.leaves, "leave"); lv.Reason != "shutdown" {
+		t.Errorf("leave reason = %q", lv.Reason)
+	}
+	if err := r.w.Run(context.Background()); !errors.Is(err, ErrAlreadyStarted) {
+		t.Errorf("second Run = %v, want ErrAlreadyStarted", err)
+	}
+}
+
+func TestInvalidInputs(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+
+	mod := func(f func(*transport.RoundStart)) transport.RoundStart {
+		rs := round(1, 0, 1, wait)
+		f(&rs)
+		return rs
+	}
+	rounds := []struct {
+		name string
+		rs   transport.RoundStart
+	}{
+		{"q=0", mod(func(r *transport.RoundStart) { r.SampleRate = 0 })},
+		{"q>1", mod(func(r *transport.RoundStart) { r.SampleRate = 1.5 })},
+		{"q=NaN", mod(func(r *transport.RoundStart) { r.SampleRate = math.NaN() })},
+		{"clip=0", mod(func(r *transport.RoundStart) { r.ClipNorm = 0 })},
+		{"clip<0", mod(func(r *transport.RoundStart) { r.ClipNorm = -1 })},
+		{"clip=Inf", mod(func(r *transport.RoundStart) { r.ClipNorm = math.Inf(1) })},
+		{"clip=NaN", mod(func(r *transport.RoundStart) { r.ClipNorm = math.NaN() })},
+		{"no deadline", mod(func(r *transport.RoundStart) { r.Deadline = 0 })},
+		{"step 0", mod(func(r *transport.RoundStart) { r.Step = 0 })},
+		{"inline params too short", mod(func(r *transport.RoundStart) { r.Params = fx.theta[1:] })},
+	}
+	for i, tc := range rounds {
+		tc.rs.RoundID = uint64(100 + i)
+		l.publish(tc.rs)
+		eventually(t, tc.name+" skipped", func() bool { return r.skipped(SkipInvalid) == uint64(i+1) })
+	}
+	none(t, l.contribs, "contribution to an invalid round")
+
+	bad := []struct {
+		name  string
+		theta []float32
+	}{
+		{"too long", append(append([]float32(nil), fx.theta...), 0)},
+		{"too short", fx.theta[:3]},
+		{"NaN", func() []float32 { v := append([]float32(nil), fx.theta...); v[7] = float32(math.NaN()); return v }()},
+		{"Inf", func() []float32 { v := append([]float32(nil), fx.theta...); v[0] = float32(math.Inf(-1)); return v }()},
+	}
+	for i, tc := range bad {
+		l.params(uint64(1+i), 1, tc.theta)
+		eventually(t, "params "+tc.name+" rejected", func() bool { return r.w.Stats().ParamsRejected == uint64(i+1) })
+	}
+	if st := r.w.Stats(); st.ParamsReceived != 1 || st.ParamsVersion != 0 {
+		t.Errorf("stats = %+v, want only version 0 stored", st)
+	}
+	// The node still works.
+	l.publish(round(1, 1, 1, wait))
+	recv(t, l.contribs, "contribution to a valid round")
+}
+
+// TestDuplicatedNetwork runs over the fake transport with every delivery
+// duplicated: each round is still answered exactly once.
+func TestDuplicatedNetwork(t *testing.T) {
+	fx := logregFixture(t)
+	net, nc, lc := fakePair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	net.SetFaults(fake.Faults{Duplicate: 1})
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	for step := uint64(1); step <= 3; step++ {
+		l.params(step-1, 1, fx.theta)
+		l.publish(round(step, 1000+step, 1, wait))
+		// The network duplicates the contribution too; skip the copies of
+		// earlier steps' answers.
+		for {
+			c := recv(t, l.contribs, "contribution")
+			if c.Step == step {
+				break
+			}
+			if c.Step > step {
+				t.Fatalf("answered step %d, want %d", c.Step, step)
+			}
+		}
+	}
+	eventually(t, "duplicates skipped", func() bool { return r.skipped(SkipDuplicate) == 3 })
+	if st := r.w.Stats(); st.Answered != 3 {
+		t.Errorf("answered %d rounds, want 3", st.Answered)
+	}
+}
+
+// TestLostParams drops the first Params delivery to the node: it asks for
+// them and answers once they are re-sent.
+func TestLostParams(t *testing.T) {
+	fx := logregFixture(t)
+	net, nc, lc := fakePair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.ParamsGrace = 20 * time.Millisecond
+	r := start(t, cfg, fx, nc)
+	recv(t, l.joins, "join")
+	subjects, err := transport.NewSubjects(testRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	dropped := false
+	net.SetFaults(fake.Faults{Filter: func(from, subject string, _ []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if subject == subjects.Topic(transport.TopicParams) && !dropped {
+			dropped = true
+			return false
+		}
+		return true
+	}})
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	l.publish(round(1, 1, 1, wait))
+	s := recv(t, l.needs, "params request")
+	if s.Step != 0 {
+		t.Errorf("asked for version %d, want 0", s.Step)
+	}
+	l.params(0, 1, fx.theta)
+	recv(t, l.contribs, "contribution")
+	if st := r.w.Stats(); st.Answered != 1 || st.ParamsReceived != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+// TestChunkedParams uses a model whose parameters exceed NATS's 1 MiB
+// payload, so Params and the contribution travel in chunks.
+func TestChunkedParams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large model")
+	}
+	fx := newFixture(t, model.MLP([]int{8}, []int{1024, 256}, 3))
+	if 4*fx.m.NumParams() <= 1<<20 {
+		t.Fatalf("model of %d params is not chunked", fx.m.NumParams())
+	}
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	rs := round(1, 1, 1, wait)
+	rs.SampleRate = 0.05
+	l.publish(rs)
+	c := recv(t, l.contribs, "contribution")
+	if len(c.Sum) != fx.m.NumParams() {
+		t.Fatalf("sum has %d values, want %d", len(c.Sum), fx.m.NumParams())
+	}
+	checkContribution(t, c, fx.shard.Len(), rs.SampleRate, rs.ClipNorm)
+}
+
+// TestMetricsAndLogsHoldNoPrivateValues answers a round with metrics and
+// debug logging on, then checks what the metrics hold and that no log
+// record carries a sum or count.
+func TestMetricsAndLogsHoldNoPrivateValues(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	reg := prometheus.NewRegistry()
+	cfg := testConfig()
+	cfg.Registerer = reg
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	l.publish(round(1, 1, 1, wait))
+	l.publish(round(1, 1, 1, wait))
+	c := recv(t, l.contribs, "contribution")
+	eventually(t, "duplicate skipped", func() bool { return w.Stats().Skipped[SkipDuplicate] == 1 })
+	cancel()
+	<-done
+
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "node" && lp.GetValue() != testNode {
+					t.Errorf("%s has node label %q", name, lp.GetValue())
+				}
+				if lp.GetName() == "result" {
+					name += "{" + lp.GetValue() + "}"
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[name] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[name] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[name] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	for name, want := range map[string]float64{
+		"dpcluster_node_rounds_total{answered}":          1,
+		"dpcluster_node_rounds_total{skipped_duplicate}": 1,
+		"dpcluster_node_rounds_total{skipped_deadline}":  0,
+		"dpcluster_node_last_step":                       1,
+		"dpcluster_node_params_version":                  0,
+		"dpcluster_node_compute_seconds":                 1,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+		}
+	}
+	// A second worker with the same ID on the same registry reuses the
+	// collectors.
+	if _, err := NewWorker(cfg, fx.m, fx.shard, nc, nil); err != nil {
+		t.Errorf("second worker on the registry: %v", err)
+	}
+
+	logs := buf.String()
+	if !strings.Contains(logs, "node: start") {
+		t.Fatalf("no logs captured:\n%s", logs)
+	}
+	for _, key := range []string{`"count"`, `"sum"`, `"batch"`} {
+		if strings.Contains(logs, key) {
+			t.Errorf("logs hold key %s:\n%s", key, logs)
+		}
+	}
+	_ = c
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := testConfig()
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		bad  bool
+	}{
+		{"valid", func(*Config) {}, false},
+		{"host-pid ID", func(c *Config) { c.ID = "worker-7.example.org-1234" }, false},
+		{"empty ID", func(c *Config) { c.ID = "" }, true},
+		{"ID with space", func(c *Config) { c.ID = "a b" }, true},
+		{"ID too long", func(c *Config) { c.ID = strings.Repeat("a", 65) }, true},
+		{"bad run", func(c *Config) { c.Run = "a.b" }, true},
+		{"heartbeat 0", func(c *Config) { c.HeartbeatEvery = 0 }, true},
+		{"negative MaxBatch", func(c *Config) { c.MaxBatch = -1 }, true},
+		{"negative grace", func(c *Config) { c.ParamsGrace = -1 }, true},
+		{"retry 0", func(c *Config) { c.ParamsRetry = 0 }, true},
+		{"leave timeout 0", func(c *Config) { c.LeaveTimeout = 0 }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.mod(&c)
+			err := c.Validate()
+			if got := err != nil; got != tc.bad {
+				t.Fatalf("Validate() = %v, want error %v", err, tc.bad)
+			}
+			if err != nil && !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
+			}
+		})
+	}
+	if err := DefaultConfig().Validate(); err == nil {
+		t.Error("DefaultConfig without ID validated")
+	}
+}
+
+func TestNewWorkerErrors(t *testing.T) {
+	fx := logregFixture(t)
+	_, nc, _ := fakePair(t)
+	wrongDim, err := dataset.GaussianMixture(10, 5, 3, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := fx.shard.Subset(nil)
+	for _, tc := range []struct {
+		name  string
+		shard *dataset.Dataset
+		conn  transport.Conn
+	}{
+		{"shard does not fit the model", wrongDim, nc},
+		{"empty shard", empty, nc},
+		{"nil shard", nil, nc},
+		{"nil conn", fx.shard, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := NewWorker(testConfig(), fx.m, tc.shard, tc.conn, nil); !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("NewWorker = %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
