@@ -1,13 +1,18 @@
 // Command node is a dpcluster worker: it holds a private shard and sends
-// clipped gradient sums to the coordinator each round.
+// clipped gradient sums to the coordinator each round. See
+// internal/cli/node.go for its flags (node --help).
 package main
 
 import (
 	"fmt"
 	"os"
+
+	"github.com/dpcluster/dpcluster/internal/cli"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "node: not implemented yet (see issue 5)")
-	os.Exit(2)
+	if err := cli.NewNodeCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "node:", err)
+		os.Exit(1)
+	}
 }

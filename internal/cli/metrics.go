@@ -1,0 +1,76 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricsShutdownTimeout bounds the graceful shutdown of the metrics server
+// (in-flight scrapes) once its context ends.
+const metricsShutdownTimeout = 2 * time.Second
+
+// serveMetrics serves g's metrics in the Prometheus text format on
+// http://addr/metrics until ctx ends. It listens before returning, so the
+// returned bound address (useful with port 0) already accepts scrapes; a
+// listen error is returned at once. The server's goroutines are owned by
+// this call and stop when ctx ends: the server shuts down (waiting up to
+// 2 s for scrapes in flight), then the serve error, nil after a clean
+// shutdown, is sent on done, which is then closed. Callers that must know
+// the server stopped receive from done after ctx ends.
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, log *slog.Logger) (bound string, done <-chan error, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slogPromLogger{log}}))
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	out := make(chan error, 1)
+	go func() {
+		defer close(out)
+		serveErr := make(chan error, 1)
+		go func() { serveErr <- srv.Serve(ln) }()
+		var err error
+		select {
+		case err = <-serveErr: // failed on its own
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsShutdownTimeout)
+			err = srv.Shutdown(sctx)
+			cancel()
+			if serr := <-serveErr; !errors.Is(serr, http.ErrServerClosed) {
+				err = errors.Join(err, serr)
+			}
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		if err != nil {
+			log.Warn("metrics server stopped", "err", err)
+		}
+		out <- err
+	}()
+	bound = ln.Addr().String()
+	log.Info("serving metrics", "url", "http://"+bound+"/metrics")
+	return bound, out, nil
+}
+
+// slogPromLogger adapts slog to promhttp's error logger.
+type slogPromLogger struct{ log *slog.Logger }
+
+func (l slogPromLogger) Println(v ...any) { l.log.Warn("metrics: " + fmt.Sprint(v...)) }

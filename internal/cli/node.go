@@ -1,0 +1,389 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/node"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// Datasets accepted by DataOptions.Dataset and the --dataset flag.
+const (
+	DatasetFashionMNIST = "fashion-mnist"
+	DatasetGaussian     = "gaussian"
+	DatasetCSV          = "csv"
+)
+
+// The synthetic "gaussian" dataset: a fixed draw, so every process of a run
+// generates the same rows.
+const (
+	gaussianExamples   = 12000
+	gaussianSeparation = 3
+	gaussianDataSeed   = 1
+	gaussianTestShare  = 1.0 / 6 // 10000 training rows, 2000 test rows
+	csvTestShare       = 0.2
+	csvSplitSeed       = 1
+)
+
+// DataOptions selects a run's data and one node's shard of it. Every node of
+// a run, and the coordinator, must use the same options but Index, so that
+// the shards partition the training split.
+type DataOptions struct {
+	// Dataset is DatasetFashionMNIST, DatasetGaussian or DatasetCSV.
+	Dataset string
+	// Dir is searched first for the Fashion-MNIST files
+	// (dataset.LoadOptions.Dir; then $DPCLUSTER_DATA, the user cache, the
+	// Debian package's directory).
+	Dir string
+	// Path is the CSV file: no header, the label in the first column (see
+	// dataset.ReadCSV). 20% of its rows, chosen with a fixed seed, are the
+	// test split.
+	Path string
+	// Count is the number of shards the training split is cut into
+	// (dataset.ShardIID with Seed); LoadShard returns shard Index, in
+	// [0, Count).
+	Count, Index int
+	// Seed is the sharding seed.
+	Seed uint64
+	// Model, if set, shapes the gaussian data (its input shape and classes;
+	// 12000 rows of which 2000 are the test split, a fixed draw), sets the
+	// CSV's number of classes, and is checked against the data. LoadData
+	// requires it for DatasetGaussian.
+	Model *model.Model
+	// Log receives progress messages (nil: discard).
+	Log *slog.Logger
+}
+
+// Validate checks the options without touching the data.
+func (o DataOptions) Validate() error {
+	switch o.Dataset {
+	case DatasetFashionMNIST:
+		if o.Path != "" {
+			return errors.New("--data-path is for --dataset csv; use --data DIR for Fashion-MNIST")
+		}
+	case DatasetGaussian:
+		if o.Path != "" || o.Dir != "" {
+			return errors.New("--dataset gaussian is generated: it takes neither --data nor --data-path")
+		}
+	case DatasetCSV:
+		if o.Path == "" {
+			return errors.New("--dataset csv needs --data-path FILE")
+		}
+		if o.Dir != "" {
+			return errors.New("--data is the Fashion-MNIST directory; use --data-path FILE for CSV")
+		}
+	default:
+		return fmt.Errorf("--dataset must be %s, %s or %s, not %q", DatasetFashionMNIST, DatasetGaussian, DatasetCSV, o.Dataset)
+	}
+	if o.Count < 1 {
+		return fmt.Errorf("--shard-count %d must be ≥ 1", o.Count)
+	}
+	if o.Index < 0 || o.Index >= o.Count {
+		return fmt.Errorf("--shard-index %d out of range: must be in [0, %d) for --shard-count %d", o.Index, o.Count, o.Count)
+	}
+	return nil
+}
+
+// LoadData loads the whole dataset o names and splits it into a training
+// and a test set (Fashion-MNIST comes split). With o.Model set, both are
+// checked against the model.
+func LoadData(ctx context.Context, o DataOptions) (train, test *dataset.Dataset, err error) {
+	if err := o.Validate(); err != nil {
+		return nil, nil, err
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.Dataset == DatasetGaussian && o.Model == nil {
+		return nil, nil, errors.New("the gaussian dataset needs a model to shape it")
+	}
+	switch o.Dataset {
+	case DatasetFashionMNIST:
+		lo := dataset.DefaultLoadOptions()
+		lo.Dir = o.Dir
+		lo.Logger = log
+		train, test, err = dataset.LoadFashionMNIST(ctx, lo)
+	case DatasetGaussian:
+		var all *dataset.Dataset
+		all, err = dataset.GaussianMixture(gaussianExamples, o.Model.InputSize(), o.Model.Classes(), gaussianSeparation, gaussianDataSeed)
+		if err == nil {
+			all.Shape = o.Model.InputShape()
+			train, test, err = dataset.Split(all, gaussianTestShare, gaussianDataSeed)
+		}
+	case DatasetCSV:
+		train, test, err = loadCSV(o)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.Model != nil {
+		if err := o.Model.CheckDataset(train); err != nil {
+			return nil, nil, fmt.Errorf("the %s data does not fit the model: %w", o.Dataset, err)
+		}
+	}
+	return train, test, nil
+}
+
+func loadCSV(o DataOptions) (train, test *dataset.Dataset, err error) {
+	f, err := os.Open(o.Path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	co := dataset.DefaultCSVOptions()
+	co.Name = strings.TrimSuffix(baseName(o.Path), ".csv")
+	if o.Model != nil {
+		co.Classes = o.Model.Classes()
+	}
+	all, err := dataset.ReadCSV(f, co)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", o.Path, err)
+	}
+	return dataset.Split(all, csvTestShare, csvSplitSeed)
+}
+
+func baseName(p string) string {
+	if i := strings.LastIndexAny(p, `/\`); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
+
+// LoadShard loads the training split of the data o names and returns shard
+// o.Index of o.Count (dataset.ShardIID with o.Seed).
+func LoadShard(ctx context.Context, o DataOptions) (*dataset.Dataset, error) {
+	train, _, err := LoadData(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	shards, err := dataset.ShardIID(train, o.Count, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	return shards[o.Index], nil
+}
+
+// LoadModel builds the model named by a preset (model.Presets) or, if
+// specFile is not empty, by the JSON spec in that file (model.ParseSpec).
+func LoadModel(preset, specFile string) (*model.Model, error) {
+	var (
+		spec model.Spec
+		err  error
+	)
+	if specFile != "" {
+		data, rerr := os.ReadFile(specFile)
+		if rerr != nil {
+			return nil, fmt.Errorf("--model-spec: %w", rerr)
+		}
+		if spec, err = model.ParseSpec(data); err != nil {
+			return nil, fmt.Errorf("--model-spec %s: %w", specFile, err)
+		}
+	} else if spec, err = model.Preset(preset); err != nil {
+		return nil, fmt.Errorf("--model: %w", err)
+	}
+	return model.New(spec)
+}
+
+// nodeFlags are the node command's flags.
+type nodeFlags struct {
+	id, run, nats       string
+	preset, specFile    string
+	data                DataOptions
+	heartbeat           time.Duration
+	metricsAddr         string
+	insecureSeed        uint64
+	logFormat, logLevel string
+}
+
+// defaultNodeID is hostname-pid, reduced to the characters a node ID
+// allows.
+func defaultNodeID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "node"
+	}
+	id := []byte(fmt.Sprintf("%s-%d", host, os.Getpid()))
+	for i, c := range id {
+		if !node.ValidID(string(c)) {
+			id[i] = '-'
+		}
+	}
+	if len(id) > 64 {
+		id = id[len(id)-64:]
+	}
+	return string(id)
+}
+
+// NewNodeCmd returns the root command of the node binary: a dpcluster
+// worker that dials the run's NATS servers, loads its shard and answers
+// the coordinator's rounds until the run ends or it receives SIGINT or
+// SIGTERM (then it sends Leave and exits 0).
+func NewNodeCmd() *cobra.Command {
+	var f nodeFlags
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "dpcluster node: computes clipped gradient sums on a private data shard",
+		Long: `A dpcluster worker. It dials the coordinator's NATS servers (it never embeds one),
+loads its shard of the training data, and each round Poisson-samples the shard, computes the
+sum of per-example gradients clipped to the round's norm C and sends it to the leader. Sums and
+counts are private: they are never logged, exported or stored. All nodes of a run must use the
+same model, dataset, --shard-count and --shard-seed, each its own --shard-index.`,
+		Example: `  node --nats nats://coord-1:4222,nats://coord-2:4222 --run mnist-1 \
+      --model mlp --dataset fashion-mnist --shard-index 0 --shard-count 4`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runNode(cmd, &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.id, "id", defaultNodeID(), "node ID, unique in the run (1-64 of [A-Za-z0-9._-])")
+	fl.StringVar(&f.run, "run", "default", "training run name")
+	fl.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (required)")
+	fl.StringVar(&f.preset, "model", "mlp", "model preset: "+strings.Join(model.Presets(), "|"))
+	fl.StringVar(&f.specFile, "model-spec", "", "JSON model spec file (instead of --model)")
+	fl.StringVar(&f.data.Dataset, "dataset", DatasetFashionMNIST, "data: fashion-mnist|gaussian|csv")
+	fl.StringVar(&f.data.Dir, "data", "", "directory holding the Fashion-MNIST files (searched first)")
+	fl.StringVar(&f.data.Path, "data-path", "", "CSV file for --dataset csv (label in the first column, no header)")
+	fl.IntVar(&f.data.Index, "shard-index", 0, "this node's shard, in [0, --shard-count)")
+	fl.IntVar(&f.data.Count, "shard-count", 1, "number of nodes (shards) in the run")
+	fl.Uint64Var(&f.data.Seed, "shard-seed", 1, "sharding seed; the same on every node of the run")
+	fl.DurationVar(&f.heartbeat, "heartbeat", time.Second, "heartbeat period")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port/metrics (empty: off)")
+	fl.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "TESTS ONLY: seed the batch sampling; the node is then NOT private")
+	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text|json")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug|info|warn|error")
+	return cmd
+}
+
+// nodeLogger builds the command's logger on w.
+func nodeLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level must be debug, info, warn or error, not %q", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}
+
+// validate checks the flags that need no I/O.
+func (f *nodeFlags) validate(cmd *cobra.Command) (urls []string, err error) {
+	for _, u := range strings.Split(f.nats, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return nil, errors.New("--nats is required: the URLs of the run's NATS servers (a node never embeds a server)")
+	}
+	if !node.ValidID(f.id) {
+		return nil, fmt.Errorf("--id %q must be 1-64 of [A-Za-z0-9._-]", f.id)
+	}
+	if !transport.ValidRunName(f.run) {
+		return nil, fmt.Errorf("--run %q must be 1-64 of [A-Za-z0-9_-]", f.run)
+	}
+	if cmd.Flags().Changed("model") && f.specFile != "" {
+		return nil, errors.New("give --model or --model-spec, not both")
+	}
+	if f.heartbeat <= 0 {
+		return nil, fmt.Errorf("--heartbeat %v must be > 0", f.heartbeat)
+	}
+	return urls, f.data.Validate()
+}
+
+func runNode(cmd *cobra.Command, f *nodeFlags) error {
+	urls, err := f.validate(cmd)
+	if err != nil {
+		return err
+	}
+	log, err := nodeLogger(cmd.ErrOrStderr(), f.logFormat, f.logLevel)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	m, err := LoadModel(f.preset, f.specFile)
+	if err != nil {
+		return err
+	}
+	data := f.data
+	data.Model, data.Log = m, log
+	shard, err := LoadShard(ctx, data)
+	if err != nil {
+		return err
+	}
+	log.Info("shard loaded", "dataset", data.Dataset, "shard", fmt.Sprintf("%d/%d", data.Index, data.Count),
+		"examples", shard.Len(), "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
+		"backend", m.Backend().Name())
+
+	cfg := node.DefaultConfig()
+	cfg.ID, cfg.Run, cfg.HeartbeatEvery = f.id, f.run, f.heartbeat
+	var opts []node.Option
+	if cmd.Flags().Changed("insecure-seed") {
+		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",
+			"seed", f.insecureSeed)
+		opts = append(opts, node.WithSeededSampling(f.insecureSeed))
+	}
+
+	// The metrics server lives as long as this command.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var metricsDone <-chan error
+	if f.metricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		cfg.Registerer = reg
+		if _, metricsDone, err = serveMetrics(runCtx, f.metricsAddr, reg, log); err != nil {
+			return err
+		}
+		defer func() {
+			cancelRun()
+			<-metricsDone
+		}()
+	}
+
+	tcfg := transport.DefaultConfig()
+	tcfg.URLs = urls
+	tcfg.Run = f.run
+	tcfg.Name = "node"
+	conn, err := transport.Connect(ctx, tcfg, log)
+	if err != nil {
+		return fmt.Errorf("connecting to %s: %w", f.nats, err)
+	}
+	defer conn.Close()
+
+	w, err := node.NewWorker(cfg, m, shard, conn, log, opts...)
+	if err != nil {
+		return err
+	}
+	err = w.Run(ctx)
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		log.Info("node: interrupted; left the run")
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,339 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+const nodeTestWait = 20 * time.Second
+
+// lockedBuffer is a bytes.Buffer safe for the command's logger and the
+// test to use at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// runNodeCmd executes the node command with args under ctx; stderr (the
+// logs) goes to logs.
+func runNodeCmd(ctx context.Context, logs io.Writer, args ...string) error {
+	cmd := NewNodeCmd()
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(logs)
+	cmd.SetArgs(args)
+	return cmd.ExecuteContext(ctx)
+}
+
+// writeSpec writes a small logistic regression spec (8 features, 3
+// classes) and returns its path and model.
+func writeSpec(t *testing.T) (string, *model.Model) {
+	t.Helper()
+	spec := model.LogReg([]int{8}, 3)
+	data, err := spec.CanonicalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, m
+}
+
+func TestNodeFlagErrors(t *testing.T) {
+	spec, _ := writeSpec(t)
+	csv := filepath.Join(t.TempDir(), "d.csv")
+	if err := os.WriteFile(csv, []byte(strings.Repeat("0,1,2\n1,3,4\n", 5)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Port 1 is never a NATS server: every case must fail before dialing.
+	nats := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing --nats", []string{"--dataset", "gaussian"}, "--nats is required"},
+		{"empty --nats", []string{"--nats", " , ", "--dataset", "gaussian"}, "--nats is required"},
+		{"shard index out of range", append(nats, "--dataset", "gaussian", "--shard-index", "3", "--shard-count", "2"), "--shard-index 3 out of range"},
+		{"negative shard index", append(nats, "--dataset", "gaussian", "--shard-index", "-1", "--shard-count", "2"), "--shard-index -1 out of range"},
+		{"shard count 0", append(nats, "--dataset", "gaussian", "--shard-count", "0"), "--shard-count 0"},
+		{"unknown preset", append(nats, "--dataset", "gaussian", "--model", "resnet"), `unknown preset "resnet"`},
+		{"model and spec", append(nats, "--dataset", "gaussian", "--model", "mlp", "--model-spec", spec), "not both"},
+		{"missing spec file", append(nats, "--dataset", "gaussian", "--model-spec", "/nonexistent/spec.json"), "--model-spec"},
+		{"unknown dataset", append(nats, "--dataset", "imagenet"), `--dataset must be`},
+		{"csv without path", append(nats, "--dataset", "csv"), "--data-path"},
+		{"gaussian with a path", append(nats, "--dataset", "gaussian", "--data-path", csv), "neither"},
+		{"csv that does not fit the model", append(nats, "--dataset", "csv", "--data-path", csv, "--model-spec", spec), "does not fit the model"},
+		{"bad id", append(nats, "--dataset", "gaussian", "--id", "a b"), "--id"},
+		{"bad run", append(nats, "--dataset", "gaussian", "--run", "a.b"), "--run"},
+		{"bad log format", append(nats, "--dataset", "gaussian", "--log-format", "xml"), "--log-format"},
+		{"bad heartbeat", append(nats, "--dataset", "gaussian", "--heartbeat", "0s"), "--heartbeat"},
+		{"stray argument", append(nats, "extra"), "unknown command"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), nodeTestWait)
+			defer cancel()
+			err := runNodeCmd(ctx, io.Discard, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// leaderHarness plays the coordinator's leader over an embedded NATS
+// server.
+type leaderHarness struct {
+	t        *testing.T
+	conn     *transport.Client
+	joins    chan transport.Join
+	leaves   chan transport.Leave
+	contribs chan transport.Contribution
+}
+
+func newLeaderHarness(t *testing.T, run string) *leaderHarness {
+	t.Helper()
+	cfg := transport.DefaultConfig()
+	cfg.Run = run
+	cfg.Embedded.Port = -1
+	conn, err := transport.Connect(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	h := &leaderHarness{t: t, conn: conn, joins: make(chan transport.Join, 16),
+		leaves: make(chan transport.Leave, 4), contribs: make(chan transport.Contribution, 16)}
+	if _, err := conn.Subscribe(transport.TopicNodes, func(m transport.Message) {
+		switch v := m.(type) {
+		case transport.Join:
+			h.joins <- v
+		case transport.Leave:
+			h.leaves <- v
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Subscribe(transport.TopicContributions, func(m transport.Message) {
+		h.contribs <- m.(transport.Contribution)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *leaderHarness) publish(m transport.Message) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), nodeTestWait)
+	defer cancel()
+	if err := h.conn.Publish(ctx, m); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func recvWithin[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(nodeTestWait):
+		t.Fatalf("no %s within %v", what, nodeTestWait)
+		var zero T
+		return zero
+	}
+}
+
+// TestNodeEndToEnd runs the node command against a leader played by the
+// test: two rounds, then Done; the command returns nil.
+func TestNodeEndToEnd(t *testing.T) {
+	const run = "cli-e2e"
+	h := newLeaderHarness(t, run)
+	spec, m := writeSpec(t)
+	var logs lockedBuffer
+	done := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*nodeTestWait)
+	defer cancel()
+	go func() {
+		done <- runNodeCmd(ctx, &logs, "--nats", h.conn.ServerURL(), "--run", run, "--id", "n1",
+			"--model-spec", spec, "--dataset", "gaussian", "--shard-index", "1", "--shard-count", "2",
+			"--heartbeat", "50ms", "--insecure-seed", "3", "--metrics-addr", "127.0.0.1:0",
+			"--log-format", "json", "--log-level", "debug")
+	}()
+
+	j := recvWithin(t, h.joins, "join")
+	// 12000 gaussian rows, 2000 held out, 10000 in two shards.
+	if j.NodeID != "n1" || j.ShardSize != 5000 || j.ModelHash != m.Hash() {
+		t.Fatalf("join = %+v, want n1, 5000 examples, hash %s", j, m.Hash())
+	}
+	h.publish(transport.Leader{Run: run, ReplicaID: "r1", Term: 1})
+	recvWithin(t, h.joins, "join for the leader")
+	theta := make([]float32, m.NumParams())
+	if err := m.Init(theta, 1); err != nil {
+		t.Fatal(err)
+	}
+	for step := uint64(1); step <= 2; step++ {
+		h.publish(transport.Params{Run: run, Step: step - 1, Version: step - 1, Term: 1, Values: theta})
+		h.publish(transport.RoundStart{Run: run, Step: step, RoundID: 100 + step, Term: 1, Leader: "r1",
+			ParamsVersion: step - 1, Deadline: time.Now().Add(nodeTestWait).UnixNano(), SampleRate: 0.01, ClipNorm: 1})
+		c := recvWithin(t, h.contribs, "contribution")
+		if c.Step != step || c.RoundID != 100+step || c.NodeID != "n1" || len(c.Sum) != m.NumParams() {
+			t.Fatalf("contribution %d/%d from %s with %d values", c.Step, c.RoundID, c.NodeID, len(c.Sum))
+		}
+		theta[0] += 0.1
+	}
+	scrapeNodeMetrics(t, &logs)
+
+	h.publish(transport.Status{Run: run, From: "r1", Code: transport.StatusDone})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("node command = %v\nlogs:\n%s", err, logs.String())
+		}
+	case <-time.After(nodeTestWait):
+		t.Fatal("node command did not return after Done")
+	}
+	if lv := recvWithin(t, h.leaves, "leave"); lv.NodeID != "n1" || lv.Reason != "done" {
+		t.Errorf("leave = %+v", lv)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "NOT differentially private") {
+		t.Error("--insecure-seed was not logged loudly")
+	}
+	for _, key := range []string{`"count"`, `"sum"`} {
+		if strings.Contains(out, key) {
+			t.Errorf("logs hold %s", key)
+		}
+	}
+}
+
+// scrapeNodeMetrics finds the metrics URL in the logs and checks the
+// rounds counter.
+func scrapeNodeMetrics(t *testing.T, logs *lockedBuffer) {
+	t.Helper()
+	var url string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if i := strings.Index(line, `"url":"`); i >= 0 && strings.Contains(line, "serving metrics") {
+			url = line[i+len(`"url":"`):]
+			url = url[:strings.IndexByte(url, '"')]
+		}
+	}
+	if url == "" {
+		t.Fatalf("no metrics URL in the logs:\n%s", logs.String())
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `dpcluster_node_rounds_total{node="n1",result="answered"} 2`; !strings.Contains(string(body), want) {
+		t.Errorf("metrics lack %q:\n%s", want, body)
+	}
+}
+
+// TestNodeInterrupted cancels the command's context (as SIGINT does): it
+// leaves the run and returns nil.
+func TestNodeInterrupted(t *testing.T) {
+	const run = "cli-int"
+	h := newLeaderHarness(t, run)
+	spec, _ := writeSpec(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- runNodeCmd(ctx, io.Discard, "--nats", h.conn.ServerURL(), "--run", run, "--id", "n2",
+			"--model-spec", spec, "--dataset", "gaussian")
+	}()
+	recvWithin(t, h.joins, "join")
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("node command = %v, want nil", err)
+		}
+	case <-time.After(nodeTestWait):
+		t.Fatal("node command did not return after cancel")
+	}
+	if lv := recvWithin(t, h.leaves, "leave"); lv.Reason != "shutdown" {
+		t.Errorf("leave = %+v", lv)
+	}
+}
+
+func TestServeMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "dpcluster_test_total", Help: "test"})
+	reg.MustRegister(c)
+	c.Add(3)
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, done, err := serveMetrics(ctx, "127.0.0.1:0", reg, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + bound + "/metrics")
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "dpcluster_test_total 3") {
+		t.Errorf("metrics = %s", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("done = %v, want nil", err)
+		}
+	case <-time.After(nodeTestWait):
+		t.Fatal("metrics server did not stop")
+	}
+	if _, err := http.Get("http://" + bound + "/metrics"); err == nil {
+		t.Error("metrics still served after ctx ended")
+	}
+	// A busy address is an error at once.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	b2, done2, err := serveMetrics(ctx2, "127.0.0.1:0", reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := serveMetrics(ctx2, b2, reg, nil); err == nil {
+		t.Error("second server on a bound address: no error")
+	}
+	cancel2()
+	<-done2
+}
