@@ -34,7 +34,7 @@ const RejectModelHash = "model_hash"
 type Config struct {
 	// ID names the node in every message (Join, Heartbeat, Contribution,
 	// Status). It must be unique within the run: 1–64 characters of
-	// [A-Za-z0-9._-].
+	// [A-Za-z0-9_-] (see ValidID).
 	ID string
 	// Run is the training run's name (transport.ValidRunName); it must be
 	// the run of the Conn the Worker publishes on.
@@ -85,7 +85,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
 	}
 	if !ValidID(c.ID) {
-		bad("ID %q must be 1-64 of [A-Za-z0-9._-]", c.ID)
+		bad("ID %q must be 1-64 of [A-Za-z0-9_-]", c.ID)
 	}
 	if !transport.ValidRunName(c.Run) {
 		bad("Run %q must be 1-64 of [A-Za-z0-9_-]", c.Run)
@@ -109,16 +109,6 @@ func (c Config) Validate() error {
 }
 
 // ValidID reports whether id is a valid node ID: 1–64 characters of
-// [A-Za-z0-9._-] (a host name and a process ID fit).
-func ValidID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
+// [A-Za-z0-9_-], the same alphabet as run names (transport.ValidRunName),
+// which is what the coordinator accepts from a Join or Heartbeat.
+func ValidID(id string) bool { return transport.ValidRunName(id) }

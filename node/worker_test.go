@@ -631,7 +631,8 @@ func TestConfigValidate(t *testing.T) {
 		bad  bool
 	}{
 		{"valid", func(*Config) {}, false},
-		{"host-pid ID", func(c *Config) { c.ID = "worker-7.example.org-1234" }, false},
+		{"host-pid ID", func(c *Config) { c.ID = "worker-7-1234" }, false},
+		{"ID with a dot", func(c *Config) { c.ID = "worker-7.example.org-1234" }, true},
 		{"empty ID", func(c *Config) { c.ID = "" }, true},
 		{"ID with space", func(c *Config) { c.ID = "a b" }, true},
 		{"ID too long", func(c *Config) { c.ID = strings.Repeat("a", 65) }, true},

@@ -211,12 +211,15 @@ type nodeFlags struct {
 	logFormat, logLevel string
 }
 
-// defaultNodeID is hostname-pid, reduced to the characters a node ID
-// allows.
+// defaultNodeID is hostname-pid (the short host name), with any other
+// character a node ID does not allow replaced by '-'.
 func defaultNodeID() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "node"
+	}
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		host = host[:i]
 	}
 	id := []byte(fmt.Sprintf("%s-%d", host, os.Getpid()))
 	for i, c := range id {
@@ -254,7 +257,7 @@ same model, dataset, --shard-count and --shard-seed, each its own --shard-index.
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.id, "id", defaultNodeID(), "node ID, unique in the run (1-64 of [A-Za-z0-9._-])")
+	fl.StringVar(&f.id, "id", defaultNodeID(), "node ID, unique in the run (1-64 of [A-Za-z0-9_-])")
 	fl.StringVar(&f.run, "run", "default", "training run name")
 	fl.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (required)")
 	fl.StringVar(&f.preset, "model", "mlp", "model preset: "+strings.Join(model.Presets(), "|"))
@@ -300,7 +303,7 @@ func (f *nodeFlags) validate(cmd *cobra.Command) (urls []string, err error) {
 		return nil, errors.New("--nats is required: the URLs of the run's NATS servers (a node never embeds a server)")
 	}
 	if !node.ValidID(f.id) {
-		return nil, fmt.Errorf("--id %q must be 1-64 of [A-Za-z0-9._-]", f.id)
+		return nil, fmt.Errorf("--id %q must be 1-64 of [A-Za-z0-9_-]", f.id)
 	}
 	if !transport.ValidRunName(f.run) {
 		return nil, fmt.Errorf("--run %q must be 1-64 of [A-Za-z0-9_-]", f.run)

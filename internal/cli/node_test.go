@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/node"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -95,6 +97,7 @@ func TestNodeFlagErrors(t *testing.T) {
 		{"gaussian with a path", append(nats, "--dataset", "gaussian", "--data-path", csv), "neither"},
 		{"csv that does not fit the model", append(nats, "--dataset", "csv", "--data-path", csv, "--model-spec", spec), "does not fit the model"},
 		{"bad id", append(nats, "--dataset", "gaussian", "--id", "a b"), "--id"},
+		{"id with a dot", append(nats, "--dataset", "gaussian", "--id", "host.example.org-1"), "--id"},
 		{"bad run", append(nats, "--dataset", "gaussian", "--run", "a.b"), "--run"},
 		{"bad log format", append(nats, "--dataset", "gaussian", "--log-format", "xml"), "--log-format"},
 		{"bad heartbeat", append(nats, "--dataset", "gaussian", "--heartbeat", "0s"), "--heartbeat"},
@@ -336,4 +339,14 @@ func TestServeMetrics(t *testing.T) {
 	}
 	cancel2()
 	<-done2
+}
+
+func TestDefaultNodeID(t *testing.T) {
+	id := defaultNodeID()
+	if !node.ValidID(id) {
+		t.Errorf("default node ID %q is not valid", id)
+	}
+	if !strings.HasSuffix(id, fmt.Sprintf("-%d", os.Getpid())) {
+		t.Errorf("default node ID %q does not end in the process ID", id)
+	}
 }
