@@ -212,8 +212,7 @@ func TestDeadline(t *testing.T) {
 	eventually(t, "late round skipped", func() bool { return r.skipped(SkipDeadline) == 1 })
 
 	// Waiting for params that come only after the deadline.
-	l.publish(round(3, 2, 1, 150*time.Millisecond))
-	recv(t, l.needs, "params request")
+	l.publish(round(3, 2, 1, 300*time.Millisecond))
 	eventually(t, "round closed while waiting", func() bool { return r.skipped(SkipDeadline) == 2 })
 	l.params(2, 1, fx.theta)
 	eventually(t, "params stored", func() bool { return r.w.Stats().ParamsVersion == 2 })
