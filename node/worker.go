@@ -179,7 +179,8 @@ func (w *Worker) update(f func(*Stats)) {
 //     StatusStopped): Run returns nil;
 //   - the leader rejects this node with reason "model_hash": Run returns an
 //     error wrapping ErrModelMismatch;
-//   - ctx is cancelled: Run returns ctx.Err();
+//   - ctx is cancelled: Run returns ctx.Err() (once a gradient computation
+//     in progress, which is not interruptible, has finished);
 //   - the connection is closed under it: Run returns an error wrapping
 //     transport.ErrClosed.
 //
