@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -34,6 +36,19 @@ func BenchmarkRound(b *testing.B) {
 }
 
 func benchRound(b *testing.B, n int, payload int32) {
+	round := roundRig(b, n, payload)
+	b.SetBytes(int64(2 * benchNodes * 4 * n))
+	b.ResetTimer()
+	for range b.N {
+		round()
+	}
+}
+
+// roundRig starts an embedded server with the given max payload, a
+// coordinator client and benchNodes node clients, and returns an op that
+// runs one round (broadcast n floats, collect benchNodes contributions of
+// n floats). It reports retransmits/op when the benchmark ends.
+func roundRig(b *testing.B, n int, payload int32) func() {
 	scfg := transport.DefaultServerConfig()
 	scfg.Port = -1
 	scfg.MaxPayload = payload
@@ -85,26 +100,25 @@ func benchRound(b *testing.B, n int, payload int32) {
 	for j := range theta {
 		theta[j] = float32(j) * 1e-3
 	}
-	b.SetBytes(int64(2 * benchNodes * 4 * n))
-	b.ResetTimer()
-	for i := range b.N {
-		p := transport.Params{Run: "bench", Step: uint64(i + 1), Version: uint64(i + 1), Values: theta}
+	step := uint64(0)
+	b.Cleanup(func() {
+		if step > 0 {
+			b.ReportMetric(float64(coord.Stats().Retransmitted)/float64(step), "retransmits/op")
+		}
+	})
+	return func() {
+		step++
+		p := transport.Params{Run: "bench", Step: step, Version: step, Values: theta}
 		if err := coord.Publish(context.Background(), p); err != nil {
 			b.Fatal(err)
 		}
 		for range benchNodes {
 			c := <-got
-			if c.Step != uint64(i+1) || len(c.Sum) != n {
+			if c.Step != step || len(c.Sum) != n {
 				b.Fatalf("contribution step %d len %d", c.Step, len(c.Sum))
 			}
 		}
 	}
-	b.StopTimer()
-	var rt uint64
-	for _, c := range []*transport.Client{coord} {
-		rt += c.Stats().Retransmitted
-	}
-	b.ReportMetric(float64(rt)/float64(b.N), "retransmits/op")
 }
 
 // BenchmarkTCPLoopback copies the same bytes as BenchmarkRound (8 vectors
@@ -117,11 +131,23 @@ func BenchmarkTCPLoopback(b *testing.B) {
 }
 
 func benchTCP(b *testing.B, n int) {
+	copyOp := tcpRig(b, n)
+	b.SetBytes(int64(2 * benchNodes * 4 * n))
+	b.ResetTimer()
+	for range b.N {
+		copyOp()
+	}
+}
+
+// tcpRig opens one TCP loopback connection and returns an op that writes
+// the bytes of one round (2·benchNodes vectors of n float32) and waits for
+// the reader's one-byte acknowledgement.
+func tcpRig(b *testing.B, n int) func() {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ln.Close()
+	b.Cleanup(func() { ln.Close() })
 	perOp := int64(2 * benchNodes * 4 * n)
 	done := make(chan error, 1)
 	go func() {
@@ -148,12 +174,13 @@ func benchTCP(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() { c.Close(); <-done }()
+	b.Cleanup(func() { c.Close(); <-done })
 	data := make([]byte, 4*n)
+	for i := range data {
+		data[i] = byte(i)
+	}
 	ack := make([]byte, 1)
-	b.SetBytes(perOp)
-	b.ResetTimer()
-	for range b.N {
+	return func() {
 		for range 2 * benchNodes {
 			if _, err := c.Write(data); err != nil {
 				b.Fatal(err)
@@ -161,6 +188,65 @@ func benchTCP(b *testing.B, n int) {
 		}
 		if _, err := io.ReadFull(c, ack); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRoundVsTCP is the must-show comparison of docs/BENCHMARKS.md:
+// every iteration runs one BenchmarkRound round and one BenchmarkTCPLoopback
+// copy of the same bytes and times each, so both see the same load on a
+// shared machine. It reports both effective
+// GB/s (10⁹ bytes delivered per second: 2·4 vectors of n float32) and
+// ratio = round GB/s ÷ TCP GB/s (the target is at least 0.5). A third op,
+// BenchmarkRawNATS's with messages of the same max payload, shows the
+// ceiling of any transport through a NATS server (ratio-rawnats = round
+// GB/s ÷ raw NATS GB/s). The order of the three rotates every iteration;
+// ns/op is the three plus three forced collections.
+func BenchmarkRoundVsTCP(b *testing.B) {
+	for _, payload := range []int32{1 << 20, 8 << 20} {
+		for _, n := range benchSizes {
+			b.Run(fmt.Sprintf("payload=%dMiB/floats=%dM", payload>>20, n>>20), func(b *testing.B) {
+				round, copyOp, raw := roundRig(b, n, payload), tcpRig(b, n), rawRig(b, n, payload)
+				round() // warm-up: connections, buffers, first-touch of the reassembly memory
+				copyOp()
+				raw()
+				// Each op is followed by an untimed garbage collection, so
+				// the round's garbage (its 40 MB buffers at 10M floats) is
+				// not collected while the next op is timed. The allocation
+				// and first touch of those buffers stay in the round's time.
+				timed := func(op func()) time.Duration {
+					t0 := time.Now()
+					op()
+					d := time.Since(t0)
+					runtime.GC()
+					return d
+				}
+				var tRound, tTCP, tRaw time.Duration
+				iters := 0
+				for b.Loop() {
+					switch iters % 3 { // rotate the order
+					case 0:
+						tRound += timed(round)
+						tTCP += timed(copyOp)
+						tRaw += timed(raw)
+					case 1:
+						tTCP += timed(copyOp)
+						tRaw += timed(raw)
+						tRound += timed(round)
+					case 2:
+						tRaw += timed(raw)
+						tRound += timed(round)
+						tTCP += timed(copyOp)
+					}
+					iters++
+				}
+				bytes := float64(2*benchNodes*4*n) * float64(iters)
+				b.ReportMetric(bytes/float64(tRound.Nanoseconds()), "round-GB/s")
+				b.ReportMetric(bytes/float64(tTCP.Nanoseconds()), "tcp-GB/s")
+				b.ReportMetric(bytes/float64(tRaw.Nanoseconds()), "rawnats-GB/s")
+				b.ReportMetric(tTCP.Seconds()/tRound.Seconds(), "ratio")
+				b.ReportMetric(tRaw.Seconds()/tRound.Seconds(), "ratio-rawnats")
+			})
 		}
 	}
 }
@@ -176,7 +262,26 @@ func BenchmarkRawNATS(b *testing.B) {
 }
 
 func benchRawNATS(b *testing.B, n int) {
-	srv := testServer(b)
+	raw := rawRig(b, n, 1<<20)
+	b.SetBytes(int64(2 * benchNodes * 4 * n))
+	b.ResetTimer()
+	for range b.N {
+		raw()
+	}
+}
+
+// rawRig starts an embedded server with the given max payload and returns
+// an op that moves one round's bytes with bare nats.go in messages of
+// payload bytes.
+func rawRig(b *testing.B, n int, payload int32) func() {
+	scfg := transport.DefaultServerConfig()
+	scfg.Port = -1
+	scfg.MaxPayload = payload
+	srv, err := transport.StartServer(scfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Shutdown)
 	dial := func() *nats.Conn {
 		nc, err := nats.Connect(srv.URL())
 		if err != nil {
@@ -185,9 +290,9 @@ func benchRawNATS(b *testing.B, n int) {
 		b.Cleanup(nc.Close)
 		return nc
 	}
-	const msg = 1 << 20
+	msg := int(payload) - 1024 // room for the protocol line
 	msgs := (4*n + msg - 1) / msg
-	payload := make([]byte, msg)
+	data := make([]byte, msg)
 	coord := dial()
 	done := make(chan struct{}, benchNodes)
 	got := 0
@@ -208,7 +313,7 @@ func benchRawNATS(b *testing.B, n int) {
 			seen++
 			if seen%msgs == 0 {
 				for range msgs {
-					_ = nc.Publish("raw.contrib", payload)
+					_ = nc.Publish("raw.contrib", data)
 				}
 				_ = nc.Flush()
 			}
@@ -220,11 +325,9 @@ func benchRawNATS(b *testing.B, n int) {
 		_ = nc.Flush()
 	}
 	_ = coord.Flush()
-	b.SetBytes(int64(2 * benchNodes * 4 * n))
-	b.ResetTimer()
-	for range b.N {
+	return func() {
 		for range msgs {
-			if err := coord.Publish("raw.params", payload); err != nil {
+			if err := coord.Publish("raw.params", data); err != nil {
 				b.Fatal(err)
 			}
 		}
