@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -51,11 +51,9 @@ type ReplicaConfig struct {
 	// (raft-wal preallocates each one).
 	LogSegmentBytes int
 
-	// Logger receives the replica's structured logs (nil: discarded).
+	// Logger receives the replica's structured logs, and hashicorp/raft's
+	// own warnings and errors as "raft" records (nil: discarded).
 	Logger *slog.Logger
-	// RaftLogOutput receives hashicorp/raft's own logs at warn level and
-	// above (nil: discarded).
-	RaftLogOutput io.Writer
 }
 
 // DefaultReplicaConfig returns the defaults: election timeouts of a few
@@ -128,11 +126,9 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			return nil, err
 		}
 	}
-	out := cfg.RaftLogOutput
-	if out == nil {
-		out = io.Discard
-	}
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: out})
+	hlog := hclog.New(&hclog.LoggerOptions{
+		Name: "raft", Level: hclog.Warn, Output: raftLogWriter{log}, DisableTime: true,
+	})
 
 	fsm, err := NewFSM(cfg.DataDir, init, log)
 	if err != nil {
@@ -318,4 +314,19 @@ func (r *Replica) Close() error {
 	err := r.raft.Shutdown().Error()
 	r.closeStores()
 	return err
+}
+
+// raftLogWriter forwards hashicorp/raft's log lines (hclog writes one
+// whole line per Write) to the replica's slog logger, so every log line of
+// the process goes through one handler, in one format.
+type raftLogWriter struct{ log *slog.Logger }
+
+func (w raftLogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelWarn
+	if strings.HasPrefix(line, "[ERROR]") {
+		level = slog.LevelError
+	}
+	w.log.Log(context.Background(), level, "raft", "line", line)
+	return len(p), nil
 }

@@ -154,6 +154,7 @@ type Server struct {
 
 	nodes registry
 	round atomic.Pointer[openRound] // the leader's open round, if any
+	last  Progress                  // the leader's last evaluation (lead goroutine only)
 
 	paramsMu   sync.Mutex
 	lastResent map[uint64]time.Time // NeedParams rate limit, by version
@@ -436,6 +437,7 @@ func (s *Server) evaluate(log *slog.Logger, p *Progress) {
 		return
 	}
 	p.Eval, p.EvalStep = m, step
+	s.last = *p
 	s.metrics.evaluated(m)
 	log.Info("test evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "epsilon", p.Epsilon)
 }
@@ -450,7 +452,11 @@ func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
 	}
 	if s.cfg.Evaluator != nil {
 		p := Progress{Step: st.Applied, MaxSteps: s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: s.run.TargetEpsilon}
-		s.evaluate(s.log, &p)
+		if s.last.EvalStep == st.Applied && st.Applied > 0 {
+			p.Eval, p.EvalStep = s.last.Eval, s.last.EvalStep // θ has not moved since
+		} else {
+			s.evaluate(s.log, &p)
+		}
 		if p.EvalStep > 0 {
 			sum.Final, sum.FinalEvaluated = p.Eval, true
 			if s.cfg.OnStep != nil {
@@ -529,7 +535,7 @@ func (s *Server) onNodeMessage(m transport.Message) {
 	default:
 		return
 	}
-	if id == "" || !transport.ValidRunName(id) || shard < 0 {
+	if id == "" || len(id) > 64 || shard < 0 {
 		s.log.Debug("ignoring node message with a bad node id or shard size", "type", m.Type().String())
 		return
 	}

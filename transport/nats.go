@@ -130,6 +130,9 @@ func dialNATS(ctx context.Context, cfg Config, urls []string, log *slog.Logger) 
 			log.Warn("transport: nats async error", "subject", subject, "err", err)
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // our own Close
+			}
 			log.Warn("transport: disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {

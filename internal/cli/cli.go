@@ -17,5 +17,7 @@ func NewCoordinatorCmd() *cobra.Command {
 	}
 	root.AddCommand(newPrivacyCmd())
 	root.AddCommand(newLedgerCmd())
+	root.AddCommand(newLocalCmd())
+	root.AddCommand(newServeCmd())
 	return root
 }

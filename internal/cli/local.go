@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/node"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// localResult is the --json output of `coordinator local`.
+type localResult struct {
+	Run           string  `json:"run"`
+	Steps         int64   `json:"steps"`
+	Epsilon       float64 `json:"epsilon"`
+	Delta         float64 `json:"delta"`
+	TargetEpsilon float64 `json:"target_epsilon"`
+	Sigma         float64 `json:"noise_multiplier"`
+	SampleRate    float64 `json:"sample_rate"`
+	Stopped       string  `json:"stopped"`
+	TestAccuracy  float64 `json:"test_accuracy"`
+	TestLoss      float64 `json:"test_loss"`
+	Ledger        string  `json:"ledger"`
+	Seconds       float64 `json:"seconds"`
+	// Private is false when the run used seeded (predictable) noise.
+	Private bool `json:"private"`
+}
+
+type localFlags struct {
+	config       string
+	dataDir      string
+	nodes        int
+	insecureSeed uint64
+	progress     string
+	logFormat    string
+	metricsAddr  string
+	json         bool
+}
+
+func newLocalCmd() *cobra.Command {
+	spec := defaultRunSpec()
+	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data"}
+	cmd := &cobra.Command{
+		Use:   "local",
+		Short: "Train in one process: embedded NATS, one coordinator replica, k in-process nodes",
+		Long: `local runs a whole dpcluster training run on one machine: an embedded NATS server, one
+Raft coordinator replica with its durable log and privacy ledger under --data-dir, and --nodes
+worker nodes, each holding one IID shard of the training set. By default it trains the mlp
+preset on Fashion-MNIST with DP-AdamBC to ε = 3 (δ = 1e-5), σ calibrated for --max-steps.
+
+Re-running with the same --data-dir resumes the run where it stopped (the configuration must
+be the same); audit the ledger with: coordinator ledger audit DIR.`,
+		Example: `  coordinator local --max-steps 1000 --data-dir /tmp/run1
+  coordinator local --config run.yaml --nodes 4 --target-epsilon 1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
+				return err
+			}
+			return runLocal(cmd, spec, f)
+		},
+	}
+	fs := cmd.Flags()
+	spec.bind(fs)
+	fs.StringVar(&f.config, "config", "", "YAML run file; flags override it")
+	fs.StringVar(&f.dataDir, "data-dir", f.dataDir, "directory for the replica's Raft log, snapshots and privacy ledger")
+	fs.IntVar(&f.nodes, "nodes", f.nodes, "number of in-process nodes (the training set is split IID among them)")
+	fs.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "if non-zero, seed noise and sampling: reproducible and NOT private")
+	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
+	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
+	fs.BoolVar(&f.json, "json", false, "print the result as JSON")
+	return cmd
+}
+
+func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
+	if f.nodes < 1 {
+		return fmt.Errorf("--nodes %d must be at least 1", f.nodes)
+	}
+	if f.dataDir == "" {
+		return errors.New("--data-dir must not be empty")
+	}
+	if spec.Dataset == "none" {
+		return errors.New("local needs a dataset to shard among its nodes")
+	}
+	log, err := newLogger(cmd, f.logFormat, slog.LevelInfo)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	started := time.Now()
+	seeded := f.insecureSeed != 0
+	pr, err := spec.prepare(ctx, seeded, log)
+	if err != nil {
+		return err
+	}
+	rc := pr.cfg
+	raftAddr, err := freeLoopbackAddr()
+	if err != nil {
+		return err
+	}
+	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed}
+	opts.nats.Embedded.Port = -1 // any free port: nodes are in-process
+	opts.replica = coordinator.DefaultReplicaConfig()
+	opts.replica.ID, opts.replica.RaftAddr, opts.replica.DataDir, opts.replica.Bootstrap = "local", raftAddr, f.dataDir, true
+	if !cmd.Flags().Changed("min-nodes") {
+		opts.minNodes = f.nodes // wait for every in-process node
+	}
+	srv, err := openServer(ctx, cmd, spec, pr, opts, log)
+	if err != nil {
+		return err
+	}
+	defer srv.close()
+
+	nodeCtx, stopNodes := context.WithCancel(ctx)
+	defer stopNodes()
+	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), rc.Run, pr.model, pr.train, spec.ShardSeed, f, srv.registry, quietLogger(log))
+	if err != nil {
+		return err
+	}
+	sum, runErr := srv.server.Run(ctx)
+	srv.progress.finish()
+	// Nodes stop on the Done status; give them a moment, then cancel.
+	wait := time.AfterFunc(3*time.Second, stopNodes)
+	for range f.nodes {
+		if err := <-nodeErrs; err != nil && !errors.Is(err, context.Canceled) && runErr == nil {
+			log.Warn("node stopped with an error", "err", err)
+		}
+	}
+	wait.Stop()
+	if runErr != nil {
+		return runErr
+	}
+
+	res := localResult{
+		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
+		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, Stopped: sum.Stopped,
+		TestAccuracy: sum.Final.Accuracy, TestLoss: sum.Final.Loss,
+		Ledger: filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
+		Private: !seeded,
+	}
+	out := cmd.OutOrStdout()
+	if f.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs\n", rc.Run, res.Steps, res.Stopped, res.Seconds)
+	if sum.FinalEvaluated {
+		fmt.Fprintf(out, "test accuracy %.2f%% (loss %.4f) on %d held-out examples\n", 100*res.TestAccuracy, res.TestLoss, sum.Final.N)
+	}
+	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g; σ = %.4f, q = %.6g)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Sigma, res.SampleRate)
+	if !res.Private {
+		fmt.Fprintln(out, "WARNING: seeded noise (--insecure-seed): this run is NOT differentially private")
+	}
+	fmt.Fprintf(out, "ledger: %s (check it: coordinator ledger audit %s)\n", res.Ledger, f.dataDir)
+	return nil
+}
+
+// startLocalNodes starts one node.Worker per IID shard of trainSet, each
+// with its own NATS connection to url. Each worker's result arrives on the
+// returned channel.
+func startLocalNodes(ctx context.Context, url, run string, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, reg prometheus.Registerer, log *slog.Logger) (<-chan error, error) {
+	shards, err := dataset.ShardIID(trainSet, f.nodes, shardSeed)
+	if err != nil {
+		return nil, err
+	}
+	errs := make(chan error, f.nodes)
+	for i, shard := range shards {
+		id := fmt.Sprintf("node-%d", i)
+		tcfg := transport.DefaultConfig()
+		tcfg.Run, tcfg.Name, tcfg.URLs = run, id, []string{url}
+		conn, err := transport.Connect(ctx, tcfg, log)
+		if err != nil {
+			return nil, err
+		}
+		ncfg := node.DefaultConfig()
+		ncfg.ID, ncfg.Run, ncfg.Registerer = id, run, reg
+		var opts []node.Option
+		if f.insecureSeed != 0 {
+			opts = append(opts, node.WithSeededSampling(f.insecureSeed+uint64(i)+1))
+		}
+		w, err := node.NewWorker(ncfg, m, shard, conn, log, opts...)
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		go func() {
+			err := w.Run(ctx)
+			conn.Close()
+			errs <- err
+		}()
+	}
+	return errs, nil
+}
+
+// quietLogger passes only warnings and errors to log's handler.
+func quietLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(levelHandler{min: slog.LevelWarn, Handler: log.Handler()})
+}
+
+type levelHandler struct {
+	min slog.Level
+	slog.Handler
+}
+
+func (h levelHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelHandler) WithAttrs(a []slog.Attr) slog.Handler {
+	return levelHandler{h.min, h.Handler.WithAttrs(a)}
+}
+
+func (h levelHandler) WithGroup(n string) slog.Handler {
+	return levelHandler{h.min, h.Handler.WithGroup(n)}
+}
+
+// freeLoopbackAddr returns 127.0.0.1 with a port free right now.
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}

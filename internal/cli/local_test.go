@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/model"
+)
+
+// localArgs is a small, fast local run: logistic regression on the
+// synthetic Gaussian mixture across 3 nodes.
+func localArgs(dir string, extra ...string) []string {
+	return append([]string{"local", "--dataset", "gaussian", "--model", "logreg", "--examples", "3000",
+		"--batch-size", "100", "--max-steps", "40", "--eval-every", "20", "--round-timeout", "20s",
+		"--data-dir", dir, "--progress", "off", "--run", "t-local", "--json"}, extra...)
+}
+
+// TestLocalTrainsAndAudits runs `coordinator local` end to end in-process
+// (embedded NATS, a real Raft replica, three nodes): it reaches the step
+// limit at exactly the target ε, reports a test accuracy, and leaves a
+// ledger that `coordinator ledger audit DIR --json` passes with one record
+// per applied step. Running it again on the same data dir resumes a
+// finished run: nothing more is charged.
+func TestLocalTrainsAndAudits(t *testing.T) {
+	dir := t.TempDir()
+	out, err := run(t, localArgs(dir)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res localResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if res.Steps != 40 || res.Stopped != "max steps reached" || !res.Private {
+		t.Errorf("result %+v", res)
+	}
+	// σ was calibrated so that 40 steps spend the whole budget.
+	if res.Epsilon > res.TargetEpsilon || res.Epsilon < res.TargetEpsilon*(1-1e-6) {
+		t.Errorf("ε = %v, target %v", res.Epsilon, res.TargetEpsilon)
+	}
+	if !(res.TestAccuracy > 0.1) {
+		t.Errorf("test accuracy %v: no better than chance", res.TestAccuracy)
+	}
+	if res.Ledger != filepath.Join(dir, coordinator.LedgerFile) {
+		t.Errorf("ledger at %s", res.Ledger)
+	}
+	aout, err := run(t, "ledger", "audit", dir, "--json", "--expect-steps", "40")
+	if err != nil {
+		t.Fatalf("audit failed: %v\n%s", err, aout)
+	}
+	var rep ledger.AuditReport
+	if err := json.Unmarshal([]byte(aout), &rep); err != nil || !rep.OK || rep.Charges != 40 {
+		t.Fatalf("audit report %+v, %v", rep, err)
+	}
+
+	// Resume the finished run: no new step, no new charge.
+	out, err = run(t, localArgs(dir)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again localResult
+	if err := json.Unmarshal([]byte(out), &again); err != nil || again.Steps != 40 {
+		t.Fatalf("resumed run: %+v, %v", again, err)
+	}
+	if rep2, err := ledger.Audit(res.Ledger); err != nil || rep2.Charges != 40 {
+		t.Errorf("after resume: %+v, %v", rep2, err)
+	}
+
+	// A different run configuration on the same data dir is refused.
+	if _, err := run(t, localArgs(dir, "--lr", "0.5")...); err == nil || !strings.Contains(err.Error(), "different run") {
+		t.Errorf("changed config on an existing data dir: err = %v", err)
+	}
+}
+
+// TestLocalSeededIsReproducible: with --insecure-seed two runs produce the
+// same ledger ε and test accuracy, and the output says it is not private.
+func TestLocalSeededIsReproducible(t *testing.T) {
+	var results []localResult
+	for range 2 {
+		out, err := run(t, localArgs(t.TempDir(), "--insecure-seed", "5", "--max-steps", "15")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res localResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		results = append(results, res)
+	}
+	if results[0].Private || results[0].TestAccuracy != results[1].TestAccuracy || results[0].TestLoss != results[1].TestLoss {
+		t.Errorf("seeded runs differ or claim privacy: %+v vs %+v", results[0], results[1])
+	}
+}
+
+// TestLocalConfigFile: a YAML run file sets the run; flags override it;
+// unknown keys are an error.
+func TestLocalConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "run.yaml")
+	writeFile(t, cfg, "run: from-file\nmax_steps: 1000\nexamples: 3000\nround_timeout: 20s\n")
+	out, err := run(t, "local", "--config", cfg, "--dataset", "gaussian", "--model", "logreg",
+		"--batch-size", "100", "--max-steps", "10", "--data-dir", filepath.Join(dir, "d"), "--progress", "off", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res localResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Run != "from-file" || res.Steps != 10 {
+		t.Errorf("run %q steps %d: want the file's run name and the flag's max steps", res.Run, res.Steps)
+	}
+	writeFile(t, cfg, "run: x\nlearning_rate: 1\n")
+	if _, err := run(t, "local", "--config", cfg, "--data-dir", filepath.Join(dir, "e")); err == nil || !strings.Contains(err.Error(), "learning_rate") {
+		t.Errorf("unknown key: err = %v", err)
+	}
+}
+
+func TestLocalFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodes", "0"}, "--nodes"},
+		{[]string{"--dataset", "none"}, "needs a dataset"},
+		{[]string{"--dataset", "mnist"}, "--dataset"},
+		{[]string{"--model", "nope"}, "neither a preset"},
+		{[]string{"--max-steps", "0"}, "--max-steps"},
+		{[]string{"--batch-size", "1e9"}, "--batch-size"},
+		{[]string{"--progress", "maybe"}, "--progress"},
+		{[]string{"--target-epsilon", "-1"}, "epsilon"},
+	} {
+		_, err := run(t, localArgs(filepath.Join(dir, "x"), tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err = %v, want it to mention %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	var buf bytes.Buffer
+	p, err := newProgress(&buf, "on", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	p.now = func() time.Time { return now }
+	p.update(coordinator.Progress{Step: 1, MaxSteps: 10, Epsilon: 0.5, TargetEpsilon: 3})
+	now = now.Add(time.Second)
+	p.update(coordinator.Progress{Step: 5, MaxSteps: 10, Epsilon: 1.25, TargetEpsilon: 3,
+		EvalStep: 5, Eval: model.Metrics{Loss: 0.7, Accuracy: 0.8125, N: 100}})
+	p.finish()
+	got := buf.String()
+	for _, want := range []string{"[############............] step 5/10", "ε 1.250/3", "test acc 81.2% (step 5)", "5.0 steps/s"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("progress output %q lacks %q", got, want)
+		}
+	}
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,334 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/model"
+)
+
+// runSpec is a training run as a user describes it: the YAML run file
+// (--config) and the flags of `coordinator local` and `coordinator serve`,
+// which override the file. It becomes a coordinator.RunConfig (the public
+// constants every replica agrees on) plus local choices (data, timing).
+type runSpec struct {
+	Run string `yaml:"run"`
+	// Model is a preset name (logreg, mlp, cnn, textbag) or the path of a
+	// JSON model spec.
+	Model string `yaml:"model"`
+	// Dataset is fashion-mnist, gaussian (a synthetic Gaussian mixture
+	// shaped like Fashion-MNIST) or csv.
+	Dataset  string `yaml:"dataset"`
+	Data     string `yaml:"data"`      // fashion-mnist: directory searched first
+	DataPath string `yaml:"data_path"` // csv: the file
+	Examples int    `yaml:"examples"`  // gaussian: number of examples
+	// TotalExamples is N, the training examples across all nodes. Derived
+	// from the dataset when one is loaded; `serve` without a dataset needs
+	// it.
+	TotalExamples int64 `yaml:"total_examples"`
+
+	BatchSize     float64 `yaml:"batch_size"` // expected batch B; q = B/N
+	Clip          float64 `yaml:"clip"`
+	Sigma         float64 `yaml:"sigma"` // 0: calibrated to TargetEpsilon at MaxSteps
+	TargetEpsilon float64 `yaml:"target_epsilon"`
+	Delta         float64 `yaml:"delta"`
+	MaxSteps      int64   `yaml:"max_steps"`
+
+	Algorithm  string  `yaml:"algorithm"`
+	LR         float64 `yaml:"lr"`
+	Beta1      float64 `yaml:"beta1"`
+	Beta2      float64 `yaml:"beta2"`
+	AdamEps    float64 `yaml:"adam_eps"`
+	GammaPrime float64 `yaml:"gamma_prime"`
+	Momentum   float64 `yaml:"momentum"`
+
+	InitSeed     uint64        `yaml:"init_seed"`
+	ShardSeed    uint64        `yaml:"shard_seed"`
+	RoundTimeout time.Duration `yaml:"round_timeout"`
+	EvalEvery    int64         `yaml:"eval_every"`
+	MinNodes     int           `yaml:"min_nodes"`
+}
+
+// defaultRunSpec is the README's main job: the mlp preset on
+// Fashion-MNIST with DP-AdamBC to ε = 3 (δ = 1e-5).
+func defaultRunSpec() runSpec {
+	opt := dpadam.DefaultConfig()
+	return runSpec{
+		Run: "fashion-mlp", Model: "mlp", Dataset: "fashion-mnist", Examples: 12000,
+		BatchSize: 256, Clip: 1, TargetEpsilon: 3, Delta: 1e-5, MaxSteps: 1000,
+		Algorithm: string(opt.Algorithm), LR: opt.LearningRate, Beta1: opt.Beta1, Beta2: opt.Beta2,
+		AdamEps: opt.AdamEps, GammaPrime: 1e-6, Momentum: opt.Momentum,
+		InitSeed: 1, ShardSeed: 1, RoundTimeout: 10 * time.Second, EvalEvery: 100, MinNodes: 1,
+	}
+}
+
+// bind registers the run flags on fs, with the spec's current values as
+// defaults.
+func (s *runSpec) bind(fs *pflag.FlagSet) {
+	fs.StringVar(&s.Run, "run", s.Run, "run name (scopes NATS subjects and the ledger)")
+	fs.StringVar(&s.Model, "model", s.Model, "model preset (logreg, mlp, cnn, textbag) or JSON spec file")
+	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian or csv")
+	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory, searched before $DPCLUSTER_DATA, the cache and the Debian package's")
+	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "CSV file (label column + features) for --dataset csv")
+	fs.IntVar(&s.Examples, "examples", s.Examples, "number of examples of the synthetic gaussian dataset")
+	fs.Int64Var(&s.TotalExamples, "total-examples", s.TotalExamples, "N, training examples across all nodes (default: from the dataset)")
+	fs.Float64Var(&s.BatchSize, "batch-size", s.BatchSize, "expected batch size B (q = B/N)")
+	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
+	fs.Float64Var(&s.Sigma, "sigma", s.Sigma, "noise multiplier σ (0: calibrate to --target-epsilon at --max-steps)")
+	fs.Float64Var(&s.TargetEpsilon, "target-epsilon", s.TargetEpsilon, "privacy budget ε, enforced by the ledger")
+	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ")
+	fs.Int64Var(&s.MaxSteps, "max-steps", s.MaxSteps, "stop after this many steps (0: when the budget is spent; needs --sigma)")
+	fs.StringVar(&s.Algorithm, "algorithm", s.Algorithm, "optimizer: dp-adambc, dp-adam, dp-sgd or dp-sgdm")
+	fs.Float64Var(&s.LR, "lr", s.LR, "learning rate η")
+	fs.Float64Var(&s.Beta1, "beta1", s.Beta1, "Adam β1")
+	fs.Float64Var(&s.Beta2, "beta2", s.Beta2, "Adam β2")
+	fs.Float64Var(&s.AdamEps, "adam-eps", s.AdamEps, "DP-Adam's γ added to sqrt(v̂)")
+	fs.Float64Var(&s.GammaPrime, "gamma-prime", s.GammaPrime, "DP-AdamBC's floor γ' under v̂ − Φ")
+	fs.Float64Var(&s.Momentum, "momentum", s.Momentum, "DP-SGDM momentum μ")
+	fs.Uint64Var(&s.InitSeed, "init-seed", s.InitSeed, "seed of the (public) initial parameters θ₀")
+	fs.Uint64Var(&s.ShardSeed, "shard-seed", s.ShardSeed, "seed of the IID split of the training set into node shards")
+	fs.DurationVar(&s.RoundTimeout, "round-timeout", s.RoundTimeout, "a round closes after this long with whoever answered")
+	fs.Int64Var(&s.EvalEvery, "eval-every", s.EvalEvery, "evaluate on the test split every N steps (0: only at the end)")
+	fs.IntVar(&s.MinNodes, "min-nodes", s.MinNodes, "nodes needed before a round opens")
+}
+
+// loadRunSpec fills s from the YAML file at path (unknown keys are an
+// error) and then re-applies the flags the user set, so flags win.
+func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
+	if path == "" {
+		return nil
+	}
+	changed := map[string]string{}
+	fs.Visit(func(f *pflag.Flag) { changed[f.Name] = f.Value.String() })
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("run file: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(s); err != nil && !errors.Is(err, errEOF) {
+		return fmt.Errorf("run file %s: %w", path, err)
+	}
+	for name, v := range changed {
+		if err := fs.Set(name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errEOF is what yaml.v3 returns for an empty document.
+var errEOF = func() error {
+	var v struct{}
+	return yaml.NewDecoder(strings.NewReader("")).Decode(&v)
+}()
+
+// modelSpec resolves the --model value: a preset name or a spec file.
+func (s *runSpec) modelSpec() (model.Spec, error) {
+	if spec, err := model.Preset(s.Model); err == nil {
+		return spec, nil
+	}
+	data, err := os.ReadFile(s.Model)
+	if err != nil {
+		return model.Spec{}, fmt.Errorf("--model %q is neither a preset %v nor a readable spec file: %w", s.Model, model.Presets(), err)
+	}
+	return model.ParseSpec(data)
+}
+
+// loadData loads the training set and its held-out test split.
+func (s *runSpec) loadData(ctx context.Context, log *slog.Logger) (train, test *dataset.Dataset, err error) {
+	switch s.Dataset {
+	case "fashion-mnist":
+		opts := dataset.DefaultLoadOptions()
+		opts.Dir, opts.Logger = s.Data, log
+		return dataset.LoadFashionMNIST(ctx, opts)
+	case "gaussian":
+		if s.Examples < 10 {
+			return nil, nil, fmt.Errorf("--examples %d: the gaussian dataset needs at least 10", s.Examples)
+		}
+		all, err := dataset.GaussianMixture(s.Examples, 784, 10, 3, s.ShardSeed)
+		if err != nil {
+			return nil, nil, err
+		}
+		all.Shape = []int{1, 28, 28}
+		return dataset.Split(all, 1.0/6, s.ShardSeed)
+	case "csv":
+		f, err := os.Open(s.DataPath)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--data-path: %w", err)
+		}
+		defer f.Close()
+		all, err := dataset.ReadCSV(f, dataset.DefaultCSVOptions())
+		if err != nil {
+			return nil, nil, err
+		}
+		return dataset.Split(all, 1.0/6, s.ShardSeed)
+	}
+	return nil, nil, fmt.Errorf("--dataset must be fashion-mnist, gaussian or csv, not %q", s.Dataset)
+}
+
+// runConfig turns the spec into the replicated run configuration: N from
+// the data (or TotalExamples), q = B/N, and σ calibrated when not given.
+func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.RunConfig, error) {
+	if s.TotalExamples > 0 {
+		if n > 0 && n != s.TotalExamples {
+			return coordinator.RunConfig{}, fmt.Errorf("--total-examples %d but the dataset has %d", s.TotalExamples, n)
+		}
+		n = s.TotalExamples
+	}
+	if n <= 0 {
+		return coordinator.RunConfig{}, errors.New("the number of training examples N is unknown: give --total-examples or a dataset")
+	}
+	if !(s.BatchSize > 0 && s.BatchSize <= float64(n)) {
+		return coordinator.RunConfig{}, fmt.Errorf("--batch-size %v must be in (0, N = %d]", s.BatchSize, n)
+	}
+	q := s.BatchSize / float64(n)
+	sigma := s.Sigma
+	if sigma < 0 {
+		return coordinator.RunConfig{}, fmt.Errorf("--sigma %v must not be negative", sigma)
+	}
+	if sigma == 0 {
+		if s.MaxSteps <= 0 {
+			return coordinator.RunConfig{}, errors.New("calibrating σ needs --max-steps (or give --sigma)")
+		}
+		// Calibrate against a target a hair below the budget: the ledger
+		// composes step by step, and float rounding must not push the
+		// last step a few ulps past the target.
+		var err error
+		sigma, err = ledger.CalibrateSigma(nil, s.TargetEpsilon*(1-1e-9), q, s.MaxSteps, s.Delta)
+		if err != nil {
+			return coordinator.RunConfig{}, fmt.Errorf("calibrating σ: %w", err)
+		}
+	}
+	specJSON, err := m.Spec().CanonicalJSON()
+	if err != nil {
+		return coordinator.RunConfig{}, err
+	}
+	opt := dpadam.DefaultConfig()
+	opt.Algorithm = dpadam.Algorithm(s.Algorithm)
+	opt.LearningRate, opt.Beta1, opt.Beta2, opt.AdamEps = s.LR, s.Beta1, s.Beta2, s.AdamEps
+	opt.GammaPrime, opt.Momentum = s.GammaPrime, s.Momentum
+	opt.NoiseMultiplier, opt.ClipNorm, opt.ExpectedBatchSize = sigma, s.Clip, s.BatchSize
+	policy := coordinator.SeedCrypto
+	if seeded {
+		policy = coordinator.SeedSeeded
+	}
+	c := coordinator.RunConfig{
+		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
+		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: s.TargetEpsilon, Delta: s.Delta,
+		MaxSteps: s.MaxSteps, SeedPolicy: policy,
+	}
+	// B = q·N must hold exactly enough for Validate.
+	c.Optimizer.ExpectedBatchSize = q * float64(n)
+	if math.Abs(c.Optimizer.ExpectedBatchSize-s.BatchSize) > 1e-9*s.BatchSize {
+		return coordinator.RunConfig{}, fmt.Errorf("expected batch size %v does not survive q·N", s.BatchSize)
+	}
+	return c, c.Validate()
+}
+
+// preparedRun is a run ready to start: its model, data and replicated
+// configuration.
+type preparedRun struct {
+	model       *model.Model
+	train, test *dataset.Dataset // nil with --dataset none
+	cfg         coordinator.RunConfig
+}
+
+// prepare builds the model, loads the data (unless the dataset is "none",
+// which serve allows: N then comes from --total-examples and nothing is
+// evaluated) and derives the run configuration.
+func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (preparedRun, error) {
+	var pr preparedRun
+	mspec, err := s.modelSpec()
+	if err != nil {
+		return pr, err
+	}
+	if pr.model, err = model.New(mspec); err != nil {
+		return pr, err
+	}
+	var n int64
+	if s.Dataset != "none" {
+		if pr.train, pr.test, err = s.loadData(ctx, log); err != nil {
+			return pr, err
+		}
+		if err := pr.model.CheckDataset(pr.train); err != nil {
+			return pr, fmt.Errorf("model %s does not fit the data: %w", s.Model, err)
+		}
+		n = int64(pr.train.Len())
+	}
+	pr.cfg, err = s.runConfig(pr.model, n, seeded)
+	return pr, err
+}
+
+// serverConfig is the round loop's configuration from the spec.
+func (s *runSpec) serverConfig() coordinator.ServerConfig {
+	sc := coordinator.DefaultServerConfig()
+	sc.RoundTimeout, sc.EvalEvery, sc.MinNodes = s.RoundTimeout, s.EvalEvery, s.MinNodes
+	return sc
+}
+
+// modelEvaluator evaluates θ on the test split.
+type modelEvaluator struct {
+	ws   *model.Workspace
+	test *dataset.Dataset
+}
+
+func newModelEvaluator(m *model.Model, test *dataset.Dataset) (*modelEvaluator, error) {
+	if err := m.CheckDataset(test); err != nil {
+		return nil, err
+	}
+	ws, err := m.NewWorkspace(512)
+	if err != nil {
+		return nil, err
+	}
+	return &modelEvaluator{ws: ws, test: test}, nil
+}
+
+func (e *modelEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
+	return e.ws.EvaluateDataset(theta, e.test)
+}
+
+// modelInit is the replicas' θ₀: the run's model spec, initialized from
+// its seed. Deterministic, as coordinator.InitFunc requires.
+func modelInit(c coordinator.RunConfig) ([]float32, error) {
+	spec, err := model.ParseSpec(c.ModelSpec)
+	if err != nil {
+		return nil, err
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		return nil, err
+	}
+	if m.Hash() != c.ModelHash {
+		return nil, fmt.Errorf("model spec hashes to %s, run says %s", m.Hash(), c.ModelHash)
+	}
+	theta := make([]float32, m.NumParams())
+	return theta, m.Init(theta, c.InitSeed)
+}
+
+// newLogger returns the command's slog logger on stderr.
+func newLogger(cmd *cobra.Command, format string, level slog.Level) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}

@@ -1,0 +1,267 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+type serveFlags struct {
+	config       string
+	id           string
+	raftAddr     string
+	dataDir      string
+	bootstrap    bool
+	peers        string
+	nats         string
+	natsListen   string
+	insecureSeed uint64
+	progress     string
+	logFormat    string
+	metricsAddr  string
+}
+
+func newServeCmd() *cobra.Command {
+	spec := defaultRunSpec()
+	f := serveFlags{id: "r1", raftAddr: "127.0.0.1:7000", progress: "off", logFormat: "text", natsListen: "127.0.0.1:4222"}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run one coordinator replica (Raft) of a training run",
+		Long: `serve runs one coordinator replica: Raft over TCP at --raft-addr with its log, snapshots and
+privacy ledger under --data-dir, and the round loop, which runs while this replica leads. It
+talks to nodes through NATS: the servers in --nats, or, when --nats is empty, a NATS server it
+embeds on --nats-listen.
+
+The run is defined by --config and the run flags, identically on every replica. With a dataset
+the replica reads N from it and evaluates θ on its test split; with --dataset none give
+--total-examples. serve exits 0 when the run has finished (max steps or budget).`,
+		Example: `  coordinator serve --id r1 --raft-addr 127.0.0.1:7000 --data-dir /var/lib/dpc/r1 --bootstrap \
+      --nats nats://127.0.0.1:4222 --config run.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
+				return err
+			}
+			return runServe(cmd, spec, f)
+		},
+	}
+	fs := cmd.Flags()
+	spec.bind(fs)
+	fs.StringVar(&f.config, "config", "", "YAML run file; flags override it")
+	fs.StringVar(&f.id, "id", f.id, "replica ID, unique in the cluster")
+	fs.StringVar(&f.raftAddr, "raft-addr", f.raftAddr, "TCP address Raft binds and advertises (host:port)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "directory for the Raft log, snapshots and the privacy ledger (required)")
+	fs.BoolVar(&f.bootstrap, "bootstrap", false, "bootstrap a new cluster (a no-op on a data dir with state)")
+	fs.StringVar(&f.peers, "peers", "", "initial voters when bootstrapping, id=host:port,... (default: this replica alone)")
+	fs.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (empty: embed a server on --nats-listen)")
+	fs.StringVar(&f.natsListen, "nats-listen", f.natsListen, "address of the embedded NATS server when --nats is empty")
+	fs.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "if non-zero, seed the noise: reproducible and NOT private")
+	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
+	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
+	return cmd
+}
+
+func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
+	if f.dataDir == "" {
+		return errors.New("--data-dir is required")
+	}
+	log, err := newLogger(cmd, f.logFormat, slog.LevelInfo)
+	if err != nil {
+		return err
+	}
+	peers, err := parsePeers(f.peers)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	seeded := f.insecureSeed != 0
+	pr, err := spec.prepare(ctx, seeded, log)
+	if err != nil {
+		return err
+	}
+	tcfg := transport.DefaultConfig()
+	if f.nats != "" {
+		tcfg.URLs = strings.Split(f.nats, ",")
+	} else if tcfg.Embedded, err = embeddedServerConfig(f.natsListen); err != nil {
+		return err
+	}
+	rcfg := coordinator.DefaultReplicaConfig()
+	rcfg.ID, rcfg.RaftAddr, rcfg.DataDir, rcfg.Bootstrap, rcfg.Peers = f.id, f.raftAddr, f.dataDir, f.bootstrap, peers
+	srv, err := openServer(ctx, cmd, spec, pr, serverOptions{
+		replica: rcfg, nats: tcfg, metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer srv.close()
+	if tcfg.URLs == nil {
+		log.Info("embedded NATS server", "url", srv.conn.ServerURL())
+	}
+	sum, err := srv.server.Run(ctx)
+	srv.progress.finish()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g\n",
+		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta)
+	if sum.FinalEvaluated {
+		fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%% (loss %.4f)\n", 100*sum.Final.Accuracy, sum.Final.Loss)
+	}
+	return nil
+}
+
+// parsePeers parses id=host:port,... into Raft servers.
+func parsePeers(s string) ([]raft.Server, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []raft.Server
+	seen := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--peers: %q is not id=host:port", p)
+		}
+		if seen[id] {
+			return nil, fmt.Errorf("--peers: %q listed twice", id)
+		}
+		seen[id] = true
+		out = append(out, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(addr)})
+	}
+	return out, nil
+}
+
+// embeddedServerConfig is the embedded NATS server listening on addr.
+func embeddedServerConfig(addr string) (transport.ServerConfig, error) {
+	sc := transport.DefaultServerConfig()
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return sc, fmt.Errorf("--nats-listen: %w", err)
+	}
+	sc.Host, sc.Port = host, port
+	return sc, nil
+}
+
+// serverOptions are a replica's local choices, shared by local and serve.
+type serverOptions struct {
+	replica      coordinator.ReplicaConfig
+	nats         transport.Config
+	metricsAddr  string
+	progress     string
+	insecureSeed uint64
+	minNodes     int // overrides the spec's when > 0
+}
+
+// openedServer is a replica with its NATS connection and round loop.
+type openedServer struct {
+	server   *coordinator.Server
+	conn     *transport.Client
+	replica  *coordinator.Replica
+	progress *progress
+	registry *prometheus.Registry
+	closers  []io.Closer
+}
+
+func (o *openedServer) close() {
+	for i := len(o.closers) - 1; i >= 0; i-- {
+		o.closers[i].Close()
+	}
+}
+
+// openServer connects to NATS (or starts the embedded broker), opens the
+// replica and builds its Server, with metrics and progress reporting. The
+// caller runs o.server.Run and then calls o.close.
+func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, opts serverOptions, log *slog.Logger) (o *openedServer, err error) {
+	o = &openedServer{registry: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			o.close()
+		}
+	}()
+	rc := pr.cfg
+	seeded := opts.insecureSeed != 0
+	if seeded {
+		log.Warn("--insecure-seed: the noise is SEEDED; this run is NOT differentially private")
+	}
+	log.Info("run", "run", rc.Run, "model", spec.Model, "params", rc.Dim, "examples", rc.TotalExamples,
+		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm,
+		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
+		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
+		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir)
+	if opts.metricsAddr != "" {
+		bound, _, err := serveMetrics(ctx, opts.metricsAddr, o.registry, log)
+		if err != nil {
+			return o, err
+		}
+		log.Info("serving metrics", "addr", "http://"+bound+"/metrics")
+	}
+	opts.nats.Run, opts.nats.Name = rc.Run, opts.replica.ID
+	if o.conn, err = transport.Connect(ctx, opts.nats, log); err != nil {
+		return o, err
+	}
+	o.closers = append(o.closers, o.conn)
+	opts.replica.Logger = log
+	if o.replica, err = coordinator.OpenReplica(opts.replica, modelInit); err != nil {
+		return o, err
+	}
+	o.closers = append(o.closers, o.replica)
+	metrics, err := coordinator.NewMetrics(o.registry, rc.Run, opts.replica.ID)
+	if err != nil {
+		return o, err
+	}
+	if o.progress, err = newProgress(cmd.ErrOrStderr(), opts.progress, log); err != nil {
+		return o, err
+	}
+	scfg := spec.serverConfig()
+	if opts.minNodes > 0 {
+		scfg.MinNodes = opts.minNodes
+	}
+	scfg.Metrics, scfg.OnStep = metrics, o.progress.update
+	if pr.test != nil {
+		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.test); err != nil {
+			return o, err
+		}
+	}
+	if seeded {
+		scfg.Noise = train.NewSeededNoiseSource(opts.insecureSeed)
+	}
+	// Under a progress bar, the round loop's info logs would tear the
+	// bar; warnings still show.
+	serverLog := log
+	if o.progress.bar {
+		serverLog = quietLogger(log)
+	}
+	o.server, err = coordinator.NewServer(o.replica, o.conn, rc, scfg, serverLog)
+	return o, err
+}
+
+// splitHostPort splits host:port with a numeric port (-1: any free port).
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < -1 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", addr)
+	}
+	return host, port, nil
+}
