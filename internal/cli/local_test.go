@@ -17,7 +17,7 @@ import (
 // localArgs is a small, fast local run: logistic regression on the
 // synthetic Gaussian mixture across 3 nodes.
 func localArgs(dir string, extra ...string) []string {
-	return append([]string{"local", "--dataset", "gaussian", "--model", "logreg", "--examples", "3000",
+	return append([]string{"local", "--dataset", "gaussian", "--model", "logreg",
 		"--batch-size", "100", "--max-steps", "40", "--eval-every", "20", "--round-timeout", "20s",
 		"--data-dir", dir, "--progress", "off", "--run", "t-local", "--json"}, extra...)
 }
@@ -104,7 +104,7 @@ func TestLocalSeededIsReproducible(t *testing.T) {
 func TestLocalConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "run.yaml")
-	writeFile(t, cfg, "run: from-file\nmax_steps: 1000\nexamples: 3000\nround_timeout: 20s\n")
+	writeFile(t, cfg, "run: from-file\nmax_steps: 1000\nround_timeout: 20s\n")
 	out, err := run(t, "local", "--config", cfg, "--dataset", "gaussian", "--model", "logreg",
 		"--batch-size", "100", "--max-steps", "10", "--data-dir", filepath.Join(dir, "d"), "--progress", "off", "--json")
 	if err != nil {
@@ -132,7 +132,7 @@ func TestLocalFlagErrors(t *testing.T) {
 		{[]string{"--nodes", "0"}, "--nodes"},
 		{[]string{"--dataset", "none"}, "needs a dataset"},
 		{[]string{"--dataset", "mnist"}, "--dataset"},
-		{[]string{"--model", "nope"}, "neither a preset"},
+		{[]string{"--model", "nope"}, "--model"},
 		{[]string{"--max-steps", "0"}, "--max-steps"},
 		{[]string{"--batch-size", "1e9"}, "--batch-size"},
 		{[]string{"--progress", "maybe"}, "--progress"},

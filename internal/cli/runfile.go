@@ -28,15 +28,17 @@ import (
 // constants every replica agrees on) plus local choices (data, timing).
 type runSpec struct {
 	Run string `yaml:"run"`
-	// Model is a preset name (logreg, mlp, cnn, textbag) or the path of a
-	// JSON model spec.
-	Model string `yaml:"model"`
-	// Dataset is fashion-mnist, gaussian (a synthetic Gaussian mixture
-	// shaped like Fashion-MNIST) or csv.
+	// Model is a preset name (logreg, mlp, cnn, textbag); ModelSpec, if
+	// set, the path of a JSON model spec used instead.
+	Model     string `yaml:"model"`
+	ModelSpec string `yaml:"model_spec"`
+	// Dataset is fashion-mnist, gaussian (a fixed synthetic Gaussian
+	// mixture shaped by the model), csv, or, for serve only, none. The
+	// nodes must load the same data (the node command's loader, LoadData,
+	// is this one).
 	Dataset  string `yaml:"dataset"`
 	Data     string `yaml:"data"`      // fashion-mnist: directory searched first
 	DataPath string `yaml:"data_path"` // csv: the file
-	Examples int    `yaml:"examples"`  // gaussian: number of examples
 	// TotalExamples is N, the training examples across all nodes. Derived
 	// from the dataset when one is loaded; `serve` without a dataset needs
 	// it.
@@ -69,7 +71,7 @@ type runSpec struct {
 func defaultRunSpec() runSpec {
 	opt := dpadam.DefaultConfig()
 	return runSpec{
-		Run: "fashion-mlp", Model: "mlp", Dataset: "fashion-mnist", Examples: 12000,
+		Run: "fashion-mlp", Model: "mlp", Dataset: "fashion-mnist",
 		BatchSize: 256, Clip: 1, TargetEpsilon: 3, Delta: 1e-5, MaxSteps: 1000,
 		Algorithm: string(opt.Algorithm), LR: opt.LearningRate, Beta1: opt.Beta1, Beta2: opt.Beta2,
 		AdamEps: opt.AdamEps, GammaPrime: 1e-6, Momentum: opt.Momentum,
@@ -81,11 +83,11 @@ func defaultRunSpec() runSpec {
 // defaults.
 func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Run, "run", s.Run, "run name (scopes NATS subjects and the ledger)")
-	fs.StringVar(&s.Model, "model", s.Model, "model preset (logreg, mlp, cnn, textbag) or JSON spec file")
+	fs.StringVar(&s.Model, "model", s.Model, "model preset: "+strings.Join(model.Presets(), "|"))
+	fs.StringVar(&s.ModelSpec, "model-spec", s.ModelSpec, "JSON model spec file (instead of --model)")
 	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian or csv")
 	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory, searched before $DPCLUSTER_DATA, the cache and the Debian package's")
 	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "CSV file (label column + features) for --dataset csv")
-	fs.IntVar(&s.Examples, "examples", s.Examples, "number of examples of the synthetic gaussian dataset")
 	fs.Int64Var(&s.TotalExamples, "total-examples", s.TotalExamples, "N, training examples across all nodes (default: from the dataset)")
 	fs.Float64Var(&s.BatchSize, "batch-size", s.BatchSize, "expected batch size B (q = B/N)")
 	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
@@ -138,48 +140,13 @@ var errEOF = func() error {
 	return yaml.NewDecoder(strings.NewReader("")).Decode(&v)
 }()
 
-// modelSpec resolves the --model value: a preset name or a spec file.
-func (s *runSpec) modelSpec() (model.Spec, error) {
-	if spec, err := model.Preset(s.Model); err == nil {
-		return spec, nil
-	}
-	data, err := os.ReadFile(s.Model)
-	if err != nil {
-		return model.Spec{}, fmt.Errorf("--model %q is neither a preset %v nor a readable spec file: %w", s.Model, model.Presets(), err)
-	}
-	return model.ParseSpec(data)
-}
-
-// loadData loads the training set and its held-out test split.
-func (s *runSpec) loadData(ctx context.Context, log *slog.Logger) (train, test *dataset.Dataset, err error) {
-	switch s.Dataset {
-	case "fashion-mnist":
-		opts := dataset.DefaultLoadOptions()
-		opts.Dir, opts.Logger = s.Data, log
-		return dataset.LoadFashionMNIST(ctx, opts)
-	case "gaussian":
-		if s.Examples < 10 {
-			return nil, nil, fmt.Errorf("--examples %d: the gaussian dataset needs at least 10", s.Examples)
-		}
-		all, err := dataset.GaussianMixture(s.Examples, 784, 10, 3, s.ShardSeed)
-		if err != nil {
-			return nil, nil, err
-		}
-		all.Shape = []int{1, 28, 28}
-		return dataset.Split(all, 1.0/6, s.ShardSeed)
-	case "csv":
-		f, err := os.Open(s.DataPath)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--data-path: %w", err)
-		}
-		defer f.Close()
-		all, err := dataset.ReadCSV(f, dataset.DefaultCSVOptions())
-		if err != nil {
-			return nil, nil, err
-		}
-		return dataset.Split(all, 1.0/6, s.ShardSeed)
-	}
-	return nil, nil, fmt.Errorf("--dataset must be fashion-mnist, gaussian or csv, not %q", s.Dataset)
+// loadData loads the training set and its held-out test split with the
+// node command's loader, so that the coordinator's N is the total of the
+// nodes' shards.
+func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (train, test *dataset.Dataset, err error) {
+	return LoadData(ctx, DataOptions{
+		Dataset: s.Dataset, Dir: s.Data, Path: s.DataPath, Count: 1, Seed: s.ShardSeed, Model: m, Log: log,
+	})
 }
 
 // runConfig turns the spec into the replicated run configuration: N from
@@ -254,20 +221,14 @@ type preparedRun struct {
 // evaluated) and derives the run configuration.
 func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (preparedRun, error) {
 	var pr preparedRun
-	mspec, err := s.modelSpec()
-	if err != nil {
-		return pr, err
-	}
-	if pr.model, err = model.New(mspec); err != nil {
+	var err error
+	if pr.model, err = LoadModel(s.Model, s.ModelSpec); err != nil {
 		return pr, err
 	}
 	var n int64
 	if s.Dataset != "none" {
-		if pr.train, pr.test, err = s.loadData(ctx, log); err != nil {
+		if pr.train, pr.test, err = s.loadData(ctx, pr.model, log); err != nil {
 			return pr, err
-		}
-		if err := pr.model.CheckDataset(pr.train); err != nil {
-			return pr, fmt.Errorf("model %s does not fit the data: %w", s.Model, err)
 		}
 		n = int64(pr.train.Len())
 	}
