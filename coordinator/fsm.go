@@ -67,6 +67,7 @@ type FSM struct {
 	mu sync.RWMutex
 
 	ledgerPath string
+	ledgerOpts []ledger.Option
 	init       InitFunc
 	log        *slog.Logger
 
@@ -92,7 +93,7 @@ func NewFSM(dataDir string, init InitFunc, log *slog.Logger, opts ...ledger.Opti
 	if err != nil {
 		return nil, err
 	}
-	return &FSM{ledgerPath: path, init: init, log: log, ledger: l}, nil
+	return &FSM{ledgerPath: path, ledgerOpts: opts, init: init, log: log, ledger: l}, nil
 }
 
 // LedgerFile is the ledger's file name inside a replica's data directory.

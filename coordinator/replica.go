@@ -51,6 +51,10 @@ type ReplicaConfig struct {
 	// (raft-wal preallocates each one).
 	LogSegmentBytes int
 
+	// LedgerOptions are passed to the ledger when it is opened (fault
+	// injection in tests: ledger.WithSyncHook).
+	LedgerOptions []ledger.Option
+
 	// Logger receives the replica's structured logs, and hashicorp/raft's
 	// own warnings and errors as "raft" records (nil: discarded).
 	Logger *slog.Logger
@@ -130,7 +134,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		Name: "raft", Level: hclog.Warn, Output: raftLogWriter{log}, DisableTime: true,
 	})
 
-	fsm, err := NewFSM(cfg.DataDir, init, log)
+	fsm, err := NewFSM(cfg.DataDir, init, log, cfg.LedgerOptions...)
 	if err != nil {
 		return nil, err
 	}

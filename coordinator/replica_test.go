@@ -21,9 +21,10 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func openTestReplica(t *testing.T, dir, addr string) *Replica {
+func openTestReplica(t *testing.T, dir, addr string, opts ...ledger.Option) *Replica {
 	t.Helper()
 	cfg := DefaultReplicaConfig()
+	cfg.LedgerOptions = opts
 	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", addr, dir, true
 	cfg.SnapshotThreshold, cfg.TrailingLogs = 8, 4
 	cfg.LogSegmentBytes = 1 << 20

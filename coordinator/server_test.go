@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,9 +130,9 @@ func sentinelSum(node int, step uint64, dim int, count int64, clip float64) []fl
 	return s
 }
 
-func openReplicaForServer(t *testing.T, dir string) *Replica {
+func openReplicaForServer(t *testing.T, dir string, opts ...ledger.Option) *Replica {
 	t.Helper()
-	r := openTestReplica(t, dir, freeAddr(t))
+	r := openTestReplica(t, dir, freeAddr(t), opts...)
 	t.Cleanup(func() { r.Close() })
 	return r
 }
@@ -448,3 +450,62 @@ func testLogger(t *testing.T) *slog.Logger {
 type tWriter struct{ t *testing.T }
 
 func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// TestServerLedgerFailureStopsRun: the ledger's fsync fails (a full disk)
+// when step 4 is charged. The replica fails closed: Server.Run returns an
+// error wrapping ErrFatal and ledger.ErrBroken, θ_4 is never published,
+// and the ledger on disk still audits clean with steps 1-3.
+func TestServerLedgerFailureStopsRun(t *testing.T) {
+	dir := t.TempDir()
+	c := testRunConfig()
+	c.MaxSteps = 10
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	var failing atomic.Bool
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+		if step == 4 {
+			failing.Store(true) // the disk fills up during round 4
+		}
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	var maxParams atomic.Uint64
+	watcher := dial("watcher")
+	if _, err := watcher.Subscribe(transport.TopicParams, func(m transport.Message) {
+		if p := m.(transport.Params); p.Step > maxParams.Load() {
+			maxParams.Store(p.Step)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := openReplicaForServer(t, dir, ledger.WithSyncHook(func(fh *os.File) error {
+		if failing.Load() {
+			return syscall.ENOSPC
+		}
+		return fh.Sync()
+	}))
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = train.NewSeededNoiseSource(5)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Run(ctx)
+	if !errors.Is(err, ErrFatal) || !errors.Is(err, ledger.ErrBroken) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Run = %v, want a fatal ledger error naming the cause", err)
+	}
+	// Params for step 3 were released (after its commit); wait for them to
+	// arrive, then check step 4's never were.
+	deadline := time.Now().Add(5 * time.Second)
+	for maxParams.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := maxParams.Load(); got != 3 {
+		t.Errorf("last released θ is for step %d, want 3", got)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.Applied != 3 {
+		t.Errorf("audit after the failure: %+v, %v", rep, err)
+	}
+}

@@ -203,7 +203,7 @@ func (f *FSM) reconcileLedger(snap snapshotFile) error {
 	if err := ledger.Install(f.ledgerPath, snap.Ledger); err != nil {
 		return err
 	}
-	l, err := ledger.Open(f.ledgerPath)
+	l, err := ledger.Open(f.ledgerPath, f.ledgerOpts...)
 	if err != nil {
 		return err
 	}

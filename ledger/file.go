@@ -390,7 +390,7 @@ func putFrameHeader(hdr, payload []byte) {
 func (f *File) fail(cause error) error {
 	_ = f.f.Truncate(f.size)
 	_, _ = f.f.Seek(f.size, io.SeekStart)
-	f.broken = fmt.Errorf("%w: %v", ErrBroken, cause)
+	f.broken = fmt.Errorf("%w: %w", ErrBroken, cause)
 	return f.broken
 }
 
