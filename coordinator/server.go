@@ -561,8 +561,10 @@ func (s *Server) onContribution(m transport.Message) {
 	}
 	or := s.round.Load()
 	if or == nil {
-		s.metrics.rejected(aggregation.ReasonLate)
-		return
+		if s.replica.IsLeader() {
+			s.metrics.rejected(aggregation.ReasonLate) // between rounds
+		}
+		return // followers do not aggregate
 	}
 	err := or.r.Add(aggregation.Contribution{
 		NodeID: c.NodeID, Step: c.Step, RoundID: c.RoundID, Count: c.Count, Sum: c.Sum,

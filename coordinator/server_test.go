@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/train"
@@ -163,12 +164,17 @@ func TestServerTrainsOverNATS(t *testing.T) {
 
 	r := openReplicaForServer(t, dir)
 	waitLeader(t, r)
+	var err error
 	scfg := DefaultServerConfig()
 	scfg.MinNodes = 3
 	scfg.Noise = train.NewSeededNoiseSource(42)
 	var progress []Progress
 	scfg.OnStep = func(p Progress) { progress = append(progress, p) }
-	s, err := NewServer(r, coordConn, c, scfg, testLogger(t))
+	reg := prometheus.NewRegistry()
+	if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(r, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,6 +187,17 @@ func TestServerTrainsOverNATS(t *testing.T) {
 	}
 	if len(progress) != steps || progress[steps-1].Participants != 3 {
 		t.Errorf("progress: %d calls, last %+v", len(progress), progress[len(progress)-1])
+	}
+	for name, want := range map[string]float64{
+		"dpcluster_coordinator_step":                         steps,
+		"dpcluster_coordinator_ledger_charges":               steps,
+		"dpcluster_coordinator_contributions_accepted_total": 3 * steps,
+		"dpcluster_coordinator_round_participants":           3,
+		"dpcluster_coordinator_epsilon_spent":                sum.Epsilon,
+	} {
+		if got := gaugeValue(t, reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
 	}
 
 	// Reference: the same seeded noise over the float64 sum of the three
@@ -443,13 +460,28 @@ func TestNewServerSeedPolicy(t *testing.T) {
 	}
 }
 
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// gaugeValue returns the value of the single series of metric name in reg.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		switch {
+		case m.GetGauge() != nil:
+			return m.GetGauge().GetValue()
+		case m.GetCounter() != nil:
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
 // TestServerLedgerFailureStopsRun: the ledger's fsync fails (a full disk)
 // when step 4 is charged. The replica fails closed: Server.Run returns an
