@@ -1,6 +1,27 @@
 // Package coordinator runs the replicated side of a dpcluster training run:
-// a Raft state machine that applies committed noisy gradients with the
-// DP-AdamBC optimizer and charges every release to the privacy ledger, and
-// the leader's round loop that aggregates node contributions, adds Gaussian
-// noise exactly once, proposes the step and only then releases θ_t.
+// a Raft state machine (FSM) that applies committed noisy gradients with
+// the DP-AdamBC optimizer and charges every release to the privacy ledger,
+// a Replica that runs it over hashicorp/raft with durable stores (raft-wal
+// log, file snapshots), and the Server, whose leader aggregates node
+// contributions, adds Gaussian noise exactly once, proposes the step and
+// only then releases θ_t.
+//
+// The order of operations for a step, on which the privacy guarantees rest
+// (DESIGN.md; the same list, in more detail, documents Server and FSM):
+//
+//  1. The leader, after Barrier, opens round t and collects contributions
+//     (package aggregation validates them).
+//  2. It draws z ~ N(0, σ²C²I) from a CSPRNG and forms g̃ = (S + z)/B.
+//     S never leaves its memory.
+//  3. It proposes the step entry (t, g̃, ledger event) to Raft.
+//  4. Every replica's FSM applies the committed entry deterministically:
+//     charge the ledger (append, fsync; refuse if over budget; fail
+//     closed if the write fails), then update θ and the optimizer state.
+//  5. Only after the entry is applied on the leader is θ_t published.
+//
+// Typical use, one replica (see internal/cli for the commands):
+//
+//	replica, err := coordinator.OpenReplica(replicaCfg, initθ₀)
+//	server, err := coordinator.NewServer(replica, conn, runCfg, coordinator.DefaultServerConfig(), logger)
+//	summary, err := server.Run(ctx) // returns when the run has stopped
 package coordinator
