@@ -21,7 +21,7 @@
 //
 // Typical use, one replica (see internal/cli for the commands):
 //
-//	replica, err := coordinator.OpenReplica(replicaCfg, initθ₀)
+//	replica, err := coordinator.OpenReplica(replicaCfg, initParams) // initParams: deterministic θ₀
 //	server, err := coordinator.NewServer(replica, conn, runCfg, coordinator.DefaultServerConfig(), logger)
 //	summary, err := server.Run(ctx) // returns when the run has stopped
 package coordinator
