@@ -171,6 +171,17 @@ type ServerConfig struct {
 	MaxPending int64
 	// ReadyTimeout bounds the wait for the server to accept connections.
 	ReadyTimeout time.Duration
+
+	// ClusterPort, if not 0, makes the server a member of a NATS cluster
+	// named ClusterName: it accepts routes on ClusterHost:ClusterPort (-1:
+	// any free port) and dials Routes (nats-route://host:port, the other
+	// members; listing itself is harmless). Messages published on any
+	// member reach subscribers on every member, so each coordinator
+	// replica can embed one member and no single process carries the bus.
+	ClusterName string
+	ClusterHost string
+	ClusterPort int
+	Routes      []string
 }
 
 // DefaultServerConfig returns an embedded server on 127.0.0.1:4222 with
@@ -202,6 +213,15 @@ func (s ServerConfig) Validate() error {
 	}
 	if s.ReadyTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%w: embedded ReadyTimeout must be > 0", ErrInvalidConfig))
+	}
+	if s.ClusterPort < -1 || s.ClusterPort > 65535 {
+		errs = append(errs, fmt.Errorf("%w: embedded ClusterPort %d", ErrInvalidConfig, s.ClusterPort))
+	}
+	if s.ClusterPort == 0 && (len(s.Routes) > 0 || s.ClusterName != "") {
+		errs = append(errs, fmt.Errorf("%w: embedded Routes and ClusterName need a ClusterPort", ErrInvalidConfig))
+	}
+	if s.ClusterPort != 0 && (s.ClusterName == "" || s.ClusterHost == "") {
+		errs = append(errs, fmt.Errorf("%w: a cluster member needs ClusterName and ClusterHost", ErrInvalidConfig))
 	}
 	return errors.Join(errs...)
 }

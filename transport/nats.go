@@ -25,14 +25,24 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ns, err := server.NewServer(&server.Options{
+	opts := &server.Options{
 		Host:       cfg.Host,
 		Port:       cfg.Port,
 		MaxPayload: cfg.MaxPayload,
 		MaxPending: cfg.MaxPending,
 		NoLog:      true,
 		NoSigs:     true,
-	})
+	}
+	if cfg.ClusterPort != 0 {
+		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.ClusterHost, Port: cfg.ClusterPort}
+		if len(cfg.Routes) > 0 {
+			opts.Routes = server.RoutesFromStr(strings.Join(cfg.Routes, ","))
+			if len(opts.Routes) != len(cfg.Routes) {
+				return nil, fmt.Errorf("%w: embedded Routes %q", ErrInvalidConfig, cfg.Routes)
+			}
+		}
+	}
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("transport: embedded server: %w", err)
 	}
@@ -47,6 +57,18 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 
 // URL returns the server's client URL (nats://host:port).
 func (s *Server) URL() string { return s.ns.ClientURL() }
+
+// ClusterAddr returns the address the server accepts routes on
+// (host:port), or "" if it is not a cluster member.
+func (s *Server) ClusterAddr() string {
+	if a := s.ns.ClusterAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// NumRoutes returns the number of routes to other cluster members.
+func (s *Server) NumRoutes() int { return s.ns.NumRoutes() }
 
 // Shutdown stops the server and waits for it to finish.
 func (s *Server) Shutdown() {

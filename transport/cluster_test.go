@@ -1,0 +1,111 @@
+package transport_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// TestEmbeddedCluster: two embedded servers routed into one cluster carry
+// a message, chunked, from a client of one to a client of the other; and
+// a client given both URLs keeps working when its server goes away.
+func TestEmbeddedCluster(t *testing.T) {
+	start := func(routes ...string) *transport.Server {
+		t.Helper()
+		cfg := transport.DefaultServerConfig()
+		cfg.Port, cfg.ClusterName, cfg.ClusterHost, cfg.ClusterPort, cfg.Routes = -1, "dpc", "127.0.0.1", -1, routes
+		cfg.MaxPayload = 64 << 10
+		s, err := transport.StartServer(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := start()
+	defer a.Shutdown()
+	b := start("nats-route://" + a.ClusterAddr())
+	bDown := false
+	defer func() {
+		if !bDown {
+			b.Shutdown()
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.NumRoutes() == 0 || b.NumRoutes() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the servers did not route to each other")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dial := func(urls ...string) *transport.Client {
+		t.Helper()
+		cfg := transport.DefaultConfig()
+		cfg.Run, cfg.URLs, cfg.ReconnectWait, cfg.MaxReconnectWait = "cl", urls, 20*time.Millisecond, 100*time.Millisecond
+		c, err := transport.Connect(ctx, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	sub := dial(a.URL())
+	got := make(chan transport.Params, 4)
+	if _, err := sub.Subscribe(transport.TopicParams, func(m transport.Message) { got <- m.(transport.Params) }); err != nil {
+		t.Fatal(err)
+	}
+	pub := dial(b.URL(), a.URL())
+	values := make(transport.Vector, 100_000) // 400 kB: chunked at 64 KiB
+	for i := range values {
+		values[i] = float32(i)
+	}
+	// Subscriptions propagate across the route asynchronously: publish
+	// until the first copy arrives.
+	recv := func(step uint64) {
+		t.Helper()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if err := pub.Publish(ctx, transport.Params{Run: "cl", Step: step, Values: values}); err != nil && ctx.Err() == nil {
+				t.Logf("publish: %v", err)
+			}
+			select {
+			case p := <-got:
+				if p.Step == step && len(p.Values) == len(values) && p.Values[99_999] == 99_999 {
+					return
+				}
+			case <-tick.C:
+			case <-ctx.Done():
+				t.Fatalf("step %d never crossed the cluster", step)
+			}
+		}
+	}
+	recv(1)
+	// The publisher's server dies; its client reconnects to the other.
+	b.Shutdown()
+	bDown = true
+	recv(2)
+}
+
+func TestServerConfigClusterValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*transport.ServerConfig)
+		ok   bool
+	}{
+		{"standalone", func(*transport.ServerConfig) {}, true},
+		{"member", func(c *transport.ServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222 }, true},
+		{"routes without port", func(c *transport.ServerConfig) { c.Routes = []string{"nats-route://a:1"} }, false},
+		{"member without name", func(c *transport.ServerConfig) { c.ClusterHost, c.ClusterPort = "h", 6222 }, false},
+		{"bad port", func(c *transport.ServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "h", 70000 }, false},
+	} {
+		cfg := transport.DefaultServerConfig()
+		tc.mod(&cfg)
+		if err := cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v", tc.name, err)
+		}
+	}
+}
