@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,10 @@ type ServerConfig struct {
 	NodeTimeout time.Duration
 	// AnnounceEvery is the period of the leader's Leader announcement.
 	AnnounceEvery time.Duration
+	// DrainTimeout bounds how long a leader that finished the run waits for
+	// every voter to report that it applied the last step, before it
+	// announces the end and returns.
+	DrainTimeout time.Duration
 	// EvalEvery evaluates θ on the Evaluator every EvalEvery applied steps
 	// (0: only after the last step). Without an Evaluator, nothing is
 	// evaluated.
@@ -69,6 +74,7 @@ func DefaultServerConfig() ServerConfig {
 		MinNodes:      1,
 		NodeTimeout:   5 * time.Second,
 		AnnounceEvery: time.Second,
+		DrainTimeout:  5 * time.Second,
 	}
 }
 
@@ -83,6 +89,8 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("coordinator: node timeout %v must be positive", c.NodeTimeout)
 	case c.AnnounceEvery <= 0 || c.AnnounceEvery > c.NodeTimeout:
 		return fmt.Errorf("coordinator: announce period %v must be in (0, node timeout %v]", c.AnnounceEvery, c.NodeTimeout)
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("coordinator: drain timeout %v must not be negative", c.DrainTimeout)
 	case c.EvalEvery < 0:
 		return fmt.Errorf("coordinator: eval every %d must not be negative", c.EvalEvery)
 	}
@@ -158,6 +166,9 @@ type Server struct {
 
 	paramsMu   sync.Mutex
 	lastResent map[uint64]time.Time // NeedParams rate limit, by version
+
+	peersMu sync.Mutex
+	peers   map[string]transport.Status // replicas' last StatusReplica, by ID
 }
 
 type openRound struct {
@@ -196,7 +207,7 @@ func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerC
 	return &Server{
 		replica: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise,
 		metrics: cfg.Metrics, nodes: registry{nodes: make(map[string]nodeInfo)},
-		lastResent: make(map[uint64]time.Time),
+		lastResent: make(map[uint64]time.Time), peers: make(map[string]transport.Status),
 	}, nil
 }
 
@@ -230,6 +241,21 @@ func (s *Server) Run(ctx context.Context) (Summary, error) {
 		}
 		subs = append(subs, sub)
 	}
+	// The reporter announces this replica's state until Run returns, and
+	// once more on the way out (a follower that saw the run stop tells the
+	// leader it has applied the last step).
+	rctx, stopReport := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.report(rctx)
+	}()
+	defer func() {
+		stopReport()
+		wg.Wait()
+		s.publishReplicaStatus(context.WithoutCancel(ctx))
+	}()
 	poll := time.NewTicker(50 * time.Millisecond)
 	defer poll.Stop()
 	for {
@@ -464,6 +490,7 @@ func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
 			}
 		}
 	}
+	s.drain(ctx, st.Applied)
 	code := transport.StatusDone
 	if st.Stopped != stopBudget && st.Stopped != stopMaxSteps {
 		code = transport.StatusStopped
@@ -483,6 +510,62 @@ func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
 
 func (s *Server) summary(st State) Summary {
 	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: s.run.Delta, Charges: st.Charges, Stopped: st.Stopped}
+}
+
+// report publishes this replica's StatusReplica now and every
+// AnnounceEvery until ctx ends.
+func (s *Server) report(ctx context.Context) {
+	t := time.NewTicker(s.cfg.AnnounceEvery)
+	defer t.Stop()
+	for {
+		s.publishReplicaStatus(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) publishReplicaStatus(ctx context.Context) {
+	st := s.replica.FSM().State()
+	_, leader := s.replica.raft.LeaderWithID()
+	err := s.conn.Publish(ctx, transport.Status{
+		Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: transport.StatusReplica,
+		Term: s.replica.Term(), Role: strings.ToLower(s.replica.raft.State().String()), Leader: string(leader),
+		Epsilon: st.Epsilon, Nodes: s.nodes.count(),
+	})
+	if err != nil && ctx.Err() == nil {
+		s.log.Debug("replica status failed", "err", err)
+	}
+}
+
+// drain waits, at most DrainTimeout, until every other voter has reported
+// applying step: a leader that exits at once could leave followers that
+// never learn the final entries were committed.
+func (s *Server) drain(ctx context.Context, step int64) {
+	cf := s.replica.raft.GetConfiguration()
+	if cf.Error() != nil || s.cfg.DrainTimeout == 0 {
+		return
+	}
+	var waitFor []string
+	for _, srv := range cf.Configuration().Servers {
+		if srv.Suffrage == raft.Voter && string(srv.ID) != s.replica.ID() {
+			waitFor = append(waitFor, string(srv.ID))
+		}
+	}
+	deadline := time.Now().Add(s.cfg.DrainTimeout)
+	for len(waitFor) > 0 && time.Now().Before(deadline) {
+		s.peersMu.Lock()
+		waitFor = slices.DeleteFunc(waitFor, func(id string) bool { return s.peers[id].Step >= uint64(step) })
+		s.peersMu.Unlock()
+		if len(waitFor) == 0 || sleepCtx(ctx, 20*time.Millisecond) != nil {
+			break
+		}
+	}
+	if len(waitFor) > 0 {
+		s.log.Warn("finished before every replica reported the last step", "step", step, "waiting_for", waitFor)
+	}
 }
 
 // announce publishes Leader{term} now and every AnnounceEvery until ctx
@@ -588,6 +671,12 @@ func (s *Server) onContribution(m transport.Message) {
 // onStatus answers a node's request for parameters it lacks.
 func (s *Server) onStatus(m transport.Message) {
 	st, ok := m.(transport.Status)
+	if ok && st.Code == transport.StatusReplica && st.From != s.replica.ID() {
+		s.peersMu.Lock()
+		s.peers[st.From] = st
+		s.peersMu.Unlock()
+		return
+	}
 	if !ok || st.Code != transport.StatusNeedParams || !s.replica.IsLeader() {
 		return
 	}

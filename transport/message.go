@@ -183,6 +183,10 @@ const (
 	// (a RoundStart named a version it never received whole); the leader
 	// answers by publishing that Params again.
 	StatusNeedParams StatusCode = 6
+	// StatusReplica is a coordinator replica's periodic report of its
+	// state: From is the replica, Step its last applied step, and Term,
+	// Role, Leader, Epsilon and Nodes are set.
+	StatusReplica StatusCode = 7
 )
 
 // Status reports coordinator or node state. Detail is a short public reason
@@ -194,6 +198,16 @@ type Status struct {
 	Step   uint64     `msgpack:"step"`
 	Code   StatusCode `msgpack:"code"`
 	Detail string     `msgpack:"detail,omitempty"`
+
+	// Replica state (StatusReplica only; optional fields, added in
+	// envelope version 1): the Raft term and role (leader, follower,
+	// candidate), the leader the replica knows of, ε spent, and the
+	// number of live nodes it has registered. All public.
+	Term    uint64  `msgpack:"term,omitempty"`
+	Role    string  `msgpack:"role,omitempty"`
+	Leader  string  `msgpack:"leader,omitempty"`
+	Epsilon float64 `msgpack:"eps,omitempty"`
+	Nodes   int     `msgpack:"nodes,omitempty"`
 }
 
 // Type implements Message.

@@ -19,5 +19,6 @@ func NewCoordinatorCmd() *cobra.Command {
 	root.AddCommand(newLedgerCmd())
 	root.AddCommand(newLocalCmd())
 	root.AddCommand(newServeCmd())
+	root.AddCommand(newStatusCmd())
 	return root
 }

@@ -41,13 +41,39 @@ func TestServeWithNodeCommands(t *testing.T) {
 				"--insecure-seed", "9")
 		}()
 	}
-	out, err := run(t, "serve", "--nats", srv.URL(), "--run", runName, "--id", "r1", "--raft-addr", freeAddrString(t),
-		"--data-dir", dir, "--bootstrap", "--model", "logreg", "--dataset", "gaussian", "--batch-size", "100",
-		"--max-steps", "25", "--min-nodes", "2", "--round-timeout", "20s", "--insecure-seed", "4")
+	type result struct {
+		out string
+		err error
+	}
+	served := make(chan result, 1)
+	go func() {
+		out, err := run(t, "serve", "--nats", srv.URL(), "--run", runName, "--id", "r1", "--raft-addr", freeAddrString(t),
+			"--data-dir", dir, "--bootstrap", "--model", "logreg", "--dataset", "gaussian", "--batch-size", "100",
+			"--max-steps", "400", "--min-nodes", "2", "--round-timeout", "20s", "--insecure-seed", "4")
+		served <- result{out, err}
+	}()
+	// While it trains, `coordinator status` sees the replica lead, with
+	// both nodes.
+	var st statusReport
+	for deadline := time.Now().Add(time.Minute); ; {
+		sout, _ := run(t, "status", "--nats", srv.URL(), "--run", runName, "--wait", "1200ms", "--json")
+		if json.Unmarshal([]byte(sout), &st) == nil && len(st.Replicas) == 1 && st.Replicas[0].Role == "leader" &&
+			st.Replicas[0].Nodes == 2 && len(st.Nodes) == 2 && st.Leader == "r1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed r1 leading with 2 nodes; last: %s", sout)
+		}
+	}
+	if r := st.Replicas[0]; r.ID != "r1" || r.Term == 0 || r.Term != st.Term {
+		t.Errorf("status %+v", st)
+	}
+	res := <-served
+	out, err := res.out, res.err
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "finished after 25 steps (max steps reached)") || !strings.Contains(out, "test accuracy") {
+	if !strings.Contains(out, "finished after 400 steps (max steps reached)") || !strings.Contains(out, "test accuracy") {
 		t.Errorf("serve output: %q", out)
 	}
 	for range 2 {
@@ -60,7 +86,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 			t.Fatal("nodes did not stop after the run finished")
 		}
 	}
-	aout, err := run(t, "ledger", "audit", dir, "--json", "--expect-steps", "25")
+	aout, err := run(t, "ledger", "audit", dir, "--json", "--expect-steps", "400")
 	if err != nil {
 		t.Fatalf("audit: %v\n%s", err, aout)
 	}

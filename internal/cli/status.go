@@ -1,0 +1,184 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// statusReport is the output of `coordinator status` (--json).
+type statusReport struct {
+	Run      string          `json:"run"`
+	Leader   string          `json:"leader"`
+	Term     uint64          `json:"term"`
+	Replicas []replicaStatus `json:"replicas"`
+	Nodes    []string        `json:"nodes_seen"`
+}
+
+type replicaStatus struct {
+	ID      string  `json:"id"`
+	Role    string  `json:"role"`
+	Term    uint64  `json:"term"`
+	Applied uint64  `json:"applied_step"`
+	Epsilon float64 `json:"epsilon"`
+	Nodes   int     `json:"nodes"`
+	Leader  string  `json:"leader"`
+}
+
+func newStatusCmd() *cobra.Command {
+	var (
+		nats, runName string
+		wait          time.Duration
+		asJSON        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show a run's coordinator replicas, leader, steps, ε spent and nodes, as seen on NATS",
+		Long: `status listens on the run's NATS subjects for --wait and reports what it heard: every
+coordinator replica's periodic state (role, Raft term, last applied step, ε spent, live nodes),
+the current leader's announcement, and the nodes that sent heartbeats. It exits non-zero if no
+replica was heard.`,
+		Example: `  coordinator status --nats nats://10.0.0.1:4222,nats://10.0.0.2:4222 --run fashion-mlp`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nats == "" {
+				return errors.New("--nats is required")
+			}
+			if wait <= 0 {
+				return fmt.Errorf("--wait %v must be positive", wait)
+			}
+			rep, err := collectStatus(cmd.Context(), strings.Split(nats, ","), runName, wait)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				printStatus(out, rep)
+			}
+			if len(rep.Replicas) == 0 {
+				return fmt.Errorf("no coordinator replica of run %q heard within %v", runName, wait)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&nats, "nats", "", "NATS server URLs, comma-separated (required)")
+	fs.StringVar(&runName, "run", defaultRunSpec().Run, "run name")
+	fs.DurationVar(&wait, "wait", 2500*time.Millisecond, "how long to listen (replicas report every second)")
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// collectStatus listens on the run's status, leader and node subjects for
+// wait and returns what it heard.
+func collectStatus(ctx context.Context, urls []string, run string, wait time.Duration) (statusReport, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	rep := statusReport{Run: run}
+	cfg := transport.DefaultConfig()
+	cfg.Run, cfg.Name, cfg.URLs = run, "status", urls
+	conn, err := transport.Connect(ctx, cfg, nil)
+	if err != nil {
+		return rep, err
+	}
+	defer conn.Close()
+	var (
+		mu       sync.Mutex
+		replicas = map[string]replicaStatus{}
+		nodes    = map[string]bool{}
+	)
+	handlers := map[transport.Topic]transport.Handler{
+		transport.TopicStatus: func(m transport.Message) {
+			if st := m.(transport.Status); st.Code == transport.StatusReplica {
+				mu.Lock()
+				replicas[st.From] = replicaStatus{ID: st.From, Role: st.Role, Term: st.Term, Applied: st.Step,
+					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader}
+				mu.Unlock()
+			}
+		},
+		transport.TopicLeader: func(m transport.Message) {
+			l := m.(transport.Leader)
+			mu.Lock()
+			if l.Term >= rep.Term {
+				rep.Leader, rep.Term = l.ReplicaID, l.Term
+			}
+			mu.Unlock()
+		},
+		transport.TopicNodes: func(m transport.Message) {
+			var id string
+			switch v := m.(type) {
+			case transport.Join:
+				id = v.NodeID
+			case transport.Heartbeat:
+				id = v.NodeID
+			}
+			if id != "" {
+				mu.Lock()
+				nodes[id] = true
+				mu.Unlock()
+			}
+		},
+	}
+	for topic, h := range handlers {
+		if _, err := conn.Subscribe(topic, h); err != nil {
+			return rep, err
+		}
+	}
+	if err := sleepContext(ctx, wait); err != nil {
+		return rep, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(replicas)) {
+		rep.Replicas = append(rep.Replicas, replicas[id])
+	}
+	rep.Nodes = slices.Sorted(maps.Keys(nodes))
+	if rep.Nodes == nil {
+		rep.Nodes = []string{}
+	}
+	return rep, nil
+}
+
+func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
+	leader := rep.Leader
+	if leader == "" {
+		leader = "(none heard)"
+	}
+	fmt.Fprintf(w, "run %s: leader %s (term %d)\n", rep.Run, leader, rep.Term)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REPLICA\tROLE\tTERM\tAPPLIED\tε SPENT\tNODES\tLEADER")
+	for _, r := range rep.Replicas {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%d\t%s\n", r.ID, r.Role, r.Term, r.Applied, r.Epsilon, r.Nodes, r.Leader)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "nodes seen (%d): %s\n", len(rep.Nodes), strings.Join(rep.Nodes, " "))
+}
+
+func sleepContext(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
