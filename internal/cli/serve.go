@@ -31,6 +31,8 @@ type serveFlags struct {
 	peers        string
 	nats         string
 	natsListen   string
+	natsCluster  string
+	natsRoutes   string
 	insecureSeed uint64
 	progress     string
 	logFormat    string
@@ -71,6 +73,8 @@ the replica reads N from it and evaluates θ on its test split; with --dataset n
 	fs.StringVar(&f.peers, "peers", "", "initial voters when bootstrapping, id=host:port,... (default: this replica alone)")
 	fs.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (empty: embed a server on --nats-listen)")
 	fs.StringVar(&f.natsListen, "nats-listen", f.natsListen, "address of the embedded NATS server when --nats is empty")
+	fs.StringVar(&f.natsCluster, "nats-cluster", "", "make the embedded NATS server a cluster member accepting routes on host:port")
+	fs.StringVar(&f.natsRoutes, "nats-routes", "", "the other members' route URLs, comma-separated (nats-route://host:port)")
 	fs.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "if non-zero, seed the noise: reproducible and NOT private")
 	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
 	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
@@ -99,8 +103,11 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	tcfg := transport.DefaultConfig()
 	if f.nats != "" {
+		if f.natsCluster != "" || f.natsRoutes != "" {
+			return errors.New("--nats-cluster and --nats-routes configure the embedded server; they do not go with --nats")
+		}
 		tcfg.URLs = strings.Split(f.nats, ",")
-	} else if tcfg.Embedded, err = embeddedServerConfig(f.natsListen); err != nil {
+	} else if tcfg.Embedded, err = embeddedServerConfig(f.natsListen, f.natsCluster, f.natsRoutes); err != nil {
 		return err
 	}
 	rcfg := coordinator.DefaultReplicaConfig()
@@ -149,15 +156,29 @@ func parsePeers(s string) ([]raft.Server, error) {
 	return out, nil
 }
 
-// embeddedServerConfig is the embedded NATS server listening on addr.
-func embeddedServerConfig(addr string) (transport.ServerConfig, error) {
+// embeddedServerConfig is the embedded NATS server listening on addr and,
+// with cluster set, accepting routes there and dialing routes.
+func embeddedServerConfig(addr, cluster, routes string) (transport.ServerConfig, error) {
 	sc := transport.DefaultServerConfig()
 	host, port, err := splitHostPort(addr)
 	if err != nil {
 		return sc, fmt.Errorf("--nats-listen: %w", err)
 	}
 	sc.Host, sc.Port = host, port
-	return sc, nil
+	if cluster == "" {
+		if routes != "" {
+			return sc, errors.New("--nats-routes needs --nats-cluster")
+		}
+		return sc, nil
+	}
+	if sc.ClusterHost, sc.ClusterPort, err = splitHostPort(cluster); err != nil {
+		return sc, fmt.Errorf("--nats-cluster: %w", err)
+	}
+	sc.ClusterName = "dpcluster"
+	if routes != "" {
+		sc.Routes = strings.Split(routes, ",")
+	}
+	return sc, sc.Validate()
 }
 
 // serverOptions are a replica's local choices, shared by local and serve.

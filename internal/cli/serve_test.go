@@ -111,6 +111,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"--data-dir", t.TempDir(), "--dataset", "none"}, "total-examples"},
 		{[]string{"--data-dir", t.TempDir(), "--nats-listen", "localhost"}, "--nats-listen"},
 		{[]string{"--data-dir", t.TempDir(), "--log-format", "xml"}, "--log-format"},
+		{[]string{"--data-dir", t.TempDir(), "--nats-routes", "nats-route://a:1"}, "--nats-cluster"},
+		{[]string{"--data-dir", t.TempDir(), "--nats", "nats://a:1", "--nats-cluster", "a:2"}, "do not go with --nats"},
 	} {
 		_, err := run(t, append([]string{"serve", "--model", "logreg", "--dataset", "gaussian"}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
