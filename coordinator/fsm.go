@@ -1,6 +1,9 @@
 package coordinator
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -299,6 +302,30 @@ func (f *FSM) Params(dst []float32) ([]float32, int64) {
 	defer f.mu.RUnlock()
 	dst = append(dst[:0], f.theta...)
 	return dst, f.applied
+}
+
+// Digest returns the SHA-256 (hex) of the replica's training state: the
+// last applied step, θ and the optimizer's binary state (dpadam
+// MarshalBinary). Replicas that applied the same log have equal digests;
+// comparing them checks that they agree bit for bit.
+func (f *FSM) Digest() (string, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	h := sha256.New()
+	var buf [8]byte
+	binary.LittleEndian.PutUint64(buf[:], uint64(f.applied))
+	h.Write(buf[:])
+	if f.cfg != nil {
+		theta := make([]byte, 4*len(f.theta))
+		putFloats(theta, f.theta)
+		h.Write(theta)
+		opt, err := f.opt.MarshalBinary()
+		if err != nil {
+			return "", err
+		}
+		h.Write(opt)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // WouldExceed reports whether one more step would exceed the budget.

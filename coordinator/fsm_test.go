@@ -3,6 +3,7 @@ package coordinator
 import (
 	"bytes"
 	"errors"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -365,5 +366,44 @@ func TestFSMSnapshotRestore(t *testing.T) {
 	bad[len(bad)/2] ^= 1
 	if err := b.Restore(readCloser{bytes.NewReader(bad)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("corrupt snapshot: %v", err)
+	}
+}
+
+// TestFSMDigest: replicas that applied the same log have equal digests;
+// one more step, or a restore from a snapshot, keeps that true.
+func TestFSMDigest(t *testing.T) {
+	c := testRunConfig()
+	grads := noisyGrads(4, 11)
+	a, b := newTestFSM(t, t.TempDir()), newTestFSM(t, t.TempDir())
+	for _, f := range []*FSM{a, b} {
+		mustApply(t, f, logEntry(t, 1, entryConfig, c))
+		for i, g := range grads[:3] {
+			mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, g))
+		}
+	}
+	da, _ := a.Digest()
+	db, _ := b.Digest()
+	if da != db || len(da) != 64 {
+		t.Fatalf("digests %q and %q differ after the same log", da, db)
+	}
+	mustApply(t, a, stepLog(t, 5, 4, c, grads[3]))
+	if da2, _ := a.Digest(); da2 == db {
+		t.Fatal("digest unchanged by a step")
+	}
+	snap, err := a.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := snap.(*fsmSnapshot).write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	r := newTestFSM(t, t.TempDir())
+	if err := r.Restore(io.NopCloser(&buf)); err != nil {
+		t.Fatal(err)
+	}
+	da2, _ := a.Digest()
+	if dr, _ := r.Digest(); dr != da2 {
+		t.Error("restored replica's digest differs")
 	}
 }

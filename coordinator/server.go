@@ -124,6 +124,9 @@ type Summary struct {
 	// with an Evaluator only; FinalEvaluated says whether it is set).
 	Final          model.Metrics
 	FinalEvaluated bool
+	// Digest is FSM.Digest at the end: equal on replicas that agree bit
+	// for bit on θ and the optimizer state.
+	Digest string
 }
 
 // Server is one replica's part of a training run. On every replica it
@@ -509,7 +512,8 @@ func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
 }
 
 func (s *Server) summary(st State) Summary {
-	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: s.run.Delta, Charges: st.Charges, Stopped: st.Stopped}
+	d, _ := s.replica.FSM().Digest()
+	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: s.run.Delta, Charges: st.Charges, Stopped: st.Stopped, Digest: d}
 }
 
 // report publishes this replica's StatusReplica now and every

@@ -129,6 +129,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g\n",
 		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta)
+	fmt.Fprintf(cmd.OutOrStdout(), "state sha256 %s (θ and optimizer state at step %d)\n", sum.Digest, sum.Steps)
 	if sum.FinalEvaluated {
 		fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%% (loss %.4f)\n", 100*sum.Final.Accuracy, sum.Final.Loss)
 	}
