@@ -35,10 +35,13 @@ const parallelFlops = 1 << 21
 
 // A split product has at most maxRowBlocks blocks of at least minRowBlock
 // rows, each a multiple of 16 rows (the micro-kernels' heights), except the
-// last.
+// last. Every block call packs all of B again, so few large blocks beat many
+// small ones (on 2 cores, 128/4 was at least as fast as the old
+// GOMAXPROCS-way split and faster than 64/16 for the cnn preset); the cost
+// is that one product uses at most 4 goroutines on bigger machines.
 const (
-	minRowBlock  = 64
-	maxRowBlocks = 16
+	minRowBlock  = 128
+	maxRowBlocks = 4
 )
 
 // rowBlock returns the block height for a product with m rows of C: a
