@@ -219,6 +219,27 @@ func (r *Replica) FSM() *FSM { return r.fsm }
 // Raft returns the underlying Raft node (for membership operations).
 func (r *Replica) Raft() *raft.Raft { return r.raft }
 
+// Addr returns the Raft address this replica advertises.
+func (r *Replica) Addr() string { return string(r.transport.LocalAddr()) }
+
+// hasVoter reports whether the configuration has voter id (at addr, unless
+// addr is empty).
+func (r *Replica) hasVoter(id, addr string) bool {
+	cf := r.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id && s.Suffrage == raft.Voter && (addr == "" || string(s.Address) == addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// isMember reports whether this replica is in the configuration it knows.
+func (r *Replica) isMember() bool { return r.hasVoter(r.cfg.ID, "") }
+
 // ID returns the replica's ID.
 func (r *Replica) ID() string { return r.cfg.ID }
 

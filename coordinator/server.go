@@ -58,6 +58,10 @@ type ServerConfig struct {
 	OnStep func(Progress)
 	// Metrics, if not nil, receives the Server's metrics (NewMetrics).
 	Metrics *Metrics
+	// Join makes the replica ask the leader, over NATS, to add it as a Raft
+	// voter (at its advertised Raft address) until it is a member. For a
+	// replica started without bootstrapping into an existing cluster.
+	Join bool
 	// Noise is the leader's Gaussian noise source. Nil means a fresh
 	// crypto-keyed one (train.NewNoiseSource). A seeded source makes the
 	// run NOT private; the Server refuses one unless the run's SeedPolicy
@@ -523,6 +527,13 @@ func (s *Server) report(ctx context.Context) {
 	defer t.Stop()
 	for {
 		s.publishReplicaStatus(ctx)
+		if s.cfg.Join && !s.replica.isMember() {
+			err := s.conn.Publish(ctx, transport.Status{Run: s.run.Run, From: s.replica.ID(),
+				Code: transport.StatusJoinCluster, Detail: s.replica.Addr()})
+			if err != nil && ctx.Err() == nil {
+				s.log.Debug("join request failed", "err", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -672,6 +683,28 @@ func (s *Server) onContribution(m transport.Message) {
 	}
 }
 
+// changeMembership adds or removes a replica on request (leader only).
+func (s *Server) changeMembership(st transport.Status) {
+	var err error
+	switch st.Code {
+	case transport.StatusJoinCluster:
+		if st.From == "" || st.Detail == "" || s.replica.hasVoter(st.From, st.Detail) {
+			return
+		}
+		s.log.Info("adding replica", "replica", st.From, "addr", st.Detail)
+		err = s.replica.raft.AddVoter(raft.ServerID(st.From), raft.ServerAddress(st.Detail), 0, 10*time.Second).Error()
+	case transport.StatusRemoveReplica:
+		if st.Node == "" || st.Node == s.replica.ID() || !s.replica.hasVoter(st.Node, "") {
+			return
+		}
+		s.log.Info("removing replica", "replica", st.Node)
+		err = s.replica.raft.RemoveServer(raft.ServerID(st.Node), 0, 10*time.Second).Error()
+	}
+	if err != nil {
+		s.log.Warn("membership change failed", "code", st.Code, "err", err)
+	}
+}
+
 // onStatus answers a node's request for parameters it lacks.
 func (s *Server) onStatus(m transport.Message) {
 	st, ok := m.(transport.Status)
@@ -679,6 +712,12 @@ func (s *Server) onStatus(m transport.Message) {
 		s.peersMu.Lock()
 		s.peers[st.From] = st
 		s.peersMu.Unlock()
+		return
+	}
+	if ok && (st.Code == transport.StatusJoinCluster || st.Code == transport.StatusRemoveReplica) {
+		if s.replica.IsLeader() {
+			s.changeMembership(st)
+		}
 		return
 	}
 	if !ok || st.Code != transport.StatusNeedParams || !s.replica.IsLeader() {

@@ -541,3 +541,69 @@ func TestServerLedgerFailureStopsRun(t *testing.T) {
 		t.Errorf("audit after the failure: %+v, %v", rep, err)
 	}
 }
+
+// TestServerJoinAndRemove: a replica started without bootstrapping asks,
+// over NATS, to join; the leader adds it as a voter, it catches up to the
+// same state digest, and a removal request takes it out again.
+func TestServerJoinAndRemove(t *testing.T) {
+	c := testRunConfig()
+	c.MaxSteps = 40
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	var gate atomic.Bool // rounds wait until the second replica is in
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+		for step > 5 && !gate.Load() && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	r1 := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r1)
+	cfg2 := DefaultReplicaConfig()
+	cfg2.ID, cfg2.RaftAddr, cfg2.DataDir, cfg2.LogSegmentBytes = "r2", freeAddr(t), t.TempDir(), 1<<20
+	r2, err := OpenReplica(cfg2, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r2.Close() })
+
+	scfg := DefaultServerConfig()
+	scfg.Noise, scfg.AnnounceEvery = train.NewSeededNoiseSource(8), 100*time.Millisecond
+	s1, err := NewServer(r1, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg.Join = true
+	s2, err := NewServer(r2, dial("r2"), c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		sum Summary
+		err error
+	}
+	res1, res2 := make(chan result, 1), make(chan result, 1)
+	go func() { s, err := s1.Run(ctx); res1 <- result{s, err} }()
+	go func() { s, err := s2.Run(ctx); res2 <- result{s, err} }()
+	for !r1.hasVoter("r2", r2.Addr()) {
+		if ctx.Err() != nil {
+			t.Fatal("r2 was never added")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gate.Store(true)
+	a, b := <-res1, <-res2
+	if a.err != nil || b.err != nil || a.sum.Steps != 40 || b.sum.Steps != 40 {
+		t.Fatalf("r1 %+v %v; r2 %+v %v", a.sum, a.err, b.sum, b.err)
+	}
+	if a.sum.Digest != b.sum.Digest || a.sum.Digest == "" {
+		t.Errorf("digests differ: %s vs %s", a.sum.Digest, b.sum.Digest)
+	}
+	// Remove r2 (r1 still leads; its Server has returned, so handle the
+	// request directly).
+	s1.changeMembership(transport.Status{Code: transport.StatusRemoveReplica, Node: "r2"})
+	if r1.hasVoter("r2", "") {
+		t.Error("r2 still a voter after removal")
+	}
+}

@@ -436,7 +436,6 @@ func (c *Client) onNackFrame(data []byte) {
 		c.log.Debug("transport: nack for a transfer no longer retained", "transfer", f.nack.Transfer)
 		return
 	}
-	c.stats.nacksServed.Add(1)
 	inbox := c.subjects.Inbox(f.nack.Receiver)
 	buf := make([]byte, 0, c.link.MaxPayload())
 	sent := make([]uint64, (t.total+63)/64) // each index at most once per NACK: no amplification
@@ -453,6 +452,7 @@ func (c *Client) onNackFrame(data []byte) {
 		}
 		c.stats.retrans.Add(1)
 	}
+	c.stats.nacksServed.Add(1) // after the resends: a reader of Stats sees them
 }
 
 // janitor sends NACKs for stalled transfers, drops timed-out ones and

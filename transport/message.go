@@ -187,6 +187,13 @@ const (
 	// state: From is the replica, Step its last applied step, and Term,
 	// Role, Leader, Epsilon and Nodes are set.
 	StatusReplica StatusCode = 7
+	// StatusJoinCluster asks the coordinator leader to add replica From as a
+	// Raft voter at address Detail. A replica started with --join sends it
+	// until it is a member.
+	StatusJoinCluster StatusCode = 8
+	// StatusRemoveReplica asks the coordinator leader to remove replica
+	// Node from the Raft configuration.
+	StatusRemoveReplica StatusCode = 9
 )
 
 // Status reports coordinator or node state. Detail is a short public reason

@@ -20,5 +20,6 @@ func NewCoordinatorCmd() *cobra.Command {
 	root.AddCommand(newLocalCmd())
 	root.AddCommand(newServeCmd())
 	root.AddCommand(newStatusCmd())
+	root.AddCommand(newRemoveReplicaCmd())
 	return root
 }

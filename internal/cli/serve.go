@@ -28,6 +28,7 @@ type serveFlags struct {
 	raftAddr     string
 	dataDir      string
 	bootstrap    bool
+	join         bool
 	peers        string
 	nats         string
 	natsListen   string
@@ -70,6 +71,7 @@ the replica reads N from it and evaluates θ on its test split; with --dataset n
 	fs.StringVar(&f.raftAddr, "raft-addr", f.raftAddr, "TCP address Raft binds and advertises (host:port)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "directory for the Raft log, snapshots and the privacy ledger (required)")
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "bootstrap a new cluster (a no-op on a data dir with state)")
+	fs.BoolVar(&f.join, "join", false, "ask the cluster's leader, over NATS, to add this replica as a voter")
 	fs.StringVar(&f.peers, "peers", "", "initial voters when bootstrapping, id=host:port,... (default: this replica alone)")
 	fs.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (empty: embed a server on --nats-listen)")
 	fs.StringVar(&f.natsListen, "nats-listen", f.natsListen, "address of the embedded NATS server when --nats is empty")
@@ -94,6 +96,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if f.join && f.bootstrap {
+		return errors.New("--join and --bootstrap exclude each other: a replica either starts a cluster or joins one")
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	seeded := f.insecureSeed != 0
@@ -114,6 +119,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	rcfg.ID, rcfg.RaftAddr, rcfg.DataDir, rcfg.Bootstrap, rcfg.Peers = f.id, f.raftAddr, f.dataDir, f.bootstrap, peers
 	srv, err := openServer(ctx, cmd, spec, pr, serverOptions{
 		replica: rcfg, nats: tcfg, metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
+		join: f.join,
 	}, log)
 	if err != nil {
 		return err
@@ -190,6 +196,7 @@ type serverOptions struct {
 	progress     string
 	insecureSeed uint64
 	minNodes     int // overrides the spec's when > 0
+	join         bool
 }
 
 // openedServer is a replica with its NATS connection and round loop.
@@ -256,7 +263,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	if opts.minNodes > 0 {
 		scfg.MinNodes = opts.minNodes
 	}
-	scfg.Metrics, scfg.OnStep = metrics, o.progress.update
+	scfg.Metrics, scfg.OnStep, scfg.Join = metrics, o.progress.update, opts.join
 	if pr.test != nil {
 		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.test); err != nil {
 			return o, err
@@ -286,4 +293,37 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("bad port in %q", addr)
 	}
 	return host, port, nil
+}
+
+func newRemoveReplicaCmd() *cobra.Command {
+	var nats, runName string
+	cmd := &cobra.Command{
+		Use:   "remove-replica ID",
+		Short: "Ask the coordinator leader to remove a replica from the Raft group",
+		Long: `remove-replica publishes a removal request for replica ID on the run's NATS status subject;
+the current leader removes it from the Raft configuration. Check with coordinator status. The
+leader does not remove itself: stop it (it transfers leadership first) and remove it from the
+new leader.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if nats == "" {
+				return errors.New("--nats is required")
+			}
+			cfg := transport.DefaultConfig()
+			cfg.Run, cfg.Name, cfg.URLs = runName, "admin", strings.Split(nats, ",")
+			conn, err := transport.Connect(cmd.Context(), cfg, nil)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			err = conn.Publish(cmd.Context(), transport.Status{Run: runName, From: "admin", Node: args[0], Code: transport.StatusRemoveReplica})
+			if err == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "asked the leader of run %s to remove replica %s\n", runName, args[0])
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&nats, "nats", "", "NATS server URLs, comma-separated (required)")
+	cmd.Flags().StringVar(&runName, "run", defaultRunSpec().Run, "run name")
+	return cmd
 }
