@@ -271,8 +271,8 @@ func benchRawNATS(b *testing.B, n int) {
 }
 
 // rawRig starts an embedded server with the given max payload and returns
-// an op that moves one round's bytes with bare nats.go in messages of
-// payload bytes.
+// an op that moves one round's bytes with bare nats.go, each vector in
+// messages of at most payload bytes.
 func rawRig(b *testing.B, n int, payload int32) func() {
 	scfg := transport.DefaultServerConfig()
 	scfg.Port = -1
@@ -290,9 +290,18 @@ func rawRig(b *testing.B, n int, payload int32) func() {
 		b.Cleanup(nc.Close)
 		return nc
 	}
-	msg := int(payload) - 1024 // room for the protocol line
+	msg := int(payload) // NATS's max payload counts the payload only
 	msgs := (4*n + msg - 1) / msg
-	data := make([]byte, msg)
+	vec := make([]byte, 4*n)
+	// send publishes one vector of 4n bytes in msgs messages.
+	send := func(nc *nats.Conn, subject string) error {
+		for off := 0; off < len(vec); off += msg {
+			if err := nc.Publish(subject, vec[off:min(off+msg, len(vec))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	coord := dial()
 	done := make(chan struct{}, benchNodes)
 	got := 0
@@ -312,9 +321,7 @@ func rawRig(b *testing.B, n int, payload int32) func() {
 		s, err := nc.Subscribe("raw.params", func(m *nats.Msg) {
 			seen++
 			if seen%msgs == 0 {
-				for range msgs {
-					_ = nc.Publish("raw.contrib", data)
-				}
+				_ = send(nc, "raw.contrib")
 				_ = nc.Flush()
 			}
 		})
@@ -326,10 +333,8 @@ func rawRig(b *testing.B, n int, payload int32) func() {
 	}
 	_ = coord.Flush()
 	return func() {
-		for range msgs {
-			if err := coord.Publish("raw.params", data); err != nil {
-				b.Fatal(err)
-			}
+		if err := send(coord, "raw.params"); err != nil {
+			b.Fatal(err)
 		}
 		_ = coord.Flush()
 		for range benchNodes {
