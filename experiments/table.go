@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+)
+
+// tableAlgos are the optimizers of the paper's Table 1, in its row order.
+var tableAlgos = []dpadam.Algorithm{dpadam.SGD, dpadam.Adam, dpadam.AdamBC}
+
+// cell is one (task, optimizer, ε) entry of the accuracy table.
+type cell struct {
+	Task  string
+	Algo  dpadam.Algorithm
+	Eps   float64
+	Sigma float64
+	Hyper Hyper
+	Acc   []float64 // test accuracy per seed; NaN for a diverged run
+}
+
+// mean and sample standard deviation, over finite values; n is how many.
+func meanStd(xs []float64) (mean, std float64, n int) {
+	for _, x := range xs {
+		if !math.IsNaN(x) {
+			mean += x
+			n++
+		}
+	}
+	if n == 0 {
+		return math.NaN(), math.NaN(), 0
+	}
+	mean /= float64(n)
+	for _, x := range xs {
+		if !math.IsNaN(x) {
+			std += (x - mean) * (x - mean)
+		}
+	}
+	if n > 1 {
+		std = math.Sqrt(std / float64(n-1))
+	} else {
+		std = 0
+	}
+	return mean, std, n
+}
+
+// tableExperiment tunes each optimizer's hyperparameters per task on the
+// validation split at ε = o.tuneEps (seed 1), then trains every
+// (task, optimizer, ε) with the chosen setting for o.seeds seeds and
+// reports the mean (std) test accuracy. It writes table_tuning.csv,
+// table_runs.csv, table.md and table.png into o.out.
+func tableExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Logger) error {
+	cells, tuning, err := accuracyTable(ctx, tasks, o, log)
+	if err != nil {
+		return err
+	}
+	if err := writeCSV(filepath.Join(o.out, "table_tuning.csv"), tuning); err != nil {
+		return err
+	}
+	runs := [][]string{{"task", "optimizer", "epsilon", "delta", "sigma", "steps", "lr", "adam_eps", "gamma_prime_over_phi", "seed", "test_accuracy"}}
+	for _, c := range cells {
+		t := taskByName(tasks, c.Task)
+		for s, a := range c.Acc {
+			runs = append(runs, []string{c.Task, string(c.Algo), g(c.Eps), g(Delta), g(c.Sigma), fmt.Sprint(t.Steps),
+				g(c.Hyper.LR), g(c.Hyper.AdamEps), g(c.Hyper.GammaPrimeRel), fmt.Sprint(s + 1), g(a)})
+		}
+	}
+	if err := writeCSV(filepath.Join(o.out, "table_runs.csv"), runs); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.out, "table.md"), []byte(tableMarkdown(tasks, cells, o.eps)), 0o644); err != nil {
+		return err
+	}
+	return plotTable(filepath.Join(o.out, "table.png"), tasks, cells, o.eps)
+}
+
+func taskByName(ts []*Task, name string) *Task {
+	for _, t := range ts {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// accuracyTable runs the tuning and the table runs and returns the cells
+// (task-major, then optimizer, then ε) and the tuning rows (with header).
+func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logger) ([]cell, [][]string, error) {
+	type tuneJob struct {
+		t    *Task
+		algo dpadam.Algorithm
+		h    Hyper
+		res  runResult
+	}
+	var jobs []*tuneJob
+	tuneSigma := map[string]float64{}
+	for _, t := range tasks {
+		s, err := sigmaFor(t, o.tuneEps)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", t.Name, err)
+		}
+		tuneSigma[t.Name] = s
+		for _, a := range tableAlgos {
+			for _, h := range t.Grid[a] {
+				jobs = append(jobs, &tuneJob{t: t, algo: a, h: h})
+			}
+		}
+	}
+	parallel(len(jobs), o.workers, func(i int) {
+		j := jobs[i]
+		cfg := optimizerConfig(j.t, j.algo, j.h, tuneSigma[j.t.Name])
+		j.res = trainRun(ctx, j.t, cfg, 1, 0)
+		logRun(log, "tune", j.t, cfg, 1, j.res)
+	})
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	tuning := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "error", "wall_s", "chosen"}}
+	best := map[string]*tuneJob{}
+	key := func(t *Task, a dpadam.Algorithm) string { return t.Name + "/" + string(a) }
+	for _, j := range jobs {
+		k := key(j.t, j.algo)
+		if j.res.Err == nil && (best[k] == nil || j.res.Val.Accuracy > best[k].res.Val.Accuracy) {
+			best[k] = j
+		}
+	}
+	for _, j := range jobs {
+		errStr := ""
+		if j.res.Err != nil {
+			errStr = j.res.Err.Error()
+		}
+		tuning = append(tuning, []string{j.t.Name, string(j.algo), g(o.tuneEps), g(tuneSigma[j.t.Name]), g(j.h.LR), g(j.h.AdamEps),
+			g(j.h.GammaPrimeRel), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), errStr,
+			fmt.Sprintf("%.1f", j.res.Wall.Seconds()), fmt.Sprint(best[key(j.t, j.algo)] == j)})
+	}
+	var cells []*cell
+	type runJob struct {
+		c    *cell
+		seed int
+	}
+	var rjobs []runJob
+	for _, t := range tasks {
+		for _, a := range tableAlgos {
+			b := best[key(t, a)]
+			if b == nil {
+				return nil, nil, fmt.Errorf("%s: every %s grid point diverged", t.Name, a)
+			}
+			for _, e := range o.eps {
+				s, err := sigmaFor(t, e)
+				if err != nil {
+					return nil, nil, fmt.Errorf("%s ε=%v: %w", t.Name, e, err)
+				}
+				c := &cell{Task: t.Name, Algo: a, Eps: e, Sigma: s, Hyper: b.h, Acc: make([]float64, o.seeds)}
+				cells = append(cells, c)
+				for seed := range o.seeds {
+					rjobs = append(rjobs, runJob{c, seed})
+				}
+			}
+		}
+	}
+	parallel(len(rjobs), o.workers, func(i int) {
+		j := rjobs[i]
+		t := taskByName(tasks, j.c.Task)
+		cfg := optimizerConfig(t, j.c.Algo, j.c.Hyper, j.c.Sigma)
+		r := trainRun(ctx, t, cfg, uint64(j.seed+1), 0)
+		logRun(log, "table", t, cfg, uint64(j.seed+1), r)
+		j.c.Acc[j.seed] = r.Test.Accuracy
+		if r.Err != nil {
+			j.c.Acc[j.seed] = math.NaN()
+		}
+	})
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	out := make([]cell, len(cells))
+	for i, c := range cells {
+		out[i] = *c
+	}
+	return out, tuning, nil
+}
+
+// tableMarkdown renders the cells as the paper's Table 1: rows task ×
+// optimizer, columns ε, entries "mean (std)" test accuracy in percent,
+// the best mean per (task, ε) in bold; then the chosen hyperparameters.
+func tableMarkdown(tasks []*Task, cells []cell, eps []float64) string {
+	var b strings.Builder
+	b.WriteString("| task | optimizer |")
+	for _, e := range eps {
+		fmt.Fprintf(&b, " ε = %g |", e)
+	}
+	b.WriteString("\n| --- | --- |")
+	for range eps {
+		b.WriteString(" --- |")
+	}
+	b.WriteString("\n")
+	find := func(task string, a dpadam.Algorithm, e float64) *cell {
+		for i := range cells {
+			if cells[i].Task == task && cells[i].Algo == a && cells[i].Eps == e {
+				return &cells[i]
+			}
+		}
+		return nil
+	}
+	for _, t := range tasks {
+		for _, a := range tableAlgos {
+			fmt.Fprintf(&b, "| %s (%s-favoring) | %s |", t.Name, t.Favors, a)
+			for _, e := range eps {
+				c := find(t.Name, a, e)
+				m, s, n := meanStd(c.Acc)
+				bestMean := math.Inf(-1)
+				for _, a2 := range tableAlgos {
+					if m2, _, _ := meanStd(find(t.Name, a2, e).Acc); m2 > bestMean {
+						bestMean = m2
+					}
+				}
+				txt := fmt.Sprintf("%.2f (%.2f)", 100*m, 100*s)
+				if n < len(c.Acc) {
+					txt += fmt.Sprintf(" [%d/%d diverged]", len(c.Acc)-n, len(c.Acc))
+				}
+				if m == bestMean {
+					txt = "**" + txt + "**"
+				}
+				fmt.Fprintf(&b, " %s |", txt)
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString("\nChosen hyperparameters (tuned on the validation split) and σ per ε:\n\n")
+	b.WriteString("| task | optimizer | η | γ / γ' | steps, B, C | σ |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, t := range tasks {
+		for _, a := range tableAlgos {
+			c := find(t.Name, a, eps[0])
+			second := "—"
+			switch a {
+			case dpadam.Adam:
+				second = fmt.Sprintf("γ = %g", c.Hyper.AdamEps)
+			case dpadam.AdamBC:
+				second = fmt.Sprintf("γ' = %g·Φ", c.Hyper.GammaPrimeRel)
+			}
+			var sig []string
+			for _, e := range eps {
+				sig = append(sig, fmt.Sprintf("%.3f (ε=%g)", find(t.Name, a, e).Sigma, e))
+			}
+			fmt.Fprintf(&b, "| %s | %s | %g | %s | %d, %g, %g | %s |\n", t.Name, a, c.Hyper.LR, second, t.Steps, t.B, t.C, strings.Join(sig, ", "))
+		}
+	}
+	return b.String()
+}
+
+func g(x float64) string { return fmt.Sprintf("%.6g", x) }
+
+func writeCSV(path string, rows [][]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	if err := w.WriteAll(rows); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
