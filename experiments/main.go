@@ -16,6 +16,8 @@
 //	moments  Table 2 and Figure 3: summary statistics of m̂ᶜ, m̂ᵖ, v̂ᶜ, v̂ᵖ,
 //	         v̂ᶜᵒʳʳ and the updates at the end of a DP-AdamBC run
 //	phi      Figure 4 (upper left): DP-AdamBC subtracting Φ' = 0.1Φ, Φ, 10Φ
+//	nodp     reference without noise (σ = 0, NOT private): does Adam beat
+//	         SGD on each task at all?
 //	probe    time one DP-AdamBC run per task (cost per step) before big runs
 //
 // These are experiments, not private training runs: noise and sampling
@@ -127,6 +129,16 @@ func run(args []string) error {
 				ts = append(ts, t)
 			}
 			err = tableExperiment(ctx, ts, o, log)
+		case "nodp":
+			var ts []*Task
+			for _, n := range o.tasks {
+				t, lerr := load(n)
+				if lerr != nil {
+					return lerr
+				}
+				ts = append(ts, t)
+			}
+			err = nodpExperiment(ctx, ts, o, log)
 		case "probe":
 			for _, n := range o.tasks {
 				t, lerr := load(n)

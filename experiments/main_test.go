@@ -143,6 +143,9 @@ func TestOtherExperimentsTiny(t *testing.T) {
 		{"sgdm", sgdmExperiment, []string{"sgdm.csv", "sgdm.md", "sgdm_loss.png", "sgdm_lr.png"}},
 		{"moments", momentsExperiment, []string{"moments.csv", "moments.md", "moments_v.png", "moments_updates.png"}},
 		{"phi", phiExperiment, []string{"phi.csv", "phi.md", "phi.png"}},
+		{"nodp", func(ctx context.Context, t *Task, o options, log *slog.Logger) error {
+			return nodpExperiment(ctx, []*Task{t}, o, log)
+		}, []string{"nodp.csv", "nodp.md"}},
 	} {
 		t.Run(e.name, func(t *testing.T) {
 			if err := e.run(ctx, text, o, quiet()); err != nil {
