@@ -1,0 +1,193 @@
+//go:build unix
+
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runConfig is a small, fast training run shared by the process tests:
+// logistic regression on the fixed synthetic gaussian data (N = 10000
+// training rows), B = 100 (q = 0.01), σ calibrated to the default ε = 3 at
+// maxSteps, seeded noise and sampling (reproducible, NOT private: fine in
+// tests). A round closes after roundTimeout, so a dead node delays a round
+// by at most that; rounds open only with all nodes live.
+type runConfig struct {
+	run          string
+	maxSteps     int
+	nodes        int
+	roundTimeout time.Duration
+}
+
+// serveArgs are the arguments of `coordinator serve` for replica id,
+// bootstrapping a one-replica cluster.
+func (c runConfig) serveArgs(id, raftAddr, dataDir, natsURL, metricsAddr string) []string {
+	return []string{"serve",
+		"--id", id, "--raft-addr", raftAddr, "--data-dir", dataDir, "--bootstrap",
+		"--nats", natsURL, "--metrics-addr", metricsAddr,
+		"--run", c.run, "--dataset", "gaussian", "--model", "logreg",
+		"--batch-size", "100", "--max-steps", strconv.Itoa(c.maxSteps),
+		"--round-timeout", c.roundTimeout.String(), "--min-nodes", strconv.Itoa(c.nodes),
+		"--eval-every", "0", "--insecure-seed", "7",
+	}
+}
+
+// nodeArgs are the arguments of node i.
+func (c runConfig) nodeArgs(i int, natsURL string) []string {
+	return []string{
+		"--nats", natsURL, "--run", c.run, "--id", nodeID(i),
+		"--dataset", "gaussian", "--model", "logreg",
+		"--shard-index", strconv.Itoa(i), "--shard-count", strconv.Itoa(c.nodes),
+		"--insecure-seed", strconv.Itoa(101 + i),
+	}
+}
+
+func nodeID(i int) string { return fmt.Sprintf("n-%d", i) }
+
+// coordinatorState is what the tests read from a replica's /metrics.
+type coordinatorState struct {
+	step, participants float64
+}
+
+func scrapeCoordinator(addr string) (coordinatorState, error) {
+	m, err := Scrape(addr)
+	if err != nil {
+		return coordinatorState{}, err
+	}
+	step, ok1 := m.Value("dpcluster_coordinator_step")
+	parts, ok2 := m.Value("dpcluster_coordinator_round_participants")
+	if !ok1 || !ok2 {
+		return coordinatorState{}, errors.New("no dpcluster_coordinator_step or _round_participants")
+	}
+	return coordinatorState{step: step, participants: parts}, nil
+}
+
+// TestProcessNodeRestart is issue 5's integration test: a NATS server, one
+// `coordinator serve` and three nodes, each its own OS process; node 1 is
+// SIGKILLed around step 40 and restarted with the same arguments. The run
+// must finish its 120 steps, the restarted node must contribute again, all
+// nodes must exit by themselves when the leader announces the end, and the
+// replica's ledger must pass `coordinator ledger audit` with exactly one
+// charge per applied step.
+func TestProcessNodeRestart(t *testing.T) {
+	const killAt = 40
+	cfg := runConfig{run: "e2e-node-restart", maxSteps: 120, nodes: 3, roundTimeout: 2 * time.Second}
+	h := New(t)
+	start := time.Now()
+
+	_, natsURL := h.StartNATS("nats")
+	dataDir := h.Dir("r1")
+	metricsAddr := FreeAddr(t)
+	serve := h.Start("serve", h.Bin.Coordinator, cfg.serveArgs("r1", FreeAddr(t), dataDir, natsURL, metricsAddr)...)
+	nodes := make([]*Proc, cfg.nodes)
+	for i := range nodes {
+		nodes[i] = h.Start("node-"+strconv.Itoa(i), h.Bin.Node, cfg.nodeArgs(i, natsURL)...)
+	}
+
+	// 1. Let the run reach step killAt with every node in the last round,
+	// then SIGKILL node 1: no Leave, its round times out without it.
+	var st coordinatorState
+	h.WaitFor(60*time.Second, fmt.Sprintf("step ≥ %d with %d participants", killAt, cfg.nodes), func() (bool, error) {
+		if err := serve.exitedErr(); err != nil {
+			return false, err
+		}
+		var err error
+		if st, err = scrapeCoordinator(metricsAddr); err != nil {
+			return false, nil // not serving yet
+		}
+		if st.step >= float64(cfg.maxSteps) {
+			return false, fmt.Errorf("the run finished (step %v) before the kill", st.step)
+		}
+		return st.step >= killAt && st.participants == float64(cfg.nodes), nil
+	})
+	victim := nodes[1]
+	ps := victim.Kill()
+	if ws, ok := ps.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		h.Fatalf("%s: %v, want killed by SIGKILL", victim.Name(), ps)
+	}
+	killedAt := int64(st.step)
+	t.Logf("killed %s (%s) at step %d, %v into the test", victim.Name(), nodeID(1), killedAt, time.Since(start).Round(time.Millisecond))
+
+	// 2. Restart it with the same arguments. It must contribute again: a
+	// round with every node in it, opened after the restart. Rounds are
+	// sequential, so if step s was the last applied one at some moment
+	// after the restart, round s+2 opened after it.
+	victim.Restart()
+	st, err := scrapeCoordinator(metricsAddr)
+	if err != nil {
+		h.Fatalf("scraping the coordinator after the restart: %v", err)
+	}
+	after := int64(st.step)
+	h.WaitFor(60*time.Second, fmt.Sprintf("a round after step %d with %d participants", after+1, cfg.nodes), func() (bool, error) {
+		if err := serve.exitedErr(); err != nil {
+			return false, err
+		}
+		if err := victim.exitedErr(); err != nil {
+			return false, err
+		}
+		var err error
+		if st, err = scrapeCoordinator(metricsAddr); err != nil {
+			return false, err
+		}
+		if int64(st.step) >= int64(cfg.maxSteps) && st.participants != float64(cfg.nodes) {
+			return false, fmt.Errorf("the run finished, the last round with %v participants", st.participants)
+		}
+		return int64(st.step) >= after+2 && st.participants == float64(cfg.nodes), nil
+	})
+	t.Logf("%s contributes again: step %v with %v participants", victim.Name(), st.step, st.participants)
+
+	// 3. The run finishes: serve exits 0 after max steps, and every node
+	// exits 0 on its own once it hears the leader's Done.
+	if ps := serve.Wait(2 * time.Minute); ps.ExitCode() != 0 {
+		h.Fatalf("serve: %v, want exit 0", ps)
+	}
+	wantFinished := fmt.Sprintf("run %s finished after %d steps (max steps reached)", cfg.run, cfg.maxSteps)
+	if logs := serve.Logs(); !strings.Contains(logs, wantFinished) {
+		h.Fatalf("serve's output lacks %q", wantFinished)
+	}
+	for _, n := range nodes {
+		if ps := n.Wait(20 * time.Second); ps.ExitCode() != 0 {
+			h.Fatalf("%s: %v, want exit 0 after the run", n.Name(), ps)
+		}
+		reason, _ := logField(n.Logs(), `msg="node: stop"`, "reason")
+		if reason != "done" {
+			h.Fatalf("%s stopped with reason %q, want done", n.Name(), reason)
+		}
+	}
+	// The restarted incarnation's last contribution came after the kill
+	// (node: stop reports the last step it contributed to).
+	last, _ := logField(victim.Logs(), `msg="node: stop"`, "last_step")
+	if n, err := strconv.ParseInt(last, 10, 64); err != nil || n <= killedAt {
+		h.Fatalf("restarted %s: last_step %q, want a step after %d", victim.Name(), last, killedAt)
+	}
+
+	// 4. The ledger: audit passes with exactly maxSteps applied charges and
+	// no replay, and it holds one run record and one charge for each step
+	// 1..maxSteps.
+	rep, code, out := h.Audit(dataDir, cfg.maxSteps)
+	if code != 0 || !rep.OK || len(rep.Problems) != 0 {
+		h.Fatalf("ledger audit: exit %d, ok %v, problems %q\n%s", code, rep.OK, rep.Problems, out)
+	}
+	if rep.Charges != cfg.maxSteps || rep.Applied != cfg.maxSteps || rep.Replays != 0 || rep.LastStep != int64(cfg.maxSteps) || rep.Run != cfg.run {
+		h.Fatalf("ledger audit: run %q, %d charges, %d applied, %d replays, last step %d; want run %q, %d, %d, 0, %d\n%s",
+			rep.Run, rep.Charges, rep.Applied, rep.Replays, rep.LastStep, cfg.run, cfg.maxSteps, cfg.maxSteps, cfg.maxSteps, out)
+	}
+	recs := h.LedgerRecords(dataDir)
+	if len(recs) != cfg.maxSteps+1 || recs[0].Kind != "run" {
+		h.Fatalf("ledger: %d records (first %+v), want a run record and %d charges", len(recs), recs[0], cfg.maxSteps)
+	}
+	for i, r := range recs[1:] {
+		if r.Kind != "charge" || r.Step != int64(i+1) || r.Replay {
+			h.Fatalf("ledger record %d: %+v, want the charge of step %d, not a replay", i+1, r, i+1)
+		}
+	}
+	t.Logf("run of %d steps with a node restart: %v; ledger at %s", cfg.maxSteps, time.Since(start).Round(time.Millisecond),
+		filepath.Join(dataDir, "ledger.log"))
+}
