@@ -2,6 +2,9 @@ package transport_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -128,5 +131,53 @@ func TestReplicaStatusRoundTrip(t *testing.T) {
 	b, _ = transport.Encode(old)
 	if out, err := transport.Decode(b); err != nil || out.(transport.Status) != old {
 		t.Fatalf("plain status: %+v, %v", out, err)
+	}
+}
+
+// TestConnectRetry: with RetryConnect, Connect waits for a server that
+// starts later; without it, it fails at once; a cancelled context ends the
+// wait with the context's error.
+func TestConnectRetry(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cfg := transport.DefaultConfig()
+	cfg.Run, cfg.URLs = "retry", []string{fmt.Sprintf("nats://127.0.0.1:%d", port)}
+	cfg.ReconnectWait, cfg.MaxReconnectWait = 20*time.Millisecond, 50*time.Millisecond
+	if _, err := transport.Connect(context.Background(), cfg, nil); err == nil {
+		t.Fatal("Connect without a server and without RetryConnect succeeded")
+	}
+
+	cfg.RetryConnect = true
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	_, err = transport.Connect(ctx, cfg, nil)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Connect with an expiring context = %v, want deadline exceeded", err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := transport.Connect(ctx, cfg, nil)
+		if err == nil {
+			c.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // Connect is retrying now
+	scfg := transport.DefaultServerConfig()
+	scfg.Port = port
+	srv, err := transport.StartServer(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	if err := <-done; err != nil {
+		t.Fatalf("Connect with RetryConnect: %v", err)
 	}
 }

@@ -138,6 +138,12 @@ type Config struct {
 	// doubles it up to MaxReconnectWait, plus up to 25% random jitter.
 	ReconnectWait    time.Duration
 	MaxReconnectWait time.Duration
+	// RetryConnect keeps retrying the initial connection, with the
+	// reconnect backoff, while no server answers, until the context passed
+	// to Connect ends (ConnectTimeout then bounds each attempt). Processes
+	// that may start before their NATS servers (nodes, replicas dialing a
+	// cluster) set it.
+	RetryConnect bool
 	// MaxReconnects is the number of reconnect attempts before the
 	// connection is closed for good; negative means forever.
 	MaxReconnects int

@@ -182,11 +182,27 @@ func dialNATS(ctx context.Context, cfg Config, urls []string, log *slog.Logger) 
 	case cfg.Token != "":
 		opts = append(opts, nats.Token(cfg.Token))
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","), opts...)
-	if err != nil {
-		return nil, fmt.Errorf("transport: connect: %w", err)
+	delay := backoff(cfg.ReconnectWait, cfg.MaxReconnectWait)
+	for attempt := 1; ; attempt++ {
+		nc, err := nats.Connect(strings.Join(urls, ","), opts...)
+		if err == nil {
+			return &natsLink{nc: nc, pending: cfg.PendingBytes}, nil
+		}
+		if !cfg.RetryConnect || !errors.Is(err, nats.ErrNoServers) {
+			return nil, fmt.Errorf("transport: connect: %w", err)
+		}
+		d := delay(attempt)
+		if attempt == 1 || attempt%10 == 0 {
+			log.Info("transport: no NATS server answers yet; retrying", "urls", len(urls), "attempt", attempt, "next_in", d)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("transport: connect: %w (last attempt: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
 	}
-	return &natsLink{nc: nc, pending: cfg.PendingBytes}, nil
 }
 
 // backoff returns a reconnect delay doubling from base to limit, plus up to

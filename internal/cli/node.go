@@ -373,6 +373,7 @@ func runNode(cmd *cobra.Command, f *nodeFlags) error {
 	tcfg.URLs = urls
 	tcfg.Run = f.run
 	tcfg.Name = "node"
+	tcfg.RetryConnect = true // a node may start before its NATS servers
 	conn, err := transport.Connect(ctx, tcfg, log)
 	if err != nil {
 		return fmt.Errorf("connecting to %s: %w", f.nats, err)

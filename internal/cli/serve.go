@@ -112,6 +112,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 			return errors.New("--nats-cluster and --nats-routes configure the embedded server; they do not go with --nats")
 		}
 		tcfg.URLs = strings.Split(f.nats, ",")
+		tcfg.RetryConnect = true // the NATS servers may start after us
 	} else if tcfg.Embedded, err = embeddedServerConfig(f.natsListen, f.natsCluster, f.natsRoutes); err != nil {
 		return err
 	}
