@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,8 +99,12 @@ func (c ReplicaConfig) Validate() error {
 	case c.LogSegmentBytes < 1<<20:
 		return errors.New("coordinator: log segment size must be at least 1 MiB")
 	}
-	if _, _, err := net.SplitHostPort(c.RaftAddr); err != nil {
+	host, _, err := net.SplitHostPort(c.RaftAddr)
+	if err != nil {
 		return fmt.Errorf("coordinator: Raft address %q: %w", c.RaftAddr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("coordinator: Raft address %q is advertised to peers: give a reachable host, not a wildcard", c.RaftAddr)
 	}
 	return nil
 }
@@ -158,14 +163,11 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, err
-	}
-	r.transport, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, addr, 4, 10*time.Second, hlog)
+	stream, err := listenRaft(cfg.RaftAddr)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
 	}
+	r.transport = raft.NewNetworkTransportWithLogger(stream, 4, 10*time.Second, hlog)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
@@ -357,3 +359,42 @@ func (w raftLogWriter) Write(p []byte) (int, error) {
 	w.log.Log(context.Background(), level, "raft", "line", line)
 	return len(p), nil
 }
+
+// raftStream is Raft's TCP stream layer. Unlike raft's own TCP transport,
+// it advertises the address exactly as configured (a DNS name stays a
+// name, so a replica whose container comes back with a new IP keeps the
+// address its peers know), except that a port of 0 advertises the port
+// the listener got.
+type raftStream struct {
+	net.Listener
+	advertise raftAddr
+}
+
+type raftAddr string
+
+func (a raftAddr) Network() string { return "tcp" }
+func (a raftAddr) String() string  { return string(a) }
+
+func listenRaft(addr string) (*raftStream, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	adv := addr
+	if port == "0" {
+		adv = net.JoinHostPort(host, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	}
+	return &raftStream{Listener: l, advertise: raftAddr(adv)}, nil
+}
+
+// Dial implements raft.StreamLayer.
+func (s *raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout("tcp", string(address), timeout)
+}
+
+// Addr implements net.Listener: the advertised address.
+func (s *raftStream) Addr() net.Addr { return s.advertise }

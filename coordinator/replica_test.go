@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dpcluster/dpcluster/ledger"
 )
 
@@ -104,5 +106,33 @@ func TestReplicaRestartContinues(t *testing.T) {
 	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
 	if err != nil || !rep.OK || rep.Charges != 30 || rep.Applied != 30 || rep.Replays != 0 {
 		t.Errorf("audit: %+v, %v", rep, err)
+	}
+}
+
+// TestRaftAddrAdvertised: the replica advertises its Raft address as
+// configured (a host name stays a name); port 0 advertises the port it
+// got; a wildcard host is refused.
+func TestRaftAddrAdvertised(t *testing.T) {
+	s, err := listenRaft("localhost:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	host, port, _ := net.SplitHostPort(s.Addr().String())
+	if host != "localhost" || port == "0" {
+		t.Errorf("advertised %s, want localhost with the bound port", s.Addr())
+	}
+	c, err := s.Dial(raft.ServerAddress(s.Addr().String()), time.Second)
+	if err != nil {
+		t.Fatalf("dialing the advertised address: %v", err)
+	}
+	c.Close()
+	cfg := DefaultReplicaConfig()
+	cfg.ID, cfg.DataDir = "r", t.TempDir()
+	for _, bad := range []string{"0.0.0.0:7000", "[::]:7000", ":7000"} {
+		cfg.RaftAddr = bad
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("Raft address %q accepted", bad)
+		}
 	}
 }

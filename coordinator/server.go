@@ -646,7 +646,10 @@ func (s *Server) onNodeMessage(m transport.Message) {
 		}
 		return
 	}
-	if s.nodes.seen(id, shard, time.Now()) {
+	isNew := s.nodes.seen(id, shard, time.Now())
+	if _, join := m.(transport.Join); join || isNew {
+		// A Join is sent at a node's start and on a new leader term: a
+		// restarted node shows up here even if it was still registered.
 		s.log.Info("node joined", "node", id, "shard", shard)
 	}
 }

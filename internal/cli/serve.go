@@ -237,11 +237,9 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
 		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir)
 	if opts.metricsAddr != "" {
-		bound, _, err := serveMetrics(ctx, opts.metricsAddr, o.registry, log)
-		if err != nil {
+		if _, _, err := serveMetrics(ctx, opts.metricsAddr, o.registry, log); err != nil {
 			return o, err
 		}
-		log.Info("serving metrics", "addr", "http://"+bound+"/metrics")
 	}
 	opts.nats.Run, opts.nats.Name = rc.Run, opts.replica.ID
 	if o.conn, err = transport.Connect(ctx, opts.nats, log); err != nil {
