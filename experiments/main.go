@@ -18,6 +18,7 @@
 //	phi      Figure 4 (upper left): DP-AdamBC subtracting Φ' = 0.1Φ, Φ, 10Φ
 //	nodp     reference without noise (σ = 0, NOT private): does Adam beat
 //	         SGD on each task at all?
+//	gridcheck  extra grid points past the edges the table's tuning chose
 //	probe    time one DP-AdamBC run per task (cost per step) before big runs
 //
 // These are experiments, not private training runs: noise and sampling
@@ -139,6 +140,18 @@ func run(args []string) error {
 				ts = append(ts, t)
 			}
 			err = nodpExperiment(ctx, ts, o, log)
+		case "replot-table":
+			err = replotTable(o)
+		case "gridcheck":
+			var ts []*Task
+			for _, n := range o.tasks {
+				t, lerr := load(n)
+				if lerr != nil {
+					return lerr
+				}
+				ts = append(ts, t)
+			}
+			err = gridcheckExperiment(ctx, ts, o, log)
 		case "probe":
 			for _, n := range o.tasks {
 				t, lerr := load(n)

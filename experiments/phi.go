@@ -104,7 +104,9 @@ func phiExperiment(ctx context.Context, t *Task, o options, log *slog.Logger) er
 		return err
 	}
 	var md strings.Builder
-	phi := config(variants[1], 1e-3).Phi()
+	trueCfg := config(variants[1], 1e-3)
+	trueCfg.PhiScale = 1
+	phi := trueCfg.Phi()
 	fmt.Fprintf(&md, "Task %s, ε = %g (σ = %.4f), Φ = %.4g, γ' = 0.01·Φ, %d steps; η tuned on the validation split (seed 1), test accuracy over %d seeds.\n\n",
 		t.Name, o.tuneEps, sigma, phi, t.Steps, o.seeds)
 	md.WriteString("| variant | η | test accuracy, mean (std) |\n| --- | --- | --- |\n")

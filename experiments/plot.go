@@ -30,7 +30,9 @@ type series struct {
 func plotLines(path, title, xlabel, ylabel string, ss []series) error {
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, xlabel, ylabel
-	p.Legend.Top = true
+	// Legend where the curves are not: at the top for decreasing curves
+	// (losses, schedules), at the bottom for increasing ones (accuracy).
+	p.Legend.Top = len(ss) > 0 && len(ss[0].Y) > 1 && ss[0].Y[len(ss[0].Y)-1] < ss[0].Y[0]
 	for i, s := range ss {
 		xy := make(plotter.XYs, 0, len(s.X))
 		for k := range s.X {
@@ -107,14 +109,20 @@ func plotHists(path, title, xlabel string, names []string, vals [][]float64, bin
 // plotTable draws the accuracy table as grouped bars: one panel per task
 // would need a grid of plots, so the x axis enumerates (task, ε) and each
 // optimizer is a bar group.
-func plotTable(path string, tasks []*Task, cells []cell, eps []float64) error {
+func plotTable(path string, tasks []string, cells []cell, eps []float64) error {
 	p := plot.New()
 	p.Title.Text = "Test accuracy (mean over seeds; tuned per optimizer)"
 	p.Y.Label.Text = "test accuracy (%)"
 	var labels []string
+	lo := math.Inf(1)
 	for _, t := range tasks {
 		for _, e := range eps {
-			labels = append(labels, fmt.Sprintf("%s\nε=%g", t.Name, e))
+			labels = append(labels, fmt.Sprintf("%s\nε=%g", t, e))
+		}
+	}
+	for _, c := range cells {
+		if m, _, _ := meanStd(c.Acc); m < lo {
+			lo = m
 		}
 	}
 	w := vg.Points(7)
@@ -123,7 +131,7 @@ func plotTable(path string, tasks []*Task, cells []cell, eps []float64) error {
 		for _, t := range tasks {
 			for _, e := range eps {
 				for _, c := range cells {
-					if c.Task == t.Name && c.Algo == a && c.Eps == e {
+					if c.Task == t && c.Algo == a && c.Eps == e {
 						m, _, _ := meanStd(c.Acc)
 						if math.IsNaN(m) {
 							m = 0
@@ -143,7 +151,11 @@ func plotTable(path string, tasks []*Task, cells []cell, eps []float64) error {
 		p.Add(b)
 		p.Legend.Add(string(a), b)
 	}
+	// Zoom on the differences: the axis starts a few points under the
+	// lowest mean (bars are clipped there).
+	p.Y.Min = math.Max(0, math.Floor(100*lo/5)*5-5)
 	p.Legend.Top = true
+	p.Legend.Left = true
 	p.NominalX(labels...)
 	p.X.Tick.Label.Rotation = 0
 	return p.Save(vg.Length(max(8, 1.1*float64(len(labels))))*vg.Inch, 4.5*vg.Inch, path)

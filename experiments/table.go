@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/dpcluster/dpcluster/dpadam"
@@ -78,7 +79,45 @@ func tableExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Lo
 	if err := os.WriteFile(filepath.Join(o.out, "table.md"), []byte(tableMarkdown(tasks, cells, o.eps)), 0o644); err != nil {
 		return err
 	}
-	return plotTable(filepath.Join(o.out, "table.png"), tasks, cells, o.eps)
+	var names []string
+	for _, t := range tasks {
+		names = append(names, t.Name)
+	}
+	return plotTable(filepath.Join(o.out, "table.png"), names, cells, o.eps)
+}
+
+// replotTable redraws table.png from o.out/table_runs.csv.
+func replotTable(o options) error {
+	f, err := os.Open(filepath.Join(o.out, "table_runs.csv"))
+	if err != nil {
+		return err
+	}
+	rows, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	if err != nil {
+		return err
+	}
+	var names []string
+	var eps []float64
+	var cells []cell
+	for _, r := range rows[1:] {
+		var e, acc float64
+		fmt.Sscan(r[2], &e)
+		fmt.Sscan(r[len(r)-1], &acc)
+		if !slices.Contains(names, r[0]) {
+			names = append(names, r[0])
+		}
+		if !slices.Contains(eps, e) {
+			eps = append(eps, e)
+		}
+		i := slices.IndexFunc(cells, func(c cell) bool { return c.Task == r[0] && string(c.Algo) == r[1] && c.Eps == e })
+		if i < 0 {
+			cells = append(cells, cell{Task: r[0], Algo: dpadam.Algorithm(r[1]), Eps: e})
+			i = len(cells) - 1
+		}
+		cells[i].Acc = append(cells[i].Acc, acc)
+	}
+	return plotTable(filepath.Join(o.out, "table.png"), names, cells, eps)
 }
 
 func taskByName(ts []*Task, name string) *Task {
