@@ -14,8 +14,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/dpcluster/dpcluster/ledger"
 )
@@ -26,7 +24,8 @@ type ReplicaConfig struct {
 	ID string
 	// RaftAddr is the TCP address Raft binds and advertises, host:port.
 	RaftAddr string
-	// DataDir holds the Raft log (raft-wal), snapshots and the ledger.
+	// DataDir holds the Raft log (raft/log.db, see LogStore), snapshots and the
+	// ledger.
 	DataDir string
 	// Bootstrap starts a new cluster with Peers (or just this replica if
 	// Peers is empty). It is a no-op on a data dir that already has state.
@@ -48,9 +47,6 @@ type ReplicaConfig struct {
 	TrailingLogs      uint64
 	SnapshotInterval  time.Duration
 	SnapshotsRetained int
-	// LogSegmentBytes is the size of the Raft log's segment files
-	// (raft-wal preallocates each one).
-	LogSegmentBytes int
 
 	// LedgerOptions are passed to the ledger when it is opened (fault
 	// injection in tests: ledger.WithSyncHook).
@@ -65,8 +61,7 @@ type ReplicaConfig struct {
 // timeouts of 500 ms (failover in about a second; 200-300 ms made leaders
 // step down needlessly on a loaded 2-core machine, where a follower's
 // fsync can stall it for a few hundred milliseconds),
-// snapshots every 64 entries with 32 trailing, 2 snapshots retained, 64 MiB
-// log segments.
+// snapshots every 64 entries with 32 trailing, 2 snapshots retained.
 func DefaultReplicaConfig() ReplicaConfig {
 	return ReplicaConfig{
 		HeartbeatTimeout:   500 * time.Millisecond,
@@ -77,7 +72,6 @@ func DefaultReplicaConfig() ReplicaConfig {
 		TrailingLogs:       32,
 		SnapshotInterval:   5 * time.Second,
 		SnapshotsRetained:  2,
-		LogSegmentBytes:    64 << 20,
 	}
 }
 
@@ -96,8 +90,6 @@ func (c ReplicaConfig) Validate() error {
 		return errors.New("coordinator: snapshot threshold must be positive")
 	case c.SnapshotsRetained < 1:
 		return errors.New("coordinator: must retain at least one snapshot")
-	case c.LogSegmentBytes < 1<<20:
-		return errors.New("coordinator: log segment size must be at least 1 MiB")
 	}
 	host, _, err := net.SplitHostPort(c.RaftAddr)
 	if err != nil {
@@ -115,8 +107,7 @@ type Replica struct {
 	cfg       ReplicaConfig
 	raft      *raft.Raft
 	fsm       *FSM
-	wal       *wal.WAL
-	meta      *metadb.BoltMetaDB
+	logs      *LogStore
 	transport *raft.NetworkTransport
 	log       *slog.Logger
 }
@@ -152,12 +143,8 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			r.closeStores()
 		}
 	}()
-	// raft-wal's Close leaves the meta store it opened itself open (and its
-	// file lock held), so the replica owns the meta store and closes it.
-	r.meta = &metadb.BoltMetaDB{}
-	r.wal, err = wal.Open(filepath.Join(cfg.DataDir, "raft"), wal.WithMetaStore(r.meta), wal.WithSegmentSize(cfg.LogSegmentBytes))
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: opening Raft log: %w", err)
+	if r.logs, err = OpenLogStore(filepath.Join(cfg.DataDir, "raft", "log.db")); err != nil {
+		return nil, err
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)
 	if err != nil {
@@ -182,7 +169,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(r.wal, r.wal, snaps)
+		has, err := raft.HasExistingState(r.logs, r.logs, snaps)
 		if err != nil {
 			return nil, err
 		}
@@ -191,12 +178,12 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			if len(peers) == 0 {
 				peers = []raft.Server{{ID: rc.LocalID, Address: r.transport.LocalAddr()}}
 			}
-			if err := raft.BootstrapCluster(rc, r.wal, r.wal, snaps, r.transport, raft.Configuration{Servers: peers}); err != nil {
+			if err := raft.BootstrapCluster(rc, r.logs, r.logs, snaps, r.transport, raft.Configuration{Servers: peers}); err != nil {
 				return nil, fmt.Errorf("coordinator: bootstrap: %w", err)
 			}
 		}
 	}
-	r.raft, err = raft.NewRaft(rc, fsm, r.wal, r.wal, snaps, r.transport)
+	r.raft, err = raft.NewRaft(rc, fsm, r.logs, r.logs, snaps, r.transport)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: starting Raft: %w", err)
 	}
@@ -208,11 +195,8 @@ func (r *Replica) closeStores() {
 	if r.transport != nil {
 		r.transport.Close()
 	}
-	if r.wal != nil {
-		r.wal.Close()
-	}
-	if r.meta != nil {
-		r.meta.Close()
+	if r.logs != nil {
+		r.logs.Close()
 	}
 	r.fsm.Close()
 }

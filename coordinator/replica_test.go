@@ -29,7 +29,6 @@ func openTestReplica(t *testing.T, dir, addr string, opts ...ledger.Option) *Rep
 	cfg.LedgerOptions = opts
 	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", addr, dir, true
 	cfg.SnapshotThreshold, cfg.TrailingLogs = 8, 4
-	cfg.LogSegmentBytes = 1 << 20
 	r, err := OpenReplica(cfg, testInit)
 	if err != nil {
 		t.Fatal(err)

@@ -561,7 +561,7 @@ func TestServerJoinAndRemove(t *testing.T) {
 	r1 := openReplicaForServer(t, t.TempDir())
 	waitLeader(t, r1)
 	cfg2 := DefaultReplicaConfig()
-	cfg2.ID, cfg2.RaftAddr, cfg2.DataDir, cfg2.LogSegmentBytes = "r2", freeAddr(t), t.TempDir(), 1<<20
+	cfg2.ID, cfg2.RaftAddr, cfg2.DataDir = "r2", freeAddr(t), t.TempDir()
 	r2, err := OpenReplica(cfg2, testInit)
 	if err != nil {
 		t.Fatal(err)

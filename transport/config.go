@@ -138,6 +138,13 @@ type Config struct {
 	// doubles it up to MaxReconnectWait, plus up to 25% random jitter.
 	ReconnectWait    time.Duration
 	MaxReconnectWait time.Duration
+	// PingInterval and MaxPingsOutstanding detect a server that stopped
+	// answering without closing the connection (a hung or paused process):
+	// after MaxPingsOutstanding unanswered pings PingInterval apart the
+	// client reconnects to another server. NATS's own default (2 min) would
+	// leave a node deaf for minutes.
+	PingInterval        time.Duration
+	MaxPingsOutstanding int
 	// RetryConnect keeps retrying the initial connection, with the
 	// reconnect backoff, while no server answers, until the context passed
 	// to Connect ends (ConnectTimeout then bounds each attempt). Processes
@@ -233,17 +240,20 @@ func (s ServerConfig) Validate() error {
 }
 
 // DefaultConfig returns a configuration that starts an embedded server on
-// 127.0.0.1:4222, reconnects forever with backoff from 100 ms to 5 s, and
-// buffers up to 512 MiB per subscription.
+// 127.0.0.1:4222, reconnects forever with backoff from 100 ms to 5 s,
+// declares a server dead after 3 unanswered pings 2 s apart, and buffers up
+// to 512 MiB per subscription.
 func DefaultConfig() Config {
 	return Config{
-		ClientConfig:     DefaultClientConfig(),
-		Embedded:         DefaultServerConfig(),
-		ConnectTimeout:   10 * time.Second,
-		ReconnectWait:    100 * time.Millisecond,
-		MaxReconnectWait: 5 * time.Second,
-		MaxReconnects:    -1,
-		PendingBytes:     512 << 20,
+		ClientConfig:        DefaultClientConfig(),
+		Embedded:            DefaultServerConfig(),
+		ConnectTimeout:      10 * time.Second,
+		ReconnectWait:       100 * time.Millisecond,
+		MaxReconnectWait:    5 * time.Second,
+		MaxReconnects:       -1,
+		PendingBytes:        512 << 20,
+		PingInterval:        2 * time.Second,
+		MaxPingsOutstanding: 3,
 	}
 }
 
@@ -283,6 +293,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReconnectWait <= 0 || c.MaxReconnectWait < c.ReconnectWait {
 		bad("need 0 < ReconnectWait ≤ MaxReconnectWait, have %v, %v", c.ReconnectWait, c.MaxReconnectWait)
+	}
+	if c.PingInterval <= 0 || c.MaxPingsOutstanding < 1 {
+		bad("need PingInterval > 0 and MaxPingsOutstanding ≥ 1, have %v, %d", c.PingInterval, c.MaxPingsOutstanding)
 	}
 	if c.PendingBytes < c.WindowBytes {
 		bad("PendingBytes %d must be ≥ WindowBytes %d", c.PendingBytes, c.WindowBytes)

@@ -143,6 +143,8 @@ func dialNATS(ctx context.Context, cfg Config, urls []string, log *slog.Logger) 
 		nats.Name(name + "/" + cfg.Run),
 		nats.Timeout(timeout),
 		nats.MaxReconnects(cfg.MaxReconnects),
+		nats.PingInterval(cfg.PingInterval),
+		nats.MaxPingsOutstanding(cfg.MaxPingsOutstanding),
 		nats.CustomReconnectDelay(backoff(cfg.ReconnectWait, cfg.MaxReconnectWait)),
 		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
 			subject := ""

@@ -95,7 +95,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 		t.Errorf("audit report %+v, %v", rep, err)
 	}
 	// The replica's Raft log is under the data dir, next to the ledger.
-	if segs, _ := filepath.Glob(filepath.Join(dir, "raft", "*.wal")); len(segs) == 0 {
+	if segs, _ := filepath.Glob(filepath.Join(dir, "raft", "log.db")); len(segs) == 0 {
 		t.Error("no Raft log segment under the data dir")
 	}
 }

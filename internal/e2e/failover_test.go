@@ -180,13 +180,21 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	for _, f := range plan.faults {
 		switch f.kind {
 		case killLeader:
-			step, leader := waitStep(f.at, true)
+			_, leader := waitStep(f.at, true)
+			// The victim's own count right before the kill: every step it
+			// committed is at most this.
+			step := 0
+			if m, err := Scrape(leader.metricsAddr); err == nil {
+				v, _ := m.Value("dpcluster_coordinator_step")
+				step = int(v)
+			}
 			killed := time.Now()
 			leader.p.Kill()
-			// Failover: the next step committed by the new leader.
-			h.WaitFor(time.Minute, fmt.Sprintf("a step after %d without %s", step, leader.id), func() (bool, error) {
-				s, _ := observe()
-				return s > step, nil
+			// Failover: another replica leads and has committed a step
+			// beyond the old leader's last.
+			h.WaitFor(time.Minute, fmt.Sprintf("a new leader committing a step after %d", step), func() (bool, error) {
+				s, l := observe()
+				return l != nil && l != leader && s > step, nil
 			})
 			d := time.Since(killed)
 			failovers = append(failovers, d)
