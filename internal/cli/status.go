@@ -142,8 +142,10 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 			return rep, err
 		}
 	}
-	if err := sleepContext(ctx, wait); err != nil {
-		return rep, err
+	select {
+	case <-ctx.Done():
+		return rep, ctx.Err()
+	case <-time.After(wait):
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -170,15 +172,4 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "nodes seen (%d): %s\n", len(rep.Nodes), strings.Join(rep.Nodes, " "))
-}
-
-func sleepContext(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
