@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -123,7 +124,7 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(s); err != nil && !errors.Is(err, errEOF) {
+	if err := dec.Decode(s); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
 		return fmt.Errorf("run file %s: %w", path, err)
 	}
 	for name, v := range changed {
@@ -133,12 +134,6 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	}
 	return nil
 }
-
-// errEOF is what yaml.v3 returns for an empty document.
-var errEOF = func() error {
-	var v struct{}
-	return yaml.NewDecoder(strings.NewReader("")).Decode(&v)
-}()
 
 // loadData loads the training set and its held-out test split with the
 // node command's loader, so that the coordinator's N is the total of the
