@@ -321,7 +321,11 @@ func (r *Replica) Snapshot() error { return r.raft.Snapshot().Error() }
 func (r *Replica) Close() error {
 	if r.IsLeader() {
 		if cf := r.raft.GetConfiguration(); cf.Error() == nil && len(cf.Configuration().Servers) > 1 {
-			_ = r.raft.LeadershipTransfer().Error()
+			if err := r.raft.LeadershipTransfer().Error(); err != nil {
+				r.log.Warn("leadership transfer before shutdown failed; the others will elect a leader", "err", err)
+			} else {
+				r.log.Info("transferred leadership before shutdown")
+			}
 		}
 	}
 	err := r.raft.Shutdown().Error()

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"testing"
@@ -133,5 +134,46 @@ func TestRaftAddrAdvertised(t *testing.T) {
 		if err := cfg.Validate(); err == nil {
 			t.Errorf("Raft address %q accepted", bad)
 		}
+	}
+}
+
+// TestReplicaCloseTransfersLeadership: closing the leader of three
+// replicas hands leadership over at once. The election timeouts are 20 s,
+// so without the transfer no new leader could appear before the test's
+// 5 s deadline.
+func TestReplicaCloseTransfersLeadership(t *testing.T) {
+	var peers []raft.Server
+	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	for i, a := range addrs {
+		peers = append(peers, raft.Server{ID: raft.ServerID(fmt.Sprintf("r%d", i+1)), Address: raft.ServerAddress(a)})
+	}
+	var reps []*Replica
+	for i, a := range addrs {
+		cfg := DefaultReplicaConfig()
+		cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap, cfg.Peers = string(peers[i].ID), a, t.TempDir(), true, peers
+		if i > 0 {
+			cfg.HeartbeatTimeout, cfg.ElectionTimeout = 20*time.Second, 20*time.Second
+		}
+		r, err := OpenReplica(cfg, testInit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, r)
+	}
+	defer func() {
+		for _, r := range reps[1:] {
+			r.Close()
+		}
+	}()
+	waitLeader(t, reps[0]) // the only replica with a short election timeout
+	if err := reps[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !reps[1].IsLeader() && !reps[2].IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("no new leader 5 s after the leader closed: leadership was not transferred")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
