@@ -144,6 +144,10 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		}
 	}
 	wait.Stop()
+	if interrupted(ctx, runErr) {
+		fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", sum.Steps, sum.Epsilon)
+		return nil
+	}
 	if runErr != nil {
 		return runErr
 	}

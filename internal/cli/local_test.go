@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -170,5 +172,40 @@ func writeFile(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLocalInterrupted: cancelling the context (what SIGINT does) stops
+// the run cleanly: no error, a resume hint, and a ledger that audits.
+func TestLocalInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	cmd := NewCoordinatorCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"local", "--dataset", "gaussian", "--model", "logreg", "--batch-size", "100",
+		"--max-steps", "0", "--sigma", "5", "--data-dir", dir, "--progress", "off", "--round-timeout", "20s"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	path := filepath.Join(dir, coordinator.LedgerFile)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if rep, err := ledger.Audit(path); err == nil && rep.Applied >= 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run made no progress")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("interrupted run: %v", err)
+	}
+	if !strings.Contains(out.String(), "run the same command to resume") {
+		t.Errorf("output %q lacks the resume hint", out.String())
+	}
+	if rep, err := ledger.Audit(path); err != nil || !rep.OK {
+		t.Errorf("ledger after the interruption: %+v, %v", rep, err)
 	}
 }

@@ -131,6 +131,11 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	sum, err := srv.server.Run(ctx)
 	srv.progress.finish()
+	if interrupted(ctx, err) {
+		// Closing the replica (deferred) transfers leadership if it leads.
+		log.Info("shutting down on signal; the run continues on the other replicas or when restarted", "step", sum.Steps, "epsilon", sum.Epsilon)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -325,4 +330,10 @@ new leader.`,
 	cmd.Flags().StringVar(&nats, "nats", "", "NATS server URLs, comma-separated (required)")
 	cmd.Flags().StringVar(&runName, "run", defaultRunSpec().Run, "run name")
 	return cmd
+}
+
+// interrupted reports whether err is the cancellation of ctx by a signal:
+// a clean, resumable stop rather than a failure.
+func interrupted(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled)
 }
