@@ -158,7 +158,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err := c.Validate(); err != nil {
 		return ApplyResult{Err: err}
 	}
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta); err != nil {
+	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy); err != nil {
 		return f.fail(err)
 	}
 	theta, err := f.init(c)

@@ -50,8 +50,8 @@ type RunConfig struct {
 
 // Seed policies.
 const (
-	SeedCrypto = "crypto"
-	SeedSeeded = "seeded"
+	SeedCrypto = ledger.NoiseCrypto
+	SeedSeeded = ledger.NoiseSeeded
 )
 
 // Event returns the ledger event charged for each step of the run: the

@@ -29,7 +29,12 @@ type AuditReport struct {
 	// and OpenFile repairs it.
 	TornBytes int64 `json:"torn_bytes"`
 
-	Run               string  `json:"run"`
+	Run string `json:"run"`
+	// Noise is the run record's noise source, and Private is false when
+	// it is NoiseSeeded: such a run is reproducible and NOT differentially
+	// private, whatever ε the ledger records.
+	Noise             string  `json:"noise"`
+	Private           bool    `json:"private"`
 	TargetEpsilon     float64 `json:"target_epsilon"`
 	Delta             float64 `json:"delta"`
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
@@ -76,6 +81,7 @@ func Audit(path string) (AuditReport, error) {
 		return rep.finish(), nil
 	}
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
+	rep.Noise, rep.Private = run.Noise, run.Noise != NoiseSeeded
 	var lastIndex uint64
 	lastApplied := int64(math.MinInt64)
 	for _, r := range recs[1:] {

@@ -80,6 +80,10 @@ type Record struct {
 	Run           string  `json:"run,omitempty"`
 	TargetEpsilon float64 `json:"target_epsilon,omitempty"`
 	Delta         float64 `json:"delta,omitempty"`
+	// Noise says where the run's noise came from: NoiseCrypto, or
+	// NoiseSeeded for a reproducible run that is NOT differentially
+	// private. Empty in ledgers written before the field existed.
+	Noise string `json:"noise,omitempty"`
 	// Charge records: which training step released, the mechanism that
 	// released it, and where the release sits in the Raft log.
 	Step  int64  `json:"step,omitempty"`

@@ -25,7 +25,7 @@ func newLedger(t *testing.T, target float64) (*Ledger, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	if err := l.Start("test-run", target, 1e-5); err != nil {
+	if err := l.Start("test-run", target, 1e-5, NoiseCrypto); err != nil {
 		t.Fatal(err)
 	}
 	return l, path
@@ -61,10 +61,10 @@ func TestLedgerReopen(t *testing.T) {
 	if got, want := l2.LastIndex(), uint64(30); got != want {
 		t.Errorf("LastIndex = %d, want %d", got, want)
 	}
-	if err := l2.Start("test-run", 10, 1e-5); err != nil {
+	if err := l2.Start("test-run", 10, 1e-5, NoiseCrypto); err != nil {
 		t.Errorf("Start with the same run: %v", err)
 	}
-	if err := l2.Start("other-run", 10, 1e-5); !errors.Is(err, ErrRunMismatch) {
+	if err := l2.Start("other-run", 10, 1e-5, NoiseCrypto); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("Start with another run: %v, want ErrRunMismatch", err)
 	}
 	// ε recorded in the head equals what a fresh accountant computes.
@@ -317,7 +317,7 @@ func FuzzReadLedger(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l.Start("fuzz", 10, 1e-5)
+	l.Start("fuzz", 10, 1e-5, NoiseCrypto)
 	l.Charge(1, SubsampledGaussian(0.01, 1), 1, 2, false)
 	l.Charge(2, SubsampledGaussian(0.01, 1), 1, 3, false)
 	l.Close()
@@ -338,4 +338,29 @@ func FuzzReadLedger(f *testing.F) {
 			t.Fatalf("scan error is not ErrCorrupt: %v", err)
 		}
 	})
+}
+
+// TestRunRecordNoise: the run record names the noise source; a seeded run
+// audits as not private; a ledger started with one source refuses the
+// other; an unknown source is refused.
+func TestRunRecordNoise(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.log")
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Start("r", 3, 1e-5, "maybe"); !errors.Is(err, ErrInvalidParameter) {
+		t.Errorf("unknown noise source: %v", err)
+	}
+	if err := l.Start("r", 3, 1e-5, NoiseSeeded); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Start("r", 3, 1e-5, NoiseCrypto); !errors.Is(err, ErrRunMismatch) {
+		t.Errorf("restart with another noise source: %v", err)
+	}
+	l.Close()
+	rep, err := Audit(path)
+	if err != nil || rep.Noise != NoiseSeeded || rep.Private {
+		t.Errorf("audit of a seeded run: noise %q private %v, %v", rep.Noise, rep.Private, err)
+	}
 }

@@ -83,10 +83,19 @@ func replay(recs []Record) (*Ledger, error) {
 	return l, nil
 }
 
-// Start records the run's identity and budget as the ledger's first record.
-// If the ledger already holds a run record, Start checks that it matches and
-// records nothing.
-func (l *Ledger) Start(run string, targetEps, delta float64) error {
+// Noise sources a run record can name.
+const (
+	NoiseCrypto = "crypto" // a CSPRNG keyed from the OS: the run is private
+	NoiseSeeded = "seeded" // a seeded, predictable source: NOT private
+)
+
+// Start records the run's identity, budget and noise source (NoiseCrypto or
+// NoiseSeeded) as the ledger's first record. If the ledger already holds a
+// run record, Start checks that it matches and records nothing.
+func (l *Ledger) Start(run string, targetEps, delta float64, noise string) error {
+	if noise != NoiseCrypto && noise != NoiseSeeded {
+		return fmt.Errorf("%w: noise source %q", ErrInvalidParameter, noise)
+	}
 	if !(targetEps > 0) || math.IsInf(targetEps, 0) {
 		return fmt.Errorf("%w: target epsilon %v", ErrInvalidParameter, targetEps)
 	}
@@ -94,13 +103,13 @@ func (l *Ledger) Start(run string, targetEps, delta float64) error {
 		return fmt.Errorf("%w: delta %v", ErrInvalidParameter, delta)
 	}
 	if l.run != nil {
-		if l.run.Run != run || l.run.TargetEpsilon != targetEps || l.run.Delta != delta {
-			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v), asked for %q (ε=%v, δ=%v)",
-				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, run, targetEps, delta)
+		if l.run.Run != run || l.run.TargetEpsilon != targetEps || l.run.Delta != delta || l.run.Noise != noise {
+			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v, noise %q), asked for %q (ε=%v, δ=%v, noise %q)",
+				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, run, targetEps, delta, noise)
 		}
 		return nil
 	}
-	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta})
+	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise})
 	if err != nil {
 		return err
 	}

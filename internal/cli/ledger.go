@@ -63,6 +63,7 @@ type showResult struct {
 	Run           string  `json:"run"`
 	TargetEpsilon float64 `json:"target_epsilon"`
 	Delta         float64 `json:"delta"`
+	Noise         string  `json:"noise"`
 	// Epsilon is the ε recorded by the last charge (0 before any).
 	Epsilon   float64 `json:"epsilon"`
 	Count     int     `json:"count"`
@@ -100,7 +101,7 @@ verified before the damage and exits non-zero.`,
 			if len(recs) > 0 {
 				res.HeadHash = recs[len(recs)-1].Hash
 				if r := recs[0]; r.Kind == ledger.RecordRun {
-					res.Run, res.TargetEpsilon, res.Delta = r.Run, r.TargetEpsilon, r.Delta
+					res.Run, res.TargetEpsilon, res.Delta, res.Noise = r.Run, r.TargetEpsilon, r.Delta, r.Noise
 				}
 			}
 			for _, r := range recs {
@@ -133,6 +134,7 @@ func printShow(out io.Writer, res showResult) error {
 	w := &b
 	fmt.Fprintf(w, "ledger   %s\n", res.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(res.Run), res.TargetEpsilon, res.Delta)
+	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
 	fmt.Fprintf(w, "records  %d, ε spent %.6g\n", res.Count, res.Epsilon)
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
 	if res.TornBytes > 0 {
@@ -261,6 +263,7 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	}
 	fmt.Fprintf(w, "audit    %s: %s\n", verdict, rep.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(rep.Run), rep.TargetEpsilon, rep.Delta)
+	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
 	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g\n",
@@ -272,4 +275,17 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// noiseLabel describes a run record's noise source.
+func noiseLabel(noise string) string {
+	switch noise {
+	case ledger.NoiseCrypto:
+		return "crypto (CSPRNG)"
+	case ledger.NoiseSeeded:
+		return "SEEDED: reproducible, NOT differentially private"
+	case "":
+		return "- (not recorded)"
+	}
+	return noise
 }

@@ -58,7 +58,8 @@ func TestLocalTrainsAndAudits(t *testing.T) {
 		t.Fatalf("audit failed: %v\n%s", err, aout)
 	}
 	var rep ledger.AuditReport
-	if err := json.Unmarshal([]byte(aout), &rep); err != nil || !rep.OK || rep.Charges != 40 {
+	if err := json.Unmarshal([]byte(aout), &rep); err != nil || !rep.OK || rep.Charges != 40 ||
+		rep.Noise != ledger.NoiseCrypto || !rep.Private {
 		t.Fatalf("audit report %+v, %v", rep, err)
 	}
 
