@@ -119,8 +119,12 @@ func (v *Vector) DecodeMsgpack(d *msgpack.Decoder) error {
 	if err != nil {
 		return err
 	}
-	if n <= 0 {
+	switch {
+	case n < 0: // msgpack nil, what a nil Vector encodes to
 		*v = nil
+		return nil
+	case n == 0: // an empty bin, what an empty Vector encodes to
+		*v = Vector{}
 		return nil
 	}
 	fr, _ := d.Buffered().(*frameReader)
