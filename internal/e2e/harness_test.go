@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dpcluster/dpcluster/ledger"
 )
 
 // The harness: binaries built once, processes with log files, waiting by
@@ -531,19 +533,8 @@ func parseMetrics(r io.Reader) (Metrics, error) {
 	return m, sc.Err()
 }
 
-// AuditReport is the part of `coordinator ledger audit --json`'s report
-// the tests check, decoded by its documented JSON names.
-type AuditReport struct {
-	Path     string   `json:"path"`
-	OK       bool     `json:"ok"`
-	Problems []string `json:"problems"`
-	Records  int      `json:"records"`
-	Charges  int      `json:"charges"`
-	Replays  int      `json:"replays"`
-	Applied  int      `json:"applied_steps"`
-	LastStep int64    `json:"last_step"`
-	Run      string   `json:"run"`
-}
+// AuditReport is the report `coordinator ledger audit --json` prints.
+type AuditReport = ledger.AuditReport
 
 // Audit runs `coordinator ledger audit DIR --json --expect-steps N` and
 // returns its report, exit code and combined output.
