@@ -116,40 +116,40 @@ func run(args []string) error {
 		cache[name] = t
 		return t, nil
 	}
+	// loadAll loads every task named by -tasks (once each, cached).
+	loadAll := func() ([]*Task, error) {
+		var ts []*Task
+		for _, n := range o.tasks {
+			t, err := load(n)
+			if err != nil {
+				return nil, err
+			}
+			ts = append(ts, t)
+		}
+		return ts, nil
+	}
 	for _, e := range o.exps {
 		start := time.Now()
 		var err error
 		switch e {
 		case "table":
-			var ts []*Task
-			for _, n := range o.tasks {
-				t, lerr := load(n)
-				if lerr != nil {
-					return lerr
-				}
-				ts = append(ts, t)
+			ts, lerr := loadAll()
+			if lerr != nil {
+				return lerr
 			}
 			err = tableExperiment(ctx, ts, o, log)
 		case "nodp":
-			var ts []*Task
-			for _, n := range o.tasks {
-				t, lerr := load(n)
-				if lerr != nil {
-					return lerr
-				}
-				ts = append(ts, t)
+			ts, lerr := loadAll()
+			if lerr != nil {
+				return lerr
 			}
 			err = nodpExperiment(ctx, ts, o, log)
 		case "replot-table":
 			err = replotTable(o)
 		case "gridcheck":
-			var ts []*Task
-			for _, n := range o.tasks {
-				t, lerr := load(n)
-				if lerr != nil {
-					return lerr
-				}
-				ts = append(ts, t)
+			ts, lerr := loadAll()
+			if lerr != nil {
+				return lerr
 			}
 			err = gridcheckExperiment(ctx, ts, o, log)
 		case "probe":
