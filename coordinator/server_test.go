@@ -25,29 +25,22 @@ import (
 // free port and returns a connect function for more clients.
 func natsPair(t *testing.T, run string) (server *transport.Client, dial func(name string) *transport.Client) {
 	t.Helper()
-	cfg := transport.DefaultConfig()
-	cfg.Run, cfg.Name = run, "coord"
-	cfg.Embedded.Port = -1
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	srv, err := transport.Connect(ctx, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv, func(name string) *transport.Client {
+	connect := func(name string, urls []string) *transport.Client {
 		t.Helper()
-		c := transport.DefaultConfig()
-		c.Run, c.Name, c.URLs = run, name, []string{srv.ServerURL()}
+		cfg := transport.DefaultConfig()
+		cfg.Run, cfg.Name, cfg.URLs = run, name, urls
+		cfg.Embedded.Port = -1 // used when urls is empty
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		cl, err := transport.Connect(ctx, c, nil)
+		c, err := transport.Connect(ctx, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cl.Close() })
-		return cl
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
+	srv := connect("coord", nil)
+	return srv, func(name string) *transport.Client { return connect(name, []string{srv.ServerURL()}) }
 }
 
 // scriptNode is a test node: it joins, heartbeats, and answers every round
