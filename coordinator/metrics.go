@@ -12,7 +12,10 @@ import (
 
 // Metrics are a replica's Prometheus metrics. Every value is public: step
 // numbers, ε, timings, counts of contributions by outcome, Raft state and
-// test-split evaluations. No per-node sum or example count is exported.
+// evaluations on public data (test_accuracy, test_loss), except the
+// evaluations on rows held out of the private training data, which are
+// exported only under their own nonprivate_holdout_ names (EvalData.Key).
+// No per-node sum or example count is exported.
 //
 // A nil *Metrics is valid and records nothing.
 type Metrics struct {
@@ -28,8 +31,11 @@ type Metrics struct {
 	raftState    *prometheus.GaugeVec
 	term         prometheus.Gauge
 	nodes        prometheus.Gauge
-	testAccuracy prometheus.Gauge
-	testLoss     prometheus.Gauge
+	// evalAccuracy and evalLoss, by EvalData.Key: vectors without
+	// labels, so a metric is exported only once an evaluation on its data
+	// happened.
+	evalAccuracy map[string]*prometheus.GaugeVec
+	evalLoss     map[string]*prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg, labelled with
@@ -65,8 +71,20 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		}, []string{"state"}),
 		term:         gauge("raft_term", "Current Raft term."),
 		nodes:        gauge("nodes", "Live registered nodes."),
-		testAccuracy: gauge("test_accuracy", "Accuracy of θ on the held-out test split at the last evaluation."),
-		testLoss:     gauge("test_loss", "Mean loss of θ on the held-out test split at the last evaluation."),
+		evalAccuracy: map[string]*prometheus.GaugeVec{},
+		evalLoss:     map[string]*prometheus.GaugeVec{},
+	}
+	evalGauge := func(d EvalData, what, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: d.Key() + "_" + what,
+			Help: help + " of θ on " + d.Examples() + " at the last evaluation.", ConstLabels: labels,
+		}, nil)
+	}
+	evals := []prometheus.Collector{}
+	for _, d := range []EvalData{EvalPublic, EvalTrainHoldout} {
+		m.evalAccuracy[d.Key()] = evalGauge(d, "accuracy", "Accuracy")
+		m.evalLoss[d.Key()] = evalGauge(d, "loss", "Mean loss")
+		evals = append(evals, m.evalAccuracy[d.Key()], m.evalLoss[d.Key()])
 	}
 	for _, r := range aggregation.Reasons() {
 		m.rejectedN.WithLabelValues(r.String())
@@ -74,10 +92,10 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
 		m.raftState.WithLabelValues(s.String())
 	}
-	for _, c := range []prometheus.Collector{
+	for _, c := range append([]prometheus.Collector{
 		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.participants,
-		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.testAccuracy, m.testLoss,
-	} {
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes,
+	}, evals...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -144,9 +162,11 @@ func (m *Metrics) rejected(r aggregation.Reason) {
 	}
 }
 
-func (m *Metrics) evaluated(e model.Metrics) {
-	if m != nil {
-		m.testAccuracy.Set(e.Accuracy)
-		m.testLoss.Set(e.Loss)
+// evaluated exports an evaluation on data d under d's names (EvalData.Key).
+func (m *Metrics) evaluated(e model.Metrics, d EvalData) {
+	if m == nil {
+		return
 	}
+	m.evalAccuracy[d.Key()].WithLabelValues().Set(e.Accuracy)
+	m.evalLoss[d.Key()].WithLabelValues().Set(e.Loss)
 }

@@ -21,9 +21,10 @@ import (
 	"github.com/dpcluster/dpcluster/transport"
 )
 
-// Evaluator scores parameters on held-out data: the test split, never the
-// training data. Implementations need not be safe for concurrent use; the
-// Server calls Evaluate from one goroutine.
+// Evaluator scores parameters on evaluation data, which is never training
+// data; ServerConfig.EvalData says whether it is public or held out of the
+// private training data. Implementations need not be safe for concurrent
+// use; the Server calls Evaluate from one goroutine.
 type Evaluator interface {
 	Evaluate(theta []float32) (model.Metrics, error)
 }
@@ -51,8 +52,12 @@ type ServerConfig struct {
 	// (0: only after the last step). Without an Evaluator, nothing is
 	// evaluated.
 	EvalEvery int64
-	// Evaluator, if not nil, evaluates θ on the held-out test split.
+	// Evaluator, if not nil, evaluates θ on evaluation data.
 	Evaluator Evaluator
+	// EvalData says where the Evaluator's data comes from, and so how
+	// every evaluation is labelled (EvalData.Label). Required with an
+	// Evaluator.
+	EvalData EvalData
 	// OnStep, if not nil, is called on the leader after each applied step
 	// and after each evaluation (progress bars). It must not block.
 	OnStep func(Progress)
@@ -97,6 +102,8 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("coordinator: drain timeout %v must not be negative", c.DrainTimeout)
 	case c.EvalEvery < 0:
 		return fmt.Errorf("coordinator: eval every %d must not be negative", c.EvalEvery)
+	case c.Evaluator != nil && c.EvalData != EvalPublic && c.EvalData != EvalTrainHoldout:
+		return fmt.Errorf("%w: an Evaluator needs EvalData EvalPublic or EvalTrainHoldout, not %d", ErrEvalDataUnset, c.EvalData)
 	}
 	return nil
 }
@@ -111,10 +118,11 @@ type Progress struct {
 	// Participants is the number of nodes whose contribution the step's
 	// round accepted.
 	Participants int
-	// Eval is the last evaluation on the test split, at step EvalStep
-	// (EvalStep 0: none yet).
+	// Eval is the last evaluation, at step EvalStep (EvalStep 0: none
+	// yet), on data EvalData: label it with EvalData.Label.
 	Eval     model.Metrics
 	EvalStep int64
+	EvalData EvalData
 }
 
 // Summary is the outcome of a run, as seen by one replica.
@@ -124,10 +132,12 @@ type Summary struct {
 	Delta   float64
 	Charges uint64 // ledger charge records (≥ Steps)
 	Stopped string // why the run stopped
-	// Final is the evaluation of the final θ on the test split (leader
-	// with an Evaluator only; FinalEvaluated says whether it is set).
+	// Final is the evaluation of the final θ (leader with an Evaluator
+	// only; FinalEvaluated says whether it is set) on data EvalData:
+	// label it with EvalData.Label.
 	Final          model.Metrics
 	FinalEvaluated bool
+	EvalData       EvalData
 	// Digest is FSM.Digest at the end: equal on replicas that agree bit
 	// for bit on θ and the optimizer state.
 	Digest string
@@ -461,7 +471,8 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 	return nil
 }
 
-// evaluate scores the committed θ on the test split and records it in p.
+// evaluate scores the committed θ on the evaluation data and records it
+// in p. The log line and the metrics are labelled by s.cfg.EvalData.
 func (s *Server) evaluate(log *slog.Logger, p *Progress) {
 	theta, step := s.replica.FSM().Params(nil)
 	m, err := s.cfg.Evaluator.Evaluate(theta)
@@ -469,10 +480,12 @@ func (s *Server) evaluate(log *slog.Logger, p *Progress) {
 		log.Warn("evaluation failed", "step", step, "err", err)
 		return
 	}
-	p.Eval, p.EvalStep = m, step
+	d := s.cfg.EvalData
+	p.Eval, p.EvalStep, p.EvalData = m, step, d
 	s.last = *p
-	s.metrics.evaluated(m)
-	log.Info("test evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "epsilon", p.Epsilon)
+	s.metrics.evaluated(m, d)
+	log.Info(d.Label()+" evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N,
+		"eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)
 }
 
 // finalSummary ends the run on the leader: evaluate the final θ, announce
@@ -486,12 +499,12 @@ func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
 	if s.cfg.Evaluator != nil {
 		p := Progress{Step: st.Applied, MaxSteps: s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: s.run.TargetEpsilon}
 		if s.last.EvalStep == st.Applied && st.Applied > 0 {
-			p.Eval, p.EvalStep = s.last.Eval, s.last.EvalStep // θ has not moved since
+			p.Eval, p.EvalStep, p.EvalData = s.last.Eval, s.last.EvalStep, s.last.EvalData // θ has not moved since
 		} else {
 			s.evaluate(s.log, &p)
 		}
 		if p.EvalStep > 0 {
-			sum.Final, sum.FinalEvaluated = p.Eval, true
+			sum.Final, sum.FinalEvaluated, sum.EvalData = p.Eval, true, p.EvalData
 			if s.cfg.OnStep != nil {
 				s.cfg.OnStep(p)
 			}

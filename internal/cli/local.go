@@ -33,12 +33,37 @@ type localResult struct {
 	Sigma         float64 `json:"noise_multiplier"`
 	SampleRate    float64 `json:"sample_rate"`
 	Stopped       string  `json:"stopped"`
-	TestAccuracy  float64 `json:"test_accuracy"`
-	TestLoss      float64 `json:"test_loss"`
-	Ledger        string  `json:"ledger"`
-	Seconds       float64 `json:"seconds"`
+	// EvalData labels the final evaluation (coordinator.EvalData.Label):
+	// "test" on public data, "NON-PRIVATE holdout" on rows held out of the
+	// private training file, "none" without evaluation data. The metrics
+	// come under the matching keys (EvalData.Key), so a holdout's accuracy
+	// never appears as test_accuracy.
+	EvalData                  string   `json:"eval_data"`
+	TestAccuracy              *float64 `json:"test_accuracy,omitempty"`
+	TestLoss                  *float64 `json:"test_loss,omitempty"`
+	TestExamples              *int     `json:"test_examples,omitempty"`
+	NonPrivateHoldoutAccuracy *float64 `json:"nonprivate_holdout_accuracy,omitempty"`
+	NonPrivateHoldoutLoss     *float64 `json:"nonprivate_holdout_loss,omitempty"`
+	NonPrivateHoldoutExamples *int     `json:"nonprivate_holdout_examples,omitempty"`
+	Ledger                    string   `json:"ledger"`
+	Seconds                   float64  `json:"seconds"`
 	// Private is false when the run used seeded (predictable) noise.
 	Private bool `json:"private"`
+}
+
+// setFinalEval fills the final evaluation's fields: the test_ keys for
+// public data (coordinator.EvalData.Private), the nonprivate_holdout_
+// keys (EvalData.Key) otherwise.
+func (r *localResult) setFinalEval(sum coordinator.Summary) {
+	if !sum.FinalEvaluated {
+		return
+	}
+	m := sum.Final
+	if sum.EvalData.Private() {
+		r.TestAccuracy, r.TestLoss, r.TestExamples = &m.Accuracy, &m.Loss, &m.N
+	} else {
+		r.NonPrivateHoldoutAccuracy, r.NonPrivateHoldoutLoss, r.NonPrivateHoldoutExamples = &m.Accuracy, &m.Loss, &m.N
+	}
 }
 
 type localFlags struct {
@@ -155,10 +180,11 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	res := localResult{
 		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
 		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, Stopped: sum.Stopped,
-		TestAccuracy: sum.Final.Accuracy, TestLoss: sum.Final.Loss,
-		Ledger: filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
+		EvalData: evalLabel(pr.eval),
+		Ledger:   filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
 		Private: !seeded,
 	}
+	res.setFinalEval(sum)
 	out := cmd.OutOrStdout()
 	if f.json {
 		enc := json.NewEncoder(out)
@@ -166,8 +192,8 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		return enc.Encode(res)
 	}
 	fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs\n", rc.Run, res.Steps, res.Stopped, res.Seconds)
-	if sum.FinalEvaluated {
-		fmt.Fprintf(out, "test accuracy %.2f%% (loss %.4f) on %d held-out examples\n", 100*res.TestAccuracy, res.TestLoss, sum.Final.N)
+	if line := evalSummary(pr.eval, sum); line != "" {
+		fmt.Fprintln(out, line)
 	}
 	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g; σ = %.4f, q = %.6g)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Sigma, res.SampleRate)
 	if !res.Private {

@@ -47,8 +47,8 @@ func TestLocalTrainsAndAudits(t *testing.T) {
 	if res.Epsilon > res.TargetEpsilon || res.Epsilon < res.TargetEpsilon*(1-1e-6) {
 		t.Errorf("ε = %v, target %v", res.Epsilon, res.TargetEpsilon)
 	}
-	if !(res.TestAccuracy > 0.1) {
-		t.Errorf("test accuracy %v: no better than chance", res.TestAccuracy)
+	if res.TestAccuracy == nil || !(*res.TestAccuracy > 0.1) || res.EvalData != "test" {
+		t.Errorf("test accuracy %v (%s): missing or no better than chance", res.TestAccuracy, res.EvalData)
 	}
 	if res.Ledger != filepath.Join(dir, coordinator.LedgerFile) {
 		t.Errorf("ledger at %s", res.Ledger)
@@ -97,7 +97,8 @@ func TestLocalSeededIsReproducible(t *testing.T) {
 		}
 		results = append(results, res)
 	}
-	if results[0].Private || results[0].TestAccuracy != results[1].TestAccuracy || results[0].TestLoss != results[1].TestLoss {
+	if results[0].Private || results[0].TestAccuracy == nil || results[1].TestAccuracy == nil ||
+		*results[0].TestAccuracy != *results[1].TestAccuracy || *results[0].TestLoss != *results[1].TestLoss {
 		t.Errorf("seeded runs differ or claim privacy: %+v vs %+v", results[0], results[1])
 	}
 }
@@ -159,7 +160,7 @@ func TestProgressBar(t *testing.T) {
 	p.update(coordinator.Progress{Step: 1, MaxSteps: 10, Epsilon: 0.5, TargetEpsilon: 3})
 	now = now.Add(time.Second)
 	p.update(coordinator.Progress{Step: 5, MaxSteps: 10, Epsilon: 1.25, TargetEpsilon: 3,
-		EvalStep: 5, Eval: model.Metrics{Loss: 0.7, Accuracy: 0.8125, N: 100}})
+		EvalStep: 5, Eval: model.Metrics{Loss: 0.7, Accuracy: 0.8125, N: 100}, EvalData: coordinator.EvalPublic})
 	p.finish()
 	got := buf.String()
 	for _, want := range []string{"[############............] step 5/10", "ε 1.250/3", "test acc 81.2% (step 5)", "5.0 steps/s"} {

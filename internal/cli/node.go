@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
+	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/node"
@@ -36,8 +37,7 @@ const (
 	gaussianSeparation = 3
 	gaussianDataSeed   = 1
 	gaussianTestShare  = 1.0 / 6 // 10000 training rows, 2000 test rows
-	csvTestShare       = 0.2
-	csvSplitSeed       = 1
+	csvSplitSeed       = 1       // the rows --eval-split-from-train holds out
 )
 
 // DataOptions selects a run's data and one node's shard of it. Every node of
@@ -50,10 +50,23 @@ type DataOptions struct {
 	// (dataset.LoadOptions.Dir; then $DPCLUSTER_DATA, the user cache, the
 	// Debian package's directory).
 	Dir string
-	// Path is the CSV file: no header, the label in the first column (see
-	// dataset.ReadCSV). 20% of its rows, chosen with a fixed seed, are the
-	// test split.
+	// Path is the CSV training file: no header, the label in the first
+	// column (see dataset.ReadCSV). Its rows are private training data:
+	// all of them are the training set unless EvalHoldout is set.
 	Path string
+	// EvalPath is, for DatasetCSV, a separate CSV file of public
+	// evaluation data (same format). It must not be the training file.
+	// Without it (and without EvalHoldout) a CSV run evaluates nothing.
+	// Only the coordinator reads it; LoadShard ignores it.
+	EvalPath string
+	// EvalHoldout, if not 0, is for DatasetCSV the fraction in (0, 1) of
+	// Path's rows (chosen with a fixed seed) held out of the training set
+	// as evaluation data. Those rows are private: evaluations on them are
+	// NOT differentially private and are labelled so
+	// (coordinator.EvalTrainHoldout). The coordinator and every node must
+	// give the same value, so that the shards partition the training set
+	// the coordinator counts as N (q = B/N).
+	EvalHoldout float64
 	// Count is the number of shards the training split is cut into
 	// (dataset.ShardIID with Seed); LoadShard returns shard Index, in
 	// [0, Count).
@@ -87,8 +100,17 @@ func (o DataOptions) Validate() error {
 		if o.Dir != "" {
 			return errors.New("--data is the Fashion-MNIST directory; use --data-path FILE for CSV")
 		}
+		if o.EvalPath != "" && o.EvalHoldout != 0 {
+			return errors.New("give --eval-path (public evaluation data) or --eval-split-from-train (NON-PRIVATE), not both")
+		}
+		if o.EvalHoldout != 0 && !(o.EvalHoldout > 0 && o.EvalHoldout < 1) {
+			return fmt.Errorf("--eval-split-from-train %v must be a fraction in (0, 1)", o.EvalHoldout)
+		}
 	default:
 		return fmt.Errorf("--dataset must be %s, %s or %s, not %q", DatasetFashionMNIST, DatasetGaussian, DatasetCSV, o.Dataset)
+	}
+	if o.Dataset != DatasetCSV && (o.EvalPath != "" || o.EvalHoldout != 0) {
+		return fmt.Errorf("--eval-path and --eval-split-from-train are for --dataset csv: %s evaluates on its own public test split", o.Dataset)
 	}
 	if o.Count < 1 {
 		return fmt.Errorf("--shard-count %d must be ≥ 1", o.Count)
@@ -99,63 +121,134 @@ func (o DataOptions) Validate() error {
 	return nil
 }
 
-// LoadData loads the whole dataset o names and splits it into a training
-// and a test set (Fashion-MNIST comes split). With o.Model set, both are
-// checked against the model.
-func LoadData(ctx context.Context, o DataOptions) (train, test *dataset.Dataset, err error) {
+// EvalSet is a run's evaluation data and where it comes from.
+type EvalSet struct {
+	// Data is nil when the run evaluates nothing.
+	Data *dataset.Dataset
+	// Kind labels every evaluation on Data (coordinator.EvalData.Label).
+	Kind coordinator.EvalData
+}
+
+// LoadData loads the training set o names and its evaluation set. It is
+// the one place that decides which rows are trained on and which are
+// evaluated on, for the coordinator and for every node (LoadShard):
+//
+//   - fashion-mnist: the 60000 training images; evaluation on the separate
+//     public t10k files (coordinator.EvalPublic).
+//   - gaussian: a fixed public synthetic draw, split 10000/2000; the
+//     evaluation split is public synthetic data (EvalPublic).
+//   - csv: every row of o.Path is training data. Evaluation is on the
+//     separate file o.EvalPath (EvalPublic), or, only with o.EvalHoldout,
+//     on rows held out of o.Path (coordinator.EvalTrainHoldout,
+//     NON-PRIVATE); with neither, nothing is evaluated.
+//
+// With o.Model set, both sets are checked against the model.
+func LoadData(ctx context.Context, o DataOptions) (train *dataset.Dataset, eval EvalSet, err error) {
 	if err := o.Validate(); err != nil {
-		return nil, nil, err
+		return nil, EvalSet{}, err
 	}
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if o.Dataset == DatasetGaussian && o.Model == nil {
-		return nil, nil, errors.New("the gaussian dataset needs a model to shape it")
+		return nil, EvalSet{}, errors.New("the gaussian dataset needs a model to shape it")
 	}
+	eval.Kind = coordinator.EvalPublic
 	switch o.Dataset {
 	case DatasetFashionMNIST:
 		lo := dataset.DefaultLoadOptions()
 		lo.Dir = o.Dir
 		lo.Logger = log
-		train, test, err = dataset.LoadFashionMNIST(ctx, lo)
+		train, eval.Data, err = dataset.LoadFashionMNIST(ctx, lo)
 	case DatasetGaussian:
 		var all *dataset.Dataset
 		all, err = dataset.GaussianMixture(gaussianExamples, o.Model.InputSize(), o.Model.Classes(), gaussianSeparation, gaussianDataSeed)
 		if err == nil {
 			all.Shape = o.Model.InputShape()
-			train, test, err = dataset.Split(all, gaussianTestShare, gaussianDataSeed)
+			train, eval.Data, err = dataset.Split(all, gaussianTestShare, gaussianDataSeed)
 		}
 	case DatasetCSV:
-		train, test, err = loadCSV(o)
+		train, eval, err = loadCSV(o)
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, EvalSet{}, err
 	}
 	if o.Model != nil {
 		if err := o.Model.CheckDataset(train); err != nil {
-			return nil, nil, fmt.Errorf("the %s data does not fit the model: %w", o.Dataset, err)
+			return nil, EvalSet{}, fmt.Errorf("the %s data does not fit the model: %w", o.Dataset, err)
+		}
+		if eval.Data != nil {
+			if err := o.Model.CheckDataset(eval.Data); err != nil {
+				what := "the " + o.Dataset + " evaluation data"
+				if o.EvalPath != "" {
+					what = "--eval-path " + o.EvalPath
+				}
+				return nil, EvalSet{}, fmt.Errorf("%s does not fit the model: %w", what, err)
+			}
 		}
 	}
-	return train, test, nil
+	return train, eval, nil
 }
 
-func loadCSV(o DataOptions) (train, test *dataset.Dataset, err error) {
-	f, err := os.Open(o.Path)
+// loadCSV reads the training file and the evaluation data of a CSV run
+// (see LoadData).
+func loadCSV(o DataOptions) (train *dataset.Dataset, eval EvalSet, err error) {
+	if train, err = readCSVFile(o.Path, o.Model); err != nil {
+		return nil, EvalSet{}, err
+	}
+	switch {
+	case o.EvalHoldout != 0:
+		eval.Kind = coordinator.EvalTrainHoldout
+		if train, eval.Data, err = dataset.Split(train, o.EvalHoldout, csvSplitSeed); err != nil {
+			return nil, EvalSet{}, fmt.Errorf("--eval-split-from-train %v of %s: %w", o.EvalHoldout, o.Path, err)
+		}
+	case o.EvalPath != "":
+		eval.Kind = coordinator.EvalPublic
+		if same, err := sameFile(o.Path, o.EvalPath); err != nil {
+			return nil, EvalSet{}, fmt.Errorf("--eval-path: %w", err)
+		} else if same {
+			return nil, EvalSet{}, fmt.Errorf("--eval-path %s is the training file %s: evaluation data must be separate, public data", o.EvalPath, o.Path)
+		}
+		if eval.Data, err = readCSVFile(o.EvalPath, o.Model); err != nil {
+			return nil, EvalSet{}, fmt.Errorf("--eval-path: %w", err)
+		}
+	}
+	return train, eval, nil
+}
+
+// readCSVFile reads a CSV file in the --dataset csv format, with the
+// model's number of classes when m is set.
+func readCSVFile(path string, m *model.Model) (*dataset.Dataset, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer f.Close()
 	co := dataset.DefaultCSVOptions()
-	co.Name = strings.TrimSuffix(baseName(o.Path), ".csv")
-	if o.Model != nil {
-		co.Classes = o.Model.Classes()
+	co.Name = strings.TrimSuffix(baseName(path), ".csv")
+	if m != nil {
+		co.Classes = m.Classes()
 	}
-	all, err := dataset.ReadCSV(f, co)
+	d, err := dataset.ReadCSV(f, co)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", o.Path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return dataset.Split(all, csvTestShare, csvSplitSeed)
+	return d, nil
+}
+
+// sameFile reports whether paths a and b name the same file (through links
+// too).
+func sameFile(a, b string) (bool, error) {
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false, err
+	}
+	sb, err := os.Stat(b)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(sa, sb), nil
 }
 
 func baseName(p string) string {
@@ -165,9 +258,12 @@ func baseName(p string) string {
 	return p
 }
 
-// LoadShard loads the training split of the data o names and returns shard
-// o.Index of o.Count (dataset.ShardIID with o.Seed).
+// LoadShard loads the training set of the data o names (LoadData: the
+// same rows the coordinator counts as N) and returns shard o.Index of
+// o.Count (dataset.ShardIID with o.Seed). It never reads o.EvalPath: a
+// node does not evaluate.
 func LoadShard(ctx context.Context, o DataOptions) (*dataset.Dataset, error) {
+	o.EvalPath = ""
 	train, _, err := LoadData(ctx, o)
 	if err != nil {
 		return nil, err
@@ -265,6 +361,8 @@ same model, dataset, --shard-count and --shard-seed, each its own --shard-index.
 	fl.StringVar(&f.data.Dataset, "dataset", DatasetFashionMNIST, "data: fashion-mnist|gaussian|csv")
 	fl.StringVar(&f.data.Dir, "data", "", "directory holding the Fashion-MNIST files (searched first)")
 	fl.StringVar(&f.data.Path, "data-path", "", "CSV file for --dataset csv (label in the first column, no header)")
+	fl.Float64Var(&f.data.EvalHoldout, "eval-split-from-train", 0,
+		"csv: the fraction of --data-path the coordinator holds out for NON-PRIVATE evaluation; give the coordinator's value so the shards match its N")
 	fl.IntVar(&f.data.Index, "shard-index", 0, "this node's shard, in [0, --shard-count)")
 	fl.IntVar(&f.data.Count, "shard-count", 1, "number of nodes (shards) in the run")
 	fl.Uint64Var(&f.data.Seed, "shard-seed", 1, "sharding seed; the same on every node of the run")

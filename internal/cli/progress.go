@@ -14,8 +14,9 @@ import (
 
 // progress reports a run's progress: a one-line bar redrawn in place on a
 // terminal, or a structured log line every logEvery steps and at every
-// evaluation otherwise. It shows only public values (step, ε, test-split
-// accuracy).
+// evaluation otherwise. It shows only public values (step, ε, accuracy on
+// public data) and an accuracy on rows held out of the training data only
+// under its NON-PRIVATE label (coordinator.EvalData.Label).
 type progress struct {
 	w        io.Writer
 	bar      bool
@@ -110,7 +111,7 @@ func (p *progress) line(now time.Time) string {
 	}
 	fmt.Fprintf(&b, "  ε %.3f/%.3g", pr.Epsilon, pr.TargetEpsilon)
 	if p.eval.EvalStep > 0 {
-		fmt.Fprintf(&b, "  test acc %.1f%% (step %d)", 100*p.eval.Eval.Accuracy, p.eval.EvalStep)
+		fmt.Fprintf(&b, "  %s acc %.1f%% (step %d)", p.eval.EvalData.Label(), 100*p.eval.Eval.Accuracy, p.eval.EvalStep)
 	}
 	fmt.Fprintf(&b, "  %.1f steps/s", p.rate(now))
 	return b.String()

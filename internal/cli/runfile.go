@@ -39,7 +39,12 @@ type runSpec struct {
 	// is this one).
 	Dataset  string `yaml:"dataset"`
 	Data     string `yaml:"data"`      // fashion-mnist: directory searched first
-	DataPath string `yaml:"data_path"` // csv: the file
+	DataPath string `yaml:"data_path"` // csv: the (private) training file
+	// EvalPath (csv) is a separate, public evaluation file; EvalHoldout
+	// (csv) instead holds that fraction of DataPath out of training for a
+	// NON-PRIVATE evaluation. See DataOptions.
+	EvalPath    string  `yaml:"eval_path"`
+	EvalHoldout float64 `yaml:"eval_split_from_train"`
 	// TotalExamples is N, the training examples across all nodes. Derived
 	// from the dataset when one is loaded; `serve` without a dataset needs
 	// it.
@@ -88,7 +93,10 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.ModelSpec, "model-spec", s.ModelSpec, "JSON model spec file (instead of --model)")
 	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian or csv")
 	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory, searched before $DPCLUSTER_DATA, the cache and the Debian package's")
-	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "CSV file (label column + features) for --dataset csv")
+	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "CSV file (label column + features) for --dataset csv: private training data, every row trained on")
+	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "csv: separate, public CSV file to evaluate θ on (without it a csv run evaluates nothing)")
+	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
+		"csv: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")
 	fs.Int64Var(&s.TotalExamples, "total-examples", s.TotalExamples, "N, training examples across all nodes (default: from the dataset)")
 	fs.Float64Var(&s.BatchSize, "batch-size", s.BatchSize, "expected batch size B (q = B/N)")
 	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
@@ -135,13 +143,20 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	return nil
 }
 
-// loadData loads the training set and its held-out test split with the
-// node command's loader, so that the coordinator's N is the total of the
+// dataOptions are the spec's data choices as the node command's loader
+// takes them (one shard: the whole training set).
+func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) DataOptions {
+	return DataOptions{
+		Dataset: s.Dataset, Dir: s.Data, Path: s.DataPath, EvalPath: s.EvalPath, EvalHoldout: s.EvalHoldout,
+		Count: 1, Seed: s.ShardSeed, Model: m, Log: log,
+	}
+}
+
+// loadData loads the training set and the evaluation set with the node
+// command's loader, so that the coordinator's N is the total of the
 // nodes' shards.
-func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (train, test *dataset.Dataset, err error) {
-	return LoadData(ctx, DataOptions{
-		Dataset: s.Dataset, Dir: s.Data, Path: s.DataPath, Count: 1, Seed: s.ShardSeed, Model: m, Log: log,
-	})
+func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (*dataset.Dataset, EvalSet, error) {
+	return LoadData(ctx, s.dataOptions(m, log))
 }
 
 // runConfig turns the spec into the replicated run configuration: N from
@@ -206,9 +221,10 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 // preparedRun is a run ready to start: its model, data and replicated
 // configuration.
 type preparedRun struct {
-	model       *model.Model
-	train, test *dataset.Dataset // nil with --dataset none
-	cfg         coordinator.RunConfig
+	model *model.Model
+	train *dataset.Dataset // nil with --dataset none
+	eval  EvalSet          // no Data with --dataset none or a csv run without evaluation data
+	cfg   coordinator.RunConfig
 }
 
 // prepare builds the model, loads the data (unless the dataset is "none",
@@ -222,7 +238,7 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (p
 	}
 	var n int64
 	if s.Dataset != "none" {
-		if pr.train, pr.test, err = s.loadData(ctx, pr.model, log); err != nil {
+		if pr.train, pr.eval, err = s.loadData(ctx, pr.model, log); err != nil {
 			return pr, err
 		}
 		n = int64(pr.train.Len())
@@ -238,7 +254,7 @@ func (s *runSpec) serverConfig() coordinator.ServerConfig {
 	return sc
 }
 
-// modelEvaluator evaluates θ on the test split.
+// modelEvaluator evaluates θ on the evaluation set.
 type modelEvaluator struct {
 	ws   *model.Workspace
 	test *dataset.Dataset
@@ -257,6 +273,28 @@ func newModelEvaluator(m *model.Model, test *dataset.Dataset) (*modelEvaluator, 
 
 func (e *modelEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
 	return e.ws.EvaluateDataset(theta, e.test)
+}
+
+// evalLabel is eval's label (coordinator.EvalData.Label), or "none".
+func evalLabel(eval EvalSet) string {
+	if eval.Data == nil {
+		return "none"
+	}
+	return eval.Kind.Label()
+}
+
+// evalSummary is the line `local` and `serve` print about the final
+// evaluation, labelled by its data (coordinator.EvalData): empty when this
+// replica has none to report (a follower, a failed evaluation).
+func evalSummary(eval EvalSet, sum coordinator.Summary) string {
+	if eval.Data == nil {
+		return "no evaluation: no evaluation data (a csv run evaluates on a separate public file: --eval-path FILE)"
+	}
+	if !sum.FinalEvaluated {
+		return ""
+	}
+	d := sum.EvalData
+	return fmt.Sprintf("%s accuracy %.2f%% (loss %.4f) on %d %s", d.Label(), 100*sum.Final.Accuracy, sum.Final.Loss, sum.Final.N, d.Examples())
 }
 
 // modelInit is the replicas' θ₀: the run's model spec, initialized from

@@ -142,8 +142,8 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g\n",
 		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta)
 	fmt.Fprintf(cmd.OutOrStdout(), "state sha256 %s (θ and optimizer state at step %d)\n", sum.Digest, sum.Steps)
-	if sum.FinalEvaluated {
-		fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%% (loss %.4f)\n", 100*sum.Final.Accuracy, sum.Final.Loss)
+	if line := evalSummary(pr.eval, sum); line != "" {
+		fmt.Fprintln(cmd.OutOrStdout(), line)
 	}
 	return nil
 }
@@ -240,7 +240,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm,
 		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
-		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir)
+		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir, "eval_data", evalLabel(pr.eval))
 	if opts.metricsAddr != "" {
 		if _, _, err := serveMetrics(ctx, opts.metricsAddr, o.registry, log); err != nil {
 			return o, err
@@ -268,10 +268,11 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		scfg.MinNodes = opts.minNodes
 	}
 	scfg.Metrics, scfg.OnStep, scfg.Join = metrics, o.progress.update, opts.join
-	if pr.test != nil {
-		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.test); err != nil {
+	if pr.eval.Data != nil {
+		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.eval.Data); err != nil {
 			return o, err
 		}
+		scfg.EvalData = pr.eval.Kind
 	}
 	if seeded {
 		scfg.Noise = train.NewSeededNoiseSource(opts.insecureSeed)

@@ -1,0 +1,76 @@
+package coordinator
+
+import "errors"
+
+// EvalData says where an Evaluator's examples come from, which decides
+// whether the metrics it computes may be released as differentially
+// private. It is the one place that decides how an evaluation is labelled:
+// the Server's evaluation logs, the Prometheus metric names, Progress and
+// Summary (and through them the command line's progress bar, summaries and
+// JSON) all take their label from its methods.
+//
+// The rule (DESIGN.md, "Privacy invariants"): θ is a DP release, so any
+// function of θ and of data outside the private training set is
+// post-processing and costs no privacy (Dwork and Roth 2014, "The
+// Algorithmic Foundations of Differential Privacy", Prop. 2.1). Rows held
+// out of the private training data are private records that the noise
+// never touched: replacing one of n such rows moves the accuracy by up to
+// 1/n with no noise added, so an accuracy released on them has no DP
+// guarantee (ε = ∞ for those rows), like training loss on private batches.
+// The rule is a label, not arithmetic: there is no numeric error to bound.
+type EvalData uint8
+
+const (
+	// EvalDataUnset is the zero value. ServerConfig.Validate refuses an
+	// Evaluator whose data is unset: the Server never assumes data is
+	// public.
+	EvalDataUnset EvalData = iota
+	// EvalPublic is a separate, public evaluation set: Fashion-MNIST's
+	// t10k files, a CSV given with --eval-path, or a split of public
+	// synthetic data. Metrics on it are post-processing of θ; they are
+	// labelled "test".
+	EvalPublic
+	// EvalTrainHoldout is rows held out of the private training data
+	// (--eval-split-from-train). They are not trained on, but metrics on
+	// them are NOT differentially private; every output labels them
+	// NON-PRIVATE and never under a "test" name.
+	EvalTrainHoldout
+)
+
+// ErrEvalDataUnset is returned (wrapped) by ServerConfig.Validate when an
+// Evaluator is configured without saying where its data comes from.
+var ErrEvalDataUnset = errors.New("coordinator: evaluation data of undeclared origin")
+
+// Private reports whether metrics on d are covered by the run's
+// differential-privacy guarantee: true only for EvalPublic.
+func (d EvalData) Private() bool { return d == EvalPublic }
+
+// Label names evaluations on d in human-readable output: "test" for
+// public data, "NON-PRIVATE holdout" otherwise (unset data is treated as
+// private data: when in doubt, label it NON-PRIVATE).
+func (d EvalData) Label() string {
+	if d.Private() {
+		return "test"
+	}
+	return "NON-PRIVATE holdout"
+}
+
+// Key is Label for machine-readable names (Prometheus metrics, JSON keys,
+// log attributes): "test" or "nonprivate_holdout". Metrics and keys on
+// public data keep their historical test_ names.
+func (d EvalData) Key() string {
+	if d.Private() {
+		return "test"
+	}
+	return "nonprivate_holdout"
+}
+
+// Examples describes the examples of an evaluation on d, after a count:
+// "held-out examples" for public data, and a NOT differentially private
+// warning for a holdout of the training data.
+func (d EvalData) Examples() string {
+	if d.Private() {
+		return "held-out examples"
+	}
+	return "examples held out of the private training data (NOT differentially private)"
+}

@@ -1,0 +1,194 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/train"
+)
+
+func TestEvalDataLabels(t *testing.T) {
+	for _, tc := range []struct {
+		d          EvalData
+		private    bool
+		label, key string
+	}{
+		{EvalPublic, true, "test", "test"},
+		{EvalTrainHoldout, false, "NON-PRIVATE holdout", "nonprivate_holdout"},
+		// Unset data is labelled as private data: when in doubt, NON-PRIVATE.
+		{EvalDataUnset, false, "NON-PRIVATE holdout", "nonprivate_holdout"},
+	} {
+		if got := tc.d.Private(); got != tc.private {
+			t.Errorf("%d.Private() = %v, want %v", tc.d, got, tc.private)
+		}
+		if got := tc.d.Label(); got != tc.label {
+			t.Errorf("%d.Label() = %q, want %q", tc.d, got, tc.label)
+		}
+		if got := tc.d.Key(); got != tc.key {
+			t.Errorf("%d.Key() = %q, want %q", tc.d, got, tc.key)
+		}
+		if got := tc.d.Examples(); strings.Contains(got, "NOT differentially private") == tc.private {
+			t.Errorf("%d.Examples() = %q", tc.d, got)
+		}
+	}
+}
+
+// thetaEvaluator scores θ by a deterministic function of it (the
+// fraction of positive coordinates), counting its calls.
+type thetaEvaluator struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (e *thetaEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
+	e.mu.Lock()
+	e.calls++
+	e.mu.Unlock()
+	pos := 0
+	for _, v := range theta {
+		if v > 0 {
+			pos++
+		}
+	}
+	return model.Metrics{Accuracy: float64(pos) / float64(len(theta)), Loss: 1, N: len(theta)}, nil
+}
+
+// TestServerConfigNeedsEvalData: an Evaluator without declared data is
+// refused, so no evaluation is ever released with a guessed label.
+func TestServerConfigNeedsEvalData(t *testing.T) {
+	cfg := DefaultServerConfig()
+	cfg.Evaluator = &thetaEvaluator{}
+	if err := cfg.Validate(); !errors.Is(err, ErrEvalDataUnset) {
+		t.Errorf("Evaluator without EvalData: Validate = %v, want ErrEvalDataUnset", err)
+	}
+	cfg.EvalData = EvalData(9)
+	if err := cfg.Validate(); !errors.Is(err, ErrEvalDataUnset) {
+		t.Errorf("EvalData 9: Validate = %v, want ErrEvalDataUnset", err)
+	}
+	for _, d := range []EvalData{EvalPublic, EvalTrainHoldout} {
+		cfg.EvalData = d
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("EvalData %d: %v", d, err)
+		}
+	}
+	if _, err := NewServer(nil, nil, testRunConfig(), ServerConfig{Evaluator: &thetaEvaluator{}, RoundTimeout: 1,
+		MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1, Noise: train.NewSeededNoiseSource(1)}, nil); !errors.Is(err, ErrEvalDataUnset) {
+		t.Errorf("NewServer with an undeclared Evaluator: %v", err)
+	}
+}
+
+// TestServerLabelsEvaluations runs the leader's round loop (real NATS,
+// real Raft) with an Evaluator on each kind of data and checks every
+// output the coordinator produces for it: Progress, Summary, the
+// evaluation log lines, and the Prometheus metric names. A holdout of the
+// training data is labelled NON-PRIVATE and never exported as
+// test_accuracy; public data keeps the test names.
+func TestServerLabelsEvaluations(t *testing.T) {
+	for _, d := range []EvalData{EvalPublic, EvalTrainHoldout} {
+		t.Run(d.Key(), func(t *testing.T) {
+			const steps = 6
+			c := testRunConfig()
+			c.MaxSteps = steps
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			coordConn, dial := natsPair(t, c.Run)
+			startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, func(step uint64) (int64, []float32) {
+				return 40, sentinelSum(0, step, c.Dim, 40, c.Optimizer.ClipNorm)
+			})
+			r := openReplicaForServer(t, t.TempDir())
+			waitLeader(t, r)
+
+			scfg := DefaultServerConfig()
+			scfg.Noise = train.NewSeededNoiseSource(5)
+			ev := &thetaEvaluator{}
+			scfg.Evaluator, scfg.EvalData, scfg.EvalEvery = ev, d, 3
+			var progress []Progress
+			scfg.OnStep = func(p Progress) { progress = append(progress, p) }
+			reg := prometheus.NewRegistry()
+			var err error
+			if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
+				t.Fatal(err)
+			}
+			// Before any evaluation no accuracy is exported, under either name.
+			assertEvalMetrics(t, reg, nil)
+			var logs bytes.Buffer // written by the Server's goroutines through slog's locked handler; read after Run
+			s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum, err := s.Run(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			if !sum.FinalEvaluated || sum.EvalData != d {
+				t.Errorf("summary: evaluated %v on %d, want %d", sum.FinalEvaluated, sum.EvalData, d)
+			}
+			evals := 0
+			for _, p := range progress {
+				if p.EvalStep > 0 {
+					evals++
+					if p.EvalData != d {
+						t.Errorf("progress at step %d: EvalData %d, want %d", p.Step, p.EvalData, d)
+					}
+				}
+			}
+			if evals == 0 || ev.calls == 0 {
+				t.Fatalf("no evaluation reported (%d calls)", ev.calls)
+			}
+			logged := 0
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if !strings.Contains(line, `"accuracy"`) {
+					continue
+				}
+				logged++
+				label := `"msg":"` + d.Label() + ` evaluation"`
+				if !strings.Contains(line, label) || !strings.Contains(line, `"eval_data":"`+d.Key()+`"`) ||
+					strings.Contains(line, `"private":true`) != d.Private() {
+					t.Errorf("evaluation log line not labelled %q: %s", d.Label(), line)
+				}
+			}
+			if logged != ev.calls {
+				t.Errorf("%d evaluation log lines for %d evaluations", logged, ev.calls)
+			}
+			assertEvalMetrics(t, reg, map[string]float64{
+				"dpcluster_coordinator_" + d.Key() + "_accuracy": sum.Final.Accuracy,
+				"dpcluster_coordinator_" + d.Key() + "_loss":     sum.Final.Loss,
+			})
+		})
+	}
+}
+
+// assertEvalMetrics checks that the accuracy and loss metrics in reg are
+// exactly want (name → value).
+func assertEvalMetrics(t *testing.T, reg *prometheus.Registry, want map[string]float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if strings.HasSuffix(name, "_accuracy") || strings.HasSuffix(name, "_loss") {
+			got[name] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("evaluation metrics %v, want %v", got, want)
+	}
+	for name, v := range want {
+		if g, ok := got[name]; !ok || g != v {
+			t.Errorf("%s = %v (exported: %v), want %v", name, g, ok, v)
+		}
+	}
+}
