@@ -30,7 +30,9 @@ var ErrBadEntry = errors.New("coordinator: malformed log entry")
 
 // stepEntry is the privatized step the leader proposes. Grad holds g̃ as
 // little-endian float32 bytes: it is the only tensor in the log, and it is
-// already noised. Event is the mechanism charged for it.
+// already noised. Event is the mechanism the leader says produced it; the
+// state machine charges the run configuration's event and refuses an entry
+// whose Event differs.
 type stepEntry struct {
 	Step  int64        `msgpack:"step"`
 	Event ledger.Event `msgpack:"event"`
