@@ -42,6 +42,27 @@ type stepEntry struct {
 	Round string `msgpack:"round"`
 }
 
+// configEntry is the run configuration as the log carries it: the
+// RunConfig's fields and, next to them, History, the ID of the Raft
+// history this configuration starts (ledger.Position). The leader that
+// first proposes the configuration draws History at random
+// (Replica.Configure); a leader re-proposing it after a failover carries
+// the same ID. Entries written before history IDs existed are a bare
+// RunConfig and decode with History "".
+type configEntry struct {
+	RunConfig `msgpack:",inline"`
+	History   string `msgpack:"history,omitempty"`
+}
+
+// decodeConfig decodes a configuration entry's body.
+func decodeConfig(body []byte) (configEntry, error) {
+	var c configEntry
+	if err := msgpack.Unmarshal(body, &c); err != nil {
+		return configEntry{}, fmt.Errorf("%w: config: %v", ErrBadEntry, err)
+	}
+	return c, nil
+}
+
 type stopEntry struct {
 	Reason string `msgpack:"reason"`
 }

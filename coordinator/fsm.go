@@ -64,10 +64,12 @@ type ApplyResult struct {
 //     also applies before proposing. An entry that fails is refused: not
 //     charged, not applied, not fatal; a wrong event or an invalid g̃ also
 //     stops the run, since an honest leader never proposes one;
-//  2. if the entry's Raft index is above the ledger's last charged index,
-//     charge the configuration's event: append a record and fsync (a
-//     charge that would exceed the target ε is refused and the run stops;
-//     a ledger that cannot be written makes the replica fail closed);
+//  2. unless the ledger has charged the entry already (ledger.Charged:
+//     same Raft history, index at or below its last charge), charge the
+//     configuration's event at the entry's history, term and index:
+//     append a record and fsync (a charge that would exceed the target ε
+//     is refused and the run stops; a ledger that cannot be written, or
+//     one bound to another history, makes the replica fail closed);
 //  3. only then, if the entry is the next step, apply the optimizer update.
 //     A step entry for an already-applied step is charged (the release
 //     happened: its g̃ is committed) but changes nothing.
@@ -75,6 +77,11 @@ type ApplyResult struct {
 // After a restart the ledger may already hold charges for entries Raft
 // replays (it is durable; the snapshot may be older); those are not charged
 // twice, and their updates are applied if the restored state is behind.
+// That deduplication is by Raft index, so it is sound only while the Raft
+// state is the one the ledger charged from: the configuration entry binds
+// the ledger to its Raft history (ledger.Start), and OpenReplica refuses to
+// start a replica whose Raft state does not hold every entry its ledger
+// charged (ledger.CheckRaftState).
 type FSM struct {
 	mu sync.RWMutex
 
@@ -85,6 +92,7 @@ type FSM struct {
 
 	ledger  *ledger.Ledger
 	cfg     *RunConfig
+	history string // the Raft history ID the configuration entry carried
 	theta   []float32
 	opt     *dpadam.Optimizer
 	grad    []float32 // decode buffer for g̃
@@ -152,22 +160,28 @@ func (f *FSM) fail(err error) ApplyResult {
 }
 
 func (f *FSM) applyConfig(body []byte) ApplyResult {
-	var c RunConfig
-	if err := msgpack.Unmarshal(body, &c); err != nil {
-		return f.fail(fmt.Errorf("%w: config: %v", ErrBadEntry, err))
+	ce, err := decodeConfig(body)
+	if err != nil {
+		return f.fail(err)
 	}
+	c := ce.RunConfig
 	if f.cfg != nil {
 		// A second configuration entry (a leader re-proposing after a
-		// failover) must match; it changes nothing.
+		// failover) must match, history included; it changes nothing.
 		if !sameConfig(*f.cfg, c) {
 			return ApplyResult{Err: fmt.Errorf("%w: run already configured as %q", ErrInvalidRunConfig, f.cfg.Run)}
+		}
+		if ce.History != f.history {
+			return ApplyResult{Err: fmt.Errorf("%w: configuration entry of history %q, the run's is %q", ledger.ErrHistoryMismatch, ce.History, f.history)}
 		}
 		return ApplyResult{Step: f.applied, Epsilon: f.ledger.Spent()}
 	}
 	if err := c.Validate(); err != nil {
 		return ApplyResult{Err: err}
 	}
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy); err != nil {
+	// Bind the ledger to this history (or check that it is bound to it: a
+	// ledger of another history makes this replica fail closed).
+	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, ce.History); err != nil {
 		return f.fail(err)
 	}
 	theta, err := f.init(c)
@@ -181,8 +195,8 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err != nil {
 		return f.fail(err)
 	}
-	f.cfg, f.theta, f.opt, f.grad = &c, theta, opt, make([]float32, c.Dim)
-	f.log.Info("run configured", "run", c.Run, "dim", c.Dim, "q", c.SampleRate,
+	f.cfg, f.history, f.theta, f.opt, f.grad = &c, ce.History, theta, opt, make([]float32, c.Dim)
+	f.log.Info("run configured", "run", c.Run, "history", ce.History, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
 		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy)
 	return ApplyResult{}
@@ -228,10 +242,16 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	willApply := f.stopped == "" && s.Step == f.applied+1
 
 	// 2. Charge the configuration's event, unless the durable ledger
-	// already holds this entry's charge (Raft replaying entries after a
-	// restart).
-	if l.Index > f.ledger.LastIndex() {
-		_, err := f.ledger.Charge(s.Step, f.cfg.Event(), l.Term, l.Index, !willApply)
+	// already holds this entry's charge (Raft replaying entries of the
+	// same history after a restart: the ledger decides, see
+	// ledger.Charged).
+	pos := ledger.Position{History: f.history, Term: l.Term, Index: l.Index}
+	charged, err := f.ledger.Charged(pos)
+	if err != nil {
+		return f.fail(err)
+	}
+	if !charged {
+		_, err := f.ledger.Charge(s.Step, f.cfg.Event(), pos, !willApply)
 		switch {
 		case errors.Is(err, ledger.ErrBudgetExceeded):
 			f.stopped = stopBudget
@@ -313,6 +333,22 @@ func (f *FSM) State() State {
 		s.Configured, s.Run = true, f.cfg.Run
 	}
 	return s
+}
+
+// configuredHistory returns the history ID and whether the configuration
+// has been applied, read together.
+func (f *FSM) configuredHistory() (string, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.history, f.cfg != nil
+}
+
+// checkRaftState reports whether this replica's ledger may resume on a Raft
+// state st (ledger.CheckRaftState). OpenReplica calls it before Raft starts.
+func (f *FSM) checkRaftState(st ledger.RaftState) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ledger.CheckRaftState(st)
 }
 
 // Config returns the run configuration, or false before it is applied.
