@@ -340,3 +340,41 @@ func TestFSMHistoryBinding(t *testing.T) {
 		t.Errorf("step after restore: %+v", res)
 	}
 }
+
+// TestReplicaResumesBeforeHistoryIDs: a data dir written before history
+// IDs (configuration entries that are a bare RunConfig, a ledger whose
+// records carry no history) resumes as before: the Raft state's
+// configuration has no ID and neither has the ledger. Wiping its Raft
+// state is refused like any other.
+func TestReplicaResumesBeforeHistoryIDs(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	c := testRunConfig()
+	grads := noisyGrads(20, 26)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := openTestReplica(t, dir, addr)
+	waitLeader(t, r)
+	bare, err := encodeEntry(entryConfig, c) // what the previous leader proposed
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.propose(ctx, bare); err != nil || res.Err != nil {
+		t.Fatalf("bare configuration entry: %+v, %v", res, err)
+	}
+	runSteps(t, r, c, grads, 1, 10)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r = openTestReplica(t, dir, addr)
+	waitLeader(t, r)
+	runSteps(t, r, c, grads, 11, 20)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.History != "" || rep.Applied != 20 {
+		t.Errorf("audit: %+v, %v", rep, err)
+	}
+	removeAllBut(t, dir, LedgerFile)
+	startRefused(t, dir, addr)
+}
