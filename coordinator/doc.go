@@ -12,11 +12,15 @@
 //  1. The leader, after Barrier, opens round t and collects contributions
 //     (package aggregation validates them).
 //  2. It draws z ~ N(0, σ²C²I) from a CSPRNG and forms g̃ = (S + z)/B.
-//     S never leaves its memory.
+//     S never leaves its memory. A g̃ that fails dpadam.CheckGradient is
+//     not proposed; the run stops.
 //  3. It proposes the step entry (t, g̃, ledger event) to Raft.
 //  4. Every replica's FSM applies the committed entry deterministically:
-//     charge the ledger (append, fsync; refuse if over budget; fail
-//     closed if the write fails), then update θ and the optimizer state.
+//     refuse it, uncharged, if its event is not the run configuration's
+//     or its g̃ fails dpadam.CheckGradient; charge the configuration's
+//     event to the ledger, bound to this Raft history (append, fsync;
+//     refuse if over budget; fail closed if the write fails), then update
+//     θ and the optimizer state.
 //  5. Only after the entry is applied on the leader is θ_t published.
 //
 // Typical use, one replica (see internal/cli for the commands):

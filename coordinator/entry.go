@@ -30,7 +30,9 @@ var ErrBadEntry = errors.New("coordinator: malformed log entry")
 
 // stepEntry is the privatized step the leader proposes. Grad holds g̃ as
 // little-endian float32 bytes: it is the only tensor in the log, and it is
-// already noised. Event is the mechanism charged for it.
+// already noised. Event is the mechanism the leader says produced it; the
+// state machine charges the run configuration's event and refuses an entry
+// whose Event differs.
 type stepEntry struct {
 	Step  int64        `msgpack:"step"`
 	Event ledger.Event `msgpack:"event"`
@@ -38,6 +40,27 @@ type stepEntry struct {
 	// Round identifies the round that produced it (leader id and term),
 	// for logs and audits.
 	Round string `msgpack:"round"`
+}
+
+// configEntry is the run configuration as the log carries it: the
+// RunConfig's fields and, next to them, History, the ID of the Raft
+// history this configuration starts (ledger.Position). The leader that
+// first proposes the configuration draws History at random
+// (Replica.Configure); a leader re-proposing it after a failover carries
+// the same ID. Entries written before history IDs existed are a bare
+// RunConfig and decode with History "".
+type configEntry struct {
+	RunConfig `msgpack:",inline"`
+	History   string `msgpack:"history,omitempty"`
+}
+
+// decodeConfig decodes a configuration entry's body.
+func decodeConfig(body []byte) (configEntry, error) {
+	var c configEntry
+	if err := msgpack.Unmarshal(body, &c); err != nil {
+		return configEntry{}, fmt.Errorf("%w: config: %v", ErrBadEntry, err)
+	}
+	return c, nil
 }
 
 type stopEntry struct {

@@ -25,6 +25,10 @@ var (
 	ErrNotConfigured = errors.New("coordinator: run not configured")
 	// ErrStopped is returned for a step entry applied after the run stopped.
 	ErrStopped = errors.New("coordinator: run stopped")
+	// ErrEventMismatch is returned (in ApplyResult.Err) for a step entry
+	// whose ledger event is not the run configuration's. The entry is
+	// refused: not charged, not applied; the run stops.
+	ErrEventMismatch = errors.New("coordinator: step entry's privacy event differs from the run configuration's")
 	// ErrFatal wraps a failure after which this replica cannot go on
 	// applying the log (the ledger could not be made durable, or an entry
 	// could not be decoded). The process must stop; fail closed.
@@ -54,11 +58,18 @@ type ApplyResult struct {
 // records, bit for bit, on every replica. For a step entry it does, in
 // order:
 //
-//  1. decode and check the entry (step number, dimension);
-//  2. if the entry's Raft index is above the ledger's last charged index,
-//     charge it: append a record and fsync (a charge that would exceed the
-//     target ε is refused and the run stops; a ledger that cannot be
-//     written makes the replica fail closed);
+//  1. decode and check the entry: g̃ has the run's dimension, the entry's
+//     event is the run configuration's (Event), and g̃ passes
+//     dpadam.CheckGradient, the optimizer's own rule, which the leader
+//     also applies before proposing. An entry that fails is refused: not
+//     charged, not applied, not fatal; a wrong event or an invalid g̃ also
+//     stops the run, since an honest leader never proposes one;
+//  2. unless the ledger has charged the entry already (ledger.Charged:
+//     same Raft history, index at or below its last charge), charge the
+//     configuration's event at the entry's history, term and index:
+//     append a record and fsync (a charge that would exceed the target ε
+//     is refused and the run stops; a ledger that cannot be written, or
+//     one bound to another history, makes the replica fail closed);
 //  3. only then, if the entry is the next step, apply the optimizer update.
 //     A step entry for an already-applied step is charged (the release
 //     happened: its g̃ is committed) but changes nothing.
@@ -66,6 +77,11 @@ type ApplyResult struct {
 // After a restart the ledger may already hold charges for entries Raft
 // replays (it is durable; the snapshot may be older); those are not charged
 // twice, and their updates are applied if the restored state is behind.
+// That deduplication is by Raft index, so it is sound only while the Raft
+// state is the one the ledger charged from: the configuration entry binds
+// the ledger to its Raft history (ledger.Start), and OpenReplica refuses to
+// start a replica whose Raft state does not hold every entry its ledger
+// charged (ledger.CheckRaftState).
 type FSM struct {
 	mu sync.RWMutex
 
@@ -76,6 +92,7 @@ type FSM struct {
 
 	ledger  *ledger.Ledger
 	cfg     *RunConfig
+	history string // the Raft history ID the configuration entry carried
 	theta   []float32
 	opt     *dpadam.Optimizer
 	grad    []float32 // decode buffer for g̃
@@ -143,22 +160,28 @@ func (f *FSM) fail(err error) ApplyResult {
 }
 
 func (f *FSM) applyConfig(body []byte) ApplyResult {
-	var c RunConfig
-	if err := msgpack.Unmarshal(body, &c); err != nil {
-		return f.fail(fmt.Errorf("%w: config: %v", ErrBadEntry, err))
+	ce, err := decodeConfig(body)
+	if err != nil {
+		return f.fail(err)
 	}
+	c := ce.RunConfig
 	if f.cfg != nil {
 		// A second configuration entry (a leader re-proposing after a
-		// failover) must match; it changes nothing.
+		// failover) must match, history included; it changes nothing.
 		if !sameConfig(*f.cfg, c) {
 			return ApplyResult{Err: fmt.Errorf("%w: run already configured as %q", ErrInvalidRunConfig, f.cfg.Run)}
+		}
+		if ce.History != f.history {
+			return ApplyResult{Err: fmt.Errorf("%w: configuration entry of history %q, the run's is %q", ledger.ErrHistoryMismatch, ce.History, f.history)}
 		}
 		return ApplyResult{Step: f.applied, Epsilon: f.ledger.Spent()}
 	}
 	if err := c.Validate(); err != nil {
 		return ApplyResult{Err: err}
 	}
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy); err != nil {
+	// Bind the ledger to this history (or check that it is bound to it: a
+	// ledger of another history makes this replica fail closed).
+	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, ce.History); err != nil {
 		return f.fail(err)
 	}
 	theta, err := f.init(c)
@@ -172,8 +195,8 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err != nil {
 		return f.fail(err)
 	}
-	f.cfg, f.theta, f.opt, f.grad = &c, theta, opt, make([]float32, c.Dim)
-	f.log.Info("run configured", "run", c.Run, "dim", c.Dim, "q", c.SampleRate,
+	f.cfg, f.history, f.theta, f.opt, f.grad = &c, ce.History, theta, opt, make([]float32, c.Dim)
+	f.log.Info("run configured", "run", c.Run, "history", ce.History, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
 		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy)
 	return ApplyResult{}
@@ -188,23 +211,47 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 		return ApplyResult{Step: s.Step, Err: ErrNotConfigured}
 	}
 	res := ApplyResult{Step: s.Step}
-	// Decode g̃ first: an entry that cannot be decoded is refused before
+	// 1. Decode g̃ first: an entry that cannot be decoded is refused before
 	// anything is charged or applied, identically on every replica.
 	if err := getFloats(f.grad, s.Grad); err != nil {
 		res.Err = err
 		res.Epsilon = f.ledger.Spent()
 		return res
 	}
-	// Whether this entry will move θ: the next step, finite, while running.
+	// Then check that the entry is a release of this run: it claims the
+	// configuration's event and its g̃ is one the optimizer accepts
+	// (dpadam.CheckGradient, the rule the leader applies before proposing).
+	// An entry that is not is refused: not charged (the ledger records only
+	// the configuration's mechanism, and this entry is not a release of
+	// it), not applied (θ never reflects it, so nothing derived from it is
+	// broadcast), and not fatal (every replica refuses it alike). An honest
+	// leader never proposes one, so the run stops: fail closed.
+	if err := f.checkStep(s); err != nil {
+		if f.stopped == "" {
+			f.stopped = fmt.Sprintf("refused step %d: %v", s.Step, err)
+			f.log.Error("step entry refused; run stopped", "step", s.Step, "err", err)
+		}
+		res.Err = err
+		res.Epsilon = f.ledger.Spent()
+		return res
+	}
+	// Whether this entry will move θ: the next step, while running.
 	// Anything else is still charged if it is new (its g̃ is committed, so
 	// it counts as released: over-count, never under-count) but is marked
 	// as not applied.
-	willApply := f.stopped == "" && s.Step == f.applied+1 && allFinite(f.grad)
+	willApply := f.stopped == "" && s.Step == f.applied+1
 
-	// 2. Charge, unless the durable ledger already holds this entry's
-	// charge (Raft replaying entries after a restart).
-	if l.Index > f.ledger.LastIndex() {
-		_, err := f.ledger.Charge(s.Step, s.Event, l.Term, l.Index, !willApply)
+	// 2. Charge the configuration's event, unless the durable ledger
+	// already holds this entry's charge (Raft replaying entries of the
+	// same history after a restart: the ledger decides, see
+	// ledger.Charged).
+	pos := ledger.Position{History: f.history, Term: l.Term, Index: l.Index}
+	charged, err := f.ledger.Charged(pos)
+	if err != nil {
+		return f.fail(err)
+	}
+	if !charged {
+		_, err := f.ledger.Charge(s.Step, f.cfg.Event(), pos, !willApply)
 		switch {
 		case errors.Is(err, ledger.ErrBudgetExceeded):
 			f.stopped = stopBudget
@@ -222,18 +269,16 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 		switch {
 		case f.stopped != "":
 			res.Err = fmt.Errorf("%w: %s", ErrStopped, f.stopped)
-		case s.Step != f.applied+1:
-			res.Err = fmt.Errorf("coordinator: step %d is not the next step (%d applied)", s.Step, f.applied)
 		default:
-			res.Err = fmt.Errorf("%w: step %d", dpadam.ErrNonFinite, s.Step)
+			res.Err = fmt.Errorf("coordinator: step %d is not the next step (%d applied)", s.Step, f.applied)
 		}
 		return res
 	}
 	// 3. Apply.
 	diag, err := f.opt.Step(f.theta, f.grad)
 	if err != nil {
-		// Cannot happen for a finite g̃ of the right length; if it does,
-		// this replica can no longer follow the log.
+		// Cannot happen for a g̃ that passed checkStep; if it does, this
+		// replica can no longer follow the log.
 		return f.fail(err)
 	}
 	f.applied = s.Step
@@ -245,13 +290,18 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	return res
 }
 
-func allFinite(v []float32) bool {
-	for _, x := range v {
-		if x-x != 0 { // NaN or ±Inf
-			return false
-		}
+// checkStep reports why a decoded step entry (g̃ in f.grad) is not a
+// release of the configured run: an event other than the configuration's
+// (ErrEventMismatch), or a g̃ the optimizer would refuse (an error wrapping
+// dpadam.ErrNonFinite). Called with f.mu held.
+func (f *FSM) checkStep(s stepEntry) error {
+	if want := f.cfg.Event(); !s.Event.Equal(want) {
+		return fmt.Errorf("%w: step %d claims %+v, the run configuration's event is %+v", ErrEventMismatch, s.Step, s.Event, want)
 	}
-	return true
+	if err := dpadam.CheckGradient(f.grad); err != nil {
+		return fmt.Errorf("coordinator: step %d: %w", s.Step, err)
+	}
+	return nil
 }
 
 func sameConfig(a, b RunConfig) bool {
@@ -283,6 +333,22 @@ func (f *FSM) State() State {
 		s.Configured, s.Run = true, f.cfg.Run
 	}
 	return s
+}
+
+// configuredHistory returns the history ID and whether the configuration
+// has been applied, read together.
+func (f *FSM) configuredHistory() (string, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.history, f.cfg != nil
+}
+
+// checkRaftState reports whether this replica's ledger may resume on a Raft
+// state st (ledger.CheckRaftState). OpenReplica calls it before Raft starts.
+func (f *FSM) checkRaftState(st ledger.RaftState) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ledger.CheckRaftState(st)
 }
 
 // Config returns the run configuration, or false before it is applied.

@@ -6,6 +6,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/dpcluster/dpcluster/ledger"
 )
 
 // FuzzDecodeEntry feeds arbitrary bytes through the decoding the state
@@ -18,7 +20,8 @@ func FuzzDecodeEntry(f *testing.F) {
 		t    entryType
 		body any
 	}{
-		{entryConfig, c},
+		{entryConfig, c}, // a configuration entry from before history IDs
+		{entryConfig, configEntry{RunConfig: c, History: "0123456789abcdef0123456789abcdef"}},
 		{entryStep, stepEntry{Step: 3, Event: c.Event(), Grad: make([]byte, 4*testDim), Round: "r1/2/00ff"}},
 		{entryStop, stopEntry{Reason: stopBudget}},
 	} {
@@ -37,12 +40,20 @@ func FuzzDecodeEntry(f *testing.F) {
 		var v any
 		switch typ {
 		case entryConfig:
-			var c RunConfig
-			if msgpack.Unmarshal(body, &c) != nil {
+			c, err := decodeConfig(body)
+			if err != nil {
 				return
 			}
 			_ = c.Validate()
 			v = c
+			defer func() {
+				again, _ := encodeEntry(typ, v)
+				_, b2, _ := decodeEntry(again)
+				c2, err := decodeConfig(b2)
+				if err != nil || c2.History != c.History || !sameConfig(c2.RunConfig, c.RunConfig) {
+					t.Fatalf("configuration entry does not round-trip: %+v, %v", c2, err)
+				}
+			}()
 		case entryStep:
 			var s stepEntry
 			if msgpack.Unmarshal(body, &s) != nil {
@@ -110,6 +121,85 @@ func FuzzDecodeLog(f *testing.F) {
 		in := &raft.Log{Index: index, Term: index / 2, Type: raft.LogCommand, Data: data}
 		if err := decodeLog(encodeLog(in), &l); err != nil || l.Index != index || !bytes.Equal(l.Data, data) {
 			t.Fatalf("round trip of index %d, %d bytes: %+v, %v", index, len(data), l, err)
+		}
+	})
+}
+
+// FuzzReadRaftState: whatever the log entries and the snapshot hold,
+// readRaftState returns an error or a state, never panics; it fails only
+// for a snapshot that does not decode; and it reports the configuration's
+// history from the snapshot if that is configured, else from the first
+// configuration entry in the log.
+func FuzzReadRaftState(f *testing.F) {
+	c := testRunConfig()
+	cfg, _ := encodeEntry(entryConfig, configEntry{RunConfig: c, History: "aa"})
+	legacy, _ := encodeEntry(entryConfig, c)
+	step, _ := encodeEntry(entryStep, stepEntry{Step: 1, Event: c.Event(), Grad: make([]byte, 4*testDim)})
+	fsm, err := NewFSM(f.TempDir(), testInit, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	snapCfg, _ := encodeEntry(entryConfig, configEntry{RunConfig: c, History: "bb"})
+	fsm.Apply(&raft.Log{Index: 2, Term: 1, Type: raft.LogCommand, Data: snapCfg})
+	fs, err := fsm.Snapshot()
+	if err != nil {
+		f.Fatal(err)
+	}
+	var snap bytes.Buffer
+	if err := fs.(*fsmSnapshot).write(&snap); err != nil {
+		f.Fatal(err)
+	}
+	fsm.Close()
+	f.Add(cfg, step, snap.Bytes())
+	f.Add(step, legacy, []byte{})
+	f.Add(step, step, snap.Bytes()[:30])
+	f.Fuzz(func(t *testing.T, e1, e2, snapData []byte) {
+		logs := raft.NewInmemStore()
+		if err := logs.StoreLogs([]*raft.Log{
+			{Index: 1, Term: 1, Type: raft.LogConfiguration},
+			{Index: 2, Term: 1, Type: raft.LogCommand, Data: e1},
+			{Index: 3, Term: 1, Type: raft.LogCommand, Data: e2},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		snaps := raft.NewInmemSnapshotStore()
+		if len(snapData) > 0 {
+			sink, err := snaps.Create(raft.SnapshotVersionMax, 2, 1, raft.Configuration{}, 1, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink.Write(snapData)
+			sink.Close()
+		}
+		st, err := readRaftState(logs, snaps)
+		sb, snapErr := decodeSnapshot(snapData)
+		if len(snapData) > 0 && snapErr != nil {
+			if err == nil {
+				t.Fatal("a snapshot that does not decode was accepted")
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("readRaftState: %v", err)
+		}
+		if st.LastIndex != 3 {
+			t.Fatalf("last index %d, want 3", st.LastIndex)
+		}
+		want := ledger.RaftState{LastIndex: 3}
+		if len(snapData) > 0 && sb.Body.Configured {
+			want.Configured, want.History = true, sb.Body.History
+		} else {
+			for _, e := range [][]byte{e1, e2} {
+				if typ, body, err := decodeEntry(e); err == nil && typ == entryConfig {
+					if ce, err := decodeConfig(body); err == nil {
+						want.Configured, want.History = true, ce.History
+						break
+					}
+				}
+			}
+		}
+		if st != want {
+			t.Fatalf("readRaftState = %+v, want %+v", st, want)
 		}
 	})
 }

@@ -168,6 +168,18 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
+	// The ledger resumes only on the Raft state it charged from: refuse to
+	// start (writing nothing, not even a bootstrap) if that state is gone.
+	st, err := readRaftState(r.logs, snaps)
+	if err != nil {
+		return nil, err
+	}
+	if err := fsm.checkRaftState(st); err != nil {
+		return nil, fmt.Errorf("coordinator: replica %s will not start on %s: %w; "+
+			"to resume, restore this data directory's Raft log (raft/) and snapshots from a backup; "+
+			"to train again instead, use a new data directory and keep this ledger (its charges were spent on the same data)",
+			cfg.ID, cfg.DataDir, err)
+	}
 	if cfg.Bootstrap {
 		has, err := raft.HasExistingState(r.logs, r.logs, snaps)
 		if err != nil {
@@ -272,13 +284,23 @@ func (r *Replica) propose(ctx context.Context, data []byte) (ApplyResult, error)
 	return res, nil
 }
 
-// Configure proposes the run configuration. Applying it again with the same
-// configuration is a no-op, so a new leader may re-propose it.
+// Configure proposes the run configuration. The first configuration entry
+// of a log starts a new Raft history: Configure draws its ID. Applying it
+// again with the same configuration is a no-op, so a new leader may
+// re-propose it: on a replica that has applied the configuration,
+// Configure proposes the same history ID.
 func (r *Replica) Configure(ctx context.Context, c RunConfig) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	data, err := encodeEntry(entryConfig, c)
+	history, configured := r.fsm.configuredHistory()
+	if !configured {
+		var err error
+		if history, err = newHistoryID(); err != nil {
+			return err
+		}
+	}
+	data, err := encodeEntry(entryConfig, configEntry{RunConfig: c, History: history})
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/aggregation"
+	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
@@ -157,7 +158,9 @@ type Summary struct {
 //  3. Collect contributions into an aggregation.Round (which validates
 //     them) until every node answered or the deadline passed.
 //  4. Draw z ~ N(0, σ²C²I) from the CSPRNG and form g̃ = (S + z)/B in
-//     float64; clear S. Nothing un-noised leaves this function.
+//     float64; clear S. Nothing un-noised leaves this function. Check g̃
+//     with dpadam.CheckGradient, the rule the state machine applies: if
+//     it fails, propose the end of the run instead of the step.
 //  5. Propose the step entry (t, g̃, the ledger event) and wait until it is
 //     committed and applied here: the state machine has charged the
 //     ledger (fsynced) and then updated θ.
@@ -441,6 +444,17 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 	clear(res.Sum)
 	if err != nil {
 		return err
+	}
+	// g̃ must be one the state machine will accept: the optimizer's rule,
+	// the same function the FSM applies before charging. A g̃ that fails
+	// it (a clip norm so large that g̃ overflows the optimizer's bound, or
+	// a broken noise source) is never proposed, so never released; the
+	// run stops, since drawing noise again until g̃ passes would make the
+	// release depend on the sum through the rejection.
+	if err := dpadam.CheckGradient(g); err != nil {
+		reason := fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, err)
+		log.Error("noisy gradient invalid; stopping the run", "step", t, "err", err)
+		return s.replica.ProposeStop(ctx, reason)
 	}
 	// 5. Propose and wait for commit and local apply.
 	ar, err := s.replica.ProposeStep(ctx, t, s.run.Event(), g, fmt.Sprintf("%s/%d/%016x", s.replica.ID(), term, roundID))

@@ -42,6 +42,10 @@ type snapshotBody struct {
 	LedgerSize int64  `msgpack:"ledger_size"`
 	LedgerHead string `msgpack:"ledger_head"`
 	LedgerSeq  uint64 `msgpack:"ledger_seq"`
+
+	// History is the Raft history ID of the configuration entry (empty in
+	// snapshots written before history IDs).
+	History string `msgpack:"history,omitempty"`
 }
 
 type fsmSnapshot struct {
@@ -64,7 +68,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		LedgerSize: f.ledger.Size(), LedgerHead: head.Hash, LedgerSeq: seq,
 	}}
 	if f.cfg != nil {
-		s.body.Configured, s.body.Config = true, *f.cfg
+		s.body.Configured, s.body.Config, s.body.History = true, *f.cfg, f.history
 		s.body.Theta = make([]byte, 4*len(f.theta))
 		putFloats(s.body.Theta, f.theta)
 		opt, err := f.opt.MarshalBinary()
@@ -126,7 +130,10 @@ func (s *fsmSnapshot) Release() {}
 // holds the snapshot's ledger prefix (same record count reached, same hash
 // at that record) it is kept, records after the prefix included: Raft will
 // replay their entries and the state machine will not charge them twice.
-// Otherwise the snapshot's ledger replaces the local one.
+// Otherwise the snapshot's ledger replaces the local one, unless the local
+// ledger is bound to another Raft history: then Restore refuses (an error
+// wrapping ledger.ErrHistoryMismatch, and this replica fails closed)
+// rather than drop another history's charges.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	data, err := io.ReadAll(rc)
@@ -143,7 +150,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	b := snap.Body
-	f.cfg, f.theta, f.opt, f.grad = nil, nil, nil, nil
+	f.cfg, f.history, f.theta, f.opt, f.grad = nil, "", nil, nil, nil
 	f.applied, f.stopped, f.diag = b.Applied, b.Stopped, dpadam.Diagnostics{}
 	if b.Configured {
 		c := b.Config
@@ -158,7 +165,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		if opt.Dim() != c.Dim {
 			return fmt.Errorf("%w: optimizer dimension %d, config %d", ErrBadSnapshot, opt.Dim(), c.Dim)
 		}
-		f.cfg, f.theta, f.opt, f.grad = &c, theta, &opt, make([]float32, c.Dim)
+		f.cfg, f.history, f.theta, f.opt, f.grad = &c, b.History, theta, &opt, make([]float32, c.Dim)
 	}
 	f.log.Info("restored snapshot", "step", f.applied, "ledger_records", b.LedgerSeq)
 	return nil
@@ -195,6 +202,11 @@ func (f *FSM) reconcileLedger(snap snapshotFile) error {
 	}
 	if int64(len(local)) >= snap.Body.LedgerSize && bytes.Equal(local[:snap.Body.LedgerSize], snap.Ledger) {
 		return nil // local ledger already holds the prefix
+	}
+	if err := f.ledger.CheckHistory(snap.Body.History); err != nil {
+		f.fatal = fmt.Errorf("%w: restoring a snapshot: %w", ErrFatal, err)
+		f.log.Error("snapshot of another Raft history; not replacing the ledger", "err", err)
+		return f.fatal
 	}
 	f.log.Warn("replacing local ledger with the snapshot's", "local_bytes", len(local), "snapshot_bytes", len(snap.Ledger))
 	if err := f.ledger.Close(); err != nil {

@@ -144,3 +144,21 @@ func BenchmarkStepVsAxpy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCheckGradient measures the g̃ validity check the coordinator's
+// leader and state machine run on every step besides Step's own: it reads
+// g̃ once (4 bytes/param).
+func BenchmarkCheckGradient(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(benchName(n), func(b *testing.B) {
+			grad := randomVec(rand.New(rand.NewPCG(1, 2)), n, 2e-4)
+			b.SetBytes(4 * int64(n))
+			for b.Loop() {
+				if err := CheckGradient(grad); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportBandwidth(b, n, 4)
+		})
+	}
+}

@@ -125,8 +125,8 @@ func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 		return Diagnostics{}, fmt.Errorf("%w: len(theta) = %d, len(noisyGrad) = %d, want %d",
 			ErrDimension, len(theta), len(noisyGrad), o.dim)
 	}
-	if i := firstNonFinite(noisyGrad); i >= 0 {
-		return Diagnostics{}, fmt.Errorf("%w: noisyGrad[%d] = %v", ErrNonFinite, i, noisyGrad[i])
+	if err := CheckGradient(noisyGrad); err != nil {
+		return Diagnostics{}, err
 	}
 	if o.step == math.MaxInt64 {
 		return Diagnostics{}, ErrStepOverflow
@@ -159,6 +159,36 @@ func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 // |g̃_i| ≥ 2^63 with ErrNonFinite. Real gradients are many orders of
 // magnitude smaller; the bound keeps g̃² and the moments finite in float32.
 const MaxGradient float64 = 1 << 63
+
+// CheckGradient is the rule for what a valid noisy gradient g̃ is, the
+// optimizer's input contract: every coordinate finite (no NaN, no ±Inf) and
+// |g̃_i| < MaxGradient. It returns nil for a valid g̃ and otherwise an error
+// wrapping ErrNonFinite that names the first offending index.
+//
+// Step applies exactly this rule, and everything that must agree with Step
+// calls this function rather than restating the rule: the coordinator's
+// leader checks g̃ before proposing it, and its state machine checks a
+// committed g̃ before charging the privacy ledger, so an entry Step would
+// refuse is refused before it is charged, identically on every replica.
+//
+// Why the bound: Algorithm 1 of the paper (DP-AdamBC; the same moment
+// updates in DP-Adam) accumulates v_t = β2·v_{t−1} + (1−β2)·g̃_t², and
+// Eq. (4) divides by sqrt(max(v̂_t − Φ, γ')). With |g̃_i| < 2^63, g̃_i² <
+// 2^126 stays below float32's largest finite value (≈ 2^128), so m, v and
+// SGDM's momentum stay finite and every reachable optimizer state encodes
+// and decodes. A g̃ the Gaussian mechanism produces honestly is of order
+// (count·C + σC·O(1))/B, far below the bound.
+//
+// Numeric error: none. The test is exact on the float32 bits (a biased
+// exponent ≥ 127+63 is exactly |x| ≥ 2^63 or NaN/Inf), so the largest
+// float32 below 2^63 passes and 2^63 fails, on every platform and on the
+// AVX2 and pure-Go paths alike. It allocates only its error value.
+func CheckGradient(noisyGrad []float32) error {
+	if i := firstNonFinite(noisyGrad); i >= 0 {
+		return fmt.Errorf("%w: noisyGrad[%d] = %v", ErrNonFinite, i, noisyGrad[i])
+	}
+	return nil
+}
 
 // firstNonFinite returns the index of the first element of x that is NaN,
 // ±Inf or of magnitude ≥ 2^63, or -1. With AVX2 it scans 64K-element

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -221,6 +222,42 @@ func stateBytes(t *testing.T, o *Optimizer) []byte {
 		t.Fatalf("MarshalBinary: %v", err)
 	}
 	return b
+}
+
+// TestCheckGradientIsStepsRule: CheckGradient accepts exactly the g̃ Step
+// accepts, for every algorithm, on both sides of the MaxGradient boundary,
+// and names the first offending index.
+func TestCheckGradientIsStepsRule(t *testing.T) {
+	const dim = 11
+	below := math.Nextafter32(float32(MaxGradient), 0)
+	vals := []float32{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, 1, -1e18,
+		below, -below, float32(MaxGradient), -float32(MaxGradient), math.MaxFloat32,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.Float32frombits(0x7fc00001)}
+	for _, alg := range algorithms {
+		for _, v := range vals {
+			for _, pos := range []int{0, dim - 1} {
+				cfg := testConfig(alg)
+				opt, err := New(cfg, dim)
+				if err != nil {
+					t.Fatal(err)
+				}
+				g := noisyGrads(1, cfg, 5, dim)[0]
+				g[pos] = v
+				checkErr := CheckGradient(g)
+				_, stepErr := opt.Step(make([]float32, dim), g)
+				if (checkErr == nil) != (stepErr == nil) {
+					t.Fatalf("%s g[%d] = %v: CheckGradient = %v, Step = %v", alg, pos, v, checkErr, stepErr)
+				}
+				valid := !math.IsNaN(float64(v)) && math.Abs(float64(v)) < MaxGradient
+				if (checkErr == nil) != valid {
+					t.Fatalf("g[%d] = %v: CheckGradient = %v, want valid = %v", pos, v, checkErr, valid)
+				}
+				if checkErr != nil && (!errors.Is(checkErr, ErrNonFinite) || !strings.Contains(checkErr.Error(), fmt.Sprintf("[%d]", pos))) {
+					t.Fatalf("g[%d] = %v: error %v does not wrap ErrNonFinite and name the index", pos, v, checkErr)
+				}
+			}
+		}
+	}
 }
 
 func TestStepRejectsNonFinite(t *testing.T) {

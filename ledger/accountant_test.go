@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"testing"
@@ -28,6 +29,39 @@ func TestEventRoundTrip(t *testing.T) {
 		}
 		if string(b2) != string(b) {
 			t.Errorf("round trip changed the event: got %s, want %s", b2, b)
+		}
+	}
+}
+
+// TestEventEqual: Equal holds for an event and its decoded copy, and fails
+// when any parameter or any part of the nesting differs.
+func TestEventEqual(t *testing.T) {
+	events := []Event{
+		Gaussian(2),
+		Gaussian(2.0000000001),
+		SubsampledGaussian(0.01, 1.1),
+		SubsampledGaussian(1e-9, 1.1),
+		SubsampledGaussian(0.01, 1.2),
+		SelfComposed(SubsampledGaussian(0.01, 1.1), 1000),
+		SelfComposed(SubsampledGaussian(0.01, 1.1), 999),
+		Composed(SubsampledGaussian(0.01, 1.1), Gaussian(2)),
+		Composed(Gaussian(2), SubsampledGaussian(0.01, 1.1)),
+		Composed(Gaussian(2)),
+		{Kind: KindPoissonSampled, SampleRate: 0.01},
+	}
+	for i, a := range events {
+		b, _ := json.Marshal(a)
+		var copied Event
+		if err := json.Unmarshal(b, &copied); err != nil {
+			t.Fatal(err)
+		}
+		if !a.Equal(copied) {
+			t.Errorf("%+v is not Equal to its decoded copy", a)
+		}
+		for j, o := range events {
+			if got := a.Equal(o); got != (i == j) {
+				t.Errorf("events %d and %d: Equal = %v", i, j, got)
+			}
 		}
 	}
 }

@@ -30,6 +30,9 @@ type AuditReport struct {
 	TornBytes int64 `json:"torn_bytes"`
 
 	Run string `json:"run"`
+	// History is the Raft history ID the run record binds the ledger to
+	// ("" for a ledger written before history IDs).
+	History string `json:"history"`
 	// Noise is the run record's noise source, and Private is false when
 	// it is NoiseSeeded: such a run is reproducible and NOT differentially
 	// private, whatever ε the ledger records.
@@ -47,8 +50,12 @@ type AuditReport struct {
 // SHA-256 hash chain; that the file opens with one run record; that every
 // charge's recorded ε equals the accountant's recomputation from the events
 // recorded so far (within relative 1e-9); that no recorded ε exceeds the
-// target; that Raft indexes strictly increase; and that applied (non-replay)
-// steps strictly increase, so no step was applied twice.
+// target; that Raft indexes strictly increase; that applied (non-replay)
+// steps strictly increase, so no step was applied twice; and that the
+// ledger was not reused across Raft histories: every charge names the run
+// record's history, and Raft terms never decrease from one charge to the
+// next (they cannot along one Raft log; this also catches some reuse in
+// ledgers written before history IDs, whose records carry none).
 //
 // It returns a report with OK false and the problems found for a ledger
 // that fails any check; the error is non-nil only if the file cannot be
@@ -82,7 +89,8 @@ func Audit(path string) (AuditReport, error) {
 	}
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
 	rep.Noise, rep.Private = run.Noise, run.Noise != NoiseSeeded
-	var lastIndex uint64
+	rep.History = run.History
+	var lastIndex, lastTerm uint64
 	lastApplied := int64(math.MinInt64)
 	for _, r := range recs[1:] {
 		if r.Kind != RecordCharge {
@@ -109,6 +117,15 @@ func Audit(path string) (AuditReport, error) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: Raft index %d does not follow %d", r.Seq, r.Index, lastIndex))
 		}
 		lastIndex = r.Index
+		if r.History != run.History {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): charge from Raft history %s, but the run record binds the ledger to history %s: the ledger was reused across Raft histories",
+				r.Seq, r.Step, historyName(r.History), historyName(run.History)))
+		}
+		if r.Term < lastTerm {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): Raft term %d after term %d: terms never decrease along one Raft log, so the ledger was reused across Raft histories",
+				r.Seq, r.Step, r.Term, lastTerm))
+		}
+		lastTerm = max(lastTerm, r.Term)
 		if r.Replay {
 			rep.Replays++
 		} else {

@@ -84,6 +84,26 @@ func SubsampledGaussian(q, sigma float64) Event {
 	return PoissonSampled(q, Gaussian(sigma))
 }
 
+// Equal reports whether e and o describe the same mechanism with the same
+// parameters, compared exactly (nested events and their order included).
+// The coordinator's state machine uses it to refuse a step entry whose
+// event is not the run configuration's.
+func (e Event) Equal(o Event) bool {
+	if e.Kind != o.Kind || e.NoiseMultiplier != o.NoiseMultiplier || e.SampleRate != o.SampleRate ||
+		e.Count != o.Count || (e.Event == nil) != (o.Event == nil) || len(e.Events) != len(o.Events) {
+		return false
+	}
+	if e.Event != nil && !e.Event.Equal(*o.Event) {
+		return false
+	}
+	for i := range e.Events {
+		if !e.Events[i].Equal(o.Events[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // Validate reports whether e is well formed: known kinds, q in (0, 1],
 // σ > 0 and finite, count ≥ 0, and the nesting the kind requires.
 func (e Event) Validate() error {

@@ -84,6 +84,14 @@ type Record struct {
 	// NoiseSeeded for a reproducible run that is NOT differentially
 	// private. Empty in ledgers written before the field existed.
 	Noise string `json:"noise,omitempty"`
+	// History identifies the Raft history (a random ID chosen when the run
+	// configuration is first proposed, see Position): in the run record,
+	// the one history the ledger is bound to; in a charge record, the
+	// history the charged entry belongs to, always the run record's.
+	// Empty in ledgers written before the field existed (and then in all
+	// their records: such a ledger is bound to the configuration entries
+	// that carry no history ID either).
+	History string `json:"history,omitempty"`
 	// Charge records: which training step released, the mechanism that
 	// released it, and where the release sits in the Raft log.
 	Step  int64  `json:"step,omitempty"`

@@ -12,9 +12,15 @@ import (
 )
 
 const (
-	testQ     = 0.01
-	testSigma = 1.0
+	testQ       = 0.01
+	testSigma   = 1.0
+	testHistory = "0123456789abcdef0123456789abcdef"
 )
+
+// at is the position of a charge in the test history.
+func at(term, index uint64) Position {
+	return Position{History: testHistory, Term: term, Index: index}
+}
 
 // newLedger opens a ledger in a temp dir and starts a run.
 func newLedger(t *testing.T, target float64) (*Ledger, string) {
@@ -25,7 +31,7 @@ func newLedger(t *testing.T, target float64) (*Ledger, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	if err := l.Start("test-run", target, 1e-5, NoiseCrypto); err != nil {
+	if err := l.Start("test-run", target, 1e-5, NoiseCrypto, testHistory); err != nil {
 		t.Fatal(err)
 	}
 	return l, path
@@ -34,7 +40,7 @@ func newLedger(t *testing.T, target float64) (*Ledger, string) {
 func chargeSteps(t *testing.T, l *Ledger, from, to int64) {
 	t.Helper()
 	for s := from; s <= to; s++ {
-		if _, err := l.Charge(s, SubsampledGaussian(testQ, testSigma), 1, uint64(s+10), false); err != nil {
+		if _, err := l.Charge(s, SubsampledGaussian(testQ, testSigma), at(1, uint64(s+10)), false); err != nil {
 			t.Fatalf("Charge(step %d): %v", s, err)
 		}
 	}
@@ -61,10 +67,10 @@ func TestLedgerReopen(t *testing.T) {
 	if got, want := l2.LastIndex(), uint64(30); got != want {
 		t.Errorf("LastIndex = %d, want %d", got, want)
 	}
-	if err := l2.Start("test-run", 10, 1e-5, NoiseCrypto); err != nil {
+	if err := l2.Start("test-run", 10, 1e-5, NoiseCrypto, testHistory); err != nil {
 		t.Errorf("Start with the same run: %v", err)
 	}
-	if err := l2.Start("other-run", 10, 1e-5, NoiseCrypto); !errors.Is(err, ErrRunMismatch) {
+	if err := l2.Start("other-run", 10, 1e-5, NoiseCrypto, testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("Start with another run: %v, want ErrRunMismatch", err)
 	}
 	// ε recorded in the head equals what a fresh accountant computes.
@@ -88,7 +94,7 @@ func TestLedgerBudgetRefusal(t *testing.T) {
 	chargeSteps(t, l, 1, 5)
 	before, nBefore := l.Head()
 	spent := l.Spent()
-	_, err := l.Charge(6, SubsampledGaussian(testQ, testSigma), 1, 16, false)
+	_, err := l.Charge(6, SubsampledGaussian(testQ, testSigma), at(1, 16), false)
 	if !errors.Is(err, ErrBudgetExceeded) {
 		t.Fatalf("6th charge: %v, want ErrBudgetExceeded", err)
 	}
@@ -131,7 +137,7 @@ func TestLedgerTornTailRepaired(t *testing.T) {
 			t.Errorf("cut %d: %d records after repair, want 10 (run + 9 charges)", cut, n)
 		}
 		// The repaired ledger takes new charges and audits clean.
-		if _, err := l2.Charge(10, SubsampledGaussian(testQ, testSigma), 2, 20, false); err != nil {
+		if _, err := l2.Charge(10, SubsampledGaussian(testQ, testSigma), at(2, 20), false); err != nil {
 			t.Fatalf("cut %d: charge after repair: %v", cut, err)
 		}
 		l2.Close()
@@ -245,7 +251,7 @@ func TestAuditStepOrder(t *testing.T) {
 	l, path := newLedger(t, 10)
 	e := SubsampledGaussian(testQ, testSigma)
 	mustCharge := func(step int64, index uint64, replay bool) {
-		if _, err := l.Charge(step, e, 1, index, replay); err != nil {
+		if _, err := l.Charge(step, e, at(1, index), replay); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -281,12 +287,12 @@ func TestLedgerFailClosed(t *testing.T) {
 			chargeSteps(t, l, 1, 3)
 			good, _ := l.Head()
 			tc.fail(l.file)
-			_, err := l.Charge(4, SubsampledGaussian(testQ, testSigma), 1, 14, false)
+			_, err := l.Charge(4, SubsampledGaussian(testQ, testSigma), at(1, 14), false)
 			if !errors.Is(err, ErrBroken) {
 				t.Fatalf("Charge after failure = %v, want ErrBroken", err)
 			}
 			l.file.sync = func() error { return nil }
-			if _, err := l.Charge(5, SubsampledGaussian(testQ, testSigma), 1, 15, false); !errors.Is(err, ErrBroken) {
+			if _, err := l.Charge(5, SubsampledGaussian(testQ, testSigma), at(1, 15), false); !errors.Is(err, ErrBroken) {
 				t.Errorf("ledger accepted a charge after a failed write: %v", err)
 			}
 			rep, _ := Audit(path)
@@ -317,9 +323,9 @@ func FuzzReadLedger(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l.Start("fuzz", 10, 1e-5, NoiseCrypto)
-	l.Charge(1, SubsampledGaussian(0.01, 1), 1, 2, false)
-	l.Charge(2, SubsampledGaussian(0.01, 1), 1, 3, false)
+	l.Start("fuzz", 10, 1e-5, NoiseCrypto, testHistory)
+	l.Charge(1, SubsampledGaussian(0.01, 1), at(1, 2), false)
+	l.Charge(2, SubsampledGaussian(0.01, 1), at(1, 3), false)
 	l.Close()
 	seed, _ := os.ReadFile(path)
 	f.Add(seed)
@@ -349,13 +355,13 @@ func TestRunRecordNoise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 3, 1e-5, "maybe"); !errors.Is(err, ErrInvalidParameter) {
+	if err := l.Start("r", 3, 1e-5, "maybe", testHistory); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("unknown noise source: %v", err)
 	}
-	if err := l.Start("r", 3, 1e-5, NoiseSeeded); err != nil {
+	if err := l.Start("r", 3, 1e-5, NoiseSeeded, testHistory); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 3, 1e-5, NoiseCrypto); !errors.Is(err, ErrRunMismatch) {
+	if err := l.Start("r", 3, 1e-5, NoiseCrypto, testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("restart with another noise source: %v", err)
 	}
 	l.Close()

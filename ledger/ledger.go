@@ -15,6 +15,20 @@ var ErrBudgetExceeded = errors.New("ledger: privacy budget exceeded")
 // run with other parameters.
 var ErrRunMismatch = errors.New("ledger: ledger belongs to a different run")
 
+// ErrOutOfOrder is returned by Charge for a position whose Raft index is
+// not above the last charge's: that entry is charged already (Charged says
+// so), or the caller is charging out of log order. Nothing is recorded.
+var ErrOutOfOrder = errors.New("ledger: charge out of Raft log order")
+
+// ErrHistoryMismatch is returned (wrapped, with what each side holds) when
+// a ledger is asked to account for a Raft history other than the one its
+// run record binds it to (Start, Charge, Charged, CheckHistory), or when a
+// replica's Raft state no longer holds every entry the ledger charged
+// (CheckRaftState). Nothing is recorded. A replica that gets it must not
+// go on: its Raft log would re-use indexes the ledger has charged for
+// other releases, and those releases would go uncharged.
+var ErrHistoryMismatch = errors.New("ledger: ledger and Raft state belong to different histories")
+
 // Ledger is the durable privacy ledger of one coordinator replica: a File of
 // records and the accountant state those records imply. Charges are
 // accounted with the RDP accountant over DefaultOrders, one Compose per
@@ -72,6 +86,10 @@ func replay(recs []Record) (*Ledger, error) {
 			if l.run == nil {
 				return nil, fmt.Errorf("%w: charge at seq %d before the run record", ErrCorrupt, r.Seq)
 			}
+			if r.History != l.run.History {
+				return nil, fmt.Errorf("%w: charge at seq %d is from Raft history %s, the run record's is %s",
+					ErrCorrupt, r.Seq, historyName(r.History), historyName(l.run.History))
+			}
 			if err := l.acc.Compose(*r.Event, 1); err != nil {
 				return nil, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, r.Seq, err)
 			}
@@ -89,10 +107,28 @@ const (
 	NoiseSeeded = "seeded" // a seeded, predictable source: NOT private
 )
 
-// Start records the run's identity, budget and noise source (NoiseCrypto or
-// NoiseSeeded) as the ledger's first record. If the ledger already holds a
-// run record, Start checks that it matches and records nothing.
-func (l *Ledger) Start(run string, targetEps, delta float64, noise string) error {
+// Position locates a release in the replicated log: the Raft history it
+// belongs to and the entry's term and index.
+//
+// A Raft history is one Raft log from its first entry on. Its History ID is
+// a random string the coordinator draws when the run configuration is first
+// proposed and carries in that configuration entry, so every replica sees
+// the same one; a log rebuilt from nothing (a wiped data dir) starts a new
+// history with a new ID, even though its indexes start again from 1. Raft
+// indexes identify entries only within one history, so the ledger compares
+// indexes only there.
+type Position struct {
+	History string
+	Term    uint64
+	Index   uint64
+}
+
+// Start records the run's identity, budget, noise source (NoiseCrypto or
+// NoiseSeeded) and Raft history as the ledger's first record, binding the
+// ledger to that history. If the ledger already holds a run record, Start
+// checks that it matches (ErrRunMismatch for other run parameters,
+// ErrHistoryMismatch for another history) and records nothing.
+func (l *Ledger) Start(run string, targetEps, delta float64, noise, history string) error {
 	if noise != NoiseCrypto && noise != NoiseSeeded {
 		return fmt.Errorf("%w: noise source %q", ErrInvalidParameter, noise)
 	}
@@ -107,9 +143,9 @@ func (l *Ledger) Start(run string, targetEps, delta float64, noise string) error
 			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v, noise %q), asked for %q (ε=%v, δ=%v, noise %q)",
 				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, run, targetEps, delta, noise)
 		}
-		return nil
+		return l.CheckHistory(history)
 	}
-	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise})
+	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise, History: history})
 	if err != nil {
 		return err
 	}
@@ -117,15 +153,113 @@ func (l *Ledger) Start(run string, targetEps, delta float64, noise string) error
 	return nil
 }
 
+// CheckHistory returns nil if the ledger may account for releases of the
+// Raft history history: it has no run record yet, or its run record names
+// that history. Otherwise it returns an error wrapping ErrHistoryMismatch
+// that says what the ledger holds. This is the one rule binding a ledger
+// to a history; Start, Charge, Charged and CheckRaftState apply it.
+func (l *Ledger) CheckHistory(history string) error {
+	if l.run == nil || l.run.History == history {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; asked to account for Raft history %s", ErrHistoryMismatch, l.describe(), historyName(history))
+}
+
+// describe says what the ledger holds, for error messages.
+func (l *Ledger) describe() string {
+	return fmt.Sprintf("ledger %s holds run %q of Raft history %s with %d charges up to Raft index %d",
+		l.file.Path(), l.run.Run, historyName(l.run.History), l.charges, l.lastIndex)
+}
+
+// historyName is how messages show a history ID.
+func historyName(h string) string {
+	if h == "" {
+		return "(none recorded)"
+	}
+	return h
+}
+
+// RaftState is what a replica's Raft state on disk (log and snapshots)
+// says, read before Raft starts: whether it holds the run configuration
+// and the history ID that configuration carries, and the index of the last
+// entry it holds (the log's last index or the latest snapshot's, whichever
+// is higher; 0 when there is no Raft state at all).
+type RaftState struct {
+	Configured bool
+	History    string
+	LastIndex  uint64
+}
+
+// CheckRaftState returns nil if a replica whose Raft state is s may resume
+// this ledger, and an error wrapping ErrHistoryMismatch otherwise. The
+// ledger deduplicates charges by Raft index (Charged), which is sound only
+// if the Raft state still holds every entry the ledger charged, so that an
+// index at or below LastIndex can only be one of those entries replayed.
+// So a ledger with a run record requires a Raft state that
+//
+//   - holds the run configuration (an empty or configuration-less Raft
+//     state next to a non-empty ledger means the log and snapshots were
+//     lost or deleted: the new history would reuse charged indexes),
+//   - of the ledger's history (CheckHistory), and
+//   - reaches the ledger's last charged index (a shorter log lost
+//     entries, and the steps proposed again at those indexes would be
+//     taken for replays).
+//
+// An empty ledger (no run record) accepts any Raft state.
+func (l *Ledger) CheckRaftState(s RaftState) error {
+	switch {
+	case l.run == nil:
+		return nil
+	case !s.Configured && s.LastIndex == 0:
+		return fmt.Errorf("%w: %s, but the Raft state is empty: the Raft log and snapshots were lost or deleted",
+			ErrHistoryMismatch, l.describe())
+	case !s.Configured:
+		return fmt.Errorf("%w: %s, but the Raft state (up to index %d) holds no run configuration: Raft log entries or snapshots were lost or deleted",
+			ErrHistoryMismatch, l.describe(), s.LastIndex)
+	case s.LastIndex < l.lastIndex:
+		if err := l.CheckHistory(s.History); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %s, but the Raft state ends at index %d: Raft log entries were lost, and steps proposed again at the charged indexes would go uncharged",
+			ErrHistoryMismatch, l.describe(), s.LastIndex)
+	}
+	return l.CheckHistory(s.History)
+}
+
+// Charged reports whether the release at pos has already been charged:
+// true exactly when pos is in the ledger's history (else an error wrapping
+// ErrHistoryMismatch, never true) and pos.Index is at or below LastIndex.
+// Charges are appended in log order, so such an entry is one Raft replays
+// after a restart, and the state machine must not charge it twice. This is
+// the ledger's only deduplication rule; it is sound because a replica
+// starts only on a Raft state that passes CheckRaftState.
+func (l *Ledger) Charged(pos Position) (bool, error) {
+	if l.run == nil {
+		return false, errors.New("ledger: Charged before Start")
+	}
+	if err := l.CheckHistory(pos.History); err != nil {
+		return false, err
+	}
+	return pos.Index <= l.lastIndex, nil
+}
+
 // Charge durably records one release of event e for a training step,
-// carried by the Raft entry at (term, index). replay marks a release for a
-// step already applied. It returns ErrBudgetExceeded, recording nothing, if
-// the charge would take ε past the target; and an error wrapping ErrBroken
-// if the record could not be made durable. Only when Charge returns nil may
-// the caller apply the step's update.
-func (l *Ledger) Charge(step int64, e Event, term, index uint64, replay bool) (Record, error) {
+// carried by the Raft entry at pos. replay marks a release for a step
+// already applied. It returns ErrHistoryMismatch if pos is in another
+// history than the ledger's, ErrOutOfOrder if pos.Index is not above
+// LastIndex (ask Charged first), ErrBudgetExceeded if the charge would take ε past
+// the target, and an error wrapping ErrBroken if the record could not be
+// made durable; in every case it records nothing. Only when Charge returns
+// nil may the caller apply the step's update.
+func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record, error) {
 	if l.run == nil {
 		return Record{}, errors.New("ledger: Charge before Start")
+	}
+	if err := l.CheckHistory(pos.History); err != nil {
+		return Record{}, err
+	}
+	if pos.Index <= l.lastIndex {
+		return Record{}, fmt.Errorf("%w: Raft index %d does not follow the last charge's index %d", ErrOutOfOrder, pos.Index, l.lastIndex)
 	}
 	if err := e.Validate(); err != nil {
 		return Record{}, err
@@ -142,11 +276,11 @@ func (l *Ledger) Charge(step int64, e Event, term, index uint64, replay bool) (R
 	if err == nil {
 		var r Record
 		r, err = l.file.Append(Record{
-			Kind: RecordCharge, Step: step, Event: &e, Term: term, Index: index,
+			Kind: RecordCharge, Step: step, Event: &e, History: pos.History, Term: pos.Term, Index: pos.Index,
 			Replay: replay, Epsilon: eps,
 		})
 		if err == nil {
-			l.lastIndex = max(l.lastIndex, index)
+			l.lastIndex = max(l.lastIndex, pos.Index)
 			l.lastStep = max(l.lastStep, step)
 			l.charges++
 			return r, nil
@@ -187,10 +321,9 @@ func (l *Ledger) Spent() float64 {
 	return eps
 }
 
-// LastIndex returns the Raft index of the last charge (0 if none). Charges
-// are appended in log order, so an entry at or below LastIndex has already
-// been charged: after a restart, Raft replays it and the state machine must
-// not charge it twice.
+// LastIndex returns the Raft index of the last charge (0 if none). Whether
+// an entry has been charged is Charged's answer, which also checks its
+// history.
 func (l *Ledger) LastIndex() uint64 { return l.lastIndex }
 
 // Charges returns the number of charge records.

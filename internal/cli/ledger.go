@@ -64,6 +64,9 @@ type showResult struct {
 	TargetEpsilon float64 `json:"target_epsilon"`
 	Delta         float64 `json:"delta"`
 	Noise         string  `json:"noise"`
+	// History is the Raft history ID the run record binds the ledger to
+	// ("" for a ledger written before history IDs).
+	History string `json:"history"`
 	// Epsilon is the ε recorded by the last charge (0 before any).
 	Epsilon   float64 `json:"epsilon"`
 	Count     int     `json:"count"`
@@ -101,7 +104,7 @@ verified before the damage and exits non-zero.`,
 			if len(recs) > 0 {
 				res.HeadHash = recs[len(recs)-1].Hash
 				if r := recs[0]; r.Kind == ledger.RecordRun {
-					res.Run, res.TargetEpsilon, res.Delta, res.Noise = r.Run, r.TargetEpsilon, r.Delta, r.Noise
+					res.Run, res.TargetEpsilon, res.Delta, res.Noise, res.History = r.Run, r.TargetEpsilon, r.Delta, r.Noise, r.History
 				}
 			}
 			for _, r := range recs {
@@ -135,6 +138,7 @@ func printShow(out io.Writer, res showResult) error {
 	fmt.Fprintf(w, "ledger   %s\n", res.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(res.Run), res.TargetEpsilon, res.Delta)
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
+	fmt.Fprintf(w, "history  %s\n", historyLabel(res.History))
 	fmt.Fprintf(w, "records  %d, ε spent %.6g\n", res.Count, res.Epsilon)
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
 	if res.TornBytes > 0 {
@@ -211,8 +215,10 @@ func newLedgerAuditCmd() *cobra.Command {
 		Short: "Verify a ledger: CRCs, hash chain, recomputed ε, budget, step order",
 		Long: `Verify a ledger without modifying it: every record's CRC and the SHA-256 hash
 chain, one run record first, every recorded ε against the RDP accountant's
-recomputation, no ε past the target, strictly increasing Raft indexes, and no
-step applied twice. A torn tail is reported, not a failure.
+recomputation, no ε past the target, strictly increasing Raft indexes, no
+step applied twice, and no reuse across Raft histories (every charge from the
+run record's history, Raft terms never decreasing). A torn tail is reported,
+not a failure.
 
 Exits 0 exactly when the audit passes; with --json the report is printed
 either way.`,
@@ -264,6 +270,7 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "audit    %s: %s\n", verdict, rep.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(rep.Run), rep.TargetEpsilon, rep.Delta)
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
+	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
 	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g\n",
@@ -275,6 +282,14 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// historyLabel describes a run record's Raft history ID.
+func historyLabel(h string) string {
+	if h == "" {
+		return "- (not recorded: ledger written before history IDs)"
+	}
+	return h
 }
 
 // noiseLabel describes a run record's noise source.

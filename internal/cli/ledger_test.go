@@ -26,6 +26,9 @@ type testLedger struct {
 	records   int
 }
 
+// cliHistory is the Raft history ID of the test ledger.
+const cliHistory = "c11c11c11c11c11c11c11c11c11c11c1"
+
 // newTestLedger writes a run record and six charges, the fifth a replay of
 // step 4, into DIR/ledger.log of a fresh data directory.
 func newTestLedger(t *testing.T) testLedger {
@@ -37,7 +40,7 @@ func newTestLedger(t *testing.T) testLedger {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto); err != nil {
+	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto, cliHistory); err != nil {
 		t.Fatal(err)
 	}
 	e := ledger.SubsampledGaussian(0.01, 1.1)
@@ -46,7 +49,7 @@ func newTestLedger(t *testing.T) testLedger {
 		index  uint64
 		replay bool
 	}{{1, 3, false}, {2, 4, false}, {3, 5, false}, {4, 6, false}, {4, 7, true}, {5, 9, false}} {
-		if _, err := l.Charge(c.step, e, 2, c.index, c.replay); err != nil {
+		if _, err := l.Charge(c.step, e, ledger.Position{History: cliHistory, Term: 2, Index: c.index}, c.replay); err != nil {
 			t.Fatalf("Charge(step %d): %v", c.step, err)
 		}
 	}
@@ -87,7 +90,7 @@ func TestLedgerShow(t *testing.T) {
 		if err != nil {
 			t.Fatalf("show %s: %v", arg, err)
 		}
-		for _, want := range []string{"cli-test", "target ε = 10", "δ = 1e-05", "records  7", tl.head.Hash, "0.01", "1.1", "replay", tl.head.Hash[:12]} {
+		for _, want := range []string{"cli-test", "target ε = 10", "δ = 1e-05", "records  7", tl.head.Hash, "0.01", "1.1", "replay", tl.head.Hash[:12], "history  " + cliHistory} {
 			if !strings.Contains(out, want) {
 				t.Errorf("show %s: output lacks %q:\n%s", arg, want, out)
 			}
@@ -100,7 +103,7 @@ func TestLedgerShow(t *testing.T) {
 		if err := runJSON(t, &got, "ledger", "show", arg, "--json"); err != nil {
 			t.Fatalf("show %s --json: %v", arg, err)
 		}
-		if got.Path != tl.path || got.Run != "cli-test" || got.TargetEpsilon != 10 || got.Delta != 1e-5 {
+		if got.Path != tl.path || got.Run != "cli-test" || got.TargetEpsilon != 10 || got.Delta != 1e-5 || got.History != cliHistory {
 			t.Errorf("show %s --json: run fields %+v", arg, got)
 		}
 		if got.Count != tl.records || len(got.Records) != tl.records || got.HeadHash != tl.head.Hash || got.TornBytes != 0 || got.Error != "" {
@@ -124,7 +127,7 @@ func TestLedgerAudit(t *testing.T) {
 		if err != nil {
 			t.Fatalf("audit %s: %v\n%s", arg, err, out)
 		}
-		if !strings.Contains(out, "audit    OK") || strings.Contains(out, "problem") {
+		if !strings.Contains(out, "audit    OK") || strings.Contains(out, "problem") || !strings.Contains(out, "history  "+cliHistory) {
 			t.Errorf("audit %s: output does not pass:\n%s", arg, out)
 		}
 
@@ -133,7 +136,7 @@ func TestLedgerAudit(t *testing.T) {
 			t.Fatalf("audit %s --json: %v", arg, err)
 		}
 		if !rep.OK || len(rep.Problems) != 0 || rep.Records != 7 || rep.Charges != 6 || rep.Replays != 1 || rep.Applied != 5 ||
-			rep.LastStep != 5 || rep.TornBytes != 0 || rep.HeadHash != tl.head.Hash || rep.Run != "cli-test" {
+			rep.LastStep != 5 || rep.TornBytes != 0 || rep.HeadHash != tl.head.Hash || rep.Run != "cli-test" || rep.History != cliHistory {
 			t.Errorf("audit %s --json: %+v", arg, rep)
 		}
 		if rep.RecordedEpsilon != tl.spent || rep.RecomputedEpsilon != tl.spent {
@@ -290,6 +293,48 @@ func TestLedgerForgedEpsilon(t *testing.T) {
 	}
 	if rep.RecordedEpsilon != tl.spent/2 || rep.RecomputedEpsilon != tl.spent {
 		t.Errorf("recorded ε %v, recomputed %v; want %v and %v", rep.RecordedEpsilon, rep.RecomputedEpsilon, tl.spent/2, tl.spent)
+	}
+}
+
+// TestLedgerAuditHistoryReuse: the test ledger (history cliHistory, steps
+// 1-5 at Raft indexes 3-9) continued by another Raft history whose steps
+// 6-8 sit past its last index, re-chained: what a coordinator that reused
+// a ledger across histories without checking would leave. Every record
+// verifies and the steps and indexes look continuous, but the audit fails
+// and names the reuse.
+func TestLedgerAuditHistoryReuse(t *testing.T) {
+	tl := newTestLedger(t)
+	recs, _, err := ledger.ReadFile(tl.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const other = "0ff0ff0ff0ff0ff0ff0ff0ff0ff0ff0"
+	acc, _ := ledger.NewAccountant(nil)
+	e := ledger.SubsampledGaussian(0.01, 1.1)
+	for range recs[1:] {
+		acc.Compose(e, 1)
+	}
+	for step := int64(6); step <= 8; step++ {
+		acc.Compose(e, 1)
+		eps, _, _ := acc.Epsilon(1e-5)
+		recs = append(recs, ledger.Record{Format: ledger.FileFormat, Kind: ledger.RecordCharge, Step: step, Event: &e,
+			History: other, Term: 2, Index: uint64(step + 4), Epsilon: eps})
+	}
+	if err := os.WriteFile(tl.path, forgeLedger(t, recs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var rep ledger.AuditReport
+	if err := runJSON(t, &rep, "ledger", "audit", tl.dir, "--json"); !errors.Is(err, errAuditFailed) {
+		t.Errorf("audit: err = %v, want errAuditFailed", err)
+	}
+	problems := strings.Join(rep.Problems, "\n")
+	if rep.OK || len(rep.Problems) != 3 || !strings.Contains(problems, "record 8 (step 6): charge from Raft history "+other) ||
+		!strings.Contains(problems, "reused across Raft histories") {
+		t.Errorf("reuse across histories not caught: %+v", rep)
+	}
+	out, err := run(t, "ledger", "audit", tl.dir)
+	if !errors.Is(err, errAuditFailed) || !strings.Contains(out, "FAILED") || !strings.Contains(out, "reused across Raft histories") {
+		t.Errorf("audit: err %v, output:\n%s", err, out)
 	}
 }
 
