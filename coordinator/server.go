@@ -142,8 +142,11 @@ type Summary struct {
 //     here and no committed step is redone; propose the run configuration
 //     if the log has none; announce Leader{term} (and every AnnounceEvery
 //     after); publish θ_{t-1}, which is committed.
-//  2. Open round t: a fresh random round ID, the live registered nodes, a
-//     deadline RoundTimeout away; publish RoundStart.
+//  2. Open round t: a fresh random round ID, the live registered nodes (a
+//     node is registered only if admitNode admits it), a deadline
+//     RoundTimeout away; publish RoundStart. No round opens while the live
+//     nodes' shards are not disjoint (checkShards): the leader reports why
+//     instead (log, metric, replica status).
 //  3. Collect contributions into an aggregation.Round (which validates
 //     them) until every node answered or the deadline passed.
 //  4. Draw z ~ N(0, σ²C²I) from the CSPRNG and form g̃ = (S + z)/B in
