@@ -644,8 +644,9 @@ func checkRound(rs transport.RoundStart, numParams int) string {
 // C = 1e30 would make the node send its whole shard's unclipped gradient
 // sum, which that charge does not cover. The comparison is exact (error
 // bound 0): the node command and the replicas compute q = B/N with the same
-// function (one IEEE-754 division of the same float64 B by the same N <
-// 2⁵³, exactly representable), C is parsed from the same run file text, and
+// function (one correctly rounded IEEE-754 division of the same float64 B
+// by the same integer N < 2⁵³, which converts exactly), C is the correctly
+// rounded parse of the same decimal text of the run file (or flag), and
 // msgpack carries float64 bits unchanged; any other value is a different
 // run, or a forgery. The reasons name public constants only.
 func checkRun(rs transport.RoundStart, cfg Config, modelHash string) string {
