@@ -111,6 +111,9 @@ func TestRefusesRoundsOfAnotherRun(t *testing.T) {
 		tc.mod(&rs)
 		l.publish(rs)
 		eventually(t, tc.name+" refused", func() bool { return w.Stats().Skipped[SkipParamsMismatch] == uint64(i+1) })
+		if st := w.Stats(); st.Term != 1 || st.Leader != "r1" {
+			t.Fatalf("after a refused round (%s) the node follows %s, term %d; want r1, term 1", tc.name, st.Leader, st.Term)
+		}
 	}
 	none(t, l.contribs, "contribution to a round of another run")
 	none(t, l.joins, "join for the forged round's leader")
