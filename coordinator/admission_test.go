@@ -244,16 +244,22 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 			go func() { sum, err := s.Run(ctx); done <- result{sum, err} }()
 
 			// Blocked, and saying so: status, metric, log.
-			waitFor(t, ctx, "a blocked replica status", func() bool {
+			waitFor(t, ctx, "a blocked replica status or a round", func() bool {
 				w.mu.Lock()
 				defer w.mu.Unlock()
-				return len(w.blocked) >= 3 // reported every 100 ms: blocked for a while
+				return len(w.blocked) >= 3 || w.rounds > 0 // reported every 100 ms: blocked for a while
 			})
 			w.mu.Lock()
-			rounds, blocked := w.rounds, w.blocked[len(w.blocked)-1]
+			rounds, blocked := w.rounds, ""
+			if len(w.blocked) > 0 {
+				blocked = w.blocked[len(w.blocked)-1]
+			}
 			w.mu.Unlock()
 			if rounds != 0 {
 				t.Errorf("the leader opened %d rounds over overlapping shards", rounds)
+			}
+			if rounds > 0 {
+				t.FailNow()
 			}
 			if !strings.HasPrefix(blocked, tc.reason+": ") {
 				t.Errorf("replica status says blocked %q, want reason %s", blocked, tc.reason)
@@ -310,13 +316,15 @@ func TestServerSeedPolicy(t *testing.T) {
 			defer cancel()
 			coordConn, dial := natsPair(t, c.Run)
 			w := watch(t, dial("watcher"))
-			// Rounds are answered only once the refusals were published,
-			// so that the run cannot end before they are.
+			// Rounds are answered only once the refusals were published
+			// (or 5 s have passed), so that the run cannot end before
+			// they are.
 			refused := func() bool {
 				return w.told("old", rejectShardIdentity) && (!tc.private || w.told("seeded", rejectSeedPolicy))
 			}
+			gate := time.Now().Add(5 * time.Second)
 			sum := func(step uint64) (int64, []float32) {
-				for !refused() && ctx.Err() == nil {
+				for !refused() && time.Now().Before(gate) {
 					time.Sleep(5 * time.Millisecond)
 				}
 				return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
