@@ -9,8 +9,11 @@
 // The order of operations for a step, on which the privacy guarantees rest
 // (DESIGN.md; the same list, in more detail, documents Server and FSM):
 //
-//  1. The leader, after Barrier, opens round t and collects contributions
-//     (package aggregation validates them).
+//  1. The leader, after Barrier, opens round t over the live registered
+//     nodes — only nodes that run the run's model, name their shard and,
+//     in a private run, sample from the CSPRNG are registered, and no round
+//     opens while their shards overlap (admission.go) — and collects
+//     contributions (package aggregation validates them).
 //  2. It draws z ~ N(0, σ²C²I) from a CSPRNG and forms g̃ = (S + z)/B.
 //     S never leaves its memory. A g̃ that fails dpadam.CheckGradient is
 //     not proposed; the run stops.

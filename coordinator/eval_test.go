@@ -101,7 +101,7 @@ func TestServerLabelsEvaluations(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			coordConn, dial := natsPair(t, c.Run)
-			startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, func(step uint64) (int64, []float32) {
+			startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
 				return 40, sentinelSum(0, step, c.Dim, 40, c.Optimizer.ClipNorm)
 			})
 			r := openReplicaForServer(t, t.TempDir())

@@ -31,6 +31,8 @@ type Metrics struct {
 	raftState    *prometheus.GaugeVec
 	term         prometheus.Gauge
 	nodes        prometheus.Gauge
+	blocked      *prometheus.GaugeVec
+	refused      *prometheus.CounterVec
 	// evalAccuracy and evalLoss, by EvalData.Key: vectors without
 	// labels, so a metric is exported only once an evaluation on its data
 	// happened.
@@ -73,6 +75,14 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		nodes:        gauge("nodes", "Live registered nodes."),
 		evalAccuracy: map[string]*prometheus.GaugeVec{},
 		evalLoss:     map[string]*prometheus.GaugeVec{},
+		blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "rounds_blocked",
+			Help: "1 while the leader opens no round because the live nodes' shards are not disjoint, by reason.", ConstLabels: labels,
+		}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "node_messages_refused_total",
+			Help: "Join and Heartbeat messages of refused nodes, by reason.", ConstLabels: labels,
+		}, []string{"reason"}),
 	}
 	evalGauge := func(d EvalData, what, help string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -92,9 +102,15 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
 		m.raftState.WithLabelValues(s.String())
 	}
+	for _, r := range blockReasons {
+		m.blocked.WithLabelValues(r)
+	}
+	for _, r := range []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy} {
+		m.refused.WithLabelValues(r)
+	}
 	for _, c := range append([]prometheus.Collector{
 		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.participants,
-		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes,
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -131,6 +147,27 @@ func (m *Metrics) observe(st State, r *Replica) {
 func (m *Metrics) nodeCount(n int) {
 	if m != nil {
 		m.nodes.Set(float64(n))
+	}
+}
+
+// roundsBlocked sets rounds_blocked{reason} to 1 for reason and 0 for the
+// others ("": not blocked).
+func (m *Metrics) roundsBlocked(reason string) {
+	if m == nil {
+		return
+	}
+	for _, r := range blockReasons {
+		v := 0.0
+		if r == reason {
+			v = 1
+		}
+		m.blocked.WithLabelValues(r).Set(v)
+	}
+}
+
+func (m *Metrics) nodeRefused(reason string) {
+	if m != nil {
+		m.refused.WithLabelValues(reason).Inc()
 	}
 }
 

@@ -153,8 +153,11 @@ type Summary struct {
 //     here and no committed step is redone; propose the run configuration
 //     if the log has none; announce Leader{term} (and every AnnounceEvery
 //     after); publish θ_{t-1}, which is committed.
-//  2. Open round t: a fresh random round ID, the live registered nodes, a
-//     deadline RoundTimeout away; publish RoundStart.
+//  2. Open round t: a fresh random round ID, the live registered nodes (a
+//     node is registered only if admitNode admits it), a deadline
+//     RoundTimeout away; publish RoundStart. No round opens while the live
+//     nodes' shards are not disjoint (checkShards): the leader reports why
+//     instead (log, metric, replica status).
 //  3. Collect contributions into an aggregation.Round (which validates
 //     them) until every node answered or the deadline passed.
 //  4. Draw z ~ N(0, σ²C²I) from the CSPRNG and form g̃ = (S + z)/B in
@@ -183,6 +186,14 @@ type Server struct {
 	nodes registry
 	round atomic.Pointer[openRound] // the leader's open round, if any
 	last  Progress                  // the leader's last evaluation (lead goroutine only)
+
+	// blocked is why the leader opens no round now (nil: not blocked);
+	// set by the lead goroutine, read by the status reporter.
+	blocked atomic.Pointer[roundBlock]
+	// blockLogged and blockLoggedAt rate-limit the blocked warning (lead
+	// goroutine only).
+	blockLogged   string
+	blockLoggedAt time.Time
 
 	paramsMu   sync.Mutex
 	lastResent map[uint64]time.Time // NeedParams rate limit, by version
@@ -332,6 +343,7 @@ func (s *Server) lead(ctx context.Context) (done bool, err error) {
 		stopAnnounce()
 		wg.Wait()
 		s.round.Store(nil)
+		s.setBlocked(log, nil)
 	}()
 
 	s.publishParams(ctx, term)
@@ -363,8 +375,12 @@ func (s *Server) lead(ctx context.Context) (done bool, err error) {
 			}
 			continue
 		}
-		nodes, shards := s.nodes.live(time.Now(), s.cfg.NodeTimeout)
-		if len(nodes) < s.cfg.MinNodes {
+		nodes, shards, claims := s.nodes.live(time.Now(), s.cfg.NodeTimeout)
+		// The live nodes are the next round's members: their shards must
+		// be disjoint (admission.go).
+		b := checkShards(claims, s.run.TotalExamples)
+		s.setBlocked(log, b)
+		if b != nil || len(nodes) < s.cfg.MinNodes {
 			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
 				return false, err
 			}
@@ -373,6 +389,27 @@ func (s *Server) lead(ctx context.Context) (done bool, err error) {
 		if err := s.step(ctx, log, term, st.Applied+1, nodes, shards, g); err != nil {
 			return false, ignoreLeadershipLoss(ctx, err)
 		}
+	}
+}
+
+// setBlocked records why the leader opens no round (nil: it may open
+// them) for the status reports and metrics, and logs a change at once and
+// an unchanged block every 10 s.
+func (s *Server) setBlocked(log *slog.Logger, b *roundBlock) {
+	if b == nil {
+		if s.blocked.Swap(nil) != nil {
+			log.Info("rounds no longer blocked")
+		}
+		s.blockLogged = ""
+		s.metrics.roundsBlocked("")
+		return
+	}
+	s.blocked.Store(b)
+	s.metrics.roundsBlocked(b.reason)
+	now := time.Now()
+	if msg := b.String(); msg != s.blockLogged || now.Sub(s.blockLoggedAt) >= 10*time.Second {
+		s.blockLogged, s.blockLoggedAt = msg, now
+		log.Warn("not opening rounds over the live nodes", "reason", b.reason, "detail", b.detail)
 	}
 }
 
@@ -399,7 +436,7 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 	err = s.conn.Publish(ctx, transport.RoundStart{
 		Run: s.run.Run, Step: uint64(t), RoundID: roundID, Term: term, Leader: s.replica.ID(),
 		ParamsVersion: uint64(t - 1), Deadline: deadline.UnixNano(),
-		SampleRate: s.run.SampleRate, ClipNorm: s.run.Optimizer.ClipNorm,
+		SampleRate: s.run.SampleRate, ClipNorm: s.run.Optimizer.ClipNorm, ModelHash: s.run.ModelHash,
 	})
 	if err != nil {
 		r.Close()
@@ -575,7 +612,7 @@ func (s *Server) publishReplicaStatus(ctx context.Context) {
 	err := s.conn.Publish(ctx, transport.Status{
 		Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: transport.StatusReplica,
 		Term: s.replica.Term(), Role: strings.ToLower(s.replica.raft.State().String()), Leader: string(leader),
-		Epsilon: st.Epsilon, Nodes: s.nodes.count(),
+		Epsilon: st.Epsilon, Nodes: s.nodes.count(), Blocked: s.blocked.Load().String(),
 	})
 	if err != nil && ctx.Err() == nil {
 		s.log.Debug("replica status failed", "err", err)
@@ -644,40 +681,41 @@ func (s *Server) publishParams(ctx context.Context, term uint64) {
 }
 
 // onNodeMessage keeps the node registry (on every replica, so a new leader
-// knows the nodes at once).
+// knows the nodes at once). A node admitNode refuses is dropped from the
+// registry and, by the leader, told why (at most every 5 s).
 func (s *Server) onNodeMessage(m transport.Message) {
-	var id, hash string
-	var shard int64
-	switch v := m.(type) {
-	case transport.Join:
-		id, hash, shard = v.NodeID, v.ModelHash, v.ShardSize
-	case transport.Heartbeat:
-		id, hash, shard = v.NodeID, v.ModelHash, v.ShardSize
-	case transport.Leave:
+	if v, ok := m.(transport.Leave); ok {
 		s.nodes.forget([]string{v.NodeID})
 		s.log.Info("node left", "node", v.NodeID, "reason", v.Reason)
 		return
-	default:
+	}
+	n, ok := reportOf(m)
+	if !ok {
 		return
 	}
-	if id == "" || len(id) > 64 || shard < 0 {
+	id, c := n.id, n.shard
+	if id == "" || len(id) > 64 || c.size < 0 {
 		s.log.Debug("ignoring node message with a bad node id or shard size", "type", m.Type().String())
 		return
 	}
-	if hash != s.run.ModelHash {
+	if reason := admitNode(s.run, n); reason != "" {
+		s.nodes.forget([]string{id})
+		s.metrics.nodeRefused(reason)
 		if s.replica.IsLeader() && s.nodes.shouldWarn(id, time.Now()) {
-			s.log.Warn("node runs a different model; refusing it", "node", id)
+			s.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
+				"run_seed_policy", s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count)
 			_ = s.conn.Publish(context.Background(), transport.Status{
-				Run: s.run.Run, From: s.replica.ID(), Node: id, Code: transport.StatusRejected, Detail: "model_hash",
+				Run: s.run.Run, From: s.replica.ID(), Node: id, Code: transport.StatusRejected, Detail: reason,
 			})
 		}
 		return
 	}
-	isNew := s.nodes.seen(id, shard, time.Now())
+	isNew := s.nodes.seen(id, c, time.Now())
 	if _, join := m.(transport.Join); join || isNew {
 		// A Join is sent at a node's start and on a new leader term: a
 		// restarted node shows up here even if it was still registered.
-		s.log.Info("node joined", "node", id, "shard", shard)
+		s.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
+			"shard_seed", c.seed, "seed_policy", n.seedPolicy)
 	}
 }
 
@@ -810,8 +848,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// registry is the set of nodes heard from recently. Shard sizes are public
-// configuration (a node's number of examples), not per-step data.
+// registry is the set of nodes heard from recently. Shard claims (a node's
+// shard and its number of examples) are public configuration, not
+// per-step data.
 type registry struct {
 	mu     sync.Mutex
 	nodes  map[string]nodeInfo
@@ -819,12 +858,13 @@ type registry struct {
 }
 
 type nodeInfo struct {
-	shard int64
+	shard shardClaim
 	seen  time.Time
 }
 
-// seen records a message from id; it reports whether id is new.
-func (r *registry) seen(id string, shard int64, now time.Time) bool {
+// seen records a message from id, an admitted node; it reports whether id
+// is new.
+func (r *registry) seen(id string, shard shardClaim, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_, known := r.nodes[id]
@@ -840,23 +880,25 @@ func (r *registry) forget(ids []string) {
 	}
 }
 
-// live returns the sorted IDs of nodes heard from within timeout, and their
-// shard sizes; it drops the others.
-func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]int64) {
+// live returns the sorted IDs of nodes heard from within timeout, their
+// shard sizes and their shard claims; it drops the others.
+func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]int64, map[string]shardClaim) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ids := make([]string, 0, len(r.nodes))
 	shards := make(map[string]int64, len(r.nodes))
+	claims := make(map[string]shardClaim, len(r.nodes))
 	for id, n := range r.nodes {
 		if now.Sub(n.seen) > timeout {
 			delete(r.nodes, id)
 			continue
 		}
 		ids = append(ids, id)
-		shards[id] = n.shard
+		shards[id] = n.shard.size
+		claims[id] = n.shard
 	}
 	slices.Sort(ids)
-	return ids, shards
+	return ids, shards, claims
 }
 
 func (r *registry) count() int {
@@ -865,7 +907,8 @@ func (r *registry) count() int {
 	return len(r.nodes)
 }
 
-// shouldWarn rate-limits model-mismatch answers to one per node per 5 s.
+// shouldWarn rate-limits refusals (model, shard identity, seed policy) to
+// one answer per node per 5 s.
 func (r *registry) shouldWarn(id string, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -43,8 +43,23 @@ func natsPair(t *testing.T, run string) (server *transport.Client, dial func(nam
 	return srv, func(name string) *transport.Client { return connect(name, []string{srv.ServerURL()}) }
 }
 
-// scriptNode is a test node: it joins, heartbeats, and answers every round
-// it sees once with a fixed contribution (count, sum) from sumFor.
+// identity is the shard and seed policy a script node reports.
+type identity struct {
+	index, count int
+	seed         uint64
+	size         int64
+	policy       string
+}
+
+// shardOf is shard i of 8 (seed 1, 1000 examples: 8 of them fit in the
+// test run's N = 10000), sampled from the CSPRNG.
+func shardOf(i int) identity {
+	return identity{index: i, count: 8, seed: 1, size: 1000, policy: transport.SeedPolicyCrypto}
+}
+
+// scriptNode is a test node: it joins, heartbeats (reporting id), and
+// answers every round it sees once with a fixed contribution (count, sum)
+// from sumFor.
 type scriptNode struct {
 	id     string
 	conn   *transport.Client
@@ -53,11 +68,24 @@ type scriptNode struct {
 	mu       sync.Mutex
 	answered map[uint64]int // step → answers
 	status   []transport.Status
+
+	stopHeartbeats context.CancelFunc
+	heartbeatsDone chan struct{}
 }
 
-func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, id, modelHash string, sumFor func(uint64) (int64, []float32)) *scriptNode {
+// leave stops the node's heartbeats, then publishes Leave.
+func (n *scriptNode) leave(ctx context.Context) error {
+	n.stopHeartbeats()
+	<-n.heartbeatsDone
+	return n.conn.Publish(ctx, transport.Leave{Run: n.conn.Subjects().Run(), NodeID: n.id, Reason: "test"})
+}
+
+func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, id, modelHash string, ident identity, sumFor func(uint64) (int64, []float32)) *scriptNode {
 	t.Helper()
-	n := &scriptNode{id: id, conn: conn, sumFor: sumFor, answered: make(map[uint64]int)}
+	n := &scriptNode{id: id, conn: conn, sumFor: sumFor, answered: make(map[uint64]int), heartbeatsDone: make(chan struct{})}
+	hctx, stop := context.WithCancel(ctx)
+	n.stopHeartbeats = stop
+	t.Cleanup(stop)
 	run := conn.Subjects().Run()
 	if _, err := conn.Subscribe(transport.TopicRounds, func(m transport.Message) {
 		rs := m.(transport.RoundStart)
@@ -78,15 +106,17 @@ func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, 
 		t.Fatal(err)
 	}
 	hb := func() {
-		_ = conn.Publish(ctx, transport.Heartbeat{Run: run, NodeID: id, ShardSize: 1000, ModelHash: modelHash})
+		_ = conn.Publish(ctx, transport.Heartbeat{Run: run, NodeID: id, ShardSize: ident.size, ModelHash: modelHash,
+			ShardIndex: ident.index, ShardCount: ident.count, ShardSeed: ident.seed, SeedPolicy: ident.policy})
 	}
 	hb()
 	go func() {
+		defer close(n.heartbeatsDone)
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-hctx.Done():
 				return
 			case <-tick.C:
 				hb()
@@ -150,7 +180,7 @@ func TestServerTrainsOverNATS(t *testing.T) {
 	counts := []int64{30, 35, 40}
 	var nodes []*scriptNode
 	for i, id := range []string{"n0", "n1", "n2"} {
-		nodes = append(nodes, startScriptNode(t, ctx, dial(id), id, c.ModelHash, func(step uint64) (int64, []float32) {
+		nodes = append(nodes, startScriptNode(t, ctx, dial(id), id, c.ModelHash, shardOf(i), func(step uint64) (int64, []float32) {
 			return counts[i], sentinelSum(i, step, c.Dim, counts[i], c.Optimizer.ClipNorm)
 		}))
 	}
@@ -314,18 +344,18 @@ func TestServerRejectsBadContributions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	coordConn, dial := natsPair(t, c.Run)
-	good := startScriptNode(t, ctx, dial("good"), "good", c.ModelHash, func(step uint64) (int64, []float32) {
+	good := startScriptNode(t, ctx, dial("good"), "good", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
 	})
-	nan := startScriptNode(t, ctx, dial("nan"), "nan", c.ModelHash, func(step uint64) (int64, []float32) {
+	nan := startScriptNode(t, ctx, dial("nan"), "nan", c.ModelHash, shardOf(1), func(step uint64) (int64, []float32) {
 		s := sentinelSum(1, step, c.Dim, 10, c.Optimizer.ClipNorm)
 		s[3] = float32(math.NaN())
 		return 10, s
 	})
-	long := startScriptNode(t, ctx, dial("long"), "long", c.ModelHash, func(step uint64) (int64, []float32) {
+	long := startScriptNode(t, ctx, dial("long"), "long", c.ModelHash, shardOf(2), func(step uint64) (int64, []float32) {
 		return 1, sentinelSum(2, step, c.Dim, 10, c.Optimizer.ClipNorm) // norm 9·C > 1·C
 	})
-	other := startScriptNode(t, ctx, dial("other"), "other", "another-model", func(step uint64) (int64, []float32) {
+	other := startScriptNode(t, ctx, dial("other"), "other", "another-model", shardOf(3), func(step uint64) (int64, []float32) {
 		return 10, sentinelSum(3, step, c.Dim, 10, c.Optimizer.ClipNorm)
 	})
 
@@ -390,7 +420,7 @@ func TestServerStopsAtBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
 	})
 	r := openReplicaForServer(t, dir)
@@ -488,7 +518,7 @@ func TestServerLedgerFailureStopsRun(t *testing.T) {
 	defer cancel()
 	coordConn, dial := natsPair(t, c.Run)
 	var failing atomic.Bool
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
 		if step == 4 {
 			failing.Store(true) // the disk fills up during round 4
 		}
@@ -545,7 +575,7 @@ func TestServerJoinAndRemove(t *testing.T) {
 	defer cancel()
 	coordConn, dial := natsPair(t, c.Run)
 	var gate atomic.Bool // rounds wait until the second replica is in
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
 		for step > 5 && !gate.Load() && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}

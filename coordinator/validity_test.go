@@ -117,7 +117,7 @@ func TestServerChecksGradientBeforeProposing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, func(step uint64) (int64, []float32) {
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
 	})
 	r := openReplicaForServer(t, dir)

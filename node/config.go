@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,11 +25,25 @@ var (
 	// ErrAlreadyStarted is returned by Worker.Run when Run was called
 	// before on the same Worker.
 	ErrAlreadyStarted = errors.New("node: worker already started")
+	// ErrRefused is returned (wrapped, with the reason) by Worker.Run when
+	// the leader refuses this node for good: with reason "seed_policy"
+	// (the run is private and this node samples from a seed) or
+	// "shard_identity" (the leader found this node's shard identity
+	// missing or invalid).
+	ErrRefused = errors.New("node: the coordinator refuses this node")
 )
 
-// RejectModelHash is the Status.Detail with which the leader rejects a node
-// whose model hash differs from its own.
-const RejectModelHash = "model_hash"
+// Status.Detail values with which the leader refuses a node's registration.
+const (
+	// RejectModelHash: the node's model hash differs from the run's.
+	RejectModelHash = "model_hash"
+	// RejectSeedPolicy: the run is private (crypto seed policy) and the
+	// node samples from a seed (WithSeededSampling).
+	RejectSeedPolicy = "seed_policy"
+	// RejectShardIdentity: the node's Join or Heartbeat lacks a valid
+	// shard identity or seed policy (an older node).
+	RejectShardIdentity = "shard_identity"
+)
 
 // Config configures a Worker. Start from DefaultConfig.
 type Config struct {
@@ -39,6 +54,25 @@ type Config struct {
 	// Run is the training run's name (transport.ValidRunName); it must be
 	// the run of the Conn the Worker publishes on.
 	Run string
+	// SampleRate is the run's Poisson sampling rate q and ClipNorm its
+	// per-example clip norm C, as the coordinator's run configuration has
+	// them (coordinator.RunConfig.SampleRate and Optimizer.ClipNorm). The
+	// node takes them from here, not from the leader: it refuses
+	// (SkipParamsMismatch) every round that names another q, C or model.
+	// The node command derives both from the run file with the function
+	// the replicas use, so they are the same float64 values bit for bit.
+	// Required: q in (0, 1], C positive and finite.
+	SampleRate float64
+	ClipNorm   float64
+	// ShardIndex, ShardCount and ShardSeed identify the node's shard: part
+	// ShardIndex of the run's training set cut into ShardCount IID parts
+	// with seed ShardSeed (dataset.ShardIID). The node reports them, with
+	// its shard size and seed policy, in Join and Heartbeat; the leader
+	// opens no round while two live nodes claim the same part. Required:
+	// ShardCount ≥ 1 and 0 ≤ ShardIndex < ShardCount.
+	ShardIndex int
+	ShardCount int
+	ShardSeed  uint64
 	// HeartbeatEvery is the period of Heartbeat messages. Default 1 s.
 	HeartbeatEvery time.Duration
 	// MaxBatch is the gradient workspace capacity in examples. A Poisson
@@ -65,8 +99,8 @@ type Config struct {
 }
 
 // DefaultConfig returns a configuration for run "default" with a 1 s
-// heartbeat, an automatically sized workspace and no metrics. ID must still
-// be set.
+// heartbeat, an automatically sized workspace and no metrics. ID, the run's
+// SampleRate and ClipNorm and the shard identity must still be set.
 func DefaultConfig() Config {
 	return Config{
 		Run:            "default",
@@ -89,6 +123,17 @@ func (c Config) Validate() error {
 	}
 	if !transport.ValidRunName(c.Run) {
 		bad("Run %q must be 1-64 of [A-Za-z0-9_-]", c.Run)
+	}
+	if !(c.SampleRate > 0 && c.SampleRate <= 1) {
+		bad("SampleRate %v must be the run's q, in (0, 1]", c.SampleRate)
+	}
+	if !(c.ClipNorm > 0) || math.IsInf(c.ClipNorm, 0) {
+		bad("ClipNorm %v must be the run's clip norm C, positive and finite", c.ClipNorm)
+	}
+	if c.ShardCount < 1 {
+		bad("ShardCount %d must be ≥ 1", c.ShardCount)
+	} else if c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount {
+		bad("ShardIndex %d must be in [0, ShardCount %d)", c.ShardIndex, c.ShardCount)
 	}
 	if c.HeartbeatEvery < time.Millisecond {
 		bad("HeartbeatEvery %v must be ≥ 1ms", c.HeartbeatEvery)

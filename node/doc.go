@@ -6,6 +6,8 @@
 //
 //	cfg := node.DefaultConfig()
 //	cfg.ID, cfg.Run = "node-3", "mnist-1"
+//	cfg.SampleRate, cfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm // the run's q and C
+//	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = 3, 4, 1             // shard 3 of 4
 //	conn, err := transport.Connect(ctx, tcfg, log) // tcfg.URLs: the NATS servers
 //	w, err := node.NewWorker(cfg, m, shard, conn, log)
 //	err = w.Run(ctx) // until the run ends (nil) or ctx is cancelled
@@ -21,20 +23,27 @@
 //     highest term seen (also learnt from a RoundStart's Term and Leader)
 //     and ignores RoundStart and Params of a lower term, and Status from a
 //     replica known only as a lower term's leader.
-//  2. Registration. The node publishes Join{NodeID, ShardSize, ModelHash}
-//     when Run starts and again whenever it follows a new leader, a
-//     Heartbeat (with the last step it contributed to) every
-//     Config.HeartbeatEvery throughout, and Leave when Run returns.
+//  2. Registration. The node publishes Join{NodeID, ShardSize, ModelHash,
+//     ShardIndex, ShardCount, ShardSeed, SeedPolicy} when Run starts and
+//     again whenever it follows a new leader, a Heartbeat (the same fields
+//     and the last step it contributed to) every Config.HeartbeatEvery
+//     throughout, and Leave when Run returns. SeedPolicy is "seeded" with
+//     WithSeededSampling, else "crypto"; the leader of a private run
+//     refuses a seeded node, and opens no round while two live nodes
+//     claim the same shard.
 //  3. Parameters. The leader publishes Params{Version, Term, Values} after
 //     each committed step (Version = number of committed steps; 0 is θ₀)
 //     and when it gains leadership. The node validates them (length,
 //     finite values) and keeps the few highest versions.
 //  4. Rounds. RoundStart{Step, RoundID, Term, ParamsVersion, Deadline,
-//     SampleRate q, ClipNorm C} opens a round. The node answers each
-//     (Step, RoundID) at most once — a new RoundID for the same step (a
-//     new leader reopening it) is a new round — and never after Deadline.
-//     It checks q ∈ (0, 1], C finite and > 0 and a deadline, else skips
-//     the round with a logged reason.
+//     SampleRate q, ClipNorm C, ModelHash} opens a round. The node answers
+//     each (Step, RoundID) at most once — a new RoundID for the same step
+//     (a new leader reopening it) is a new round — and never after
+//     Deadline. It checks q ∈ (0, 1], C finite and > 0 and a deadline
+//     (else SkipInvalid), and that q, C and the model hash are exactly the
+//     run's (Config.SampleRate, Config.ClipNorm, the model's hash; else
+//     SkipParamsMismatch, logged at warn). A refused round changes nothing:
+//     in particular its Term and Leader are not followed.
 //  5. Answer. With Params of version ParamsVersion, the node draws a
 //     Poisson sample of its shard (each example independently with
 //     probability q, from a fresh crypto/rand-keyed sampler), computes
@@ -47,7 +56,8 @@
 //     skips). A newer round supersedes a round still waiting.
 //  6. Verdicts. Status{StatusRejected, Node: this node} is logged at warn;
 //     with Detail "model_hash" the coordinator runs another model and Run
-//     returns ErrModelMismatch. Status StatusDone or StatusStopped ends
+//     returns ErrModelMismatch; with "seed_policy" or "shard_identity" the
+//     leader refuses this node and Run returns ErrRefused. Status StatusDone or StatusStopped ends
 //     the run: Run publishes Leave and returns nil.
 //  7. Faults. A restarted node starts over (Join, wait for a round, ask for
 //     Params). A coordinator failover appears as a higher Leader term or as
@@ -60,8 +70,8 @@
 // sampled; error messages about a computation are reduced to a class. Only
 // the number of rounds answered or skipped, timings and step and version
 // numbers are observable. Sampling randomness is cryptographically secure
-// unless WithSeededSampling is given, which is for tests and is logged as
-// not private.
+// unless WithSeededSampling is given, which is for tests, is logged as not
+// private and is reported to the leader in Join and Heartbeat.
 //
 // # Concurrency
 //

@@ -54,6 +54,8 @@ func Example() {
 	}
 	cfg := node.DefaultConfig()
 	cfg.ID, cfg.Run = "node-1", "example"
+	cfg.SampleRate, cfg.ClipNorm = 0.1, 1 // the run's q and C: rounds naming others are refused
+	cfg.ShardIndex, cfg.ShardCount = 0, 1 // the whole training set
 	w, err := node.NewWorker(cfg, m, shard, conn, nil)
 	if err != nil {
 		panic(err)
@@ -71,7 +73,8 @@ func Example() {
 	leader.Publish(ctx, transport.Leader{Run: "example", ReplicaID: "replica-1", Term: 1})
 	leader.Publish(ctx, transport.Params{Run: "example", Version: 0, Term: 1, Values: theta})
 	leader.Publish(ctx, transport.RoundStart{Run: "example", Step: 1, RoundID: 7, Term: 1, Leader: "replica-1",
-		ParamsVersion: 0, Deadline: time.Now().Add(10 * time.Second).UnixNano(), SampleRate: 0.1, ClipNorm: 1})
+		ParamsVersion: 0, Deadline: time.Now().Add(10 * time.Second).UnixNano(), SampleRate: 0.1, ClipNorm: 1,
+		ModelHash: m.Hash()})
 	c := <-contributions // Sum and Count are private: the leader adds noise before anything leaves it
 	fmt.Println("contribution:", c.NodeID, c.Step, c.RoundID, len(c.Sum) == m.NumParams())
 

@@ -131,11 +131,18 @@ func (l *leaderSide) params(version, term uint64, theta []float32) {
 	l.publish(transport.Params{Run: testRun, Step: version, Version: version, Term: term, Values: theta})
 }
 
-// round returns a valid RoundStart for step at parameters step-1, closing
-// in d.
-func round(step, id, term uint64, d time.Duration) transport.RoundStart {
+// The run's q and C in testConfig, and so in every round of fx.round.
+const (
+	testQ    = 0.25
+	testClip = 1.0
+)
+
+// round returns a valid RoundStart of the test run (q = testQ, C =
+// testClip, fx's model) for step at parameters step-1, closing in d.
+func (fx fixture) round(step, id, term uint64, d time.Duration) transport.RoundStart {
 	return transport.RoundStart{Run: testRun, Step: step, RoundID: id, Term: term, Leader: "r1",
-		ParamsVersion: step - 1, Deadline: time.Now().Add(d).UnixNano(), SampleRate: 0.25, ClipNorm: 1}
+		ParamsVersion: step - 1, Deadline: time.Now().Add(d).UnixNano(), SampleRate: testQ, ClipNorm: testClip,
+		ModelHash: fx.m.Hash()}
 }
 
 // recv returns the next value from ch or fails the test after wait.
@@ -219,6 +226,8 @@ func fakePair(t *testing.T) (net *fake.Network, nodeConn, leaderConn *transport.
 func testConfig() Config {
 	cfg := DefaultConfig()
 	cfg.ID, cfg.Run = testNode, testRun
+	cfg.SampleRate, cfg.ClipNorm = testQ, testClip
+	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = 0, 1, 1
 	cfg.HeartbeatEvery = 20 * time.Millisecond
 	cfg.ParamsGrace = 0
 	cfg.ParamsRetry = 30 * time.Millisecond

@@ -36,6 +36,10 @@ const (
 	// SkipInvalid: the sampling rate, clip norm, deadline or inline
 	// parameters were invalid.
 	SkipInvalid SkipReason = "invalid"
+	// SkipParamsMismatch: the round's sampling rate, clip norm or model
+	// hash is not the run's (Config.SampleRate, Config.ClipNorm, the
+	// model's hash). Logged at warn with both values (public constants).
+	SkipParamsMismatch SkipReason = "params_mismatch"
 	// SkipDeadline: the deadline passed before the node could answer (on
 	// arrival, while waiting for Params, or during the computation).
 	SkipDeadline SkipReason = "deadline"
@@ -49,7 +53,7 @@ const (
 )
 
 var skipReasons = []SkipReason{SkipStaleTerm, SkipDuplicate, SkipStaleStep, SkipInvalid,
-	SkipDeadline, SkipSuperseded, SkipCompute, SkipPublish}
+	SkipParamsMismatch, SkipDeadline, SkipSuperseded, SkipCompute, SkipPublish}
 
 func (r SkipReason) label() string { return "skipped_" + string(r) }
 
@@ -178,7 +182,8 @@ func (w *Worker) update(f func(*Stats)) {
 //   - the leader announces the end of the run (Status StatusDone or
 //     StatusStopped): Run returns nil;
 //   - the leader rejects this node with reason "model_hash": Run returns an
-//     error wrapping ErrModelMismatch;
+//     error wrapping ErrModelMismatch; with reason "seed_policy" or
+//     "shard_identity": an error wrapping ErrRefused;
 //   - ctx is cancelled: Run returns ctx.Err() (once a gradient computation
 //     in progress, which is not interruptible, has finished);
 //   - the connection is closed under it: Run returns an error wrapping
@@ -215,7 +220,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	w.log.Info("node: start", "model", w.m.Spec().Name, "model_hash", w.m.Hash(), "params", w.m.NumParams(),
-		"shard", w.shard.Len(), "seeded_sampling", w.opts.seeded)
+		"shard", w.shard.Len(), "shard_index", w.cfg.ShardIndex, "shard_count", w.cfg.ShardCount,
+		"shard_seed", w.cfg.ShardSeed, "q", w.cfg.SampleRate, "clip", w.cfg.ClipNorm, "seed_policy", w.seedPolicy())
 	fatal := make(chan error, 1)
 	hbCtx, hbStop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -250,8 +256,10 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			err := w.conn.Publish(ctx, transport.Heartbeat{Run: w.cfg.Run, NodeID: w.cfg.ID,
-				ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(), Step: w.lastStep.Load()})
+			c := &w.cfg
+			err := w.conn.Publish(ctx, transport.Heartbeat{Run: c.Run, NodeID: c.ID,
+				ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
+				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy()})
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, transport.ErrClosed):
@@ -267,9 +275,20 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 	}
 }
 
+// seedPolicy is how this node draws its samples, as Join and Heartbeat
+// report it: the leader of a private run refuses a seeded node.
+func (w *Worker) seedPolicy() string {
+	if w.opts.seeded {
+		return transport.SeedPolicySeeded
+	}
+	return transport.SeedPolicyCrypto
+}
+
 func (w *Worker) join(ctx context.Context) error {
-	err := w.conn.Publish(ctx, transport.Join{Run: w.cfg.Run, NodeID: w.cfg.ID,
-		ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash()})
+	c := &w.cfg
+	err := w.conn.Publish(ctx, transport.Join{Run: c.Run, NodeID: c.ID,
+		ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(),
+		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy()})
 	if err != nil && !errors.Is(err, transport.ErrClosed) && ctx.Err() == nil {
 		w.log.Warn("node: join not sent (heartbeats will register the node)", "err", err)
 		return nil
@@ -510,8 +529,11 @@ func (s *session) skip(rs transport.RoundStart, r SkipReason, why string) {
 	w.update(func(st *Stats) { st.Skipped[r]++ })
 	w.met.skipped(r)
 	level := slog.LevelInfo
-	if r == SkipDuplicate || r == SkipStaleTerm || r == SkipStaleStep {
+	switch r {
+	case SkipDuplicate, SkipStaleTerm, SkipStaleStep:
 		level = slog.LevelDebug
+	case SkipParamsMismatch:
+		level = slog.LevelWarn
 	}
 	w.log.Log(context.Background(), level, "node: round skipped", "step", rs.Step, "round", rs.RoundID,
 		"term", rs.Term, "reason", string(r), "detail", why)
@@ -521,6 +543,18 @@ func (s *session) onRound(ctx context.Context, rs transport.RoundStart) {
 	w := s.w
 	if rs.Term < s.term {
 		s.skip(rs, SkipStaleTerm, fmt.Sprintf("term %d < current term %d", rs.Term, s.term))
+		return
+	}
+	// A round is checked before anything in it is believed: a refused
+	// round changes no state, so a forged round with a high term cannot
+	// make the node follow its sender and ignore the real leader, nor a
+	// huge step make it treat the real rounds as stale.
+	if why := checkRound(rs, w.m.NumParams()); why != "" {
+		s.skip(rs, SkipInvalid, why)
+		return
+	}
+	if why := checkRun(rs, w.cfg, w.m.Hash()); why != "" {
+		s.skip(rs, SkipParamsMismatch, why)
 		return
 	}
 	key := roundKey{rs.Step, rs.RoundID}
@@ -551,10 +585,6 @@ func (s *session) onRound(ctx context.Context, rs transport.RoundStart) {
 		if s.end != nil {
 			return
 		}
-	}
-	if why := checkRound(rs, w.m.NumParams()); why != "" {
-		s.skip(rs, SkipInvalid, why)
-		return
 	}
 	deadline := time.Unix(0, rs.Deadline)
 	now := time.Now()
@@ -596,6 +626,37 @@ func checkRound(rs transport.RoundStart, numParams int) string {
 		if err := checkParams(rs.Params, numParams); err != nil {
 			return "inline params: " + err.Error()
 		}
+	}
+	return ""
+}
+
+// checkRun returns why rs is not a round of the run this node was
+// configured for, or "": its sampling rate q or clip norm C is not the
+// run's (cfg.SampleRate, cfg.ClipNorm), or its model hash is not this
+// node's model's (an empty hash, from an older leader, is refused too).
+//
+// This is the node's only check of a round's privacy parameters. The
+// privacy of a step rests on them: the ledger charges every step as the
+// Poisson-subsampled Gaussian mechanism with the run's q and σ at
+// sensitivity C (dp-adambc.tex, Algorithm 1: "Take a random batch with
+// sampling probability B/N", and g̃_t = (Σ clip_C(g_i) + z_t)/B with
+// z_t ~ N(0, σ²C²I); Appendix E, q = L/N). A round naming q = 1 and
+// C = 1e30 would make the node send its whole shard's unclipped gradient
+// sum, which that charge does not cover. The comparison is exact (error
+// bound 0): the node command and the replicas compute q = B/N with the same
+// function (one correctly rounded IEEE-754 division of the same float64 B
+// by the same integer N < 2⁵³, which converts exactly), C is the correctly
+// rounded parse of the same decimal text of the run file (or flag), and
+// msgpack carries float64 bits unchanged; any other value is a different
+// run, or a forgery. The reasons name public constants only.
+func checkRun(rs transport.RoundStart, cfg Config, modelHash string) string {
+	switch {
+	case rs.SampleRate != cfg.SampleRate:
+		return fmt.Sprintf("sample rate q = %v, the run's is %v", rs.SampleRate, cfg.SampleRate)
+	case rs.ClipNorm != cfg.ClipNorm:
+		return fmt.Sprintf("clip norm C = %v, the run's is %v", rs.ClipNorm, cfg.ClipNorm)
+	case rs.ModelHash != modelHash:
+		return fmt.Sprintf("model hash %q, this node's model is %q", rs.ModelHash, modelHash)
 	}
 	return ""
 }
@@ -731,10 +792,18 @@ func (s *session) apply(st transport.Status) {
 		w.log.Info("node: run stopped", "from", st.From, "step", st.Step, "detail", st.Detail)
 		s.end = &ending{reason: "stopped"}
 	case transport.StatusRejected:
-		if st.Detail == RejectModelHash {
+		switch st.Detail {
+		case RejectModelHash:
 			w.log.Error("node: coordinator runs a different model", "model_hash", w.m.Hash(), "from", st.From)
 			s.end = &ending{reason: "model_mismatch",
 				err: fmt.Errorf("%w (this node's model hash %s)", ErrModelMismatch, w.m.Hash())}
+			return
+		case RejectSeedPolicy, RejectShardIdentity:
+			w.log.Error("node: the coordinator refuses this node", "reason", st.Detail, "seed_policy", w.seedPolicy(),
+				"shard_index", w.cfg.ShardIndex, "shard_count", w.cfg.ShardCount, "from", st.From)
+			s.end = &ending{reason: "refused",
+				err: fmt.Errorf("%w: %s (seed policy %s, shard %d of %d)", ErrRefused, st.Detail, w.seedPolicy(),
+					w.cfg.ShardIndex, w.cfg.ShardCount)}
 			return
 		}
 		w.log.Warn("node: contribution rejected", "step", st.Step, "reason", st.Detail, "from", st.From)

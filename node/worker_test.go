@@ -28,17 +28,142 @@ func TestJoinAndHeartbeat(t *testing.T) {
 	start(t, testConfig(), fx, nc)
 
 	j := recv(t, l.joins, "join")
-	want := transport.Join{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash()}
+	want := transport.Join{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
+		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: transport.SeedPolicyCrypto}
 	if j != want {
 		t.Errorf("join = %+v, want %+v", j, want)
 	}
 	for range 3 {
 		h := recv(t, l.heartbeats, "heartbeat")
-		wantH := transport.Heartbeat{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash()}
+		wantH := transport.Heartbeat{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
+			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: transport.SeedPolicyCrypto}
 		if h != wantH {
 			t.Errorf("heartbeat = %+v, want %+v", h, wantH)
 		}
 	}
+}
+
+// TestJoinReportsShardAndSeedPolicy: a node reports which shard it holds
+// and, when it samples from a seed, says so in Join and Heartbeat, so that
+// the leader can refuse overlapping shards and, in a private run, seeded
+// nodes (issue 11, items 6 and 7).
+func TestJoinReportsShardAndSeedPolicy(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = 2, 3, 42
+	start(t, cfg, fx, nc, WithSeededSampling(5))
+	j := recv(t, l.joins, "join")
+	if j.ShardIndex != 2 || j.ShardCount != 3 || j.ShardSeed != 42 || j.ShardSize != int64(fx.shard.Len()) ||
+		j.SeedPolicy != transport.SeedPolicySeeded {
+		t.Errorf("join = %+v, want shard 2 of 3, seed 42, %d examples, seed policy seeded", j, fx.shard.Len())
+	}
+	h := recv(t, l.heartbeats, "heartbeat")
+	if h.ShardIndex != 2 || h.ShardCount != 3 || h.ShardSeed != 42 || h.SeedPolicy != transport.SeedPolicySeeded {
+		t.Errorf("heartbeat = %+v, want shard 2 of 3, seed 42, seed policy seeded", h)
+	}
+}
+
+// TestRefusesRoundsOfAnotherRun: the node takes q, C and the model from its
+// own configuration. A round naming others — q = 1 with C = 1e6 asks for
+// the unclipped sum of the whole shard — is refused, counted and logged,
+// and, sent with a higher term by another "leader", does not make the node
+// follow it: the real leader's next round is answered (issue 11, item 5).
+func TestRefusesRoundsOfAnotherRun(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	reg := prometheus.NewRegistry()
+	cfg := testConfig()
+	cfg.Registerer = reg
+	var logs syncBuffer
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	recv(t, l.joins, "join for r1")
+	l.params(0, 1, fx.theta)
+	eventually(t, "params stored", func() bool { return w.Stats().ParamsReceived == 1 })
+
+	forged := []struct {
+		name string
+		mod  func(*transport.RoundStart)
+	}{
+		{"q=1, C=1e6, higher term", func(r *transport.RoundStart) {
+			r.SampleRate, r.ClipNorm, r.Term, r.Leader, r.Step = 1, 1e6, 9, "mallory", 1<<40
+		}},
+		{"q one ulp above the run's", func(r *transport.RoundStart) { r.SampleRate = math.Nextafter(testQ, 1) }},
+		{"q below the run's", func(r *transport.RoundStart) { r.SampleRate = testQ / 2 }},
+		{"C above the run's", func(r *transport.RoundStart) { r.ClipNorm = 2 * testClip }},
+		{"another model", func(r *transport.RoundStart) { r.ModelHash = "another-model" }},
+		{"no model hash", func(r *transport.RoundStart) { r.ModelHash = "" }},
+	}
+	for i, tc := range forged {
+		rs := fx.round(1, uint64(100+i), 1, wait)
+		rs.Params = fx.theta // inline: nothing else is needed to answer
+		tc.mod(&rs)
+		l.publish(rs)
+		eventually(t, tc.name+" refused", func() bool { return w.Stats().Skipped[SkipParamsMismatch] == uint64(i+1) })
+		if st := w.Stats(); st.Term != 1 || st.Leader != "r1" {
+			t.Fatalf("after a refused round (%s) the node follows %s, term %d; want r1, term 1", tc.name, st.Leader, st.Term)
+		}
+	}
+	none(t, l.contribs, "contribution to a round of another run")
+	none(t, l.joins, "join for the forged round's leader")
+	if st := w.Stats(); st.Term != 1 || st.Leader != "r1" || st.Answered != 0 {
+		t.Errorf("after forged rounds: leader %s term %d, answered %d; want r1, 1, 0", st.Leader, st.Term, st.Answered)
+	}
+	// The real leader's round (step 1, far below the forged 2⁴⁰) is
+	// answered.
+	l.publish(fx.round(1, 1, 1, wait))
+	c := recv(t, l.contribs, "contribution to the real round")
+	checkContribution(t, c, fx.shard.Len(), testQ, testClip)
+
+	if got := counterValue(t, reg, "dpcluster_node_rounds_total", "skipped_params_mismatch"); got != float64(len(forged)) {
+		t.Errorf("skipped_params_mismatch = %v, want %d", got, len(forged))
+	}
+	n := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"reason":"params_mismatch"`) {
+			n++
+			if !strings.Contains(line, `"level":"WARN"`) {
+				t.Errorf("refusal not logged at warn: %s", line)
+			}
+		}
+	}
+	if n != len(forged) || !strings.Contains(logs.String(), "sample rate q = 1, the run's is 0.25") {
+		t.Errorf("%d params_mismatch log records, want %d naming the values:\n%s", n, len(forged), logs.String())
+	}
+}
+
+// counterValue returns the value of counter name with label result=result.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "result" && lp.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{result=%q}", name, result)
+	return 0
 }
 
 // reference recomputes a seeded node's contribution: the same batch
@@ -96,7 +221,7 @@ func TestAnswersOnceWithReferenceSum(t *testing.T) {
 
 	l.announce("r1", 1)
 	l.params(0, 1, fx.theta)
-	rs := round(1, 77, 1, wait)
+	rs := fx.round(1, 77, 1, wait)
 	l.publish(rs)
 
 	c := recv(t, l.contribs, "contribution")
@@ -157,7 +282,7 @@ func TestNeedParamsThenAnswer(t *testing.T) {
 
 	l.announce("r1", 1)
 	l.params(0, 1, fx.theta)
-	rs := round(2, 5, 1, wait) // needs version 1, which the node lacks
+	rs := fx.round(2, 5, 1, wait) // needs version 1, which the node lacks
 	l.publish(rs)
 	for range 2 { // asked, then asked again after ParamsRetry
 		s := recv(t, l.needs, "params request")
@@ -189,7 +314,7 @@ func TestParamsGrace(t *testing.T) {
 	cfg.ParamsGrace = time.Minute
 	r := start(t, cfg, fx, nc)
 	recv(t, l.joins, "join")
-	l.publish(round(1, 1, 1, wait))
+	l.publish(fx.round(1, 1, 1, wait))
 	eventually(t, "round pending", func() bool { return r.w.Stats().Term == 1 })
 	l.params(0, 1, fx.theta)
 	recv(t, l.contribs, "contribution")
@@ -208,11 +333,11 @@ func TestDeadline(t *testing.T) {
 	l.params(0, 1, fx.theta)
 
 	// Closed before it arrives.
-	l.publish(round(1, 1, 1, -time.Second))
+	l.publish(fx.round(1, 1, 1, -time.Second))
 	eventually(t, "late round skipped", func() bool { return r.skipped(SkipDeadline) == 1 })
 
 	// Waiting for params that come only after the deadline.
-	l.publish(round(3, 2, 1, 300*time.Millisecond))
+	l.publish(fx.round(3, 2, 1, 300*time.Millisecond))
 	eventually(t, "round closed while waiting", func() bool { return r.skipped(SkipDeadline) == 2 })
 	l.params(2, 1, fx.theta)
 	eventually(t, "params stored", func() bool { return r.w.Stats().ParamsVersion == 2 })
@@ -240,7 +365,7 @@ func TestTerms(t *testing.T) {
 
 	// The deposed leader's params and rounds are ignored.
 	l.params(0, 3, fx.theta)
-	rs := round(1, 9, 3, wait)
+	rs := fx.round(1, 9, 3, wait)
 	rs.Leader = "r1"
 	rs.Params = fx.theta
 	l.publish(rs)
@@ -255,7 +380,7 @@ func TestTerms(t *testing.T) {
 
 	// A round from a newer term than any announcement adopts that term
 	// (and joins again) before answering.
-	rs = round(1, 10, 6, wait)
+	rs = fx.round(1, 10, 6, wait)
 	rs.Leader = "r3"
 	rs.Params = fx.theta
 	l.publish(rs)
@@ -347,6 +472,30 @@ func TestRejections(t *testing.T) {
 	}
 }
 
+// TestRefusedByLeader: a leader that refuses the node for good (a seeded
+// node in a private run, a missing shard identity) ends its Run with
+// ErrRefused naming the reason.
+func TestRefusedByLeader(t *testing.T) {
+	for _, detail := range []string{RejectSeedPolicy, RejectShardIdentity} {
+		t.Run(detail, func(t *testing.T) {
+			fx := logregFixture(t)
+			nc, lc := natsPair(t)
+			l := newLeaderSide(t, lc)
+			r := start(t, testConfig(), fx, nc, WithSeededSampling(1))
+			recv(t, l.joins, "join")
+			l.announce("r1", 1)
+			l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Code: transport.StatusRejected, Detail: detail})
+			err := r.result(t)
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), detail) {
+				t.Fatalf("Run = %v, want ErrRefused naming %q", err, detail)
+			}
+			if lv := recv(t, l.leaves, "leave"); lv.Reason != "refused" {
+				t.Errorf("leave reason = %q", lv.Reason)
+			}
+		})
+	}
+}
+
 func TestCancel(t *testing.T) {
 	fx := logregFixture(t)
 	nc, lc := natsPair(t)
@@ -375,7 +524,7 @@ func TestInvalidInputs(t *testing.T) {
 	l.params(0, 1, fx.theta)
 
 	mod := func(f func(*transport.RoundStart)) transport.RoundStart {
-		rs := round(1, 0, 1, wait)
+		rs := fx.round(1, 0, 1, wait)
 		f(&rs)
 		return rs
 	}
@@ -418,7 +567,7 @@ func TestInvalidInputs(t *testing.T) {
 		t.Errorf("stats = %+v, want only version 0 stored", st)
 	}
 	// The node still works.
-	l.publish(round(1, 1, 1, wait))
+	l.publish(fx.round(1, 1, 1, wait))
 	recv(t, l.contribs, "contribution to a valid round")
 }
 
@@ -435,7 +584,7 @@ func TestDuplicatedNetwork(t *testing.T) {
 	l.params(0, 1, fx.theta)
 	for step := uint64(1); step <= 3; step++ {
 		l.params(step-1, 1, fx.theta)
-		l.publish(round(step, 1000+step, 1, wait))
+		l.publish(fx.round(step, 1000+step, 1, wait))
 		// The network duplicates the contribution too; skip the copies of
 		// earlier steps' answers.
 		for {
@@ -481,7 +630,7 @@ func TestLostParams(t *testing.T) {
 	}})
 	l.announce("r1", 1)
 	l.params(0, 1, fx.theta)
-	l.publish(round(1, 1, 1, wait))
+	l.publish(fx.round(1, 1, 1, wait))
 	s := recv(t, l.needs, "params request")
 	if s.Step != 0 {
 		t.Errorf("asked for version %d, want 0", s.Step)
@@ -505,12 +654,14 @@ func TestChunkedParams(t *testing.T) {
 	}
 	nc, lc := natsPair(t)
 	l := newLeaderSide(t, lc)
-	start(t, testConfig(), fx, nc)
+	cfg := testConfig()
+	cfg.SampleRate = 0.05
+	start(t, cfg, fx, nc)
 	recv(t, l.joins, "join")
 	l.announce("r1", 1)
 	l.params(0, 1, fx.theta)
-	rs := round(1, 1, 1, wait)
-	rs.SampleRate = 0.05
+	rs := fx.round(1, 1, 1, wait)
+	rs.SampleRate = cfg.SampleRate
 	l.publish(rs)
 	c := recv(t, l.contribs, "contribution")
 	if len(c.Sum) != fx.m.NumParams() {
@@ -542,8 +693,8 @@ func TestMetricsAndLogsHoldNoPrivateValues(t *testing.T) {
 	recv(t, l.joins, "join")
 	l.announce("r1", 1)
 	l.params(0, 1, fx.theta)
-	l.publish(round(1, 1, 1, wait))
-	l.publish(round(1, 1, 1, wait))
+	l.publish(fx.round(1, 1, 1, wait))
+	l.publish(fx.round(1, 1, 1, wait))
 	c := recv(t, l.contribs, "contribution")
 	eventually(t, "duplicate skipped", func() bool { return w.Stats().Skipped[SkipDuplicate] == 1 })
 	cancel()
@@ -641,6 +792,17 @@ func TestConfigValidate(t *testing.T) {
 		{"negative grace", func(c *Config) { c.ParamsGrace = -1 }, true},
 		{"retry 0", func(c *Config) { c.ParamsRetry = 0 }, true},
 		{"leave timeout 0", func(c *Config) { c.LeaveTimeout = 0 }, true},
+		{"no sample rate", func(c *Config) { c.SampleRate = 0 }, true},
+		{"sample rate above 1", func(c *Config) { c.SampleRate = 1.5 }, true},
+		{"sample rate NaN", func(c *Config) { c.SampleRate = math.NaN() }, true},
+		{"sample rate 1", func(c *Config) { c.SampleRate = 1 }, false},
+		{"no clip norm", func(c *Config) { c.ClipNorm = 0 }, true},
+		{"clip norm Inf", func(c *Config) { c.ClipNorm = math.Inf(1) }, true},
+		{"clip norm NaN", func(c *Config) { c.ClipNorm = math.NaN() }, true},
+		{"no shard count", func(c *Config) { c.ShardCount = 0 }, true},
+		{"shard index = count", func(c *Config) { c.ShardIndex, c.ShardCount = 3, 3 }, true},
+		{"negative shard index", func(c *Config) { c.ShardIndex = -1 }, true},
+		{"last shard", func(c *Config) { c.ShardIndex, c.ShardCount = 2, 3 }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

@@ -14,14 +14,60 @@ func samples() []Message {
 	v := Vector{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, math.MaxFloat32, -1.5, float32(math.Inf(1)), math.Float32frombits(0x7fc00001)}
 	return []Message{
 		Join{Run: "r", NodeID: "n", ShardSize: 60000, ModelHash: "h"},
+		Join{Run: "r", NodeID: "n", ShardSize: 20000, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: math.MaxUint64, SeedPolicy: SeedPolicySeeded},
 		Leave{Run: "r", NodeID: "n", Reason: "bye"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: SeedPolicyCrypto},
 		RoundStart{Run: "r", Step: 3, RoundID: math.MaxUint64, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: -5, SampleRate: 0.01, ClipNorm: 1},
+		RoundStart{Run: "r", Step: 3, RoundID: 1, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: 5, SampleRate: 1.0 / 3, ClipNorm: 0.1, ModelHash: "h"},
 		RoundStart{Run: "r", Step: 3, Params: v},
 		Contribution{Run: "r", Step: 3, RoundID: 4, NodeID: "n", Count: -1, Sum: v},
 		Params{Run: "r", Step: 3, Version: 3, Term: 1, Values: v},
 		Leader{Run: "r", ReplicaID: "x", Term: 1, Step: 2},
 		Status{Run: "r", From: "x", Node: "n", Step: 1, Code: StatusStopped, Detail: "budget"},
+		Status{Run: "r", From: "x", Step: 4, Code: StatusReplica, Term: 2, Role: "leader", Nodes: 2, Blocked: "shard_overlap: n0 and n1"},
+	}
+}
+
+// TestOptionalFields: the fields added in envelope version 1 round-trip,
+// and a body without them (an older sender) decodes with zero values,
+// which the receivers treat as "not given".
+func TestOptionalFields(t *testing.T) {
+	for _, m := range []Message{
+		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicySeeded},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicyCrypto},
+		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
+		Status{Run: "r", From: "x", Code: StatusReplica, Blocked: "shard_sizes: 12000 > N = 10000"},
+	} {
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(b)
+		if err != nil || !reflect.DeepEqual(got, m) {
+			t.Errorf("%v: decoded %+v, %v; want %+v", m.Type(), got, err, m)
+		}
+	}
+	old := func(typ Type, body map[string]any) Message {
+		t.Helper()
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode(body); err != nil {
+			t.Fatal(err)
+		}
+		m, err := DecodeAs(typ, buf.Bytes())
+		if err != nil {
+			t.Fatalf("%v without the optional fields: %v", typ, err)
+		}
+		return m
+	}
+	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 {
+		t.Errorf("old Join decoded as %+v", j)
+	}
+	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 {
+		t.Errorf("old Heartbeat decoded as %+v", h)
+	}
+	if rs := old(TypeRoundStart, map[string]any{"run": "r", "step": 2, "q": 0.5, "clip": 1.0}).(RoundStart); rs.ModelHash != "" || rs.SampleRate != 0.5 {
+		t.Errorf("old RoundStart decoded as %+v", rs)
 	}
 }
 

@@ -90,12 +90,34 @@ type Message interface {
 // specification the node runs (the coordinator refuses a node whose hash
 // differs from its own). ShardSize is the node's number of examples; it is
 // public configuration, not a per-step quantity.
+//
+// ShardIndex, ShardCount and ShardSeed say which part of the run's training
+// set the node holds: part ShardIndex of ShardCount IID parts cut with
+// ShardSeed. SeedPolicy says how the node draws its Poisson samples:
+// SeedPolicyCrypto or SeedPolicySeeded (predictable: NOT private). All are
+// public configuration. They are optional fields (added in envelope version
+// 1); the coordinator refuses a node that omits them (ShardCount 0 or an
+// empty SeedPolicy).
 type Join struct {
-	Run       string `msgpack:"run"`
-	NodeID    string `msgpack:"node"`
-	ShardSize int64  `msgpack:"shard"`
-	ModelHash string `msgpack:"model"`
+	Run        string `msgpack:"run"`
+	NodeID     string `msgpack:"node"`
+	ShardSize  int64  `msgpack:"shard"`
+	ModelHash  string `msgpack:"model"`
+	ShardIndex int    `msgpack:"shard_index"`
+	ShardCount int    `msgpack:"shard_count"`
+	ShardSeed  uint64 `msgpack:"shard_seed"`
+	SeedPolicy string `msgpack:"seed_policy"`
 }
+
+// Seed policies a node reports in Join and Heartbeat. The values are those
+// of the run's own seed policy (coordinator.SeedCrypto, SeedSeeded).
+const (
+	// SeedPolicyCrypto: Poisson samples keyed from crypto/rand.
+	SeedPolicyCrypto = "crypto"
+	// SeedPolicySeeded: Poisson samples from a seed, predictable by anyone
+	// who knows it; the node is NOT differentially private.
+	SeedPolicySeeded = "seeded"
+)
 
 // Leave announces that a node stops taking part. Reason is free text for
 // logs and must hold no private data.
@@ -106,13 +128,18 @@ type Leave struct {
 }
 
 // Heartbeat tells the coordinator a node is alive. Step is the last step the
-// node contributed to (0 if none).
+// node contributed to (0 if none). The other fields repeat the node's Join,
+// so that a leader that missed the Join (it started later) learns them.
 type Heartbeat struct {
-	Run       string `msgpack:"run"`
-	NodeID    string `msgpack:"node"`
-	ShardSize int64  `msgpack:"shard"`
-	ModelHash string `msgpack:"model"`
-	Step      uint64 `msgpack:"step"`
+	Run        string `msgpack:"run"`
+	NodeID     string `msgpack:"node"`
+	ShardSize  int64  `msgpack:"shard"`
+	ModelHash  string `msgpack:"model"`
+	Step       uint64 `msgpack:"step"`
+	ShardIndex int    `msgpack:"shard_index"`
+	ShardCount int    `msgpack:"shard_count"`
+	ShardSeed  uint64 `msgpack:"shard_seed"`
+	SeedPolicy string `msgpack:"seed_policy"`
 }
 
 // RoundStart opens round Step. RoundID is a fresh random nonce per round: a
@@ -122,7 +149,10 @@ type Heartbeat struct {
 // ignore rounds from a term older than the newest Leader announcement they
 // have seen. The nodes compute gradients at parameters ParamsVersion (a
 // Params message with that Version); Params may also be carried inline.
-// Deadline is the round's close time in Unix nanoseconds.
+// Deadline is the round's close time in Unix nanoseconds. SampleRate,
+// ClipNorm and ModelHash are the run's q, C and model (ModelHash: an
+// optional field added in envelope version 1); a node refuses a round whose
+// values differ from those of the run it was configured with.
 type RoundStart struct {
 	Run           string  `msgpack:"run"`
 	Step          uint64  `msgpack:"step"`
@@ -134,6 +164,7 @@ type RoundStart struct {
 	SampleRate    float64 `msgpack:"q"`
 	ClipNorm      float64 `msgpack:"clip"`
 	Params        Vector  `msgpack:"params,omitempty"`
+	ModelHash     string  `msgpack:"model"`
 }
 
 // Contribution is one node's answer to a round: the sum of its clipped
@@ -215,6 +246,11 @@ type Status struct {
 	Leader  string  `msgpack:"leader,omitempty"`
 	Epsilon float64 `msgpack:"eps,omitempty"`
 	Nodes   int     `msgpack:"nodes,omitempty"`
+	// Blocked (StatusReplica only; optional, envelope version 1) is why
+	// the leader opens no round although enough nodes are live: a reason
+	// name, a colon and a public detail ("shard_overlap: nodes a and b
+	// both hold shard 0 of 3"). Empty when rounds are not blocked.
+	Blocked string `msgpack:"blocked,omitempty"`
 }
 
 // Type implements Message.

@@ -6,11 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/transport"
@@ -204,9 +207,9 @@ func TestLocalCSVHoldoutIsLabelledNonPrivate(t *testing.T) {
 // the coordinator's derive the same training set, so the nodes' shards add
 // up to the N the coordinator puts in q = B/N, whichever evaluation choice
 // the run makes.
-func TestLoadShardPartitionsTheCoordinatorsTrainingSet(t *testing.T) {
+func TestNodeShardsPartitionTheCoordinatorsTrainingSet(t *testing.T) {
 	dir := t.TempDir()
-	specPath, m := writeSpec(t)
+	specPath, _ := writeSpec(t)
 	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
 	eval := writeMixtureCSV(t, dir, "eval.csv", csvEvalRows, 12)
 	for _, tc := range []struct {
@@ -229,9 +232,7 @@ func TestLoadShardPartitionsTheCoordinatorsTrainingSet(t *testing.T) {
 			const count = 3
 			total := 0
 			for i := range count {
-				o := nodeDataOptions(t, specPath, data, tc.flags, i, count)
-				o.Model = m
-				shard, err := LoadShard(t.Context(), o)
+				_, shard, err := loadNodeShard(t.Context(), nodeSpec(t, specPath, data, tc.flags), i, count, slog.New(slog.DiscardHandler))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -244,35 +245,20 @@ func TestLoadShardPartitionsTheCoordinatorsTrainingSet(t *testing.T) {
 	}
 }
 
-// nodeDataOptions parses the node command's flags (the data flags plus
-// extra) into its DataOptions without running it.
-func nodeDataOptions(t *testing.T, specPath, data string, extra []string, index, count int) DataOptions {
+// nodeSpec parses the run flags (the data flags plus extra, the
+// coordinator's own) with the binding the node command uses, into its run
+// spec, without running the node.
+func nodeSpec(t *testing.T, specPath, data string, extra []string) runSpec {
 	t.Helper()
-	// The node takes no --eval-path: it never evaluates.
-	var flags []string
-	for i := 0; i < len(extra); i++ {
-		if extra[i] == "--eval-path" {
-			i++
-			continue
-		}
-		flags = append(flags, extra[i])
-	}
-	cmd := NewNodeCmd()
-	args := append([]string{"--nats", "nats://127.0.0.1:1", "--model-spec", specPath, "--dataset", "csv",
-		"--data-path", data, "--shard-index", fmt.Sprint(index), "--shard-count", fmt.Sprint(count)}, flags...)
-	if err := cmd.ParseFlags(args); err != nil {
+	spec := defaultRunSpec()
+	fs := pflag.NewFlagSet("node", pflag.ContinueOnError)
+	spec.bind(fs)
+	args := append([]string{"--model-spec", specPath, "--dataset", "csv", "--data-path", data,
+		"--batch-size", fmt.Sprint(csvBatch)}, extra...)
+	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	var o DataOptions
-	o.Dataset, _ = cmd.Flags().GetString("dataset")
-	o.Path, _ = cmd.Flags().GetString("data-path")
-	o.Index, _ = cmd.Flags().GetInt("shard-index")
-	o.Count, _ = cmd.Flags().GetInt("shard-count")
-	o.Seed, _ = cmd.Flags().GetUint64("shard-seed")
-	if cmd.Flags().Lookup("eval-split-from-train") != nil {
-		o.EvalHoldout, _ = cmd.Flags().GetFloat64("eval-split-from-train")
-	}
-	return o
+	return spec
 }
 
 func TestEvalDataFlagErrors(t *testing.T) {
@@ -340,15 +326,16 @@ func TestServeCSVHoldoutIsLabelledNonPrivate(t *testing.T) {
 	const runName = "t-serve-csv"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	holdout := []string{"--dataset", "csv", "--data-path", data, "--model-spec", spec, "--eval-split-from-train", "0.2"}
+	// One run file for the replica and the node, as in a deployment.
+	runFile := writeRunFile(t, "run: "+runName, "dataset: csv", "data_path: "+data, "model_spec: "+spec,
+		"eval_split_from_train: 0.2", "batch_size: 60", "lr: 0.05", "max_steps: 10", "eval_every: 5", "round_timeout: 20s")
 
 	nodeDone := make(chan error, 1)
 	go func() {
-		nodeDone <- runNodeCmd(ctx, io.Discard, append([]string{"--nats", srv.URL(), "--run", runName, "--id", "n0"}, holdout...)...)
+		nodeDone <- runNodeCmd(ctx, io.Discard, "--nats", srv.URL(), "--id", "n0", "--config", runFile)
 	}()
-	out, logs, err := runCmd(t, append([]string{"serve", "--nats", srv.URL(), "--run", runName, "--id", "r1",
-		"--raft-addr", freeAddrString(t), "--data-dir", filepath.Join(dir, "r1"), "--bootstrap", "--batch-size", "60",
-		"--lr", "0.05", "--max-steps", "10", "--eval-every", "5", "--round-timeout", "20s", "--log-format", "json"}, holdout...)...)
+	out, logs, err := runCmd(t, "serve", "--nats", srv.URL(), "--id", "r1", "--raft-addr", freeAddrString(t),
+		"--data-dir", filepath.Join(dir, "r1"), "--bootstrap", "--config", runFile, "--log-format", "json")
 	if err != nil {
 		t.Fatalf("serve: %v\nlogs:\n%s", err, logs)
 	}

@@ -155,7 +155,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 
 	nodeCtx, stopNodes := context.WithCancel(ctx)
 	defer stopNodes()
-	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), rc.Run, pr.model, pr.train, spec.ShardSeed, f, srv.registry, quietLogger(log))
+	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), rc, pr.model, pr.train, spec.ShardSeed, f, srv.registry, quietLogger(log))
 	if err != nil {
 		return err
 	}
@@ -204,9 +204,11 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 }
 
 // startLocalNodes starts one node.Worker per IID shard of trainSet, each
-// with its own NATS connection to url. Each worker's result arrives on the
+// with its own NATS connection to url and the run's q and C from rc (the
+// replica's own configuration). Each worker's result arrives on the
 // returned channel.
-func startLocalNodes(ctx context.Context, url, run string, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, reg prometheus.Registerer, log *slog.Logger) (<-chan error, error) {
+func startLocalNodes(ctx context.Context, url string, rc coordinator.RunConfig, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, reg prometheus.Registerer, log *slog.Logger) (<-chan error, error) {
+	run := rc.Run
 	shards, err := dataset.ShardIID(trainSet, f.nodes, shardSeed)
 	if err != nil {
 		return nil, err
@@ -222,6 +224,8 @@ func startLocalNodes(ctx context.Context, url, run string, m *model.Model, train
 		}
 		ncfg := node.DefaultConfig()
 		ncfg.ID, ncfg.Run, ncfg.Registerer = id, run, reg
+		ncfg.SampleRate, ncfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
+		ncfg.ShardIndex, ncfg.ShardCount, ncfg.ShardSeed = i, f.nodes, shardSeed
 		var opts []node.Option
 		if f.insecureSeed != 0 {
 			opts = append(opts, node.WithSeededSampling(f.insecureSeed+uint64(i)+1))

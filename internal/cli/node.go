@@ -258,23 +258,6 @@ func baseName(p string) string {
 	return p
 }
 
-// LoadShard loads the training set of the data o names (LoadData: the
-// same rows the coordinator counts as N) and returns shard o.Index of
-// o.Count (dataset.ShardIID with o.Seed). It never reads o.EvalPath: a
-// node does not evaluate.
-func LoadShard(ctx context.Context, o DataOptions) (*dataset.Dataset, error) {
-	o.EvalPath = ""
-	train, _, err := LoadData(ctx, o)
-	if err != nil {
-		return nil, err
-	}
-	shards, err := dataset.ShardIID(train, o.Count, o.Seed)
-	if err != nil {
-		return nil, err
-	}
-	return shards[o.Index], nil
-}
-
 // LoadModel builds the model named by a preset (model.Presets) or, if
 // specFile is not empty, by the JSON spec in that file (model.ParseSpec).
 func LoadModel(preset, specFile string) (*model.Model, error) {
@@ -296,11 +279,13 @@ func LoadModel(preset, specFile string) (*model.Model, error) {
 	return model.New(spec)
 }
 
-// nodeFlags are the node command's flags.
+// nodeFlags are the node command's own flags; the run is a runSpec read
+// from --config and the run flags, as on the replicas.
 type nodeFlags struct {
-	id, run, nats       string
-	preset, specFile    string
-	data                DataOptions
+	config              string
+	id, nats            string
+	shardIndex          int
+	shardCount          int
 	heartbeat           time.Duration
 	metricsAddr         string
 	insecureSeed        uint64
@@ -330,47 +315,51 @@ func defaultNodeID() string {
 }
 
 // NewNodeCmd returns the root command of the node binary: a dpcluster
-// worker that dials the run's NATS servers, loads its shard and answers
-// the coordinator's rounds until the run ends or it receives SIGINT or
-// SIGTERM (then it sends Leave and exits 0).
+// worker that reads the run file, dials the run's NATS servers, loads its
+// shard and answers the coordinator's rounds until the run ends or it
+// receives SIGINT or SIGTERM (then it sends Leave and exits 0).
 func NewNodeCmd() *cobra.Command {
-	var f nodeFlags
+	spec := defaultRunSpec()
+	f := nodeFlags{id: defaultNodeID(), shardCount: 1, heartbeat: time.Second, logFormat: "text", logLevel: "info"}
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "dpcluster node: computes clipped gradient sums on a private data shard",
-		Long: `A dpcluster worker. It dials the coordinator's NATS servers (it never embeds one),
-loads its shard of the training data, and each round Poisson-samples the shard, computes the
-sum of per-example gradients clipped to the round's norm C and sends it to the leader. Sums and
-counts are private: they are never logged, exported or stored. All nodes of a run must use the
-same model, dataset, --shard-count and --shard-seed, each its own --shard-index.`,
-		Example: `  node --nats nats://coord-1:4222,nats://coord-2:4222 --run mnist-1 \
-      --model mlp --dataset fashion-mnist --shard-index 0 --shard-count 4`,
+		Long: `A dpcluster worker. It reads the run file the coordinator replicas use (--config, required;
+the run flags override it as they do on the replicas), dials the coordinator's NATS servers (it
+never embeds one), loads its shard of the training data, and each round Poisson-samples the
+shard, computes the sum of per-example gradients clipped to norm C and sends it to the leader.
+It derives the sampling rate q = B/N and C from the run file exactly as the replicas do, and
+refuses any round that names another q, C or model. Sums and counts are private: they are never
+logged, exported or stored. All nodes of a run use the same run file and --shard-count, each its
+own --shard-index; the leader opens no round while two live nodes claim the same shard.`,
+		Example: `  node --config run.yaml --nats nats://coord-1:4222,nats://coord-2:4222 \
+      --shard-index 0 --shard-count 4`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runNode(cmd, &f)
+			urls, err := f.validate()
+			if err != nil {
+				return err
+			}
+			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
+				return err
+			}
+			return runNode(cmd, spec, &f, urls)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.id, "id", defaultNodeID(), "node ID, unique in the run (1-64 of [A-Za-z0-9_-])")
-	fl.StringVar(&f.run, "run", "default", "training run name")
+	spec.bind(fl)
+	fl.StringVar(&f.config, "config", "", "the run file the coordinator replicas use (required); run flags override it")
+	fl.StringVar(&f.id, "id", f.id, "node ID, unique in the run (1-64 of [A-Za-z0-9_-])")
 	fl.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (required)")
-	fl.StringVar(&f.preset, "model", "mlp", "model preset: "+strings.Join(model.Presets(), "|"))
-	fl.StringVar(&f.specFile, "model-spec", "", "JSON model spec file (instead of --model)")
-	fl.StringVar(&f.data.Dataset, "dataset", DatasetFashionMNIST, "data: fashion-mnist|gaussian|csv")
-	fl.StringVar(&f.data.Dir, "data", "", "directory holding the Fashion-MNIST files (searched first)")
-	fl.StringVar(&f.data.Path, "data-path", "", "CSV file for --dataset csv (label in the first column, no header)")
-	fl.Float64Var(&f.data.EvalHoldout, "eval-split-from-train", 0,
-		"csv: the fraction of --data-path the coordinator holds out for NON-PRIVATE evaluation; give the coordinator's value so the shards match its N")
-	fl.IntVar(&f.data.Index, "shard-index", 0, "this node's shard, in [0, --shard-count)")
-	fl.IntVar(&f.data.Count, "shard-count", 1, "number of nodes (shards) in the run")
-	fl.Uint64Var(&f.data.Seed, "shard-seed", 1, "sharding seed; the same on every node of the run")
-	fl.DurationVar(&f.heartbeat, "heartbeat", time.Second, "heartbeat period")
+	fl.IntVar(&f.shardIndex, "shard-index", 0, "this node's shard, in [0, --shard-count)")
+	fl.IntVar(&f.shardCount, "shard-count", f.shardCount, "number of shards the training set is cut into (with the run's shard_seed)")
+	fl.DurationVar(&f.heartbeat, "heartbeat", f.heartbeat, "heartbeat period")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port/metrics (empty: off)")
 	fl.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "TESTS ONLY: seed the batch sampling; the node is then NOT private")
-	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text|json")
-	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug|info|warn|error")
+	fl.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text|json")
+	fl.StringVar(&f.logLevel, "log-level", f.logLevel, "log level: debug|info|warn|error")
 	return cmd
 }
 
@@ -390,8 +379,8 @@ func nodeLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
 }
 
-// validate checks the flags that need no I/O.
-func (f *nodeFlags) validate(cmd *cobra.Command) (urls []string, err error) {
+// validate checks the node's own flags (no I/O).
+func (f *nodeFlags) validate() (urls []string, err error) {
 	for _, u := range strings.Split(f.nats, ",") {
 		if u = strings.TrimSpace(u); u != "" {
 			urls = append(urls, u)
@@ -400,25 +389,56 @@ func (f *nodeFlags) validate(cmd *cobra.Command) (urls []string, err error) {
 	if len(urls) == 0 {
 		return nil, errors.New("--nats is required: the URLs of the run's NATS servers (a node never embeds a server)")
 	}
+	if f.config == "" {
+		return nil, errors.New("--config is required: the run file the coordinator replicas use; the node derives the " +
+			"sampling rate q and clip norm C from it as they do, and refuses rounds that name others")
+	}
 	if !node.ValidID(f.id) {
 		return nil, fmt.Errorf("--id %q must be 1-64 of [A-Za-z0-9_-]", f.id)
 	}
-	if !transport.ValidRunName(f.run) {
-		return nil, fmt.Errorf("--run %q must be 1-64 of [A-Za-z0-9_-]", f.run)
+	if f.shardCount < 1 {
+		return nil, fmt.Errorf("--shard-count %d must be ≥ 1", f.shardCount)
 	}
-	if cmd.Flags().Changed("model") && f.specFile != "" {
-		return nil, errors.New("give --model or --model-spec, not both")
+	if f.shardIndex < 0 || f.shardIndex >= f.shardCount {
+		return nil, fmt.Errorf("--shard-index %d out of range: must be in [0, %d) for --shard-count %d", f.shardIndex, f.shardCount, f.shardCount)
 	}
 	if f.heartbeat <= 0 {
 		return nil, fmt.Errorf("--heartbeat %v must be > 0", f.heartbeat)
 	}
-	return urls, f.data.Validate()
+	return urls, nil
 }
 
-func runNode(cmd *cobra.Command, f *nodeFlags) error {
-	urls, err := f.validate(cmd)
+// loadNodeShard prepares the run as the replicas do (spec.prepare: the model,
+// the training set they count as N, the run configuration) and returns
+// shard index of count (dataset.ShardIID with the run's shard seed). The
+// run's seed policy (the replicas' noise) is not the node's to say: the
+// node reports its own sampling in Join. A node does not evaluate, so it
+// never reads the coordinator's --eval-path; an --eval-split-from-train
+// still cuts the same training set.
+func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slog.Logger) (preparedRun, *dataset.Dataset, error) {
+	spec.EvalPath = ""
+	pr, err := spec.prepare(ctx, false, log)
 	if err != nil {
-		return err
+		return pr, nil, err
+	}
+	shards, err := dataset.ShardIID(pr.train, count, spec.ShardSeed)
+	if err != nil {
+		return pr, nil, err
+	}
+	return pr, shards[index], nil
+}
+
+// runNode runs the node of the run spec describes. The model, the data and
+// the run configuration come from spec.prepare, the replicas' own path, so
+// the node's q and C are the replicas' bit for bit; its shard is part
+// f.shardIndex of the training set cut into f.shardCount IID parts with the
+// run's shard seed.
+func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) error {
+	if !transport.ValidRunName(spec.Run) {
+		return fmt.Errorf("--run %q must be 1-64 of [A-Za-z0-9_-]", spec.Run)
+	}
+	if spec.Dataset == "none" {
+		return errors.New("a node needs the training data: dataset none is for coordinator serve only")
 	}
 	log, err := nodeLogger(cmd.ErrOrStderr(), f.logFormat, f.logLevel)
 	if err != nil {
@@ -427,22 +447,20 @@ func runNode(cmd *cobra.Command, f *nodeFlags) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	m, err := LoadModel(f.preset, f.specFile)
+	pr, shard, err := loadNodeShard(ctx, spec, f.shardIndex, f.shardCount, log)
 	if err != nil {
 		return err
 	}
-	data := f.data
-	data.Model, data.Log = m, log
-	shard, err := LoadShard(ctx, data)
-	if err != nil {
-		return err
-	}
-	log.Info("shard loaded", "dataset", data.Dataset, "shard", fmt.Sprintf("%d/%d", data.Index, data.Count),
-		"examples", shard.Len(), "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
+	m, rc := pr.model, pr.cfg
+	log.Info("shard loaded", "run", rc.Run, "dataset", spec.Dataset, "shard", fmt.Sprintf("%d/%d", f.shardIndex, f.shardCount),
+		"shard_seed", spec.ShardSeed, "examples", shard.Len(), "total_examples", rc.TotalExamples, "q", rc.SampleRate,
+		"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
 		"backend", m.Backend().Name())
 
 	cfg := node.DefaultConfig()
-	cfg.ID, cfg.Run, cfg.HeartbeatEvery = f.id, f.run, f.heartbeat
+	cfg.ID, cfg.Run, cfg.HeartbeatEvery = f.id, rc.Run, f.heartbeat
+	cfg.SampleRate, cfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
+	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = f.shardIndex, f.shardCount, spec.ShardSeed
 	var opts []node.Option
 	if cmd.Flags().Changed("insecure-seed") {
 		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",
@@ -469,7 +487,7 @@ func runNode(cmd *cobra.Command, f *nodeFlags) error {
 
 	tcfg := transport.DefaultConfig()
 	tcfg.URLs = urls
-	tcfg.Run = f.run
+	tcfg.Run = rc.Run
 	tcfg.Name = "node"
 	tcfg.RetryConnect = true // a node may start before its NATS servers
 	conn, err := transport.Connect(ctx, tcfg, log)

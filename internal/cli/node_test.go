@@ -71,37 +71,74 @@ func writeSpec(t *testing.T) (string, *model.Model) {
 	return path, m
 }
 
+// writeRunFile writes a run file: a gaussian logistic regression run with
+// B = 100 (N = 10000, so q = 0.01), C = 1 and 100 steps, with the given
+// "key: value" lines replacing or adding keys.
+func writeRunFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	keys := []string{"run", "model", "dataset", "batch_size", "clip", "max_steps"}
+	vals := map[string]string{"run": "cli-node", "model": "logreg", "dataset": "gaussian", "batch_size": "100",
+		"clip": "1", "max_steps": "100"}
+	for _, l := range lines {
+		k, v, ok := strings.Cut(l, ": ")
+		if !ok {
+			t.Fatalf("run file line %q is not key: value", l)
+		}
+		if _, seen := vals[k]; !seen {
+			keys = append(keys, k)
+		}
+		vals[k] = v
+	}
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s: %s\n", k, vals[k])
+	}
+	path := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func TestNodeFlagErrors(t *testing.T) {
 	spec, _ := writeSpec(t)
 	csv := filepath.Join(t.TempDir(), "d.csv")
 	if err := os.WriteFile(csv, []byte(strings.Repeat("0,1,2\n1,3,4\n", 5)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	runFile := writeRunFile(t)
 	// Port 1 is never a NATS server: every case must fail before dialing.
 	nats := []string{"--nats", "nats://127.0.0.1:1"}
+	with := func(args ...string) []string {
+		return append([]string{"--nats", "nats://127.0.0.1:1", "--config", runFile}, args...)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
 		want string
 	}{
-		{"missing --nats", []string{"--dataset", "gaussian"}, "--nats is required"},
-		{"empty --nats", []string{"--nats", " , ", "--dataset", "gaussian"}, "--nats is required"},
-		{"shard index out of range", append(nats, "--dataset", "gaussian", "--shard-index", "3", "--shard-count", "2"), "--shard-index 3 out of range"},
-		{"negative shard index", append(nats, "--dataset", "gaussian", "--shard-index", "-1", "--shard-count", "2"), "--shard-index -1 out of range"},
-		{"shard count 0", append(nats, "--dataset", "gaussian", "--shard-count", "0"), "--shard-count 0"},
-		{"unknown preset", append(nats, "--dataset", "gaussian", "--model", "resnet"), `unknown preset "resnet"`},
-		{"model and spec", append(nats, "--dataset", "gaussian", "--model", "mlp", "--model-spec", spec), "not both"},
-		{"missing spec file", append(nats, "--dataset", "gaussian", "--model-spec", "/nonexistent/spec.json"), "--model-spec"},
-		{"unknown dataset", append(nats, "--dataset", "imagenet"), `--dataset must be`},
-		{"csv without path", append(nats, "--dataset", "csv"), "--data-path"},
-		{"gaussian with a path", append(nats, "--dataset", "gaussian", "--data-path", csv), "neither"},
-		{"csv that does not fit the model", append(nats, "--dataset", "csv", "--data-path", csv, "--model-spec", spec), "does not fit the model"},
-		{"bad id", append(nats, "--dataset", "gaussian", "--id", "a b"), "--id"},
-		{"id with a dot", append(nats, "--dataset", "gaussian", "--id", "host.example.org-1"), "--id"},
-		{"bad run", append(nats, "--dataset", "gaussian", "--run", "a.b"), "--run"},
-		{"bad log format", append(nats, "--dataset", "gaussian", "--log-format", "xml"), "--log-format"},
-		{"bad heartbeat", append(nats, "--dataset", "gaussian", "--heartbeat", "0s"), "--heartbeat"},
-		{"stray argument", append(nats, "extra"), "unknown command"},
+		{"missing --nats", []string{"--config", runFile}, "--nats is required"},
+		{"empty --nats", []string{"--nats", " , ", "--config", runFile}, "--nats is required"},
+		{"missing --config", append(nats, "--dataset", "gaussian", "--model", "logreg"), "--config is required"},
+		{"missing run file", append(nats, "--config", "/nonexistent/run.yaml"), "run file"},
+		{"unknown key in the run file", append(nats, "--config", writeRunFile(t, "sample_rate: 1")), "sample_rate"},
+		{"shard index out of range", with("--shard-index", "3", "--shard-count", "2"), "--shard-index 3 out of range"},
+		{"negative shard index", with("--shard-index", "-1", "--shard-count", "2"), "--shard-index -1 out of range"},
+		{"shard count 0", with("--shard-count", "0"), "--shard-count 0"},
+		{"unknown preset", with("--model", "resnet"), `unknown preset "resnet"`},
+		{"missing spec file", with("--model-spec", "/nonexistent/spec.json"), "--model-spec"},
+		{"unknown dataset", with("--dataset", "imagenet"), `--dataset must be`},
+		{"no dataset", with("--dataset", "none"), "dataset none is for coordinator serve"},
+		{"csv without path", with("--dataset", "csv"), "--data-path"},
+		{"gaussian with a path", with("--data-path", csv), "neither"},
+		{"csv that does not fit the model", with("--dataset", "csv", "--data-path", csv, "--model-spec", spec), "does not fit the model"},
+		{"batch larger than N", with("--batch-size", "20000"), "--batch-size 20000 must be in (0, N = 10000]"},
+		{"bad id", with("--id", "a b"), "--id"},
+		{"id with a dot", with("--id", "host.example.org-1"), "--id"},
+		{"bad run", with("--run", "a.b"), "--run"},
+		{"bad log format", with("--log-format", "xml"), "--log-format"},
+		{"bad heartbeat", with("--heartbeat", "0s"), "--heartbeat"},
+		{"stray argument", with("extra"), "unknown command"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), nodeTestWait)
@@ -175,27 +212,33 @@ func recvWithin[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-// TestNodeEndToEnd runs the node command against a leader played by the
-// test: two rounds, then Done; the command returns nil.
+// TestNodeEndToEnd runs the node command, configured by a run file,
+// against a leader played by the test. The node reports its shard and its
+// seeded sampling in Join; it refuses a round naming another q and C (and
+// does not follow its higher term), answers two rounds of the run's q =
+// B/N and C, then ends on Done: the command returns nil.
 func TestNodeEndToEnd(t *testing.T) {
 	const run = "cli-e2e"
 	h := newLeaderHarness(t, run)
 	spec, m := writeSpec(t)
+	runFile := writeRunFile(t, "run: "+run, "model_spec: "+spec)
 	var logs lockedBuffer
 	done := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*nodeTestWait)
 	defer cancel()
 	go func() {
-		done <- runNodeCmd(ctx, &logs, "--nats", h.conn.ServerURL(), "--run", run, "--id", "n1",
-			"--model-spec", spec, "--dataset", "gaussian", "--shard-index", "1", "--shard-count", "2",
+		done <- runNodeCmd(ctx, &logs, "--config", runFile, "--nats", h.conn.ServerURL(), "--id", "n1",
+			"--shard-index", "1", "--shard-count", "2",
 			"--heartbeat", "50ms", "--insecure-seed", "3", "--metrics-addr", "127.0.0.1:0",
 			"--log-format", "json", "--log-level", "debug")
 	}()
 
 	j := recvWithin(t, h.joins, "join")
 	// 12000 gaussian rows, 2000 held out, 10000 in two shards.
-	if j.NodeID != "n1" || j.ShardSize != 5000 || j.ModelHash != m.Hash() {
-		t.Fatalf("join = %+v, want n1, 5000 examples, hash %s", j, m.Hash())
+	want := transport.Join{Run: run, NodeID: "n1", ShardSize: 5000, ModelHash: m.Hash(),
+		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: transport.SeedPolicySeeded}
+	if j != want {
+		t.Fatalf("join = %+v, want %+v", j, want)
 	}
 	h.publish(transport.Leader{Run: run, ReplicaID: "r1", Term: 1})
 	recvWithin(t, h.joins, "join for the leader")
@@ -203,10 +246,15 @@ func TestNodeEndToEnd(t *testing.T) {
 	if err := m.Init(theta, 1); err != nil {
 		t.Fatal(err)
 	}
+	// A round of another run (or a forgery) asking for the unclipped sum
+	// of the whole shard: refused, and its term not followed.
+	h.publish(transport.RoundStart{Run: run, Step: 1, RoundID: 99, Term: 7, Leader: "mallory", Params: theta,
+		ParamsVersion: 0, Deadline: time.Now().Add(nodeTestWait).UnixNano(), SampleRate: 1, ClipNorm: 1e6, ModelHash: m.Hash()})
 	for step := uint64(1); step <= 2; step++ {
 		h.publish(transport.Params{Run: run, Step: step - 1, Version: step - 1, Term: 1, Values: theta})
 		h.publish(transport.RoundStart{Run: run, Step: step, RoundID: 100 + step, Term: 1, Leader: "r1",
-			ParamsVersion: step - 1, Deadline: time.Now().Add(nodeTestWait).UnixNano(), SampleRate: 0.01, ClipNorm: 1})
+			ParamsVersion: step - 1, Deadline: time.Now().Add(nodeTestWait).UnixNano(), SampleRate: 0.01, ClipNorm: 1,
+			ModelHash: m.Hash()})
 		c := recvWithin(t, h.contribs, "contribution")
 		if c.Step != step || c.RoundID != 100+step || c.NodeID != "n1" || len(c.Sum) != m.NumParams() {
 			t.Fatalf("contribution %d/%d from %s with %d values", c.Step, c.RoundID, c.NodeID, len(c.Sum))
@@ -261,8 +309,11 @@ func scrapeNodeMetrics(t *testing.T, logs *lockedBuffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `dpcluster_node_rounds_total{node="n1",result="answered"} 2`; !strings.Contains(string(body), want) {
-		t.Errorf("metrics lack %q:\n%s", want, body)
+	for _, want := range []string{`dpcluster_node_rounds_total{node="n1",result="answered"} 2`,
+		`dpcluster_node_rounds_total{node="n1",result="skipped_params_mismatch"} 1`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
 	}
 }
 
@@ -276,8 +327,8 @@ func TestNodeInterrupted(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- runNodeCmd(ctx, io.Discard, "--nats", h.conn.ServerURL(), "--run", run, "--id", "n2",
-			"--model-spec", spec, "--dataset", "gaussian")
+		done <- runNodeCmd(ctx, io.Discard, "--nats", h.conn.ServerURL(), "--id", "n2",
+			"--config", writeRunFile(t, "run: "+run, "model_spec: "+spec))
 	}()
 	recvWithin(t, h.joins, "join")
 	cancel()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +18,13 @@ import (
 
 // TestServeWithNodeCommands runs `coordinator serve` against a NATS server
 // of the test's own, with two `node` commands as its workers, all in this
-// process but through the same code paths as separate binaries. The run
-// finishes at --max-steps, serve exits 0, the nodes exit by themselves on
-// the done status, and the ledger audits clean with one charge per step.
+// process but through the same code paths as separate binaries, all given
+// the same run file. q = B/N = 300/10000 is not a binary fraction: the
+// nodes refuse any round whose q is not theirs bit for bit, so the run
+// finishing shows they derive it as the replica does. The run finishes at
+// max steps, serve exits 0, the nodes exit by themselves on the done
+// status, and the ledger audits clean with one charge per step and, the
+// noise and sampling being seeded, says the run is not private.
 func TestServeWithNodeCommands(t *testing.T) {
 	scfg := transport.DefaultServerConfig()
 	scfg.Port = -1
@@ -32,13 +37,13 @@ func TestServeWithNodeCommands(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	runFile := writeRunFile(t, "run: "+runName, "batch_size: 300", "max_steps: 400", "min_nodes: 2", "round_timeout: 20s")
 
 	nodeDone := make(chan error, 2)
 	for i := range 2 {
 		go func() {
-			nodeDone <- runNodeCmd(ctx, io.Discard, "--nats", srv.URL(), "--run", runName, "--id", "n"+string(rune('0'+i)),
-				"--model", "logreg", "--dataset", "gaussian", "--shard-index", string(rune('0'+i)), "--shard-count", "2",
-				"--insecure-seed", "9")
+			nodeDone <- runNodeCmd(ctx, io.Discard, "--config", runFile, "--nats", srv.URL(), "--id", "n"+string(rune('0'+i)),
+				"--shard-index", string(rune('0'+i)), "--shard-count", "2", "--insecure-seed", "9")
 		}()
 	}
 	type result struct {
@@ -47,13 +52,12 @@ func TestServeWithNodeCommands(t *testing.T) {
 	}
 	served := make(chan result, 1)
 	go func() {
-		out, err := run(t, "serve", "--nats", srv.URL(), "--run", runName, "--id", "r1", "--raft-addr", freeAddrString(t),
-			"--data-dir", dir, "--bootstrap", "--model", "logreg", "--dataset", "gaussian", "--batch-size", "100",
-			"--max-steps", "400", "--min-nodes", "2", "--round-timeout", "20s", "--insecure-seed", "4")
+		out, err := run(t, "serve", "--config", runFile, "--nats", srv.URL(), "--id", "r1", "--raft-addr", freeAddrString(t),
+			"--data-dir", dir, "--bootstrap", "--insecure-seed", "4")
 		served <- result{out, err}
 	}()
 	// While it trains, `coordinator status` sees the replica lead, with
-	// both nodes.
+	// both nodes and the shards and seed policy they report.
 	var st statusReport
 	for deadline := time.Now().Add(time.Minute); ; {
 		sout, _ := run(t, "status", "--nats", srv.URL(), "--run", runName, "--wait", "1200ms", "--json")
@@ -65,8 +69,15 @@ func TestServeWithNodeCommands(t *testing.T) {
 			t.Fatalf("status never showed r1 leading with 2 nodes; last: %s", sout)
 		}
 	}
-	if r := st.Replicas[0]; r.ID != "r1" || r.Term == 0 || r.Term != st.Term {
+	if r := st.Replicas[0]; r.ID != "r1" || r.Term == 0 || r.Term != st.Term || r.Blocked != "" {
 		t.Errorf("status %+v", st)
+	}
+	for i, n := range st.NodeShards {
+		want := nodeShard{ID: "n" + string(rune('0'+i)), ShardIndex: i, ShardCount: 2, ShardSeed: 1, ShardSize: 5000,
+			SeedPolicy: transport.SeedPolicySeeded}
+		if n != want {
+			t.Errorf("status node %d: %+v, want %+v", i, n, want)
+		}
 	}
 	res := <-served
 	out, err := res.out, res.err
@@ -94,9 +105,81 @@ func TestServeWithNodeCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(aout), &rep); err != nil || rep.Run != runName {
 		t.Errorf("audit report %+v, %v", rep, err)
 	}
+	if rep.Private || rep.Noise != ledger.NoiseSeeded {
+		t.Errorf("audit of a seeded run: private %v, noise %q; want false, %q", rep.Private, rep.Noise, ledger.NoiseSeeded)
+	}
+	if text, _ := run(t, "ledger", "audit", dir); !strings.Contains(text, "NOT differentially private") {
+		t.Errorf("the audit of a seeded run does not say it is not private:\n%s", text)
+	}
 	// The replica's Raft log is under the data dir, next to the ledger.
 	if segs, _ := filepath.Glob(filepath.Join(dir, "raft", "log.db")); len(segs) == 0 {
 		t.Error("no Raft log segment under the data dir")
+	}
+}
+
+// TestServeBlocksOverlappingNodes: two `node` commands started without
+// --shard-count both hold the whole training set. The replica opens no
+// round, and `coordinator status` says why and shows the nodes' shards
+// (issue 11, item 6).
+func TestServeBlocksOverlappingNodes(t *testing.T) {
+	scfg := transport.DefaultServerConfig()
+	scfg.Port = -1
+	srv, err := transport.StartServer(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	const runName = "t-overlap"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	runFile := writeRunFile(t, "run: "+runName, "min_nodes: 2")
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := runNodeCmd(ctx, io.Discard, "--config", runFile, "--nats", srv.URL(), "--id", "n"+string(rune('0'+i)), "--insecure-seed", "9"); err != nil {
+				t.Errorf("node: %v", err)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cmd := NewCoordinatorCmd()
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		cmd.SetArgs([]string{"serve", "--config", runFile, "--nats", srv.URL(), "--id", "r1", "--raft-addr", freeAddrString(t),
+			"--data-dir", t.TempDir(), "--bootstrap", "--insecure-seed", "4"})
+		if err := cmd.ExecuteContext(ctx); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	var st statusReport
+	var text string
+	for deadline := time.Now().Add(time.Minute); ; {
+		sout, _ := run(t, "status", "--nats", srv.URL(), "--run", runName, "--wait", "1200ms", "--json")
+		if json.Unmarshal([]byte(sout), &st) == nil && len(st.Replicas) == 1 && st.Replicas[0].Blocked != "" && len(st.NodeShards) == 2 {
+			text, _ = run(t, "status", "--nats", srv.URL(), "--run", runName, "--wait", "1200ms")
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed rounds blocked with 2 nodes; last: %s", sout)
+		}
+	}
+	r := st.Replicas[0]
+	if want := "shard_overlap: nodes n0 and n1 both hold shard 0 of 1"; r.Blocked != want || r.Applied != 0 {
+		t.Errorf("replica status %+v, want blocked %q at step 0", r, want)
+	}
+	for _, n := range st.NodeShards {
+		if n.ShardIndex != 0 || n.ShardCount != 1 || n.ShardSize != 10000 {
+			t.Errorf("node %+v, want the whole training set (shard 0 of 1, 10000 examples)", n)
+		}
+	}
+	if !strings.Contains(text, "ROUNDS BLOCKED by r1: shard_overlap") || !strings.Contains(text, "SEEDED: NOT private") {
+		t.Errorf("status text does not show the block and the seeded nodes:\n%s", text)
 	}
 }
 

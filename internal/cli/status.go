@@ -24,6 +24,20 @@ type statusReport struct {
 	Term     uint64          `json:"term"`
 	Replicas []replicaStatus `json:"replicas"`
 	Nodes    []string        `json:"nodes_seen"`
+	// NodeShards is what each node seen last reported about its data
+	// and sampling, in node ID order.
+	NodeShards []nodeShard `json:"node_shards"`
+}
+
+// nodeShard is a node's shard identity and seed policy, from its last
+// Join or Heartbeat.
+type nodeShard struct {
+	ID         string `json:"id"`
+	ShardIndex int    `json:"shard_index"`
+	ShardCount int    `json:"shard_count"`
+	ShardSeed  uint64 `json:"shard_seed"`
+	ShardSize  int64  `json:"shard_size"`
+	SeedPolicy string `json:"seed_policy"`
 }
 
 type replicaStatus struct {
@@ -34,6 +48,9 @@ type replicaStatus struct {
 	Epsilon float64 `json:"epsilon"`
 	Nodes   int     `json:"nodes"`
 	Leader  string  `json:"leader"`
+	// Blocked is why this replica, leading, opens no round (empty: it
+	// does not block them).
+	Blocked string `json:"blocked,omitempty"`
 }
 
 func newStatusCmd() *cobra.Command {
@@ -46,9 +63,10 @@ func newStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show a run's coordinator replicas, leader, steps, ε spent and nodes, as seen on NATS",
 		Long: `status listens on the run's NATS subjects for --wait and reports what it heard: every
-coordinator replica's periodic state (role, Raft term, last applied step, ε spent, live nodes),
-the current leader's announcement, and the nodes that sent heartbeats. It exits non-zero if no
-replica was heard.`,
+coordinator replica's periodic state (role, Raft term, last applied step, ε spent, live nodes,
+and why a leader opens no round when the live nodes' shards overlap), the current leader's
+announcement, and the nodes that sent heartbeats with the shard and seed policy they report. It
+exits non-zero if no replica was heard.`,
 		Example: `  coordinator status --nats nats://10.0.0.1:4222,nats://10.0.0.2:4222 --run fashion-mlp`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -103,14 +121,14 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 	var (
 		mu       sync.Mutex
 		replicas = map[string]replicaStatus{}
-		nodes    = map[string]bool{}
+		nodes    = map[string]nodeShard{}
 	)
 	handlers := map[transport.Topic]transport.Handler{
 		transport.TopicStatus: func(m transport.Message) {
 			if st := m.(transport.Status); st.Code == transport.StatusReplica {
 				mu.Lock()
 				replicas[st.From] = replicaStatus{ID: st.From, Role: st.Role, Term: st.Term, Applied: st.Step,
-					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader}
+					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader, Blocked: st.Blocked}
 				mu.Unlock()
 			}
 		},
@@ -123,16 +141,18 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 			mu.Unlock()
 		},
 		transport.TopicNodes: func(m transport.Message) {
-			var id string
+			var n nodeShard
 			switch v := m.(type) {
 			case transport.Join:
-				id = v.NodeID
+				n = nodeShard{ID: v.NodeID, ShardIndex: v.ShardIndex, ShardCount: v.ShardCount, ShardSeed: v.ShardSeed,
+					ShardSize: v.ShardSize, SeedPolicy: v.SeedPolicy}
 			case transport.Heartbeat:
-				id = v.NodeID
+				n = nodeShard{ID: v.NodeID, ShardIndex: v.ShardIndex, ShardCount: v.ShardCount, ShardSeed: v.ShardSeed,
+					ShardSize: v.ShardSize, SeedPolicy: v.SeedPolicy}
 			}
-			if id != "" {
+			if n.ID != "" {
 				mu.Lock()
-				nodes[id] = true
+				nodes[n.ID] = n
 				mu.Unlock()
 			}
 		},
@@ -156,6 +176,10 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 	if rep.Nodes == nil {
 		rep.Nodes = []string{}
 	}
+	rep.NodeShards = make([]nodeShard, 0, len(rep.Nodes))
+	for _, id := range rep.Nodes {
+		rep.NodeShards = append(rep.NodeShards, nodes[id])
+	}
 	return rep, nil
 }
 
@@ -171,5 +195,22 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%d\t%s\n", r.ID, r.Role, r.Term, r.Applied, r.Epsilon, r.Nodes, r.Leader)
 	}
 	tw.Flush()
+	for _, r := range rep.Replicas {
+		if r.Blocked != "" {
+			fmt.Fprintf(w, "ROUNDS BLOCKED by %s: %s\n", r.ID, r.Blocked)
+		}
+	}
 	fmt.Fprintf(w, "nodes seen (%d): %s\n", len(rep.Nodes), strings.Join(rep.Nodes, " "))
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, n := range rep.NodeShards {
+		policy := n.SeedPolicy
+		switch policy {
+		case "":
+			policy = "- (not reported)"
+		case transport.SeedPolicySeeded:
+			policy = "SEEDED: NOT private"
+		}
+		fmt.Fprintf(tw, "  %s\tshard %d/%d\tseed %d\t%d examples\t%s\n", n.ID, n.ShardIndex, n.ShardCount, n.ShardSeed, n.ShardSize, policy)
+	}
+	tw.Flush()
 }

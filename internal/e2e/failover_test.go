@@ -107,6 +107,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	cfg := plan.cfg
 	h := New(t)
 	start := time.Now()
+	cfg.writeRunFile(h)
 
 	reps := make([]*replicaProc, 3)
 	for i := range reps {
@@ -278,12 +279,10 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	t.Logf("%d steps with %d faults in %v", cfg.maxSteps, len(plan.faults), time.Since(start).Round(time.Millisecond))
 }
 
-// runFlags are the run definition every replica is given.
+// runFlags are the run definition every replica is given: the run file,
+// and seeded noise.
 func (c runConfig) runFlags() []string {
-	return []string{"--run", c.run, "--dataset", "gaussian", "--model", "logreg",
-		"--batch-size", "100", "--max-steps", strconv.Itoa(c.maxSteps),
-		"--round-timeout", c.roundTimeout.String(), "--min-nodes", strconv.Itoa(c.nodes),
-		"--eval-every", "0", "--insecure-seed", "7"}
+	return []string{"--config", c.file, "--insecure-seed", "7"}
 }
 
 func envUint(t *testing.T, name string, def uint64) uint64 {

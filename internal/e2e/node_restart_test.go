@@ -5,6 +5,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,12 +19,26 @@ import (
 // training rows), B = 100 (q = 0.01), σ calibrated to the default ε = 3 at
 // maxSteps, seeded noise and sampling (reproducible, NOT private: fine in
 // tests). A round closes after roundTimeout, so a dead node delays a round
-// by at most that; rounds open only with all nodes live.
+// by at most that; rounds open only with all nodes live. Replicas and nodes
+// are given the same run file (writeRunFile), as an operator would.
 type runConfig struct {
 	run          string
 	maxSteps     int
 	nodes        int
 	roundTimeout time.Duration
+	file         string // the run file, once written
+}
+
+// writeRunFile writes the run definition to a YAML run file under the
+// test's directory, for replicas and nodes alike.
+func (c *runConfig) writeRunFile(h *Harness) {
+	h.t.Helper()
+	c.file = filepath.Join(h.Dir("run"), "run.yaml")
+	body := fmt.Sprintf("run: %s\ndataset: gaussian\nmodel: logreg\nbatch_size: 100\nmax_steps: %d\n"+
+		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, c.maxSteps, c.roundTimeout, c.nodes)
+	if err := os.WriteFile(c.file, []byte(body), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 // serveArgs are the arguments of `coordinator serve` for replica id,
@@ -32,18 +47,14 @@ func (c runConfig) serveArgs(id, raftAddr, dataDir, natsURL, metricsAddr string)
 	return []string{"serve",
 		"--id", id, "--raft-addr", raftAddr, "--data-dir", dataDir, "--bootstrap",
 		"--nats", natsURL, "--metrics-addr", metricsAddr,
-		"--run", c.run, "--dataset", "gaussian", "--model", "logreg",
-		"--batch-size", "100", "--max-steps", strconv.Itoa(c.maxSteps),
-		"--round-timeout", c.roundTimeout.String(), "--min-nodes", strconv.Itoa(c.nodes),
-		"--eval-every", "0", "--insecure-seed", "7",
+		"--config", c.file, "--insecure-seed", "7",
 	}
 }
 
-// nodeArgs are the arguments of node i.
+// nodeArgs are the arguments of node i: the run file and its shard.
 func (c runConfig) nodeArgs(i int, natsURL string) []string {
 	return []string{
-		"--nats", natsURL, "--run", c.run, "--id", nodeID(i),
-		"--dataset", "gaussian", "--model", "logreg",
+		"--config", c.file, "--nats", natsURL, "--id", nodeID(i),
 		"--shard-index", strconv.Itoa(i), "--shard-count", strconv.Itoa(c.nodes),
 		"--insecure-seed", strconv.Itoa(101 + i),
 	}
@@ -81,6 +92,7 @@ func TestProcessNodeRestart(t *testing.T) {
 	cfg := runConfig{run: "e2e-node-restart", maxSteps: 120, nodes: 3, roundTimeout: 2 * time.Second}
 	h := New(t)
 	start := time.Now()
+	cfg.writeRunFile(h)
 
 	_, natsURL := h.StartNATS("nats")
 	dataDir := h.Dir("r1")

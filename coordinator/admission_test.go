@@ -1,0 +1,399 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+func TestAdmitNode(t *testing.T) {
+	crypto, seeded := testRunConfig(), testRunConfig()
+	crypto.SeedPolicy, seeded.SeedPolicy = SeedCrypto, SeedSeeded
+	ok := nodeReport{id: "n", modelHash: crypto.ModelHash, seedPolicy: transport.SeedPolicyCrypto,
+		shard: shardClaim{index: 1, count: 3, seed: 1, size: 100}}
+	for _, tc := range []struct {
+		name         string
+		mod          func(*nodeReport)
+		crypto, seed string // the verdict in a crypto and in a seeded run
+	}{
+		{"valid", func(*nodeReport) {}, "", ""},
+		{"empty shard", func(n *nodeReport) { n.shard.size = 0 }, "", ""},
+		{"another model", func(n *nodeReport) { n.modelHash = "other" }, rejectModelHash, rejectModelHash},
+		{"seeded node", func(n *nodeReport) { n.seedPolicy = transport.SeedPolicySeeded }, rejectSeedPolicy, ""},
+		{"no seed policy (old node)", func(n *nodeReport) { n.seedPolicy = "" }, rejectShardIdentity, rejectShardIdentity},
+		{"unknown seed policy", func(n *nodeReport) { n.seedPolicy = "lcg" }, rejectShardIdentity, rejectShardIdentity},
+		{"no shard count (old node)", func(n *nodeReport) { n.shard = shardClaim{size: 100} }, rejectShardIdentity, rejectShardIdentity},
+		{"index = count", func(n *nodeReport) { n.shard.index = 3 }, rejectShardIdentity, rejectShardIdentity},
+		{"negative index", func(n *nodeReport) { n.shard.index = -1 }, rejectShardIdentity, rejectShardIdentity},
+		{"negative size", func(n *nodeReport) { n.shard.size = -1 }, rejectShardIdentity, rejectShardIdentity},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := ok
+			tc.mod(&n)
+			if got := admitNode(crypto, n); got != tc.crypto {
+				t.Errorf("private run: admitNode = %q, want %q", got, tc.crypto)
+			}
+			if got := admitNode(seeded, n); got != tc.seed {
+				t.Errorf("seeded run: admitNode = %q, want %q", got, tc.seed)
+			}
+		})
+	}
+}
+
+func TestCheckShards(t *testing.T) {
+	sh := func(index, count int, seed uint64, size int64) shardClaim {
+		return shardClaim{index: index, count: count, seed: seed, size: size}
+	}
+	for _, tc := range []struct {
+		name   string
+		claims map[string]shardClaim
+		n      int64
+		want   string // the reason, "" for no block
+		detail string // a substring of the detail
+	}{
+		{"none", nil, 10, "", ""},
+		{"one node, whole set", map[string]shardClaim{"a": sh(0, 1, 1, 10)}, 10, "", ""},
+		{"partition", map[string]shardClaim{"a": sh(0, 3, 1, 4), "b": sh(1, 3, 1, 3), "c": sh(2, 3, 1, 3)}, 10, "", ""},
+		{"some shards missing", map[string]shardClaim{"a": sh(0, 3, 1, 4), "c": sh(2, 3, 1, 3)}, 10, "", ""},
+		{"whole set twice", map[string]shardClaim{"a": sh(0, 1, 1, 10), "b": sh(0, 1, 1, 10)}, 10, blockShardOverlap, "nodes a and b both hold shard 0 of 1"},
+		{"same shard", map[string]shardClaim{"a": sh(0, 3, 1, 4), "b": sh(1, 3, 1, 3), "z": sh(1, 3, 1, 3)}, 10, blockShardOverlap, "nodes b and z both hold shard 1 of 3"},
+		{"different counts", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 3, 1, 3)}, 10, blockShardSplit, "node a cuts the training set into 2 shards with seed 1, node b into 3"},
+		{"different seeds", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 2, 5)}, 10, blockShardSplit, "seed 2"},
+		{"more than N", map[string]shardClaim{"a": sh(0, 2, 1, 6), "b": sh(1, 2, 1, 6)}, 10, blockShardSizes, "more than N = 10"},
+		{"exactly N", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 1, 5)}, 10, "", ""},
+		{"sizes that overflow int64", map[string]shardClaim{"a": sh(0, 2, 1, math.MaxInt64), "b": sh(1, 2, 1, math.MaxInt64)}, math.MaxInt64, blockShardSizes, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := checkShards(tc.claims, tc.n)
+			if tc.want == "" {
+				if b != nil {
+					t.Fatalf("checkShards = %v, want no block", b)
+				}
+				return
+			}
+			if b == nil || b.reason != tc.want || !strings.Contains(b.detail, tc.detail) {
+				t.Fatalf("checkShards = %v, want %s (%q)", b, tc.want, tc.detail)
+			}
+		})
+	}
+}
+
+// lockedBuffer is a bytes.Buffer the Server's logger and the test may use
+// at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// watchStatus records the StatusReplica reports and rejections published on
+// the run, and counts RoundStarts.
+type watchStatus struct {
+	mu       sync.Mutex
+	rounds   int
+	blocked  []string
+	rejected map[string]map[string]bool // node → details it was told
+}
+
+func (w *watchStatus) told(node, detail string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rejected[node][detail]
+}
+
+func watch(t *testing.T, conn *transport.Client) *watchStatus {
+	t.Helper()
+	w := &watchStatus{rejected: map[string]map[string]bool{}}
+	if _, err := conn.Subscribe(transport.TopicRounds, func(transport.Message) {
+		w.mu.Lock()
+		w.rounds++
+		w.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Subscribe(transport.TopicStatus, func(m transport.Message) {
+		st := m.(transport.Status)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		switch {
+		case st.Code == transport.StatusReplica && st.Blocked != "":
+			w.blocked = append(w.blocked, st.Blocked)
+		case st.Code == transport.StatusRejected:
+			if w.rejected[st.Node] == nil {
+				w.rejected[st.Node] = map[string]bool{}
+			}
+			w.rejected[st.Node][st.Detail] = true
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// labelled returns the value of metric name's series with label=value.
+func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					if m.GetGauge() != nil {
+						return m.GetGauge().GetValue()
+					}
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s=%q}", name, label, value)
+	return 0
+}
+
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		if ctx.Err() != nil {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestServerBlocksOverlappingShards: while two live nodes hold overlapping
+// parts of the training set — the same shard, shards of different cuts, or
+// more than N examples between them — the leader opens no round, logs why
+// once, sets dpcluster_coordinator_rounds_blocked{reason} and reports the
+// reason in its replica status. When the offending node leaves and one with
+// the missing shard joins, the run proceeds (issue 11, item 6).
+func TestServerBlocksOverlappingShards(t *testing.T) {
+	const n = 10000 // testRunConfig's N
+	crypto := transport.SeedPolicyCrypto
+	for _, tc := range []struct {
+		name   string
+		a, b   identity
+		reason string
+	}{
+		{"whole set twice (no --shard-count)", identity{0, 1, 1, n, crypto}, identity{0, 1, 1, n, crypto}, blockShardOverlap},
+		{"same shard", identity{0, 2, 1, n / 2, crypto}, identity{0, 2, 1, n / 2, crypto}, blockShardOverlap},
+		{"different shard counts", identity{0, 2, 1, n / 2, crypto}, identity{1, 3, 1, n / 3, crypto}, blockShardSplit},
+		{"different shard seeds", identity{0, 2, 1, n / 2, crypto}, identity{1, 2, 2, n / 2, crypto}, blockShardSplit},
+		{"more than N", identity{0, 2, 1, 6000, crypto}, identity{1, 2, 1, 6000, crypto}, blockShardSizes},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testRunConfig()
+			c.MaxSteps = 2
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			coordConn, dial := natsPair(t, c.Run)
+			w := watch(t, dial("watcher"))
+			sum := func(step uint64) (int64, []float32) { return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm) }
+			a := startScriptNode(t, ctx, dial("a"), "a", c.ModelHash, tc.a, sum)
+			b := startScriptNode(t, ctx, dial("b"), "b", c.ModelHash, tc.b, sum)
+
+			r := openReplicaForServer(t, t.TempDir())
+			waitLeader(t, r)
+			scfg := DefaultServerConfig()
+			scfg.MinNodes, scfg.AnnounceEvery = 2, 100*time.Millisecond
+			scfg.Noise = train.NewSeededNoiseSource(1)
+			reg := prometheus.NewRegistry()
+			var err error
+			if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
+				t.Fatal(err)
+			}
+			var logs lockedBuffer
+			s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				sum Summary
+				err error
+			}
+			done := make(chan result, 1)
+			go func() { sum, err := s.Run(ctx); done <- result{sum, err} }()
+
+			// Blocked, and saying so: status, metric, log.
+			waitFor(t, ctx, "a blocked replica status or a round", func() bool {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return len(w.blocked) >= 3 || w.rounds > 0 // reported every 100 ms: blocked for a while
+			})
+			w.mu.Lock()
+			rounds, blocked := w.rounds, ""
+			if len(w.blocked) > 0 {
+				blocked = w.blocked[len(w.blocked)-1]
+			}
+			w.mu.Unlock()
+			if rounds != 0 {
+				t.Errorf("the leader opened %d rounds over overlapping shards", rounds)
+			}
+			if rounds > 0 {
+				t.FailNow()
+			}
+			if !strings.HasPrefix(blocked, tc.reason+": ") {
+				t.Errorf("replica status says blocked %q, want reason %s", blocked, tc.reason)
+			}
+			if v := labelled(t, reg, "dpcluster_coordinator_rounds_blocked", "reason", tc.reason); v != 1 {
+				t.Errorf("rounds_blocked{%s} = %v, want 1", tc.reason, v)
+			}
+			if k := strings.Count(logs.String(), "not opening rounds over the live nodes"); k != 1 {
+				t.Errorf("%d blocked warnings while blocked for one reason, want 1 (rate-limited):\n%s", k, logs.String())
+			}
+
+			// a and b leave; c and d, holding the two halves of one cut,
+			// join: the run proceeds.
+			for _, x := range []*scriptNode{a, b} {
+				if err := x.leave(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			startScriptNode(t, ctx, dial("c"), "c", c.ModelHash, identity{0, 2, 1, n / 2, crypto}, sum)
+			startScriptNode(t, ctx, dial("d"), "d", c.ModelHash, identity{1, 2, 1, n / 2, crypto}, sum)
+			res := <-done
+			if res.err != nil || res.sum.Steps != 2 {
+				t.Fatalf("Run after the overlap was resolved: %+v, %v", res.sum, res.err)
+			}
+			if v := labelled(t, reg, "dpcluster_coordinator_rounds_blocked", "reason", tc.reason); v != 0 {
+				t.Errorf("rounds_blocked{%s} = %v after the overlap was resolved, want 0", tc.reason, v)
+			}
+			if !strings.Contains(logs.String(), "rounds no longer blocked") {
+				t.Errorf("unblocking not logged:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// TestServerSeedPolicy: a private run (crypto seed policy) refuses a node
+// that samples from a seed, and never makes it a round member; a seeded run
+// takes it, and its ledger audits as not private. In both, a node that
+// does not report its shard and seed policy (an older node) is refused
+// (issue 11, item 7).
+func TestServerSeedPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		policy  string
+		members int // nodes in every round
+		private bool
+	}{
+		{SeedCrypto, 1, true},
+		{SeedSeeded, 2, false},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			dir := t.TempDir()
+			c := testRunConfig()
+			c.MaxSteps, c.SeedPolicy = 3, tc.policy
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			coordConn, dial := natsPair(t, c.Run)
+			w := watch(t, dial("watcher"))
+			// Rounds are answered only once the refusals were published
+			// (or 5 s have passed), so that the run cannot end before
+			// they are.
+			refused := func() bool {
+				return w.told("old", rejectShardIdentity) && (!tc.private || w.told("seeded", rejectSeedPolicy))
+			}
+			gate := time.Now().Add(5 * time.Second)
+			sum := func(step uint64) (int64, []float32) {
+				for !refused() && time.Now().Before(gate) {
+					time.Sleep(5 * time.Millisecond)
+				}
+				return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+			}
+			startScriptNode(t, ctx, dial("crypto"), "crypto", c.ModelHash, shardOf(0), sum)
+			seeded := shardOf(1)
+			seeded.policy = transport.SeedPolicySeeded
+			startScriptNode(t, ctx, dial("seeded"), "seeded", c.ModelHash, seeded, sum)
+			startScriptNode(t, ctx, dial("old"), "old", c.ModelHash, identity{size: 1000}, sum)
+
+			r := openReplicaForServer(t, dir)
+			waitLeader(t, r)
+			scfg := DefaultServerConfig()
+			scfg.MinNodes, scfg.RoundTimeout = tc.members, 2*time.Second
+			if tc.policy == SeedSeeded {
+				scfg.Noise = train.NewSeededNoiseSource(1)
+			}
+			reg := prometheus.NewRegistry()
+			var err error
+			if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
+				t.Fatal(err)
+			}
+			var progress []Progress
+			scfg.OnStep = func(p Progress) { progress = append(progress, p) }
+			s, err := NewServer(r, coordConn, c, scfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Run(ctx)
+			if err != nil || res.Steps != 3 {
+				t.Fatalf("Run: %+v, %v", res, err)
+			}
+			for _, p := range progress {
+				if p.Participants != tc.members {
+					t.Errorf("step %d had %d participants, want %d", p.Step, p.Participants, tc.members)
+				}
+			}
+			if !w.told("old", rejectShardIdentity) {
+				t.Errorf("the node without a shard identity was not told %q", rejectShardIdentity)
+			}
+			if got := w.told("seeded", rejectSeedPolicy); got != tc.private {
+				t.Errorf("the seeded node told %q: %v, want %v", rejectSeedPolicy, got, tc.private)
+			}
+			if tc.private {
+				if v := labelled(t, reg, "dpcluster_coordinator_node_messages_refused_total", "reason", rejectSeedPolicy); v == 0 {
+					t.Error("node_messages_refused_total{seed_policy} = 0")
+				}
+			}
+			rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+			if err != nil || !rep.OK || rep.Applied != 3 {
+				t.Fatalf("audit: %+v, %v", rep, err)
+			}
+			if rep.Private != tc.private || rep.Noise != tc.policy {
+				t.Errorf("audit says noise %q, private %v; want %q, %v", rep.Noise, rep.Private, tc.policy, tc.private)
+			}
+		})
+	}
+}
+
+// BenchmarkCheckShards: the check the leader runs before every round (and
+// every 50 ms while it waits), over 1000 live nodes.
+func BenchmarkCheckShards(b *testing.B) {
+	claims := make(map[string]shardClaim, 1000)
+	for i := range 1000 {
+		claims[fmt.Sprintf("node-%04d", i)] = shardClaim{index: i, count: 1000, seed: 1, size: 60}
+	}
+	for b.Loop() {
+		if checkShards(claims, 60000) != nil {
+			b.Fatal("blocked")
+		}
+	}
+}
