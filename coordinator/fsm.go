@@ -158,7 +158,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err := c.Validate(); err != nil {
 		return ApplyResult{Err: err}
 	}
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy); err != nil {
+	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode); err != nil {
 		return f.fail(err)
 	}
 	theta, err := f.init(c)
@@ -175,7 +175,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	f.cfg, f.theta, f.opt, f.grad = &c, theta, opt, make([]float32, c.Dim)
 	f.log.Info("run configured", "run", c.Run, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
-		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy)
+		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode))
 	return ApplyResult{}
 }
 

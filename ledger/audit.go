@@ -33,8 +33,12 @@ type AuditReport struct {
 	// Noise is the run record's noise source, and Private is false when
 	// it is NoiseSeeded: such a run is reproducible and NOT differentially
 	// private, whatever ε the ledger records.
-	Noise             string  `json:"noise"`
-	Private           bool    `json:"private"`
+	Noise   string `json:"noise"`
+	Private bool   `json:"private"`
+	// Mechanism is the run record's noise mechanism (MechanismDiscrete,
+	// MechanismFloat, or "" for a run recorded before the field existed,
+	// which used the floating-point sampler).
+	Mechanism         string  `json:"mechanism"`
 	TargetEpsilon     float64 `json:"target_epsilon"`
 	Delta             float64 `json:"delta"`
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
@@ -46,7 +50,8 @@ type AuditReport struct {
 // order: every frame's CRC, the format and sequence of every record, the
 // SHA-256 hash chain; that the file opens with one run record; that every
 // charge's recorded ε equals the accountant's recomputation from the events
-// recorded so far (within relative 1e-9); that no recorded ε exceeds the
+// recorded so far (within relative 1e-9); that every charge is for the
+// mechanism the run record names (MechanismKind); that no recorded ε exceeds the
 // target; that Raft indexes strictly increase; and that applied (non-replay)
 // steps strictly increase, so no step was applied twice.
 //
@@ -81,7 +86,11 @@ func Audit(path string) (AuditReport, error) {
 		return rep.finish(), nil
 	}
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
-	rep.Noise, rep.Private = run.Noise, run.Noise != NoiseSeeded
+	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != NoiseSeeded, run.Mechanism
+	wantKind, knownMechanism := MechanismKind(run.Mechanism)
+	if !knownMechanism {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: unknown noise mechanism %q", run.Mechanism))
+	}
 	var lastIndex uint64
 	lastApplied := int64(math.MinInt64)
 	for _, r := range recs[1:] {
@@ -90,6 +99,9 @@ func Audit(path string) (AuditReport, error) {
 			continue
 		}
 		rep.Charges++
+		if k := noiseKind(*r.Event); knownMechanism && k != wantKind {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): charged a %q mechanism, the run's noise mechanism %q is charged as %q", r.Seq, r.Step, k, run.Mechanism, wantKind))
+		}
 		if err := acc.Compose(*r.Event, 1); err != nil {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
 			continue
@@ -123,6 +135,15 @@ func Audit(path string) (AuditReport, error) {
 		rep.RecomputedEpsilon = eps
 	}
 	return rep.finish(), nil
+}
+
+// noiseKind returns the kind of the noise-adding mechanism inside e: the
+// inner event of a Poisson-sampled one, or e's own kind.
+func noiseKind(e Event) Kind {
+	if e.Kind == KindPoissonSampled && e.Event != nil {
+		return e.Event.Kind
+	}
+	return e.Kind
 }
 
 func (r AuditReport) finish() AuditReport {

@@ -84,6 +84,10 @@ type Record struct {
 	// NoiseSeeded for a reproducible run that is NOT differentially
 	// private. Empty in ledgers written before the field existed.
 	Noise string `json:"noise,omitempty"`
+	// Mechanism names how the leader drew the noise: MechanismDiscrete or
+	// MechanismFloat. Empty in ledgers written before the field existed,
+	// whose runs all used the floating-point sampler.
+	Mechanism string `json:"mechanism,omitempty"`
 	// Charge records: which training step released, the mechanism that
 	// released it, and where the release sits in the Raft log.
 	Step  int64  `json:"step,omitempty"`

@@ -37,7 +37,7 @@ func newTestLedger(t *testing.T) testLedger {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto); err != nil {
+	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto, ledger.MechanismFloat); err != nil {
 		t.Fatal(err)
 	}
 	e := ledger.SubsampledGaussian(0.01, 1.1)
