@@ -92,7 +92,7 @@ func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
 //
 //   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
 //     rate q, at the effective noise multiplier of the snapped sum,
-//     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁰) (mechanism.DiscreteGaussian;
+//     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
 //     accounted by ledger.SubsampledDiscreteGaussianRDP);
 //   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
 //     multiplier σ on a Poisson sample of rate q.

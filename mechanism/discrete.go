@@ -23,12 +23,12 @@ var ErrInvalid = errors.New("mechanism: invalid parameters")
 // ErrSumRange is returned by Release, before any noise is drawn, when a
 // coordinate of the sum is not finite or is 2⁶² grid steps or more from 0.
 // Sums validated by package aggregation (‖S‖ ≤ count·C(1+1e-6)) stay below
-// it whenever N·2¹¹·√d < 2⁶², i.e. for every realistic run.
+// it whenever N·√d < 2⁴⁴ (Λ > C/(2¹⁷√d)), i.e. for every realistic run.
 var ErrSumRange = errors.New("mechanism: sum out of the grid's range")
 
 // GridFraction bounds the grid's share of the sensitivity: the grid step Λ
 // is the largest power of two with √d·Λ ≤ GridFraction·C.
-const GridFraction = 1.0 / 1024
+const GridFraction = 1.0 / (1 << 16)
 
 // chunkSize is how many coordinates one CSPRNG stream covers. The
 // coordinates are split into fixed chunks, each with its own ChaCha8 stream
@@ -65,8 +65,8 @@ const chunkSize = 1 << 14
 //
 // Noise variance. Var N_Z(0, s²) ≤ s² (CKS 2020), and by Poisson summation
 // the gap is a relative 8π²s²e^(−2π²s²) to first order, which underflows
-// float64 for the scales used here (s ≥ 2¹⁰σ√d, above 10⁵ in practice); ScaleΛ
-// exceeds σC by less than Λ, a relative 2⁻¹⁰/(σ√d) at most. DP-AdamBC's
+// float64 for the scales used here (s ≥ 2¹⁶σ√d, above 10⁶ in practice); ScaleΛ
+// exceeds σC by less than Λ, a relative 2⁻¹⁶/(σ√d) at most. DP-AdamBC's
 // Φ = (σC/B)² is therefore the noise variance of g̃ to far better than
 // float32 precision, and dpadam keeps using σ.
 type DiscreteGaussian struct {
@@ -89,7 +89,7 @@ type DiscreteGaussian struct {
 // NewDiscreteGaussian returns the mechanism for noise multiplier sigma,
 // clip norm clip and dimension dim. It returns an error wrapping ErrInvalid
 // for parameters that are not positive and finite, and for a noise scale
-// σC/Λ above 2⁴⁸ (σ·√d above about 2³⁷).
+// σC/Λ above 2⁴⁸ (σ·√d above about 2³¹).
 func NewDiscreteGaussian(sigma, clip float64, dim int) (DiscreteGaussian, error) {
 	if !(sigma > 0) || math.IsInf(sigma, 0) || !(clip > 0) || math.IsInf(clip, 0) || dim < 1 {
 		return DiscreteGaussian{}, fmt.Errorf("%w: sigma %v, clip %v, dim %d", ErrInvalid, sigma, clip, dim)

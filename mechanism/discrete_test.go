@@ -13,7 +13,7 @@ import (
 )
 
 // TestNewDiscreteGaussian checks the grid and the accounted noise
-// multiplier: Λ is the largest power of two with √d·Λ ≤ C/1024, Scale =
+// multiplier: Λ is the largest power of two with √d·Λ ≤ C/2¹⁶, Scale =
 // ⌈σC/Λ⌉, and Sigma lies just below Scale/(C/Λ + √d) computed in 256-bit
 // arithmetic, so the ledger never charges less than the truth.
 func TestNewDiscreteGaussian(t *testing.T) {
@@ -29,8 +29,8 @@ func TestNewDiscreteGaussian(t *testing.T) {
 			t.Fatalf("%+v: %v", tc, err)
 		}
 		grid, rootD := m.Grid(), math.Sqrt(float64(tc.dim))
-		if rootD*grid > tc.clip/1024 || 2*rootD*grid <= tc.clip/1024 {
-			t.Errorf("%+v: Λ = %v is not the largest power of two with √d·Λ ≤ C/1024", tc, grid)
+		if rootD*grid > tc.clip*GridFraction || 2*rootD*grid <= tc.clip*GridFraction {
+			t.Errorf("%+v: Λ = %v is not the largest power of two with √d·Λ ≤ C/2¹⁶", tc, grid)
 		}
 		if want := math.Ceil(tc.sigma * tc.clip / grid); float64(m.Scale) != want {
 			t.Errorf("%+v: scale %d, want %v", tc, m.Scale, want)
@@ -49,7 +49,7 @@ func TestNewDiscreteGaussian(t *testing.T) {
 			t.Errorf("%+v: Sigma %v is more than 2⁻⁴⁸ below the exact %v", tc, m.Sigma, exact)
 		}
 		if m.Sigma < tc.sigma/(1+GridFraction)*(1-0x1p-48) {
-			t.Errorf("%+v: Sigma %v < σ/(1 + 2⁻¹⁰)(1 − 2⁻⁴⁸)", tc, m.Sigma)
+			t.Errorf("%+v: Sigma %v < σ/(1 + 2⁻¹⁶)(1 − 2⁻⁴⁸)", tc, m.Sigma)
 		}
 		if e := m.Event(0.01); e.Kind != ledger.KindPoissonSampled || e.SampleRate != 0.01 || e.Event.Kind != ledger.KindDiscreteGaussian ||
 			e.Event.NoiseMultiplier != m.Sigma || e.Validate() != nil {
