@@ -20,7 +20,8 @@ import (
 // vectors whose length is not the mechanism's dimension.
 var ErrInvalid = errors.New("mechanism: invalid parameters")
 
-// ErrSumRange is returned by Release, before any noise is drawn, when a
+// ErrSumRange is returned by Apply and Release, before anything is
+// released (by Release before any noise is drawn), when a
 // coordinate of the sum is not finite or is 2⁶² grid steps or more from 0.
 // Sums validated by package aggregation (‖S‖ ≤ count·C(1+1e-6)) stay below
 // it whenever N·√d < 2⁴⁴ (Λ > C/(2¹⁷√d)), i.e. for every realistic run.
@@ -40,7 +41,7 @@ const chunkSize = 1 << 14
 // per-example vectors clipped to L2 norm C, released as
 //
 //	k = round(S/Λ)              per coordinate, ties to even; Λ = 2^GridExp
-//	z_j ~ N_Z(0, Scale²)        i.i.d., sampled exactly (package doc)
+//	z_j ~ N_Z(0, Scale²)        i.i.d., sampled exactly (Draw; package doc)
 //	g̃ = Λ(k + z)/B             rounded once to float32
 //
 // (Canonne, Kamath and Steinke 2020, "The Discrete Gaussian for Differential
@@ -126,21 +127,149 @@ type Source interface {
 	Uint64() uint64
 }
 
-// Release writes g̃ = Λ(round(S/Λ) + z)/B into dst, rounded once to
-// float32, for the sum S in sum and the public expected batch size B. dst
-// and sum must both have Dim values (else ErrInvalid); B must be positive
-// and finite (ErrInvalid); every sum coordinate must be finite and within
-// 2⁶² grid steps of 0 (else ErrSumRange). On error nothing is drawn and dst
-// is unchanged.
-//
-// Randomness: one 32-byte ChaCha8 key per chunk of 16384 coordinates is
-// read from src, in chunk order; chunks are then sampled in parallel on up
-// to GOMAXPROCS goroutines, which have all exited when Release returns. With
-// a seeded src the output is therefore the same bit for bit whatever
-// GOMAXPROCS is. src is used only by the calling goroutine.
-func (m DiscreteGaussian) Release(dst []float32, sum []float64, expectedBatch float64, src Source) error {
-	if len(dst) != m.Dim || len(sum) != m.Dim || m.Scale < 1 || m.Scale > maxScale {
-		return fmt.Errorf("%w: dst has %d values, sum %d, the mechanism %d (scale %d)", ErrInvalid, len(dst), len(sum), m.Dim, m.Scale)
+// Noise is the noise of one release, z ~ N_Z(0, Scale²)^d, drawn before
+// the sum it will privatize is known: it does not depend on the data, so
+// the leader draws it while the nodes compute. It is as secret as the sum
+// (the release, less the noise, is the snapped sum): Apply zeroes it after
+// use, so it is never used twice. Its buffer (8 bytes per coordinate) is
+// reused from draw to draw. The zero Noise is empty.
+type Noise struct {
+	mech DiscreteGaussian
+	z    []int64
+	// tail holds the values beyond int64's fast range, by coordinate (in
+	// practice never: probability below e^(−2¹⁴) per coordinate).
+	tailMu sync.Mutex
+	tail   map[int]*big.Int
+	ready  bool
+	// table is the sampler table for mech.Scale, kept from draw to draw.
+	table *gaussTable
+}
+
+// Ready reports whether n holds drawn, unused noise.
+func (n *Noise) Ready() bool { return n.ready }
+
+// Clear zeroes the noise.
+func (n *Noise) Clear() {
+	clear(n.z)
+	n.tail, n.ready = nil, false
+}
+
+func (m DiscreteGaussian) valid() error {
+	if m.Dim < 1 || m.Scale < 1 || m.Scale > maxScale {
+		return fmt.Errorf("%w: mechanism of dimension %d, scale %d", ErrInvalid, m.Dim, m.Scale)
+	}
+	return nil
+}
+
+// Draw fills n with fresh noise for m. Randomness: one 32-byte ChaCha8 key
+// per chunk of 16384 coordinates is read from src, in chunk order; chunks
+// are then sampled in parallel on up to GOMAXPROCS goroutines, which have
+// all exited when Draw returns. With a seeded src the noise is therefore
+// the same bit for bit whatever GOMAXPROCS is. src is used only by the
+// calling goroutine. It returns ErrInvalid, drawing nothing, for a
+// mechanism not made by NewDiscreteGaussian.
+func (m DiscreteGaussian) Draw(n *Noise, src Source) error {
+	if err := m.valid(); err != nil {
+		return err
+	}
+	chunks := (m.Dim + chunkSize - 1) / chunkSize
+	keys := make([][32]byte, chunks)
+	for c := range keys {
+		for w := 0; w < 32; w += 8 {
+			binary.LittleEndian.PutUint64(keys[c][w:], src.Uint64())
+		}
+	}
+	if cap(n.z) < m.Dim {
+		n.z = make([]int64, m.Dim)
+	}
+	if m.Scale >= minTableScale && (n.table == nil || n.table.t != m.Scale) {
+		n.table = newGaussTable(m.Scale, tailFactor)
+	}
+	table := n.table
+	if m.Scale < minTableScale {
+		table = nil
+	}
+	n.mech, n.z, n.tail, n.ready = m, n.z[:m.Dim], nil, true
+	forChunks(m.Dim, func(c, lo, hi int, rng *rand.ChaCha8) {
+		rng.Seed(keys[c])
+		s := newSampler(rng)
+		for j := lo; j < hi; j++ {
+			var z int64
+			var bigZ *big.Int
+			if table != nil {
+				z, bigZ = s.tableGaussian(table)
+			} else {
+				z, bigZ = s.discreteGaussian(m.Scale)
+			}
+			n.z[j] = z
+			if bigZ != nil {
+				n.tailMu.Lock()
+				if n.tail == nil {
+					n.tail = make(map[int]*big.Int)
+				}
+				n.tail[j] = bigZ
+				n.tailMu.Unlock()
+			}
+		}
+	})
+	clear(keys)
+	return nil
+}
+
+// Apply writes g̃ = Λ(round(S/Λ) + z)/B into dst, rounded once to float32,
+// for the sum S in sum, the noise z in n and the public expected batch size
+// B, and then zeroes n. dst and sum must both have Dim values, B must be
+// positive and finite, and n must hold noise drawn for m (else ErrInvalid);
+// every sum coordinate must be finite and within 2⁶² grid steps of 0 (else
+// ErrSumRange). On error dst and n are unchanged.
+func (m DiscreteGaussian) Apply(dst []float32, sum []float64, expectedBatch float64, n *Noise) error {
+	if err := m.check(dst, sum, expectedBatch); err != nil {
+		return err
+	}
+	if !n.ready || n.mech != m {
+		return fmt.Errorf("%w: no noise drawn for this mechanism", ErrInvalid)
+	}
+	forChunks(m.Dim, func(_, lo, hi int, _ *rand.ChaCha8) {
+		for j := lo; j < hi; j++ {
+			k := int64(math.RoundToEven(math.Ldexp(sum[j], -m.GridExp))) // exact: |k| < 2⁶²
+			if z, ok := n.tail[j]; ok {
+				dst[j] = m.outputBig(k, z, expectedBatch)
+				continue
+			}
+			// |k|, |z| < 2⁶²: no overflow. float64(k+z) rounds only
+			// beyond 2⁵³, deterministically: g̃ stays a function of k + z.
+			dst[j] = float32(math.Ldexp(float64(k+n.z[j]), m.GridExp) / expectedBatch)
+		}
+	})
+	n.Clear()
+	return nil
+}
+
+// Release is Draw followed by Apply: it writes g̃ = Λ(round(S/Λ) + z)/B
+// into dst with fresh noise keyed from src, drawn into scratch (which may
+// be nil; reusing one keeps its buffer and its sampler table, built once
+// per scale in about 25 ms). It checks its arguments first (the errors of
+// Apply), so on error nothing is drawn and dst is unchanged.
+func (m DiscreteGaussian) Release(dst []float32, sum []float64, expectedBatch float64, src Source, scratch *Noise) error {
+	if err := m.check(dst, sum, expectedBatch); err != nil {
+		return err
+	}
+	if scratch == nil {
+		scratch = new(Noise)
+	}
+	if err := m.Draw(scratch, src); err != nil {
+		return err
+	}
+	return m.Apply(dst, sum, expectedBatch, scratch)
+}
+
+// check validates Apply's arguments other than the noise.
+func (m DiscreteGaussian) check(dst []float32, sum []float64, expectedBatch float64) error {
+	if err := m.valid(); err != nil {
+		return err
+	}
+	if len(dst) != m.Dim || len(sum) != m.Dim {
+		return fmt.Errorf("%w: dst has %d values, sum %d, the mechanism %d", ErrInvalid, len(dst), len(sum), m.Dim)
 	}
 	if !(expectedBatch > 0) || math.IsInf(expectedBatch, 0) {
 		return fmt.Errorf("%w: expected batch size %v", ErrInvalid, expectedBatch)
@@ -150,13 +279,15 @@ func (m DiscreteGaussian) Release(dst []float32, sum []float64, expectedBatch fl
 			return fmt.Errorf("%w: coordinate %d", ErrSumRange, j)
 		}
 	}
-	chunks := (m.Dim + chunkSize - 1) / chunkSize
-	keys := make([][32]byte, chunks)
-	for c := range keys {
-		for w := 0; w < 32; w += 8 {
-			binary.LittleEndian.PutUint64(keys[c][w:], src.Uint64())
-		}
-	}
+	return nil
+}
+
+// forChunks calls fn for every chunk [lo, hi) of [0, dim), on up to
+// GOMAXPROCS goroutines that have all exited when it returns; each
+// goroutine passes fn its own ChaCha8 state to seed. Which goroutine runs a
+// chunk is unspecified, so fn's result must depend on the chunk only.
+func forChunks(dim int, fn func(c, lo, hi int, rng *rand.ChaCha8)) {
+	chunks := (dim + chunkSize - 1) / chunkSize
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), chunks) {
@@ -167,31 +298,12 @@ func (m DiscreteGaussian) Release(dst []float32, sum []float64, expectedBatch fl
 				if c >= chunks {
 					return
 				}
-				rng.Seed(keys[c])
 				lo := c * chunkSize
-				hi := min(lo+chunkSize, m.Dim)
-				m.releaseChunk(dst[lo:hi], sum[lo:hi], expectedBatch, newSampler(rng))
+				fn(c, lo, min(lo+chunkSize, dim), rng)
 			}
 		})
 	}
 	wg.Wait()
-	clear(keys)
-	return nil
-}
-
-// releaseChunk does Release's work on one chunk with its own stream.
-func (m DiscreteGaussian) releaseChunk(dst []float32, sum []float64, expectedBatch float64, s sampler) {
-	for j, v := range sum {
-		k := int64(math.RoundToEven(math.Ldexp(v, -m.GridExp))) // exact: |k| < 2⁶²
-		z, bigZ := s.discreteGaussian(m.Scale)
-		if bigZ != nil {
-			dst[j] = m.outputBig(k, bigZ, expectedBatch)
-			continue
-		}
-		// |k|, |z| < 2⁶²: no overflow. float64(k+z) rounds only beyond
-		// 2⁵³, deterministically: g̃ stays a function of k + z alone.
-		dst[j] = float32(math.Ldexp(float64(k+z), m.GridExp) / expectedBatch)
-	}
 }
 
 // outputBig is the output for a noise value beyond int64's fast range: the

@@ -101,7 +101,7 @@ func TestReleaseMoments(t *testing.T) {
 		sum[i] = rng.NormFloat64() * 3
 	}
 	dst := make([]float32, d)
-	if err := m.Release(dst, sum, batch, seededSource(1)); err != nil {
+	if err := m.Release(dst, sum, batch, seededSource(1), nil); err != nil {
 		t.Fatal(err)
 	}
 	var m1, m2 float64
@@ -142,7 +142,7 @@ func TestReleaseDependsOnlyOnTheSnappedSum(t *testing.T) {
 		dst []float32
 		sum []float64
 	}{{ga, a}, {gb, b}, {gc, c}} {
-		if err := m.Release(r.dst, r.sum, grid, seededSource(9)); err != nil { // B = Λ: g̃ = k + z
+		if err := m.Release(r.dst, r.sum, grid, seededSource(9), nil); err != nil { // B = Λ: g̃ = k + z
 			t.Fatal(err)
 		}
 	}
@@ -168,7 +168,7 @@ func TestReleaseDeterministicAcrossGOMAXPROCS(t *testing.T) {
 	run := func(procs int) []float32 {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 		dst := make([]float32, d)
-		if err := m.Release(dst, sum, 7, seededSource(4)); err != nil {
+		if err := m.Release(dst, sum, 7, seededSource(4), nil); err != nil {
 			t.Fatal(err)
 		}
 		return dst
@@ -209,7 +209,7 @@ func TestReleaseRejects(t *testing.T) {
 			tc.dst[i] = 42
 		}
 		src := &countingSource{src: seededSource(1)}
-		err := m.Release(tc.dst, tc.sum, tc.batch, src)
+		err := m.Release(tc.dst, tc.sum, tc.batch, src, nil)
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
 		}
@@ -223,7 +223,7 @@ func TestReleaseRejects(t *testing.T) {
 			}
 		}
 	}
-	if err := (DiscreteGaussian{}).Release(nil, nil, 1, seededSource(1)); !errors.Is(err, ErrInvalid) {
+	if err := (DiscreteGaussian{}).Release(nil, nil, 1, seededSource(1), nil); !errors.Is(err, ErrInvalid) {
 		t.Errorf("zero mechanism: err = %v", err)
 	}
 }
@@ -232,7 +232,7 @@ func TestReleaseRejects(t *testing.T) {
 func TestReleaseGoroutinesExit(t *testing.T) {
 	m := mustMechanism(t, 1, 1, 5*chunkSize)
 	before := runtime.NumGoroutine()
-	if err := m.Release(make([]float32, m.Dim), make([]float64, m.Dim), 1, seededSource(1)); err != nil {
+	if err := m.Release(make([]float32, m.Dim), make([]float64, m.Dim), 1, seededSource(1), nil); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; {
@@ -240,5 +240,74 @@ func TestReleaseGoroutinesExit(t *testing.T) {
 			t.Fatalf("%d goroutines before Release, %d after", before, runtime.NumGoroutine())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestDrawApply: Release is Draw then Apply on the same stream; Apply
+// consumes the noise (zeroed, not ready) and refuses noise that was not
+// drawn, or drawn for another mechanism, leaving it as it was.
+func TestDrawApply(t *testing.T) {
+	const d = 3*chunkSize + 5
+	m := mustMechanism(t, 1, 1, d)
+	sum := make([]float64, d)
+	for i := range sum {
+		sum[i] = float64(i%13) - 6
+	}
+	want := make([]float32, d)
+	if err := m.Release(want, sum, 3, seededSource(7), nil); err != nil {
+		t.Fatal(err)
+	}
+	var n Noise
+	got := make([]float32, d)
+	if err := m.Apply(got, sum, 3, &n); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Apply without Draw: %v", err)
+	}
+	if err := m.Draw(&n, seededSource(7)); err != nil || !n.Ready() {
+		t.Fatalf("Draw: %v, ready %v", err, n.Ready())
+	}
+	other := mustMechanism(t, 2, 1, d)
+	if err := other.Apply(got, sum, 3, &n); !errors.Is(err, ErrInvalid) || !n.Ready() {
+		t.Errorf("Apply with another mechanism's noise: %v, ready %v", err, n.Ready())
+	}
+	if err := m.Apply(got, sum[:d-1], 3, &n); !errors.Is(err, ErrInvalid) || !n.Ready() {
+		t.Errorf("Apply with a short sum: %v, ready %v", err, n.Ready())
+	}
+	if err := m.Apply(got, sum, 3, &n); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("[%d]: Draw+Apply %v, Release %v", i, got[i], want[i])
+		}
+	}
+	if n.Ready() {
+		t.Error("noise still ready after Apply")
+	}
+	for _, z := range n.z {
+		if z != 0 {
+			t.Fatal("noise not zeroed after Apply")
+		}
+	}
+	if err := m.Apply(got, sum, 3, &n); !errors.Is(err, ErrInvalid) {
+		t.Errorf("second Apply of the same noise: %v", err)
+	}
+	if err := (DiscreteGaussian{}).Draw(&n, seededSource(1)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Draw for the zero mechanism: %v", err)
+	}
+}
+
+// TestOutputBig: the math/big output path computes the same function of
+// k + z as the int64 path.
+func TestOutputBig(t *testing.T) {
+	m := mustMechanism(t, 1, 1, 1000)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for range 10000 {
+		k, z := rng.Int64N(1<<62)-1<<61, rng.Int64N(1<<62)-1<<61
+		for _, b := range []float64{1, 3, 256, 1e-3} {
+			fast := float32(math.Ldexp(float64(k+z), m.GridExp) / b)
+			if slow := m.outputBig(k, big.NewInt(z), b); math.Float32bits(slow) != math.Float32bits(fast) {
+				t.Fatalf("k %d z %d B %v: %v vs %v", k, z, b, slow, fast)
+			}
+		}
 	}
 }

@@ -54,6 +54,19 @@ func (b *bitReader) bit() bool {
 	return v
 }
 
+// take returns n uniform bits, 1 ≤ n ≤ 64, as an integer in [0, 2ⁿ).
+func (b *bitReader) take(n uint) uint64 {
+	if n <= b.n {
+		v := b.buf & (1<<n - 1) // shifts by 64 give 0 in Go: all ones for n = 64
+		b.buf >>= n
+		b.n -= n
+		return v
+	}
+	lo, have := b.buf, b.n // all the buffered bits, then the rest from a fresh word
+	b.buf, b.n = b.src.Uint64(), 64
+	return lo | b.take(n-have)<<have
+}
+
 // below returns a uniform integer in [0, m), m ≥ 1, by Lemire's
 // multiply-and-reject method ("Fast Random Integer Generation in an
 // Interval", ACM TOMACS 29(1), 2019): unbiased. m = 1 draws nothing.
@@ -100,20 +113,25 @@ func (s *sampler) bernoulli(n, d u128) bool {
 	}
 }
 
-// bernoulli64 is bernoulli for n < d < 2⁶³, in 64-bit arithmetic.
+// bernoulli64 is bernoulli for n < d < 2⁶³, in 64-bit arithmetic, with
+// the bit buffer held in registers.
 func (s *sampler) bernoulli64(n, d uint64) bool {
-	r := n
+	r, buf, left := n, s.bits.buf, s.bits.n
 	for {
+		if left == 0 {
+			buf, left = s.bits.src.Uint64(), 64
+		}
+		b := buf&1 == 1
+		buf >>= 1
+		left--
 		r <<= 1
 		digit := r >= d
 		if digit {
 			r -= d
 		}
-		if s.bits.bit() != digit {
-			return digit
-		}
-		if r == 0 {
-			return false
+		if b != digit || r == 0 {
+			s.bits.buf, s.bits.n = buf, left
+			return digit && b != digit
 		}
 	}
 }
@@ -162,11 +180,25 @@ func (s *sampler) bernoulliExp(n, d u128) bool {
 }
 
 // discreteLaplace draws y with P(y) ∝ exp(−|y|/t) on ℤ, t ≥ 1 (CKS
-// Algorithm 2 with s = 1): U uniform on [0, t) kept with probability
-// exp(−U/t); V geometric, the number of Bernoulli(1/e) successes before the
-// first failure; |y| = U + tV; a uniform sign, rejecting "−0". It returns
-// |y| and the sign, or, when |y| ≥ s.limit, |y| in big.
+// Algorithm 2 with s = 1): a magnitude from expMagnitude and a uniform
+// sign, rejecting "−0". It returns |y| and the sign, or, when
+// |y| ≥ s.limit, |y| in big.
 func (s *sampler) discreteLaplace(t uint64) (mag uint64, bigMag *big.Int, neg bool) {
+	for {
+		mag, bigMag = s.expMagnitude(t)
+		neg = s.bits.bit()
+		if neg && bigMag == nil && mag == 0 {
+			continue
+		}
+		return mag, bigMag, neg
+	}
+}
+
+// expMagnitude draws x ≥ 0 with P(x) ∝ exp(−x/t): U uniform on [0, t) kept
+// with probability exp(−U/t); V geometric, the number of Bernoulli(1/e)
+// successes before the first failure; x = U + tV (CKS Algorithm 2). It
+// returns x, or, when x ≥ s.limit, x in big.
+func (s *sampler) expMagnitude(t uint64) (uint64, *big.Int) {
 	for {
 		u := s.below(t)
 		if !s.bernoulliExpFrac(from64(u), from64(t)) {
@@ -176,20 +208,15 @@ func (s *sampler) discreteLaplace(t uint64) (mag uint64, bigMag *big.Int, neg bo
 		for s.bernoulliExpOne() {
 			v++
 		}
-		neg := s.bits.bit()
 		hi, lo := bits.Mul64(t, v)
 		lo, carry := bits.Add64(lo, u, 0)
 		hi += carry
 		if hi == 0 && lo < s.limit {
-			if neg && lo == 0 {
-				continue
-			}
-			return lo, nil, neg
+			return lo, nil
 		}
 		x := new(big.Int).SetUint64(t)
 		x.Mul(x, new(big.Int).SetUint64(v))
-		x.Add(x, new(big.Int).SetUint64(u))
-		return 0, x, neg // x ≥ limit > 0: never "−0"
+		return 0, x.Add(x, new(big.Int).SetUint64(u))
 	}
 }
 

@@ -44,6 +44,9 @@ type NoiseSource struct {
 	mu     sync.Mutex
 	rng    *mrand.Rand
 	seeded bool
+	// scratch is DiscreteNoisyGradient64's noise buffer and sampler table,
+	// kept between calls.
+	scratch mechanism.Noise
 }
 
 // NewNoiseSource returns a NoiseSource keyed from crypto/rand.
@@ -87,7 +90,17 @@ func (n *NoiseSource) Normal() float64 {
 func (n *NoiseSource) DiscreteNoisyGradient64(dst []float32, sum []float64, m mechanism.DiscreteGaussian, expectedBatch float64) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return m.Release(dst, sum, expectedBatch, n.rng)
+	return m.Release(dst, sum, expectedBatch, n.rng, &n.scratch)
+}
+
+// DrawDiscrete draws the noise of m's next release into dst, keyed from
+// this source (mechanism.DiscreteGaussian.Draw), for a later
+// m.Apply. The noise does not depend on the data, so the leader draws it
+// while the nodes compute.
+func (n *NoiseSource) DrawDiscrete(dst *mechanism.Noise, m mechanism.DiscreteGaussian) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return m.Draw(dst, n.rng)
 }
 
 // NoisyGradient forms the privatized gradient of the Gaussian mechanism
