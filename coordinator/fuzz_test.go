@@ -14,11 +14,15 @@ import (
 // re-encodes to an entry that decodes the same way.
 func FuzzDecodeEntry(f *testing.F) {
 	c := testRunConfig()
+	legacy, float := c, c
+	legacy.NoiseMode, float.NoiseMode = NoiseLegacy, NoiseFloat
 	for _, e := range []struct {
 		t    entryType
 		body any
 	}{
 		{entryConfig, c},
+		{entryConfig, legacy},
+		{entryConfig, float},
 		{entryStep, stepEntry{Step: 3, Event: c.Event(), Grad: make([]byte, 4*testDim), Round: "r1/2/00ff"}},
 		{entryStop, stopEntry{Reason: stopBudget}},
 	} {
@@ -42,6 +46,8 @@ func FuzzDecodeEntry(f *testing.F) {
 				return
 			}
 			_ = c.Validate()
+			_ = c.Event().Validate()
+			_, _ = c.Discrete()
 			v = c
 		case entryStep:
 			var s stepEntry

@@ -96,11 +96,11 @@ func TestPrivatizeHidesLowOrderBits(t *testing.T) {
 		return
 	}
 	g := make([]float32, d)
-	if err := privatize(c, train.NewSeededNoiseSource(1), g, append([]float64(nil), s0...)); err != nil {
+	if err := privatize(c, train.NewSeededNoiseSource(1), nil, g, append([]float64(nil), s0...)); err != nil {
 		t.Fatal(err)
 	}
 	w0, a00, a01 := refuted(g)
-	if err := privatize(c, train.NewSeededNoiseSource(2), g, append([]float64(nil), s1...)); err != nil {
+	if err := privatize(c, train.NewSeededNoiseSource(2), nil, g, append([]float64(nil), s1...)); err != nil {
 		t.Fatal(err)
 	}
 	w1, a10, a11 := refuted(g)

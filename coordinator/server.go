@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/aggregation"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
@@ -149,8 +150,9 @@ type Summary struct {
 //     them) until every node answered or the deadline passed.
 //  4. Privatize S with the run's noise mode (privatize): by default snap
 //     it to the grid Λℤ^d and add exact discrete Gaussian noise,
-//     g̃ = Λ(round(S/Λ) + z)/B, z ~ N_Z(0, ⌈σC/Λ⌉²I), from the CSPRNG;
-//     clear S. Nothing un-noised leaves this function.
+//     g̃ = Λ(round(S/Λ) + z)/B, z ~ N_Z(0, ⌈σC/Λ⌉²I) from the CSPRNG,
+//     drawn while step 3 waits (z does not depend on the data); clear S
+//     and z. Nothing un-noised leaves this function.
 //  5. Propose the step entry (t, g̃, the ledger event) and wait until it is
 //     committed and applied here: the state machine has charged the
 //     ledger (fsynced) and then updated θ.
@@ -169,6 +171,9 @@ type Server struct {
 	log     *slog.Logger
 	noise   *train.NoiseSource
 	metrics *Metrics
+	// pending is the discrete noise of the open round's release, drawn
+	// while the nodes compute (lead goroutine only).
+	pending mechanism.Noise
 
 	nodes registry
 	round atomic.Pointer[openRound] // the leader's open round, if any
@@ -401,6 +406,17 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 		s.round.Store(nil)
 		return fmt.Errorf("coordinator: publishing round %d: %w", t, err)
 	}
+	// The release's noise does not depend on the data: draw it now, while
+	// the nodes compute (contributions reach the Round through the
+	// transport's handlers meanwhile).
+	if m, ok := s.run.Discrete(); ok {
+		if err := s.noise.DrawDiscrete(&s.pending, m); err != nil {
+			r.Close()
+			s.round.Store(nil)
+			return err
+		}
+		defer s.pending.Clear() // unused noise (no release) does not linger
+	}
 	// Wait for the round, watching leadership: a deposed leader must not
 	// propose (it could not commit anyway) and should stop waiting.
 	watch := time.NewTicker(50 * time.Millisecond)
@@ -434,7 +450,7 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 	}
 	// 4. Noise over the sum, by the run's noise mode; then clear the sum.
 	// The Result's Sum is this round's own buffer (the Round is discarded).
-	err = privatize(s.run, s.noise, g, res.Sum)
+	err = privatize(s.run, s.noise, &s.pending, g, res.Sum)
 	clear(res.Sum)
 	if err != nil {
 		return err
@@ -470,16 +486,20 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 
 // privatize forms the noisy gradient g̃ of the run's mechanism from the
 // round's float64 sum (step 4 of the Server doc comment): the discrete
-// Gaussian mechanism for NoiseDiscrete (RunConfig.Discrete), the legacy
-// floating-point sampler for NoiseFloat and NoiseLegacy. It is the one
-// place the leader's noise is drawn; RunConfig.Event is the one place it is
-// accounted.
-func privatize(run RunConfig, noise *train.NoiseSource, g []float32, sum []float64) error {
+// Gaussian mechanism for NoiseDiscrete (RunConfig.Discrete), with the noise
+// in pending if it is ready (drawn at the round's start; Apply zeroes it)
+// or fresh noise otherwise; the legacy floating-point sampler for
+// NoiseFloat and NoiseLegacy. It is the one place the leader's noise is
+// added; RunConfig.Event is the one place it is accounted.
+func privatize(run RunConfig, noise *train.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
 	oc := run.Optimizer
 	if run.NoiseMode == NoiseDiscrete {
 		m, ok := run.Discrete()
 		if !ok {
 			return fmt.Errorf("%w: noise mode %q cannot be built", ErrInvalidRunConfig, run.NoiseMode)
+		}
+		if pending != nil && pending.Ready() {
+			return m.Apply(g, sum, oc.ExpectedBatchSize, pending)
 		}
 		return noise.DiscreteNoisyGradient64(g, sum, m, oc.ExpectedBatchSize)
 	}

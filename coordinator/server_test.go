@@ -212,7 +212,7 @@ func testServerTrainsOverNATS(t *testing.T, mode string) {
 			}
 		}
 		grads[st] = make([]float32, c.Dim)
-		if err := privatize(c, noise, grads[st], agg); err != nil {
+		if err := privatize(c, noise, nil, grads[st], agg); err != nil {
 			t.Fatal(err)
 		}
 	}
