@@ -229,16 +229,22 @@ func (m DiscreteGaussian) Apply(dst []float32, sum []float64, expectedBatch floa
 	if !n.ready || n.mech != m {
 		return fmt.Errorf("%w: no noise drawn for this mechanism", ErrInvalid)
 	}
+	inv, grid := math.Ldexp(1, -m.GridExp), m.Grid() // exact powers of two
 	forChunks(m.Dim, func(_, lo, hi int, _ *rand.ChaCha8) {
 		for j := lo; j < hi; j++ {
-			k := int64(math.RoundToEven(math.Ldexp(sum[j], -m.GridExp))) // exact: |k| < 2⁶²
-			if z, ok := n.tail[j]; ok {
-				dst[j] = m.outputBig(k, z, expectedBatch)
-				continue
+			// S/Λ is exact (a power-of-two scaling; a subnormal result
+			// rounds, but then |S/Λ| ≪ 1/2 and k = 0 either way), and so
+			// is k: |k| < 2⁶² (check).
+			k := int64(math.RoundToEven(sum[j] * inv))
+			if n.tail != nil {
+				if z, ok := n.tail[j]; ok {
+					dst[j] = m.output(new(big.Int).Add(z, big.NewInt(k)), grid, expectedBatch)
+					continue
+				}
 			}
 			// |k|, |z| < 2⁶²: no overflow. float64(k+z) rounds only
 			// beyond 2⁵³, deterministically: g̃ stays a function of k + z.
-			dst[j] = float32(math.Ldexp(float64(k+n.z[j]), m.GridExp) / expectedBatch)
+			dst[j] = float32(float64(k+n.z[j]) * grid / expectedBatch)
 		}
 	})
 	n.Clear()
@@ -274,8 +280,9 @@ func (m DiscreteGaussian) check(dst []float32, sum []float64, expectedBatch floa
 	if !(expectedBatch > 0) || math.IsInf(expectedBatch, 0) {
 		return fmt.Errorf("%w: expected batch size %v", ErrInvalid, expectedBatch)
 	}
+	inv := math.Ldexp(1, -m.GridExp)
 	for j, v := range sum {
-		if x := math.Ldexp(v, -m.GridExp); !(math.Abs(x) < fastLimit) {
+		if !(math.Abs(v*inv) < fastLimit) { // NaN, ±Inf, overflow, or beyond 2⁶²
 			return fmt.Errorf("%w: coordinate %d", ErrSumRange, j)
 		}
 	}
@@ -306,10 +313,9 @@ func forChunks(dim int, fn func(c, lo, hi int, rng *rand.ChaCha8)) {
 	wg.Wait()
 }
 
-// outputBig is the output for a noise value beyond int64's fast range: the
-// same function of k + z, computed in math/big.
-func (m DiscreteGaussian) outputBig(k int64, z *big.Int, expectedBatch float64) float32 {
-	sum := new(big.Int).Add(z, big.NewInt(k))
-	f, _ := new(big.Float).SetInt(sum).Float64()
-	return float32(math.Ldexp(f, m.GridExp) / expectedBatch)
+// output is g̃ for an integer k + z beyond int64's fast range: the same
+// function of k + z as the fast path, float64(k+z)·Λ/B rounded to float32.
+func (m DiscreteGaussian) output(kz *big.Int, grid, expectedBatch float64) float32 {
+	f, _ := new(big.Float).SetInt(kz).Float64()
+	return float32(f * grid / expectedBatch)
 }
