@@ -35,7 +35,7 @@ func testRunConfig() RunConfig {
 	return RunConfig{
 		Run: "test", Dim: testDim, InitSeed: 7, TotalExamples: 10000, SampleRate: 0.01,
 		Optimizer: opt, TargetEpsilon: 5, Delta: 1e-5, SeedPolicy: SeedSeeded,
-		ModelHash: "test-model",
+		ModelHash: "test-model", NoiseMode: NoiseDiscrete,
 	}
 }
 
@@ -136,7 +136,7 @@ func TestFSMAppliesSteps(t *testing.T) {
 	if err != nil || !rep.OK || rep.Charges != 10 || rep.Applied != 10 {
 		t.Errorf("audit: %+v, %v", rep, err)
 	}
-	want, _, _ := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 10, c.Delta)
+	want, _, _ := ledger.EventEpsilon(nil, c.Event(), 10, c.Delta)
 	if s := f.State(); math.Abs(s.Epsilon-want) > 1e-12 {
 		t.Errorf("ε = %v, want %v", s.Epsilon, want)
 	}
@@ -185,7 +185,7 @@ func TestFSMBudgetRefusal(t *testing.T) {
 	dir := t.TempDir()
 	f := newTestFSM(t, dir)
 	c := testRunConfig()
-	eps5, _, _ := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 5, c.Delta)
+	eps5, _, _ := ledger.EventEpsilon(nil, c.Event(), 5, c.Delta)
 	c.TargetEpsilon = eps5 * (1 + 1e-9)
 	mustApply(t, f, logEntry(t, 1, entryConfig, c))
 	grads := noisyGrads(6, 3)

@@ -16,12 +16,16 @@ import (
 // re-encodes to an entry that decodes the same way.
 func FuzzDecodeEntry(f *testing.F) {
 	c := testRunConfig()
+	legacy, float := c, c
+	legacy.NoiseMode, float.NoiseMode = NoiseLegacy, NoiseFloat
 	for _, e := range []struct {
 		t    entryType
 		body any
 	}{
 		{entryConfig, c}, // a configuration entry from before history IDs
 		{entryConfig, configEntry{RunConfig: c, History: "0123456789abcdef0123456789abcdef"}},
+		{entryConfig, legacy},
+		{entryConfig, float},
 		{entryStep, stepEntry{Step: 3, Event: c.Event(), Grad: make([]byte, 4*testDim), Round: "r1/2/00ff"}},
 		{entryStop, stopEntry{Reason: stopBudget}},
 	} {
@@ -45,6 +49,8 @@ func FuzzDecodeEntry(f *testing.F) {
 				return
 			}
 			_ = c.Validate()
+			_ = c.Event().Validate()
+			_, _ = c.Discrete()
 			v = c
 			defer func() {
 				again, _ := encodeEntry(typ, v)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/mechanism"
 )
 
 // ErrInvalidRunConfig is returned (wrapped, naming the field) for a run
@@ -46,6 +47,16 @@ type RunConfig struct {
 	// default, a CSPRNG seeded from the OS) or "seeded" for reproducible
 	// tests only; a seeded run is labelled as such everywhere.
 	SeedPolicy string `json:"seed_policy" msgpack:"seed_policy"`
+	// NoiseMode says how the leader draws the noise: NoiseDiscrete (the
+	// secure mechanism: the sum snapped to a grid plus exact discrete
+	// Gaussian noise, package mechanism; what new runs use) or NoiseFloat
+	// (the legacy floating-point sampler, not protected against
+	// floating-point attacks, only by explicit choice). NoiseLegacy, the
+	// empty string, is what configurations written before the field existed
+	// decode to; it means what they meant then: the floating-point sampler.
+	// The field is omitted when empty, so such a configuration re-encodes
+	// to the same bytes.
+	NoiseMode string `json:"noise_mode,omitempty" msgpack:"noise_mode,omitempty"`
 }
 
 // Seed policies.
@@ -54,9 +65,48 @@ const (
 	SeedSeeded = ledger.NoiseSeeded
 )
 
-// Event returns the ledger event charged for each step of the run: the
-// Gaussian mechanism with noise multiplier σ on a Poisson sample of rate q.
+// Noise modes (RunConfig.NoiseMode). The ledger's run record names the
+// mode as its mechanism.
+const (
+	NoiseDiscrete = ledger.MechanismDiscrete
+	NoiseFloat    = ledger.MechanismFloat
+	NoiseLegacy   = ""
+	// DefaultNoiseMode is the mode new runs get unless told otherwise.
+	DefaultNoiseMode = NoiseDiscrete
+)
+
+// Discrete returns the run's discrete Gaussian mechanism (its grid, noise
+// scale and effective noise multiplier), and false for a floating-point
+// noise mode or a configuration the mechanism cannot be built for (which
+// Validate rejects).
+func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
+	if c.NoiseMode != NoiseDiscrete {
+		return mechanism.DiscreteGaussian{}, false
+	}
+	m, err := mechanism.NewDiscreteGaussian(c.Optimizer.NoiseMultiplier, c.Optimizer.ClipNorm, c.Dim)
+	return m, err == nil
+}
+
+// Event returns the ledger event charged for each step of the run. It is
+// the single place the run's privacy accounting is defined:
+//
+//   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
+//     rate q, at the effective noise multiplier of the snapped sum,
+//     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
+//     accounted by ledger.SubsampledDiscreteGaussianRDP);
+//   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
+//     multiplier σ on a Poisson sample of rate q.
+//
+// For an invalid discrete configuration it returns the zero Event, which
+// the ledger refuses to charge.
 func (c RunConfig) Event() ledger.Event {
+	if c.NoiseMode == NoiseDiscrete {
+		m, ok := c.Discrete()
+		if !ok {
+			return ledger.Event{}
+		}
+		return m.Event(c.SampleRate)
+	}
 	return ledger.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
 }
 
@@ -84,12 +134,19 @@ func (c RunConfig) Validate() error {
 		return bad("max steps %d must not be negative", c.MaxSteps)
 	case c.SeedPolicy != SeedCrypto && c.SeedPolicy != SeedSeeded:
 		return bad("seed policy %q must be %q or %q", c.SeedPolicy, SeedCrypto, SeedSeeded)
+	case c.NoiseMode != NoiseDiscrete && c.NoiseMode != NoiseFloat && c.NoiseMode != NoiseLegacy:
+		return bad("noise mode %q must be %q or %q", c.NoiseMode, NoiseDiscrete, NoiseFloat)
 	}
 	if err := c.Optimizer.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)
 	}
 	if !(c.Optimizer.NoiseMultiplier > 0) {
 		return bad("noise multiplier %v must be positive: a run without noise is not private", c.Optimizer.NoiseMultiplier)
+	}
+	if c.NoiseMode == NoiseDiscrete {
+		if _, err := mechanism.NewDiscreteGaussian(c.Optimizer.NoiseMultiplier, c.Optimizer.ClipNorm, c.Dim); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)
+		}
 	}
 	b := c.SampleRate * float64(c.TotalExamples)
 	if math.Abs(c.Optimizer.ExpectedBatchSize-b) > 1e-9*b {

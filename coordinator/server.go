@@ -17,6 +17,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
@@ -68,7 +69,8 @@ type ServerConfig struct {
 	// voter (at its advertised Raft address) until it is a member. For a
 	// replica started without bootstrapping into an existing cluster.
 	Join bool
-	// Noise is the leader's Gaussian noise source. Nil means a fresh
+	// Noise is the leader's noise source (its mechanism is the run's
+	// NoiseMode). Nil means a fresh
 	// crypto-keyed one (train.NewNoiseSource). A seeded source makes the
 	// run NOT private; the Server refuses one unless the run's SeedPolicy
 	// is SeedSeeded, and logs it loudly.
@@ -160,10 +162,13 @@ type Summary struct {
 //     instead (log, metric, replica status).
 //  3. Collect contributions into an aggregation.Round (which validates
 //     them) until every node answered or the deadline passed.
-//  4. Draw z ~ N(0, σ²C²I) from the CSPRNG and form g̃ = (S + z)/B in
-//     float64; clear S. Nothing un-noised leaves this function. Check g̃
-//     with dpadam.CheckGradient, the rule the state machine applies: if
-//     it fails, propose the end of the run instead of the step.
+//  4. Privatize S with the run's noise mode (privatize): by default snap
+//     it to the grid Λℤ^d and add exact discrete Gaussian noise,
+//     g̃ = Λ(round(S/Λ) + z)/B, z ~ N_Z(0, ⌈σC/Λ⌉²I) from the CSPRNG,
+//     drawn while step 3 waits (z does not depend on the data); clear S
+//     and z. Nothing un-noised leaves this function. Check g̃ with
+//     dpadam.CheckGradient, the rule the state machine applies: if it
+//     fails, propose the end of the run instead of the step.
 //  5. Propose the step entry (t, g̃, the ledger event) and wait until it is
 //     committed and applied here: the state machine has charged the
 //     ledger (fsynced) and then updated θ.
@@ -182,6 +187,9 @@ type Server struct {
 	log     *slog.Logger
 	noise   *train.NoiseSource
 	metrics *Metrics
+	// pending is the discrete noise of the open round's release, drawn
+	// while the nodes compute (lead goroutine only).
+	pending mechanism.Noise
 
 	nodes registry
 	round atomic.Pointer[openRound] // the leader's open round, if any
@@ -234,6 +242,11 @@ func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerC
 		log.Warn("coordinator: SEEDED noise source: this run is NOT differentially private")
 	} else if run.SeedPolicy != SeedCrypto {
 		return nil, fmt.Errorf("%w: seed policy %q but a crypto noise source", ErrInvalidRunConfig, run.SeedPolicy)
+	}
+	if m, ok := run.Discrete(); ok {
+		log.Info("coordinator: noise mode discrete", "grid", m.Grid(), "scale", m.Scale, "effective_sigma", m.Sigma)
+	} else {
+		log.Warn("coordinator: noise mode " + noiseModeLabel(run.NoiseMode) + ": the floating-point Gaussian sampler is NOT protected against floating-point attacks; use noise mode discrete for new runs")
 	}
 	return &Server{
 		replica: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise,
@@ -443,6 +456,17 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 		s.round.Store(nil)
 		return fmt.Errorf("coordinator: publishing round %d: %w", t, err)
 	}
+	// The release's noise does not depend on the data: draw it now, while
+	// the nodes compute (contributions reach the Round through the
+	// transport's handlers meanwhile).
+	if m, ok := s.run.Discrete(); ok {
+		if err := s.noise.DrawDiscrete(&s.pending, m); err != nil {
+			r.Close()
+			s.round.Store(nil)
+			return err
+		}
+		defer s.pending.Clear() // unused noise (no release) does not linger
+	}
 	// Wait for the round, watching leadership: a deposed leader must not
 	// propose (it could not commit anyway) and should stop waiting.
 	watch := time.NewTicker(50 * time.Millisecond)
@@ -474,10 +498,9 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 		s.nodes.forget(res.Missing)
 		return nil
 	}
-	// 4. Noise, in float64, over the sum; then clear the sum. The Result's
-	// Sum is this round's own buffer (the Round is discarded).
-	oc := s.run.Optimizer
-	err = s.noise.NoisyGradient64(g, res.Sum, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize)
+	// 4. Noise over the sum, by the run's noise mode; then clear the sum.
+	// The Result's Sum is this round's own buffer (the Round is discarded).
+	err = privatize(s.run, s.noise, &s.pending, g, res.Sum)
 	clear(res.Sum)
 	if err != nil {
 		return err
@@ -520,6 +543,36 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 		s.cfg.OnStep(p)
 	}
 	return nil
+}
+
+// privatize forms the noisy gradient g̃ of the run's mechanism from the
+// round's float64 sum (step 4 of the Server doc comment): the discrete
+// Gaussian mechanism for NoiseDiscrete (RunConfig.Discrete), with the noise
+// in pending if it is ready (drawn at the round's start; Apply zeroes it)
+// or fresh noise otherwise; the legacy floating-point sampler for
+// NoiseFloat and NoiseLegacy. It is the one place the leader's noise is
+// added; RunConfig.Event is the one place it is accounted.
+func privatize(run RunConfig, noise *train.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
+	oc := run.Optimizer
+	if run.NoiseMode == NoiseDiscrete {
+		m, ok := run.Discrete()
+		if !ok {
+			return fmt.Errorf("%w: noise mode %q cannot be built", ErrInvalidRunConfig, run.NoiseMode)
+		}
+		if pending != nil && pending.Ready() {
+			return m.Apply(g, sum, oc.ExpectedBatchSize, pending)
+		}
+		return noise.DiscreteNoisyGradient64(g, sum, m, oc.ExpectedBatchSize)
+	}
+	return noise.NoisyGradient64(g, sum, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize)
+}
+
+// noiseModeLabel names a noise mode for logs.
+func noiseModeLabel(mode string) string {
+	if mode == NoiseLegacy {
+		return "float (legacy: configured before noise modes)"
+	}
+	return mode
 }
 
 // evaluate scores the committed θ on the evaluation data and records it

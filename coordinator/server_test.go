@@ -167,12 +167,19 @@ func openReplicaForServer(t *testing.T, dir string, opts ...ledger.Option) *Repl
 // run directly on (S + z)/B with the same seeded noise (noise is added once,
 // to the float64 aggregate of the contributions in node order), that the
 // ledger has one charge per applied step and audits clean, and that nodes
-// are told the run is done.
+// are told the run is done. It runs in the default noise mode (discrete)
+// and in the legacy floating-point one.
 func TestServerTrainsOverNATS(t *testing.T) {
+	for _, mode := range []string{NoiseDiscrete, NoiseLegacy} {
+		t.Run(noiseModeLabel(mode), func(t *testing.T) { testServerTrainsOverNATS(t, mode) })
+	}
+}
+
+func testServerTrainsOverNATS(t *testing.T, mode string) {
 	const steps = 12
 	dir := t.TempDir()
 	c := testRunConfig()
-	c.MaxSteps = steps
+	c.MaxSteps, c.NoiseMode = steps, mode
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -235,8 +242,7 @@ func TestServerTrainsOverNATS(t *testing.T) {
 			}
 		}
 		grads[st] = make([]float32, c.Dim)
-		oc := c.Optimizer
-		if err := noise.NoisyGradient64(grads[st], agg, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize); err != nil {
+		if err := privatize(c, noise, nil, grads[st], agg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -245,7 +251,7 @@ func TestServerTrainsOverNATS(t *testing.T) {
 		t.Errorf("θ differs from the reference run on (S+z)/B (step %d)", step)
 	}
 	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
-	if err != nil || !rep.OK || rep.Applied != steps || rep.Charges != steps {
+	if err != nil || !rep.OK || rep.Applied != steps || rep.Charges != steps || rep.Mechanism != mode {
 		t.Errorf("audit: %+v, %v", rep, err)
 	}
 	for _, n := range nodes {
@@ -411,11 +417,11 @@ func TestServerStopsAtBudget(t *testing.T) {
 	dir := t.TempDir()
 	c := testRunConfig()
 	// q = 0.01, σ = 1: find a target that allows a handful of steps.
-	eps5, _, err := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 5, c.Delta)
+	eps5, _, err := ledger.EventEpsilon(nil, c.Event(), 5, c.Delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eps6, _, _ := ledger.Epsilon(c.SampleRate, c.Optimizer.NoiseMultiplier, 6, c.Delta)
+	eps6, _, _ := ledger.EventEpsilon(nil, c.Event(), 6, c.Delta)
 	c.TargetEpsilon = (eps5 + eps6) / 2
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

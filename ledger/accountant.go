@@ -15,9 +15,16 @@ import (
 type Accountant struct {
 	orders []float64
 	rdp    []float64
-	// cache remembers the per-order RDP of each (q, σ) pair seen, so that
-	// charging the same mechanism at every step costs O(len(orders)).
-	cache map[[2]float64][]float64
+	// cache remembers the per-order RDP of each subsampled mechanism seen,
+	// so that charging the same mechanism at every step costs
+	// O(len(orders)).
+	cache map[curveKey][]float64
+}
+
+// curveKey names one Poisson-subsampled mechanism's RDP curve.
+type curveKey struct {
+	kind     Kind
+	q, sigma float64
 }
 
 // NewAccountant returns an accountant over the given orders, or over
@@ -34,7 +41,7 @@ func NewAccountant(orders []float64) (*Accountant, error) {
 	return &Accountant{
 		orders: slices.Clone(orders),
 		rdp:    make([]float64, len(orders)),
-		cache:  make(map[[2]float64][]float64),
+		cache:  make(map[curveKey][]float64),
 	}, nil
 }
 
@@ -68,16 +75,18 @@ func (a *Accountant) Compose(e Event, count int64) error {
 // eventRDP adds weight × RDP(e) to dst, per order.
 func (a *Accountant) eventRDP(dst []float64, e Event, weight float64) error {
 	switch e.Kind {
-	case KindGaussian:
+	case KindGaussian, KindDiscreteGaussian:
 		// Plain Gaussian mechanism: RDP(α) = α/(2σ²) (Mironov 2017, Prop. 7).
+		// The discrete Gaussian on an integer query has at most the same at
+		// every real α ≥ 1 (see SubsampledDiscreteGaussianRDP).
 		for i, o := range a.orders {
 			dst[i] += weight * o / (2 * e.NoiseMultiplier * e.NoiseMultiplier)
 		}
 	case KindPoissonSampled:
-		if e.Event.Kind != KindGaussian {
-			return fmt.Errorf("%w: the RDP accountant supports Poisson sampling only of the Gaussian mechanism, not %q", ErrInvalidEvent, e.Event.Kind)
+		if e.Event.Kind != KindGaussian && e.Event.Kind != KindDiscreteGaussian {
+			return fmt.Errorf("%w: the RDP accountant supports Poisson sampling only of the Gaussian mechanisms, not %q", ErrInvalidEvent, e.Event.Kind)
 		}
-		curve := a.subsampledGaussian(e.SampleRate, e.Event.NoiseMultiplier)
+		curve := a.subsampled(e.Event.Kind, e.SampleRate, e.Event.NoiseMultiplier)
 		for i := range dst {
 			dst[i] += weight * curve[i]
 		}
@@ -95,14 +104,18 @@ func (a *Accountant) eventRDP(dst []float64, e Event, weight float64) error {
 	return nil
 }
 
-func (a *Accountant) subsampledGaussian(q, sigma float64) []float64 {
-	key := [2]float64{q, sigma}
+func (a *Accountant) subsampled(kind Kind, q, sigma float64) []float64 {
+	key := curveKey{kind, q, sigma}
 	if c, ok := a.cache[key]; ok {
 		return c
 	}
+	rdp := SubsampledGaussianRDP
+	if kind == KindDiscreteGaussian {
+		rdp = SubsampledDiscreteGaussianRDP
+	}
 	c := make([]float64, len(a.orders))
 	for i, o := range a.orders {
-		c[i] = SubsampledGaussianRDP(q, sigma, o)
+		c[i] = rdp(q, sigma, o)
 	}
 	a.cache[key] = c
 	return c
@@ -133,11 +146,17 @@ func EpsilonOrders(orders []float64, q, sigma float64, steps int64, delta float6
 	if !(sigma > 0) || math.IsInf(sigma, 0) {
 		return 0, 0, fmt.Errorf("%w: noise multiplier %v must be positive and finite", ErrInvalidParameter, sigma)
 	}
+	return EventEpsilon(orders, SubsampledGaussian(q, sigma), steps, delta)
+}
+
+// EventEpsilon returns the ε, at δ, of count runs of event e over the given
+// orders (DefaultOrders if nil), and the order that attains it.
+func EventEpsilon(orders []float64, e Event, count int64, delta float64) (eps, order float64, err error) {
 	acc, err := NewAccountant(orders)
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := acc.Compose(SubsampledGaussian(q, sigma), steps); err != nil {
+	if err := acc.Compose(e, count); err != nil {
 		return 0, 0, err
 	}
 	return acc.Epsilon(delta)
@@ -164,13 +183,28 @@ const (
 // CalibrateSigma returns the smallest noise multiplier σ (to relative
 // precision 1e-9) such that steps runs of the Poisson-subsampled Gaussian
 // mechanism with rate q reach ε ≤ targetEps at δ, over DefaultOrders (or the
-// given orders). ε is non-increasing in σ for every order, so bisection
-// applies. The returned σ is always the upper end of the final bracket:
-// its ε never exceeds the target. It returns ErrUnreachable if even σ =
-// 1e4 does not reach the target (ε that small is below what RDP can certify
-// at this δ).
+// given orders). It is Calibrate for the event SubsampledGaussian(q, σ).
 func CalibrateSigma(orders []float64, targetEps, q float64, steps int64, delta float64) (float64, error) {
 	if err := checkParams(q, steps, delta); err != nil {
+		return 0, err
+	}
+	return Calibrate(orders, targetEps, steps, delta, func(sigma float64) Event {
+		return SubsampledGaussian(q, sigma)
+	})
+}
+
+// Calibrate returns the smallest noise multiplier σ in [1e-3, 1e4] (to
+// relative precision 1e-9) such that steps runs of event(σ) reach
+// ε ≤ targetEps at δ, over DefaultOrders (or the given orders). event must
+// be the event the ledger will charge for a run with noise multiplier σ,
+// and its ε must be non-increasing in σ (true of every event whose noise
+// grows with σ), so bisection applies. The returned σ is always the upper
+// end of the final bracket: its ε never exceeds the target. It returns
+// ErrUnreachable if even σ = 1e4 does not reach the target (ε that small is
+// below what RDP can certify at this δ), and ErrInvalidParameter for a bad
+// target, step count or δ.
+func Calibrate(orders []float64, targetEps float64, steps int64, delta float64, event func(sigma float64) Event) (float64, error) {
+	if err := checkParams(1, steps, delta); err != nil {
 		return 0, err
 	}
 	if !(targetEps > 0) || math.IsInf(targetEps, 0) {
@@ -189,7 +223,7 @@ func CalibrateSigma(orders []float64, targetEps, q float64, steps int64, delta f
 		return 0, fmt.Errorf("%w: ε=%v is below the smallest ε (%.4g) these Rényi orders can certify at δ=%v", ErrUnreachable, targetEps, floor, delta)
 	}
 	eps := func(sigma float64) float64 {
-		e, _, err := EpsilonOrders(orders, q, sigma, steps, delta)
+		e, _, err := EventEpsilon(orders, event(sigma), steps, delta)
 		if err != nil {
 			return math.Inf(1)
 		}
@@ -198,7 +232,7 @@ func CalibrateSigma(orders []float64, targetEps, q float64, steps int64, delta f
 	hi := 1.0
 	for eps(hi) > targetEps {
 		if hi >= maxSigma {
-			return 0, fmt.Errorf("%w: ε=%v at δ=%v needs σ > %v for q=%v, %d steps", ErrUnreachable, targetEps, delta, maxSigma, q, steps)
+			return 0, fmt.Errorf("%w: ε=%v at δ=%v needs σ > %v for %d steps of %s", ErrUnreachable, targetEps, delta, maxSigma, steps, describe(event(hi)))
 		}
 		hi = math.Min(hi*2, maxSigma)
 	}
@@ -219,4 +253,12 @@ func CalibrateSigma(orders []float64, targetEps, q float64, steps int64, delta f
 		}
 	}
 	return hi, nil
+}
+
+// describe names an event's mechanism for error messages.
+func describe(e Event) string {
+	if e.Kind == KindPoissonSampled && e.Event != nil {
+		return fmt.Sprintf("%s with q=%v", e.Event.Kind, e.SampleRate)
+	}
+	return string(e.Kind)
 }

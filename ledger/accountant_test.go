@@ -242,7 +242,7 @@ func TestCalibrateSigma(t *testing.T) {
 }
 
 func FuzzUnmarshalEvent(f *testing.F) {
-	for _, e := range []Event{Gaussian(1), SubsampledGaussian(0.1, 1), SelfComposed(SubsampledGaussian(0.1, 1), 7)} {
+	for _, e := range []Event{Gaussian(1), SubsampledGaussian(0.1, 1), SelfComposed(SubsampledGaussian(0.1, 1), 7), SubsampledDiscreteGaussian(0.01, 0.9)} {
 		b, _ := e.Marshal()
 		f.Add(b)
 	}

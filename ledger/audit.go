@@ -36,8 +36,12 @@ type AuditReport struct {
 	// Noise is the run record's noise source, and Private is false when
 	// it is NoiseSeeded: such a run is reproducible and NOT differentially
 	// private, whatever ε the ledger records.
-	Noise             string  `json:"noise"`
-	Private           bool    `json:"private"`
+	Noise   string `json:"noise"`
+	Private bool   `json:"private"`
+	// Mechanism is the run record's noise mechanism (MechanismDiscrete,
+	// MechanismFloat, or "" for a run recorded before the field existed,
+	// which used the floating-point sampler).
+	Mechanism         string  `json:"mechanism"`
 	TargetEpsilon     float64 `json:"target_epsilon"`
 	Delta             float64 `json:"delta"`
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
@@ -49,13 +53,14 @@ type AuditReport struct {
 // order: every frame's CRC, the format and sequence of every record, the
 // SHA-256 hash chain; that the file opens with one run record; that every
 // charge's recorded ε equals the accountant's recomputation from the events
-// recorded so far (within relative 1e-9); that no recorded ε exceeds the
-// target; that Raft indexes strictly increase; that applied (non-replay)
-// steps strictly increase, so no step was applied twice; and that the
-// ledger was not reused across Raft histories: every charge names the run
-// record's history, and Raft terms never decrease from one charge to the
-// next (they cannot along one Raft log; this also catches some reuse in
-// ledgers written before history IDs, whose records carry none).
+// recorded so far (within relative 1e-9); that every charge is for the
+// mechanism the run record names (MechanismKind); that no recorded ε
+// exceeds the target; that Raft indexes strictly increase; that applied
+// (non-replay) steps strictly increase, so no step was applied twice; and
+// that the ledger was not reused across Raft histories: every charge names
+// the run record's history, and Raft terms never decrease from one charge
+// to the next (they cannot along one Raft log; this also catches some
+// reuse in ledgers written before history IDs, whose records carry none).
 //
 // It returns a report with OK false and the problems found for a ledger
 // that fails any check; the error is non-nil only if the file cannot be
@@ -88,8 +93,12 @@ func Audit(path string) (AuditReport, error) {
 		return rep.finish(), nil
 	}
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
-	rep.Noise, rep.Private = run.Noise, run.Noise != NoiseSeeded
+	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != NoiseSeeded, run.Mechanism
 	rep.History = run.History
+	wantKind, knownMechanism := MechanismKind(run.Mechanism)
+	if !knownMechanism {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: unknown noise mechanism %q", run.Mechanism))
+	}
 	var lastIndex, lastTerm uint64
 	lastApplied := int64(math.MinInt64)
 	for _, r := range recs[1:] {
@@ -98,6 +107,9 @@ func Audit(path string) (AuditReport, error) {
 			continue
 		}
 		rep.Charges++
+		if k := noiseKind(*r.Event); knownMechanism && k != wantKind {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): charged a %q mechanism, the run's noise mechanism %q is charged as %q", r.Seq, r.Step, k, run.Mechanism, wantKind))
+		}
 		if err := acc.Compose(*r.Event, 1); err != nil {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
 			continue
@@ -140,6 +152,15 @@ func Audit(path string) (AuditReport, error) {
 		rep.RecomputedEpsilon = eps
 	}
 	return rep.finish(), nil
+}
+
+// noiseKind returns the kind of the noise-adding mechanism inside e: the
+// inner event of a Poisson-sampled one, or e's own kind.
+func noiseKind(e Event) Kind {
+	if e.Kind == KindPoissonSampled && e.Event != nil {
+		return e.Event.Kind
+	}
+	return e.Kind
 }
 
 func (r AuditReport) finish() AuditReport {

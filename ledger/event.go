@@ -22,6 +22,14 @@ const (
 	// sensitivity 1 and noise standard deviation NoiseMultiplier
 	// (dp_accounting GaussianDpEvent).
 	KindGaussian Kind = "gaussian"
+	// KindDiscreteGaussian is one release of the discrete Gaussian
+	// mechanism (Canonne, Kamath and Steinke, "The Discrete Gaussian for
+	// Differential Privacy", NeurIPS 2020): an integer-vector query plus
+	// independent N_Z(0, s²) noise on every coordinate, where NoiseMultiplier
+	// is s over the query's L2 sensitivity, both in units of the integer
+	// lattice. The accountant bounds its Rényi DP by the Gaussian's (see
+	// SubsampledDiscreteGaussianRDP for the argument).
+	KindDiscreteGaussian Kind = "discrete_gaussian"
 	// KindPoissonSampled runs Event on a Poisson subsample in which each
 	// record is included independently with probability SampleRate
 	// (dp_accounting PoissonSampledDpEvent).
@@ -59,6 +67,13 @@ var (
 // multiplier sigma (noise standard deviation over L2 sensitivity).
 func Gaussian(sigma float64) Event {
 	return Event{Kind: KindGaussian, NoiseMultiplier: sigma}
+}
+
+// DiscreteGaussian returns the event of one discrete Gaussian mechanism
+// release with noise multiplier sigma (noise scale over L2 sensitivity, in
+// lattice units).
+func DiscreteGaussian(sigma float64) Event {
+	return Event{Kind: KindDiscreteGaussian, NoiseMultiplier: sigma}
 }
 
 // PoissonSampled returns the event of running e on a Poisson subsample with
@@ -104,13 +119,20 @@ func (e Event) Equal(o Event) bool {
 	return true
 }
 
+// SubsampledDiscreteGaussian returns the event charged for one step of a
+// run whose leader adds discrete Gaussian noise: the discrete Gaussian
+// mechanism with noise multiplier sigma on a Poisson subsample with rate q.
+func SubsampledDiscreteGaussian(q, sigma float64) Event {
+	return PoissonSampled(q, DiscreteGaussian(sigma))
+}
+
 // Validate reports whether e is well formed: known kinds, q in (0, 1],
 // σ > 0 and finite, count ≥ 0, and the nesting the kind requires.
 func (e Event) Validate() error {
 	switch e.Kind {
-	case KindGaussian:
+	case KindGaussian, KindDiscreteGaussian:
 		if !(e.NoiseMultiplier > 0) || math.IsInf(e.NoiseMultiplier, 0) {
-			return fmt.Errorf("%w: gaussian noise multiplier %v must be positive and finite", ErrInvalidEvent, e.NoiseMultiplier)
+			return fmt.Errorf("%w: %s noise multiplier %v must be positive and finite", ErrInvalidEvent, e.Kind, e.NoiseMultiplier)
 		}
 	case KindPoissonSampled:
 		if !(e.SampleRate > 0 && e.SampleRate <= 1) {

@@ -84,6 +84,10 @@ type Record struct {
 	// NoiseSeeded for a reproducible run that is NOT differentially
 	// private. Empty in ledgers written before the field existed.
 	Noise string `json:"noise,omitempty"`
+	// Mechanism names how the leader drew the noise: MechanismDiscrete or
+	// MechanismFloat. Empty in ledgers written before the field existed,
+	// whose runs all used the floating-point sampler.
+	Mechanism string `json:"mechanism,omitempty"`
 	// History identifies the Raft history (a random ID chosen when the run
 	// configuration is first proposed, see Position): in the run record,
 	// the one history the ledger is bound to; in a charge record, the

@@ -31,7 +31,7 @@ func newLedger(t *testing.T, target float64) (*Ledger, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	if err := l.Start("test-run", target, 1e-5, NoiseCrypto, testHistory); err != nil {
+	if err := l.Start("test-run", target, 1e-5, NoiseCrypto, MechanismFloat, testHistory); err != nil {
 		t.Fatal(err)
 	}
 	return l, path
@@ -67,10 +67,10 @@ func TestLedgerReopen(t *testing.T) {
 	if got, want := l2.LastIndex(), uint64(30); got != want {
 		t.Errorf("LastIndex = %d, want %d", got, want)
 	}
-	if err := l2.Start("test-run", 10, 1e-5, NoiseCrypto, testHistory); err != nil {
+	if err := l2.Start("test-run", 10, 1e-5, NoiseCrypto, MechanismFloat, testHistory); err != nil {
 		t.Errorf("Start with the same run: %v", err)
 	}
-	if err := l2.Start("other-run", 10, 1e-5, NoiseCrypto, testHistory); !errors.Is(err, ErrRunMismatch) {
+	if err := l2.Start("other-run", 10, 1e-5, NoiseCrypto, MechanismFloat, testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("Start with another run: %v, want ErrRunMismatch", err)
 	}
 	// ε recorded in the head equals what a fresh accountant computes.
@@ -323,7 +323,7 @@ func FuzzReadLedger(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l.Start("fuzz", 10, 1e-5, NoiseCrypto, testHistory)
+	l.Start("fuzz", 10, 1e-5, NoiseCrypto, MechanismFloat, testHistory)
 	l.Charge(1, SubsampledGaussian(0.01, 1), at(1, 2), false)
 	l.Charge(2, SubsampledGaussian(0.01, 1), at(1, 3), false)
 	l.Close()
@@ -355,18 +355,51 @@ func TestRunRecordNoise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 3, 1e-5, "maybe", testHistory); !errors.Is(err, ErrInvalidParameter) {
+	if err := l.Start("r", 3, 1e-5, "maybe", MechanismDiscrete, testHistory); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("unknown noise source: %v", err)
 	}
-	if err := l.Start("r", 3, 1e-5, NoiseSeeded, testHistory); err != nil {
+	if err := l.Start("r", 3, 1e-5, NoiseSeeded, MechanismDiscrete, testHistory); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 3, 1e-5, NoiseCrypto, testHistory); !errors.Is(err, ErrRunMismatch) {
+	if err := l.Start("r", 3, 1e-5, NoiseCrypto, MechanismDiscrete, testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("restart with another noise source: %v", err)
 	}
 	l.Close()
 	rep, err := Audit(path)
 	if err != nil || rep.Noise != NoiseSeeded || rep.Private {
 		t.Errorf("audit of a seeded run: noise %q private %v, %v", rep.Noise, rep.Private, err)
+	}
+}
+
+// TestRunRecordMechanism: the run record names the mechanism; a restart
+// with another one is refused; an unknown one is refused; and the audit
+// flags a charge of another mechanism than the record's.
+func TestRunRecordMechanism(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.log")
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Start("r", 30, 1e-5, NoiseCrypto, "fancy", testHistory); !errors.Is(err, ErrInvalidParameter) {
+		t.Errorf("unknown mechanism: %v", err)
+	}
+	if err := l.Start("r", 30, 1e-5, NoiseCrypto, MechanismDiscrete, testHistory); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Start("r", 30, 1e-5, NoiseCrypto, MechanismFloat, testHistory); !errors.Is(err, ErrRunMismatch) {
+		t.Errorf("restart with another mechanism: %v", err)
+	}
+	if _, err := l.Charge(1, SubsampledDiscreteGaussian(0.01, 1), at(1, 2), false); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := Audit(path); err != nil || !rep.OK || rep.Mechanism != MechanismDiscrete {
+		t.Errorf("audit: %+v, %v", rep, err)
+	}
+	if _, err := l.Charge(2, SubsampledGaussian(0.01, 1), at(1, 3), false); err != nil {
+		t.Fatal(err)
+	}
+	if rep, _ := Audit(path); rep.OK || len(rep.Problems) != 1 {
+		t.Errorf("a Gaussian charge in a discrete run: %+v", rep)
 	}
 }

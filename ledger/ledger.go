@@ -123,14 +123,46 @@ type Position struct {
 	Index   uint64
 }
 
+// Noise mechanisms a run record can name.
+const (
+	// MechanismDiscrete: the sum snapped to a grid plus exactly sampled
+	// discrete Gaussian noise (package mechanism); charged as
+	// KindDiscreteGaussian.
+	MechanismDiscrete = "discrete"
+	// MechanismFloat: floating-point Gaussian noise, charged as
+	// KindGaussian. It is not protected against floating-point attacks
+	// (Mironov 2012). Run records written before mechanisms were recorded
+	// hold "", which means the same.
+	MechanismFloat = "float"
+)
+
+// MechanismKind returns the event kind a run with the given mechanism
+// charges for its noise: KindDiscreteGaussian for MechanismDiscrete,
+// KindGaussian for MechanismFloat and "" (a run record from before the
+// field), and false for an unknown mechanism.
+func MechanismKind(mechanism string) (Kind, bool) {
+	switch mechanism {
+	case MechanismDiscrete:
+		return KindDiscreteGaussian, true
+	case MechanismFloat, "":
+		return KindGaussian, true
+	}
+	return "", false
+}
+
 // Start records the run's identity, budget, noise source (NoiseCrypto or
-// NoiseSeeded) and Raft history as the ledger's first record, binding the
-// ledger to that history. If the ledger already holds a run record, Start
-// checks that it matches (ErrRunMismatch for other run parameters,
-// ErrHistoryMismatch for another history) and records nothing.
-func (l *Ledger) Start(run string, targetEps, delta float64, noise, history string) error {
+// NoiseSeeded), noise mechanism (MechanismDiscrete, MechanismFloat, or ""
+// for a run configured before mechanisms were recorded) and Raft history as
+// the ledger's first record, binding the ledger to that history. If the
+// ledger already holds a run record, Start checks that it matches
+// (ErrRunMismatch for other run parameters, ErrHistoryMismatch for another
+// history) and records nothing.
+func (l *Ledger) Start(run string, targetEps, delta float64, noise, mechanism, history string) error {
 	if noise != NoiseCrypto && noise != NoiseSeeded {
 		return fmt.Errorf("%w: noise source %q", ErrInvalidParameter, noise)
+	}
+	if _, ok := MechanismKind(mechanism); !ok {
+		return fmt.Errorf("%w: noise mechanism %q", ErrInvalidParameter, mechanism)
 	}
 	if !(targetEps > 0) || math.IsInf(targetEps, 0) {
 		return fmt.Errorf("%w: target epsilon %v", ErrInvalidParameter, targetEps)
@@ -139,13 +171,14 @@ func (l *Ledger) Start(run string, targetEps, delta float64, noise, history stri
 		return fmt.Errorf("%w: delta %v", ErrInvalidParameter, delta)
 	}
 	if l.run != nil {
-		if l.run.Run != run || l.run.TargetEpsilon != targetEps || l.run.Delta != delta || l.run.Noise != noise {
-			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v, noise %q), asked for %q (ε=%v, δ=%v, noise %q)",
-				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, run, targetEps, delta, noise)
+		if l.run.Run != run || l.run.TargetEpsilon != targetEps || l.run.Delta != delta || l.run.Noise != noise || l.run.Mechanism != mechanism {
+			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v, noise %q, mechanism %q), asked for %q (ε=%v, δ=%v, noise %q, mechanism %q)",
+				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, l.run.Mechanism, run, targetEps, delta, noise, mechanism)
 		}
 		return l.CheckHistory(history)
 	}
-	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise, History: history})
+	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise,
+		Mechanism: mechanism, History: history})
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"sync"
+
+	"github.com/dpcluster/dpcluster/mechanism"
 )
 
 // ErrNoise is returned (wrapped) for bad noise parameters: a negative or
@@ -18,22 +20,33 @@ var ErrNoise = errors.New("train: invalid noise parameters")
 // production it is a ChaCha8 stream (math/rand/v2) keyed with 32 bytes from
 // crypto/rand, a cryptographically secure generator, as differential
 // privacy requires (cf. google/differential-privacy go/rand, which reads
-// crypto/rand). Normal deviates come from rand.NormFloat64 on that stream
-// (the ziggurat method of Marsaglia and Tsang 2000, "The Ziggurat Method
-// for Generating Random Variables", exact to float64 resolution), drawn and
-// summed in float64.
+// crypto/rand).
 //
-// Known limitation: like Opacus and TF Privacy this samples floating-point
-// Gaussians; it does not implement the discrete or snapping mitigations
-// against floating-point attacks (Mironov 2012; Jin et al. 2022, "Are We
-// There Yet? Timing and Floating-Point Attacks on Differential Privacy
-// Systems").
+// It offers two mechanisms:
+//
+//   - DiscreteNoisyGradient64, the secure one the coordinator's leader uses
+//     by default: the sum snapped to a grid plus exactly sampled discrete
+//     Gaussian noise (package mechanism). Its output is a function of
+//     integers only, so it carries no floating-point artifacts.
+//   - NoisyGradient and NoisyGradient64, the legacy floating-point
+//     sampler: normal deviates from rand.NormFloat64 (the ziggurat method of
+//     Marsaglia and Tsang 2000), added in float64. It is NOT protected
+//     against floating-point attacks: the ziggurat returns an int32 times one
+//     of 128 float32 constants, so the noise lies on a coarse lattice, and
+//     near zero the release reveals the sum's low-order bits (Mironov 2012;
+//     Jin et al. 2022, "Are We There Yet? Timing and Floating-Point Attacks
+//     on Differential Privacy Systems"). The coordinator uses it only for
+//     runs configured with noise mode "float" (or before noise modes
+//     existed); train.Run still uses it.
 //
 // A NoiseSource is safe for concurrent use; calls are serialized.
 type NoiseSource struct {
 	mu     sync.Mutex
 	rng    *mrand.Rand
 	seeded bool
+	// scratch is DiscreteNoisyGradient64's noise buffer and sampler table,
+	// kept between calls.
+	scratch mechanism.Noise
 }
 
 // NewNoiseSource returns a NoiseSource keyed from crypto/rand.
@@ -67,6 +80,29 @@ func (n *NoiseSource) Normal() float64 {
 	return n.rng.NormFloat64()
 }
 
+// DiscreteNoisyGradient64 forms the privatized gradient with the secure
+// discrete Gaussian mechanism m (mechanism.DiscreteGaussian.Release):
+//
+//	dst = Λ(round(sum/Λ) + z)/expectedBatch,  z_j ~ N_Z(0, m.Scale²) i.i.d.,
+//
+// keying m's per-chunk streams from this source. Errors wrap
+// mechanism.ErrInvalid or mechanism.ErrSumRange; nothing is drawn then.
+func (n *NoiseSource) DiscreteNoisyGradient64(dst []float32, sum []float64, m mechanism.DiscreteGaussian, expectedBatch float64) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return m.Release(dst, sum, expectedBatch, n.rng, &n.scratch)
+}
+
+// DrawDiscrete draws the noise of m's next release into dst, keyed from
+// this source (mechanism.DiscreteGaussian.Draw), for a later
+// m.Apply. The noise does not depend on the data, so the leader draws it
+// while the nodes compute.
+func (n *NoiseSource) DrawDiscrete(dst *mechanism.Noise, m mechanism.DiscreteGaussian) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return m.Draw(dst, n.rng)
+}
+
 // NoisyGradient forms the privatized gradient of the Gaussian mechanism
 // (Abadi et al. 2016, Algorithm 1; DESIGN.md step 3):
 //
@@ -82,7 +118,9 @@ func (n *NoiseSource) NoisyGradient(dst, sum []float32, sigma, clip, expectedBat
 
 // NoisyGradient64 is NoisyGradient for a sum accumulated in float64 (the
 // coordinator's aggregate, package aggregation). The noise is added in
-// float64 before the single rounding to float32.
+// float64 before the single rounding to float32. Like NoisyGradient it is
+// the legacy floating-point sampler; the leader's default is
+// DiscreteNoisyGradient64.
 func (n *NoiseSource) NoisyGradient64(dst []float32, sum []float64, sigma, clip, expectedBatch float64) error {
 	return noisyGradient(n, dst, sum, sigma, clip, expectedBatch)
 }

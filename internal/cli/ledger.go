@@ -64,6 +64,7 @@ type showResult struct {
 	TargetEpsilon float64 `json:"target_epsilon"`
 	Delta         float64 `json:"delta"`
 	Noise         string  `json:"noise"`
+	Mechanism     string  `json:"mechanism"`
 	// History is the Raft history ID the run record binds the ledger to
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
@@ -105,6 +106,7 @@ verified before the damage and exits non-zero.`,
 				res.HeadHash = recs[len(recs)-1].Hash
 				if r := recs[0]; r.Kind == ledger.RecordRun {
 					res.Run, res.TargetEpsilon, res.Delta, res.Noise, res.History = r.Run, r.TargetEpsilon, r.Delta, r.Noise, r.History
+					res.Mechanism = r.Mechanism
 				}
 			}
 			for _, r := range recs {
@@ -138,6 +140,7 @@ func printShow(out io.Writer, res showResult) error {
 	fmt.Fprintf(w, "ledger   %s\n", res.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(res.Run), res.TargetEpsilon, res.Delta)
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
+	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(res.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(res.History))
 	fmt.Fprintf(w, "records  %d, ε spent %.6g\n", res.Count, res.Epsilon)
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
@@ -270,6 +273,7 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "audit    %s: %s\n", verdict, rep.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(rep.Run), rep.TargetEpsilon, rep.Delta)
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
+	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(rep.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
@@ -282,6 +286,19 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// mechanismLabel describes a run record's noise mechanism.
+func mechanismLabel(m string) string {
+	switch m {
+	case ledger.MechanismDiscrete:
+		return "discrete (exact discrete Gaussian on a grid)"
+	case ledger.MechanismFloat:
+		return "float (floating-point Gaussian: not protected against floating-point attacks)"
+	case "":
+		return "float (not recorded: the run predates the field; not protected against floating-point attacks)"
+	}
+	return m
 }
 
 // historyLabel describes a run record's Raft history ID.

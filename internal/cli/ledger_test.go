@@ -40,7 +40,7 @@ func newTestLedger(t *testing.T) testLedger {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto, cliHistory); err != nil {
+	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto, ledger.MechanismFloat, cliHistory); err != nil {
 		t.Fatal(err)
 	}
 	e := ledger.SubsampledGaussian(0.01, 1.1)

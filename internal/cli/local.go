@@ -49,6 +49,9 @@ type localResult struct {
 	Seconds                   float64  `json:"seconds"`
 	// Private is false when the run used seeded (predictable) noise.
 	Private bool `json:"private"`
+	// NoiseMode is the leader's noise mechanism: discrete, float, or ""
+	// for a run configured before noise modes (float).
+	NoiseMode string `json:"noise_mode"`
 }
 
 // setFinalEval fills the final evaluation's fields: the test_ keys for
@@ -131,6 +134,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	defer stop()
 	started := time.Now()
 	seeded := f.insecureSeed != 0
+	spec.keepLegacyNoise(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, log)
 	if err != nil {
 		return err
@@ -179,7 +183,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 
 	res := localResult{
 		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
-		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, Stopped: sum.Stopped,
+		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, NoiseMode: rc.NoiseMode, Stopped: sum.Stopped,
 		EvalData: evalLabel(pr.eval),
 		Ledger:   filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
 		Private: !seeded,
@@ -195,7 +199,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(out, line)
 	}
-	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g; σ = %.4f, q = %.6g)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Sigma, res.SampleRate)
+	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g; σ = %.4f, q = %.6g, noise %s)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Sigma, res.SampleRate, noiseModeName(res.NoiseMode))
 	if !res.Private {
 		fmt.Fprintln(out, "WARNING: seeded noise (--insecure-seed): this run is NOT differentially private")
 	}

@@ -40,7 +40,7 @@ func TestLocalTrainsAndAudits(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, out)
 	}
-	if res.Steps != 40 || res.Stopped != "max steps reached" || !res.Private {
+	if res.Steps != 40 || res.Stopped != "max steps reached" || !res.Private || res.NoiseMode != coordinator.NoiseDiscrete {
 		t.Errorf("result %+v", res)
 	}
 	// σ was calibrated so that 40 steps spend the whole budget.
@@ -59,7 +59,7 @@ func TestLocalTrainsAndAudits(t *testing.T) {
 	}
 	var rep ledger.AuditReport
 	if err := json.Unmarshal([]byte(aout), &rep); err != nil || !rep.OK || rep.Charges != 40 ||
-		rep.Noise != ledger.NoiseCrypto || !rep.Private {
+		rep.Noise != ledger.NoiseCrypto || !rep.Private || rep.Mechanism != ledger.MechanismDiscrete {
 		t.Fatalf("audit report %+v, %v", rep, err)
 	}
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -57,6 +58,15 @@ type runSpec struct {
 	Delta         float64 `yaml:"delta"`
 	MaxSteps      int64   `yaml:"max_steps"`
 
+	// Noise is the leader's noise mechanism: discrete (the default: the sum
+	// snapped to a fine grid plus exact discrete Gaussian noise) or float
+	// (the legacy floating-point sampler, not protected against
+	// floating-point attacks). A run whose ledger predates noise modes
+	// keeps the floating-point sampler it started with (keepLegacyNoise).
+	Noise string `yaml:"noise"`
+	// legacyNoise is set by keepLegacyNoise, never by the user.
+	legacyNoise bool
+
 	Algorithm  string  `yaml:"algorithm"`
 	LR         float64 `yaml:"lr"`
 	Beta1      float64 `yaml:"beta1"`
@@ -78,7 +88,7 @@ func defaultRunSpec() runSpec {
 	opt := dpadam.DefaultConfig()
 	return runSpec{
 		Run: "fashion-mlp", Model: "mlp", Dataset: "fashion-mnist",
-		BatchSize: 256, Clip: 1, TargetEpsilon: 3, Delta: 1e-5, MaxSteps: 1000,
+		BatchSize: 256, Clip: 1, TargetEpsilon: 3, Delta: 1e-5, MaxSteps: 1000, Noise: coordinator.DefaultNoiseMode,
 		Algorithm: string(opt.Algorithm), LR: opt.LearningRate, Beta1: opt.Beta1, Beta2: opt.Beta2,
 		AdamEps: opt.AdamEps, GammaPrime: 1e-6, Momentum: opt.Momentum,
 		InitSeed: 1, ShardSeed: 1, RoundTimeout: 10 * time.Second, EvalEvery: 100, MinNodes: 1,
@@ -101,6 +111,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.Float64Var(&s.BatchSize, "batch-size", s.BatchSize, "expected batch size B (q = B/N)")
 	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
 	fs.Float64Var(&s.Sigma, "sigma", s.Sigma, "noise multiplier σ (0: calibrate to --target-epsilon at --max-steps)")
+	fs.StringVar(&s.Noise, "noise", s.Noise, "leader's noise: discrete (exact discrete Gaussian on a fine grid) or float (legacy floating-point sampler, NOT protected against floating-point attacks)")
 	fs.Float64Var(&s.TargetEpsilon, "target-epsilon", s.TargetEpsilon, "privacy budget ε, enforced by the ledger")
 	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ")
 	fs.Int64Var(&s.MaxSteps, "max-steps", s.MaxSteps, "stop after this many steps (0: when the budget is spent; needs --sigma)")
@@ -179,18 +190,12 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 	if sigma < 0 {
 		return coordinator.RunConfig{}, fmt.Errorf("--sigma %v must not be negative", sigma)
 	}
-	if sigma == 0 {
-		if s.MaxSteps <= 0 {
-			return coordinator.RunConfig{}, errors.New("calibrating σ needs --max-steps (or give --sigma)")
-		}
-		// Calibrate against a target a hair below the budget: the ledger
-		// composes step by step, and float rounding must not push the
-		// last step a few ulps past the target.
-		var err error
-		sigma, err = ledger.CalibrateSigma(nil, s.TargetEpsilon*(1-1e-9), q, s.MaxSteps, s.Delta)
-		if err != nil {
-			return coordinator.RunConfig{}, fmt.Errorf("calibrating σ: %w", err)
-		}
+	mode := s.Noise
+	switch {
+	case s.legacyNoise:
+		mode = coordinator.NoiseLegacy
+	case mode != coordinator.NoiseDiscrete && mode != coordinator.NoiseFloat:
+		return coordinator.RunConfig{}, fmt.Errorf("--noise %q must be %s or %s", mode, coordinator.NoiseDiscrete, coordinator.NoiseFloat)
 	}
 	specJSON, err := m.Spec().CanonicalJSON()
 	if err != nil {
@@ -208,7 +213,25 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 	c := coordinator.RunConfig{
 		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
 		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: s.TargetEpsilon, Delta: s.Delta,
-		MaxSteps: s.MaxSteps, SeedPolicy: policy,
+		MaxSteps: s.MaxSteps, SeedPolicy: policy, NoiseMode: mode,
+	}
+	if sigma == 0 {
+		if s.MaxSteps <= 0 {
+			return coordinator.RunConfig{}, errors.New("calibrating σ needs --max-steps (or give --sigma)")
+		}
+		// Calibrate with the event the ledger will charge for this run
+		// (RunConfig.Event: the discrete mechanism's effective σ, or the
+		// Gaussian's), against a target a hair below the budget: the ledger
+		// composes step by step, and float rounding must not push the last
+		// step a few ulps past the target.
+		event := func(sigma float64) ledger.Event {
+			c := c
+			c.Optimizer.NoiseMultiplier = sigma
+			return c.Event()
+		}
+		if c.Optimizer.NoiseMultiplier, err = ledger.Calibrate(nil, s.TargetEpsilon*(1-1e-9), s.MaxSteps, s.Delta, event); err != nil {
+			return coordinator.RunConfig{}, fmt.Errorf("calibrating σ: %w", err)
+		}
 	}
 	// B = q·N must hold exactly enough for Validate.
 	c.Optimizer.ExpectedBatchSize = q * float64(n)
@@ -216,6 +239,32 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 		return coordinator.RunConfig{}, fmt.Errorf("expected batch size %v does not survive q·N", s.BatchSize)
 	}
 	return c, c.Validate()
+}
+
+// keepLegacyNoise makes a run that was configured before noise modes
+// existed resume as it started: if dataDir's ledger has a run record that
+// names no mechanism, that run used the floating-point sampler and its
+// configuration entry has no noise mode, so the spec gets the legacy mode
+// (RunConfig.NoiseMode NoiseLegacy) whatever --noise says, since a run
+// cannot change mechanism midway, and a warning says so. Anything else
+// leaves the spec alone; a missing or unreadable ledger is the replica's
+// to report.
+func (s *runSpec) keepLegacyNoise(dataDir string, log *slog.Logger) {
+	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, coordinator.LedgerFile))
+	if err != nil || len(recs) == 0 || recs[0].Kind != ledger.RecordRun || recs[0].Mechanism != "" {
+		return
+	}
+	log.Warn("resuming a run configured before noise modes: it keeps the legacy floating-point sampler, which is NOT protected against floating-point attacks",
+		"run", recs[0].Run, "data_dir", dataDir)
+	s.legacyNoise = true
+}
+
+// noiseModeName names a run's noise mode for output.
+func noiseModeName(mode string) string {
+	if mode == coordinator.NoiseLegacy {
+		return "float (legacy)"
+	}
+	return mode
 }
 
 // preparedRun is a run ready to start: its model, data and replicated

@@ -102,6 +102,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	seeded := f.insecureSeed != 0
+	spec.keepLegacyNoise(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, log)
 	if err != nil {
 		return err
@@ -237,7 +238,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		log.Warn("--insecure-seed: the noise is SEEDED; this run is NOT differentially private")
 	}
 	log.Info("run", "run", rc.Run, "model", spec.Model, "params", rc.Dim, "examples", rc.TotalExamples,
-		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm,
+		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm, "noise", noiseModeName(rc.NoiseMode),
 		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
 		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir, "eval_data", evalLabel(pr.eval))

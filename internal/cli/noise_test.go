@@ -1,0 +1,102 @@
+package cli
+
+import (
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// TestRunConfigNoise: new runs get the discrete mechanism and a σ
+// calibrated with the event the ledger will charge for it, so 1000 steps
+// spend the budget and no more; --noise float keeps the Gaussian
+// calibration; other values are refused.
+func TestRunConfigNoise(t *testing.T) {
+	m, err := LoadModel("mlp", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 60000
+	spec := defaultRunSpec()
+	c, err := spec.runConfig(m, n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NoiseMode != coordinator.NoiseDiscrete {
+		t.Fatalf("default noise mode %q", c.NoiseMode)
+	}
+	eps, _, err := ledger.EventEpsilon(nil, c.Event(), spec.MaxSteps, spec.Delta)
+	if err != nil || eps > spec.TargetEpsilon || eps < spec.TargetEpsilon*(1-1e-6) {
+		t.Errorf("discrete run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, eps, err, spec.TargetEpsilon)
+	}
+	floatSpec := defaultRunSpec()
+	floatSpec.Noise = coordinator.NoiseFloat
+	fc, err := floatSpec.runConfig(m, n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := ledger.CalibrateSigma(nil, spec.TargetEpsilon*(1-1e-9), spec.BatchSize/n, spec.MaxSteps, spec.Delta)
+	if fc.NoiseMode != coordinator.NoiseFloat || fc.Optimizer.NoiseMultiplier != want {
+		t.Errorf("float run: mode %q σ %v, want σ %v", fc.NoiseMode, fc.Optimizer.NoiseMultiplier, want)
+	}
+	// The grid costs the discrete run a relative 2⁻¹⁶ of σ, and the
+	// fractional orders' interpolation a little more.
+	if s, f := c.Optimizer.NoiseMultiplier, fc.Optimizer.NoiseMultiplier; s < f || s > f*1.01 {
+		t.Errorf("discrete σ %v, float σ %v", s, f)
+	}
+	spec.Noise = "gaussian"
+	if _, err := spec.runConfig(m, n, false); err == nil || !strings.Contains(err.Error(), "--noise") {
+		t.Errorf("unknown noise: %v", err)
+	}
+}
+
+// TestKeepLegacyNoise: a data dir whose ledger predates noise modes keeps
+// the floating-point sampler (and the σ it was calibrated with), whatever
+// --noise says; a ledger that names its mechanism, or none at all, leaves
+// the spec alone.
+func TestKeepLegacyNoise(t *testing.T) {
+	m, err := LoadModel("logreg", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startLedger := func(mechanism string) string {
+		dir := t.TempDir()
+		l, err := ledger.Open(filepath.Join(dir, coordinator.LedgerFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := l.Start("old", 3, 1e-5, ledger.NoiseCrypto, mechanism, ""); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		dir  string
+		want string
+	}{
+		{startLedger(""), coordinator.NoiseLegacy},
+		{startLedger(ledger.MechanismDiscrete), coordinator.NoiseDiscrete},
+		{t.TempDir(), coordinator.NoiseDiscrete},
+	} {
+		spec := defaultRunSpec()
+		spec.keepLegacyNoise(tc.dir, log)
+		c, err := spec.runConfig(m, 10000, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.NoiseMode != tc.want {
+			t.Errorf("%s: noise mode %q, want %q", tc.dir, c.NoiseMode, tc.want)
+		}
+		if tc.want == coordinator.NoiseLegacy {
+			want, _ := ledger.CalibrateSigma(nil, spec.TargetEpsilon*(1-1e-9), spec.BatchSize/10000, spec.MaxSteps, spec.Delta)
+			if c.Optimizer.NoiseMultiplier != want {
+				t.Errorf("legacy σ %v, want the Gaussian calibration %v", c.Optimizer.NoiseMultiplier, want)
+			}
+		}
+	}
+}
