@@ -313,7 +313,7 @@ func TestClippedSumIndexedEveryLayer(t *testing.T) {
 				}
 				// Chunking regroups the float32 blocks of ghost layers, so
 				// the two sums differ within their error bounds: each is
-				// within γ₁₂₈·Σᵢρᵢ of the exact sum, a few 1e-6 of it where
+				// within γ₂₅₆·Σᵢρᵢ of the exact sum, a few 1e-6 of it where
 				// ρᵢ/‖Gᵢ‖ ≈ 10 (the cnn's first conv).
 				if rel := relDiff(got, want); rel > 1e-5 {
 					t.Fatalf("chunked vs single: relative error %.3g", rel)

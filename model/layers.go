@@ -112,9 +112,12 @@ type layer interface {
 // blockRows is the number of rows (examples × output positions) whose
 // products ClippedSum sums in float32 before adding them into its float64
 // accumulator. An example's share of the float32 summation error is then
-// at most γ_{blockRows}(u32) ≈ 7.6e-6 of ρᵢ = Σₜ‖dₜ‖‖ãₜ‖ (a row's share of
+// at most γ_{blockRows}(u32) ≈ 1.5e-5 of ρᵢ = Σₜ‖dₜ‖‖ãₜ‖ (a row's share of
 // a block's error does not depend on which other rows share the block).
-const blockRows = 128
+// 128 rows halved the share but cost the mlp preset 3–4% per step at
+// B = 256 (two blocks and a float64 pass instead of one product written
+// in place; BenchmarkMLPStep, paired).
+const blockRows = 256
 
 // put32 takes one partial sum src of a layer's clipped sum (a block's
 // float32 product) for the elements acc and dst cover: first, acc holds
@@ -863,9 +866,9 @@ func (l *conv) pieceRows() int {
 // into dst: one float32 product if T ≤ normRows, else pieces of pieceRows
 // rows added in float64 (worker wk's buffers) and rounded once.
 func (l *conv) product(p *pass, s *convState, dst, D, A []float32, wk int) {
-	T, K, O := l.T, l.K, l.o
+	T, K := l.T, l.K
 	if T <= normRows {
-		p.be.Sgemm(true, false, O, K, T, 1, D, O, A, K, 0, dst, K)
+		l.sgemmTN(p, dst, D, A, T)
 		return
 	}
 	piece, acc := s.piece[wk], s.piece64[wk]
@@ -873,13 +876,30 @@ func (l *conv) product(p *pass, s *convState, dst, D, A []float32, wk int) {
 	R := l.pieceRows()
 	for t0 := 0; t0 < T; t0 += R {
 		rows := min(R, T-t0)
-		p.be.Sgemm(true, false, O, K, rows, 1, D[t0*O:], O, A[t0*K:], K, 0, piece, K)
+		l.sgemmTN(p, piece, D[t0*l.o:], A[t0*K:], rows)
 		for j, v := range piece {
 			acc[j] += float64(v)
 		}
 	}
 	for j, v := range acc {
 		dst[j] = float32(v)
+	}
+}
+
+// productCols bounds the columns of one per-example product. These
+// products already run on the workers p.par spreads the examples over; the
+// pure-Go back end would split a wider one over goroutines again (from
+// four 64×64 blocks of the result), which allocates per example and gains
+// nothing. Each result element is summed in the same order either way.
+const productCols = 64
+
+// sgemmTN writes Dᵀ A [O, K] over the first rows rows of D [·, O] and
+// A [·, K] into dst, in column pieces of at most productCols.
+func (l *conv) sgemmTN(p *pass, dst, D, A []float32, rows int) {
+	O, K := l.o, l.K
+	for k0 := 0; k0 < K; k0 += productCols {
+		n := min(productCols, K-k0)
+		p.be.Sgemm(true, false, O, n, rows, 1, D, O, A[k0:], K, 0, dst[k0:], K)
 	}
 }
 

@@ -271,7 +271,7 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 //   - Eᵢ: with Nᵢ = √sqᵢ + Eᵢ, both ‖Gᵢ‖ ≤ Nᵢ and ‖rᵢ‖ ≤ cᵢNᵢ + Hᵢ, where
 //     rᵢ is what example i actually adds to the float64 accumulator, its
 //     rounding errors included: Eᵢ = Σₗ λₗρᵢₗ with ρᵢₗ = Σₜ‖dₜ‖‖ãₜ‖ ≥ ‖Gᵢₗ‖
-//     and λₗ ≈ γ₁₂₈(u) + u ≈ 7.7e-6 (ghost and linear: blocks of 128
+//     and λₗ ≈ γ₂₅₆(u) + u ≈ 1.5e-5 (ghost and linear: blocks of 256
 //     rows), γ₆₄(u) ≈ 3.8e-6 (materialized: per-example products in
 //     pieces of at most 64 rows), ≈ 1e-6 (layer norm and embedding:
 //     float64 sums);
@@ -279,7 +279,7 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 //     independent of cᵢ.
 //
 // Then cᵢ = min(1, (C'−Hᵢ)/Nᵢ), rounded down to a float32 (clipFactor), so
-// ‖cᵢGᵢ‖ ≤ C' and ‖rᵢ‖ ≤ C'. The sum is formed in blocks of at most 128
+// ‖cᵢGᵢ‖ ≤ C' and ‖rᵢ‖ ≤ C'. The sum is formed in blocks of at most 256
 // rows (examples × output positions) by float32 products whose results are
 // added into a float64 accumulator, which is rounded to float32 once. So
 // the computed sum Ŝ satisfies
@@ -292,11 +292,12 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 // whole-batch float32 product (the old code) had an error of up to
 // γ_B·Σᵢ cᵢρᵢ, which exceeds the margin for batches of a few thousand.
 //
-// Nᵢ exceeds ‖Gᵢ‖ by a relative 1e-5 or less for linear, embedding and
-// layer-norm layers (ρᵢ = ‖Gᵢ‖ there); for a convolution by λ·ρᵢ/‖Gᵢ‖
-// plus, for ghost norms, up to κ·(ρᵢ/‖Gᵢ‖)²/2 (κ ≈ γ_K + γ_O; see
-// conv.bound): 3e-5 or less on typical examples of the cnn preset, where
-// ρᵢ/‖Gᵢ‖ is 5 to 10 (TestClipBoundTightOnPresets). Examples whose terms
+// Nᵢ exceeds ‖Gᵢ‖ by a relative λ for linear, embedding and layer-norm
+// layers (ρᵢ = ‖Gᵢ‖ there), and for a convolution by λ·ρᵢ/‖Gᵢ‖ plus, for
+// ghost norms, up to κ·(ρᵢ/‖Gᵢ‖)²/2 (κ ≈ γ_K + γ_O; see conv.bound). On
+// typical examples of the presets that is at most 1.6e-5 (logreg),
+// 2.8e-5 (mlp), 2.3e-5 (textbag) and 3.5e-5 (cnn, where ρᵢ/‖Gᵢ‖ is 5 to
+// 10; TestClipBoundTightOnPresets). Examples whose terms
 // cancel across positions (ρᵢ ≫ ‖Gᵢ‖) are over-clipped instead of escaping
 // the clip; that is safe.
 //
@@ -306,9 +307,9 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 // change in the others' rounding of at most 2·Σᵢ(cᵢEᵢ + Hᵢ) + 2u·‖Ŝ‖ in
 // the worst case, where every rounding goes the same way: about
 // 2·(λ·ρ/‖G‖ + u)·C per example, which at B = 256 with every example
-// clipped came to 7.3e-3·C for the mlp preset and 9.9e-3·C for the cnn
-// (random inputs, initial parameters); a random-walk estimate is
-// √128·u·C ≈ 7e-7·C per example.
+// clipped came to 1.4e-2·C for the mlp and the cnn presets (5.4e-5·C and
+// 5.6e-5·C per example; random inputs, initial parameters); a random-walk
+// estimate is √256·u·C ≈ 1e-6·C per example.
 //
 // # Non-finite examples
 //
