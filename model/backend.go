@@ -14,6 +14,13 @@ import (
 // gonum's blas32 and CBLAS with CblasRowMajor). Implementations must be safe
 // for concurrent use (layers issue independent per-example products from
 // several goroutines) and deterministic: the same inputs give the same bits.
+// ClippedSum's privacy guarantee relies on their accuracy: with alpha = 1
+// and beta = 0, every element of C must be within γ_k·Σₚ|a_ip·b_pj| (plus
+// k·2⁻¹⁵⁰ for products that underflow) of the exact product, with
+// γ_k = k·u/(1−k·u) and u = 2⁻²⁴: the standard bound for float32 inner
+// products in any summation order, with or without fused multiply-adds
+// (Higham 2002, §3.1 and §3.5). Any IEEE float32 kernel that does not flush
+// subnormals to zero meets it; backendtest checks it.
 // Elementwise kernels stay in Go for now; a CUDA back end (behind a "cuda"
 // build tag) would extend this interface with device buffers.
 type Backend interface {

@@ -29,6 +29,13 @@ type pass struct {
 	be      Backend
 	B       int
 	workers int
+	// coef holds the clip factors during ClippedSum's accGrad calls (the
+	// output gradients are already scaled by them); nil otherwise.
+	coef []float32
+	// fresh and final tell accGrad where its sum goes (see put32): fresh,
+	// the accumulator holds nothing yet (the first chunk of the call);
+	// final, round the total into the float32 result (the last chunk).
+	fresh, final bool
 }
 
 // par splits [0, n) into p.workers contiguous chunks (fewer for small n) and
@@ -79,11 +86,91 @@ type layer interface {
 	forward(p *pass, w, in, out []float32, st any)
 	// backward writes din = ∂loss/∂in given dout; din is nil when not needed.
 	backward(p *pass, w, in, out, dout, din []float32, st any)
-	// sqNorms adds each example's squared gradient norm (this layer's
-	// parameters only) to acc[i].
-	sqNorms(p *pass, in, out, dout []float32, acc []float64, st any)
-	// paramGrad writes dw = alpha · Σ_i (example i's parameter gradient).
+	// bound adds to b, for each example, the bounds of this layer's
+	// parameters (see clipBounds and ClippedSum): an upper bound on the
+	// squared norm of the exact per-example gradient implied by the stored
+	// values, and the rounding error shares of accGrad's sum. It reads the
+	// stored values only.
+	bound(p *pass, in, out, dout []float32, b clipBounds, st any)
+	// paramGrad writes dw = alpha · Σ_i (example i's parameter gradient):
+	// the fast reduction of the non-private mean gradient.
 	paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any)
+	// accGrad adds Σ_i (example i's parameter gradient) to the float64
+	// accumulator acc, or, if p.final, writes acc plus that sum rounded to
+	// float32 into dst (acc and dst: this layer's slices of the parameter
+	// vector, public layout; see put32 for p.fresh), with a rounding error
+	// within the shares bound charged: float32 products over blocks of at
+	// most blockRows rows, added in float64, in an order that depends on
+	// the row index only.
+	accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any)
+	// clearExample zeroes example i's stored values that accGrad reads, so
+	// that the example adds exactly zero whatever they held (0·NaN would
+	// not be zero).
+	clearExample(i int, in, dout []float32, st any)
+}
+
+// blockRows is the number of rows (examples × output positions) whose
+// products ClippedSum sums in float32 before adding them into its float64
+// accumulator. An example's share of the float32 summation error is then
+// at most γ_{blockRows}(u32) ≈ 1.5e-5 of ρᵢ = Σₜ‖dₜ‖‖ãₜ‖ (a row's share of
+// a block's error does not depend on which other rows share the block).
+// 128 rows halved the share but cost the mlp preset 3–4% per step at
+// B = 256 (two blocks and a float64 pass instead of one product written
+// in place; BenchmarkMLPStep, paired).
+const blockRows = 256
+
+// put32 takes one partial sum src of a layer's clipped sum (a block's
+// float32 product) for the elements acc and dst cover: first, acc holds
+// nothing for them yet; last, src is the last part, so the total is
+// rounded into dst rather than kept in acc:
+//
+//	first, last:   dst = src
+//	first, !last:  acc = src
+//	!first, last:  dst = fl32(acc + src)
+//	!first, !last: acc += src
+//
+// Long vectors are split over goroutines; each element is one operation,
+// so the result does not depend on the split.
+func put32(p *pass, acc []float64, dst, src []float32, first, last bool) {
+	p.parFor(len(src), 1, func(_, lo, hi int) {
+		a, d, s := acc[lo:hi], dst[lo:hi], src[lo:hi]
+		switch {
+		case first && last:
+			copy(d, s)
+		case first:
+			for j, v := range s {
+				a[j] = float64(v)
+			}
+		case last:
+			for j, v := range s {
+				d[j] = float32(a[j] + float64(v))
+			}
+		default:
+			for j, v := range s {
+				a[j] += float64(v)
+			}
+		}
+	})
+}
+
+// put64 is put32 for a float64 partial sum.
+func put64(acc []float64, dst []float32, src []float64, first, last bool) {
+	switch {
+	case first && last:
+		for j, v := range src {
+			dst[j] = float32(v)
+		}
+	case first:
+		copy(acc, src)
+	case last:
+		for j, v := range src {
+			dst[j] = float32(acc[j] + v)
+		}
+	default:
+		for j, v := range src {
+			acc[j] += v
+		}
+	}
 }
 
 // unused reports the first of the named fields that is set, so a spec with
@@ -169,10 +256,13 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 		// Per-example norm strategy (Li et al. 2022, "Large Language Models
 		// Can Be Strong Differentially Private Learners", §4; Bu et al. 2023,
 		// "Differentially Private Optimization on Large Model at Small Cost",
-		// "book-keeping"): the ghost norm costs ~T²(K+O) per example (two
-		// T×T Gram matrices), materializing the per-example weight gradient
-		// costs ~T·O·K. Pick the cheaper.
-		cv.ghost = cv.T*(cv.K+cv.o) < cv.o*cv.K
+		// "book-keeping"). Per example, the ghost norm costs ~T²(K+O) (two
+		// T×T Gram matrices) and its share of the clipped sum's product
+		// ~T·O·K; materializing costs ~T·O·K for the per-example gradient,
+		// which the clipped sum then adds (~O·K). Pick the cheaper, unless
+		// storing the B per-example gradients would take more than twice
+		// the memory of the layer's unfolded input and output gradients.
+		cv.ghost = cv.T*cv.T*(cv.K+cv.o) < cv.o*cv.K || cv.o*cv.K > 2*cv.T*(cv.K+cv.o)
 		return cv, nil
 	case MaxPool, AvgPool:
 		if err := unused(ls, "out", "pad", "vocab", "dim", "eps"); err != nil {
@@ -222,8 +312,10 @@ type noParams struct{}
 
 func (noParams) paramShapes() []paramShape                                                 { return nil }
 func (noParams) init([]float32, *rand.Rand)                                                {}
-func (noParams) sqNorms(*pass, []float32, []float32, []float32, []float64, any)            {}
+func (noParams) bound(*pass, []float32, []float32, []float32, clipBounds, any)             {}
 func (noParams) paramGrad(*pass, []float32, []float32, []float32, []float32, float32, any) {}
+func (noParams) accGrad(*pass, []float64, []float32, []float32, []float32, []float32, any) {}
+func (noParams) clearExample(int, []float32, []float32, any)                               {}
 
 // ---------------------------------------------------------------- linear
 
@@ -236,7 +328,10 @@ type linear struct {
 	in, out int
 }
 
-type linearState struct{ bsum []float64 }
+type linearState struct {
+	bsum []float64
+	blk  []float32 // accGrad's block product [out, in], allocated on first use
+}
 
 func (l *linear) outShape() []int { return []int{l.out} }
 func (l *linear) paramShapes() []paramShape {
@@ -267,12 +362,55 @@ func (l *linear) backward(p *pass, w, in, out, dout, din []float32, st any) {
 	p.be.Sgemm(false, false, p.B, l.in, l.out, 1, dout, l.out, w[:l.out*l.in], l.in, 0, din, l.in)
 }
 
-func (l *linear) sqNorms(p *pass, in, out, dout []float32, acc []float64, st any) {
+// bound: example i's gradient is dᵢ ãᵢᵀ with ãᵢ = (aᵢ, 1), so
+// ‖Gᵢ‖ = ‖dᵢ‖·‖ãᵢ‖ exactly, computed from float64 sums of exact squares
+// (relative error below boundSlack); it is also ρᵢ, so the shares are
+// proportional to the norm itself. accGrad's error per example: scaling
+// dᵢ by cᵢ in float32 (u32·cᵢρᵢ, plus eta32·√O·‖ãᵢ‖ from underflow), the
+// block product (γ_{blockRows}(u32)·cᵢρᵢ(1+u32), plus eta32·√(O·K) for
+// products that underflow), the float64 bias sum and accumulator
+// (accGamma each).
+func (l *linear) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
+	O, K := l.out, l.in
+	up := boundSlack(K + O)
+	gR := gamma(blockRows, u32)
+	lam := u32 + (1+u32)*(gR+3*accGamma*(1+gR))
+	sO, sOK := math.Sqrt(float64(O)), math.Sqrt(float64(O)*float64(K))
 	for i := 0; i < p.B; i++ {
-		a := sumSq(in[i*l.in : (i+1)*l.in])
-		d := sumSq(dout[i*l.out : (i+1)*l.out])
-		acc[i] += d * (a + 1)
+		a2 := sumSq(in[i*K:(i+1)*K]) + 1
+		d2 := sumSq(dout[i*O : (i+1)*O])
+		g := math.Sqrt(d2*a2) * up
+		b.sq[i] += g * g
+		b.share[i] += lam * g
+		b.floor[i] += eta32 * (sO*math.Sqrt(a2)*(1+gR) + sOK) * up
 	}
+}
+
+func (l *linear) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
+	s := st.(*linearState)
+	O, K := l.out, l.in
+	nb := (p.B + blockRows - 1) / blockRows
+	for j := range nb {
+		e0 := j * blockRows
+		rows := min(blockRows, p.B-e0)
+		first, last := p.fresh && j == 0, p.final && j == nb-1
+		if first && last { // one block: its product is the result
+			p.be.Sgemm(true, false, O, K, rows, 1, dout[e0*O:], O, in[e0*K:], K, 0, dst[:O*K], K)
+			continue
+		}
+		if s.blk == nil {
+			s.blk = make([]float32, O*K)
+		}
+		p.be.Sgemm(true, false, O, K, rows, 1, dout[e0*O:], O, in[e0*K:], K, 0, s.blk, K)
+		put32(p, acc[:O*K], dst[:O*K], s.blk, first, last)
+	}
+	colSum(s.bsum, dout, p.B, O)
+	put64(acc[O*K:], dst[O*K:], s.bsum, p.fresh, p.final)
+}
+
+func (l *linear) clearExample(i int, in, dout []float32, st any) {
+	clear(in[i*l.in : (i+1)*l.in])
+	clear(dout[i*l.out : (i+1)*l.out])
 }
 
 func (l *linear) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
@@ -283,15 +421,6 @@ func (l *linear) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, 
 	for o, v := range s.bsum {
 		db[o] = float32(float64(alpha) * v)
 	}
-}
-
-// sumSq returns Σ v² accumulated in float64.
-func sumSq(v []float32) float64 {
-	var s float64
-	for _, x := range v {
-		s += float64(x) * float64(x)
-	}
-	return s
 }
 
 // colSum writes dst[j] = Σ_r m[r, j] over rows r < rows of the row-major
@@ -423,8 +552,17 @@ type convState struct {
 	cols, dcols []float32
 	wp          []float32 // weights (then weight gradient) in [O, kh, kw, C] order
 	part        [gradChunks][]float32
-	scratch     [][]float32 // per worker: [T·T]·2 (ghost) or [O·K]
-	bsum        [][]float64 // per worker [O]
+	part64      [gradChunks][]float64 // accGrad's per-chunk sums, [O·K]
+	pub64       []float64             // accGrad's sum in public order, [O·K]
+	scratch     [][]float32           // per worker: [T·T]·2 (ghost only)
+	bsum        [][]float64           // per worker [O]
+	rowNorms    [][]float64           // per worker: αₜ then βₜ, [2T]
+	piece       [][]float32           // per worker, materializing with T > normRows: [O·K]
+	piece64     [][]float64           // per worker, likewise: [O·K]
+	// gi holds, when materializing, each example's weight gradient
+	// fl(Dᵢᵀ Aᵢ) [B, O·K] from bound, which accGrad sums; allocated on
+	// first use.
+	gi []float32
 }
 
 func (l *conv) outShape() []int { return []int{l.o, l.ho, l.wo} }
@@ -438,17 +576,22 @@ func (l *conv) newState(maxB, workers int, needDin bool) any {
 	st := &convState{cols: make([]float32, maxB*l.T*l.K), wp: make([]float32, l.o*l.K)}
 	for c := range st.part {
 		st.part[c] = make([]float32, l.o*l.K)
+		st.part64[c] = make([]float64, l.o*l.K)
 	}
+	st.pub64 = make([]float64, l.o*l.K)
 	if needDin {
 		st.dcols = make([]float32, maxB*l.T*l.K)
 	}
-	n := l.o * l.K
-	if l.ghost {
-		n = 2 * l.T * l.T
-	}
 	for range workers {
-		st.scratch = append(st.scratch, make([]float32, n))
+		if l.ghost {
+			st.scratch = append(st.scratch, make([]float32, 2*l.T*l.T))
+		}
 		st.bsum = append(st.bsum, make([]float64, l.o))
+		st.rowNorms = append(st.rowNorms, make([]float64, 2*l.T))
+		if !l.ghost && l.T > normRows {
+			st.piece = append(st.piece, make([]float32, l.o*l.K))
+			st.piece64 = append(st.piece64, make([]float64, l.o*l.K))
+		}
 	}
 	return st
 }
@@ -469,6 +612,19 @@ func (l *conv) permute(dst, w []float32) {
 }
 
 func (l *conv) unpermute(dst, w []float32) {
+	kk := l.k * l.k
+	for o := 0; o < l.o; o++ {
+		src, d := w[o*l.K:(o+1)*l.K], dst[o*l.K:(o+1)*l.K]
+		for c := 0; c < l.c; c++ {
+			for r := 0; r < kk; r++ {
+				d[c*kk+r] = src[r*l.c+c]
+			}
+		}
+	}
+}
+
+// unpermute64 is unpermute for float64 values.
+func (l *conv) unpermute64(dst, w []float64) {
 	kk := l.k * l.k
 	for o := 0; o < l.o; o++ {
 		src, d := w[o*l.K:(o+1)*l.K], dst[o*l.K:(o+1)*l.K]
@@ -572,33 +728,244 @@ func (l *conv) backward(p *pass, w, in, out, dout, din []float32, st any) {
 	})
 }
 
-func (l *conv) sqNorms(p *pass, in, out, dout []float32, acc []float64, st any) {
+// bound: example i's gradient is Gᵢ = Dᵢᵀ Ãᵢ (weights and bias, Ãᵢ = [Aᵢ 1]),
+// with rows dₜ of Dᵢ (‖dₜ‖ = βₜ) and aₜ of Aᵢ (‖aₜ‖ = αₜ, ‖ãₜ‖ = √(αₜ²+1)),
+// and ρᵢ = Σₜ βₜ‖ãₜ‖ ≥ ‖Gᵢ‖. With the ghost norm, the float32 Gram
+// matrices Ĝa ≈ AᵢAᵢᵀ and Ĝd ≈ DᵢDᵢᵀ carry entrywise errors of at most
+// γ_K(u32)·αₜαₛ and γ_O(u32)·βₜβₛ (plus K·eta32 and O·eta32 from
+// underflow), and the float64 sum of their products a relative
+// φ = γ_{T²}(u64). Writing ĜaĜd − GaGd = (Ĝa−Ga)Ĝd + Ga(Ĝd−Gd), with
+// |Ga| ≤ |Ĝa| + γ_K·αₜαₛ, the computed n̂ (bias included) satisfies
+//
+//	|n̂ − ‖Gᵢ‖²| ≤ γ_K·αᵀ|Ĝd|α + γ_O·βᵀ|Ĝa|β + φ·Σ|ĜaĜd|
+//	             + (γ_Kγ_O + 4φ)·ρᵢ² + 2·eta32·(K·Σ|Ĝd| + O·Σ|Ĝa|) + …
+//
+// (4φρᵢ² covers the float64 bias), evaluated from the Gram matrices in
+// O(T²) per example, without branches; in the worst case it is κ·ρᵢ² with
+// κ = γ_K + γ_O + γ_Kγ_O + 5φ. The bound is max(n̂, 0) plus this error;
+// an n̂ below minus the error cannot happen in this arithmetic and makes
+// the bound NaN (the example is dropped). accGrad's shares are then those
+// of linear, with ρᵢ summed over positions (blocks of blockRows rows).
+//
+// When materializing, Ĝᵢ = Dᵢᵀ Aᵢ is formed by float32 products over pieces
+// of at most R = normRows rows, added in float64 and rounded to float32
+// once, so
+//
+//	‖Ĝᵢ − Dᵢᵀ Aᵢ‖ ≤ (γ_R(u32) + φ)(1+2u32)·ρᵢ + u32·‖Ĝᵢ‖ + eta32·√(O·K)·(T+1).
+//
+// The bound takes ‖Ĝᵢ‖ (and the float64 bias) as the norm and charges the
+// distance to Gᵢ as a share: accGrad adds the stored cᵢ·Ĝᵢ (exact float64
+// products), so example i's realized term is within cᵢ·share of cᵢGᵢ and
+// its norm within cᵢ·N.
+//
+// Relative bound: the clip norm exceeds ‖Gᵢ‖ by at most a relative
+// κ·(ρᵢ/‖Gᵢ‖)²/2 + γ_{blockRows}·ρᵢ/‖Gᵢ‖ (ghost, worst case) or
+// γ_R·ρᵢ/‖Gᵢ‖ + 1e-6 (materialized): 3e-5 or less on typical examples of the
+// cnn preset, where ρᵢ/‖Gᵢ‖ is about 5 to 10. Only cancellation across
+// positions (ρᵢ ≫ ‖Gᵢ‖) over-clips noticeably, which is safe.
+func (l *conv) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	s := st.(*convState)
 	T, K, O := l.T, l.K, l.o
+	up := boundSlack(T*T + T + K + O)
+	phi := gamma(T*T+T+K+O+16, u64)
+	gK, gO := gamma(K, u32), gamma(O, u32)
+	gM := gamma(l.pieceRows(), u32)
+	gR := gamma(blockRows, u32)
+	lam := u32 + (1+u32)*(gR+3*accGamma*(1+gR))
+
+	fK, fO, fT := float64(K), float64(O), float64(T)
+	sO, sOK := math.Sqrt(fO), math.Sqrt(fO*fK)
+	sOKT := sOK * fT
+	if !l.ghost && s.gi == nil {
+		s.gi = make([]float32, len(s.cols)/K*O/T*K)
+	}
 	p.par(p.B, func(wk, lo, hi int) {
-		sc, bs := s.scratch[wk], s.bsum[wk]
+		bs := s.bsum[wk]
+		al, be := s.rowNorms[wk][:T], s.rowNorms[wk][T:]
 		for i := lo; i < hi; i++ {
 			D := dout[i*T*O : (i+1)*T*O]
 			A := s.cols[i*T*K : (i+1)*T*K]
+			// ρ̃ = Σₜ βₜ‖ãₜ‖ (≥ ρ = Σₜ βₜαₜ), and Σ‖ãₜ‖, Σβₜ.
+			var rho, sat, sb float64
+			for t := 0; t < T; t++ {
+				a2 := sumSq(A[t*K : (t+1)*K])
+				al[t] = math.Sqrt(a2) * up
+				be[t] = math.Sqrt(sumSq(D[t*O:(t+1)*O])) * up
+				at := math.Sqrt(a2 + 1)
+				rho += be[t] * at
+				sat += at
+				sb += be[t]
+			}
+			rho, sat, sb = rho*up, sat*up, sb*up
 			colSum(bs, D, T, O)
 			var n float64
 			for _, v := range bs {
 				n += v * v
 			}
+			var sq float64
 			if l.ghost {
-				ga, gd := sc[:T*T], sc[T*T:]
+				ga, gd := s.scratch[wk][:T*T], s.scratch[wk][T*T:]
 				p.be.Sgemm(false, true, T, T, K, 1, A, K, A, K, 0, ga, T)
 				p.be.Sgemm(false, true, T, T, O, 1, D, O, D, O, 0, gd, T)
-				for j, v := range ga {
-					n += float64(v) * float64(gd[j])
+				// n̂ and, from the same entries, the terms of its error.
+				var eK, eO, eP, sa, sd float64
+				for t := 0; t < T; t++ {
+					at, bt := al[t], be[t]
+					for u, av := range ga[t*T : (t+1)*T] {
+						a, d := float64(av), float64(gd[t*T+u])
+						ad := a * d
+						n += ad
+						eP += math.Abs(ad)
+						eK += at * al[u] * math.Abs(d)
+						eO += math.Abs(a) * bt * be[u]
+						sa += math.Abs(a)
+						sd += math.Abs(d)
+					}
 				}
+				err := (gK*eK+gO*eO+phi*eP)*up + (gK*gO+4*phi)*rho*rho +
+					2*eta32*(fK*sd+fO*sa+fK*fO*fT*fT*eta32)*up
+				if n < -err {
+					sq = math.NaN()
+				} else {
+					sq = (max(n, 0) + err) * up
+				}
+				b.share[i] += lam * rho
+				b.floor[i] += eta32 * (sO*sat*(1+gR) + sOKT) * up
 			} else {
-				p.be.Sgemm(true, false, O, K, T, 1, D, O, A, K, 0, sc, K)
-				n += sumSq(sc)
+				gi := s.gi[i*O*K : (i+1)*O*K]
+				l.product(p, s, gi, D, A, wk)
+				n += sumSq(gi)
+				g := math.Sqrt(n) * (1 + 2*u32) * up
+				sq = g * g
+				// The product's distance to the exact gradient; then two
+				// float64 sums of exact products (weights) and the
+				// float32 scaling of D and two float64 sums (bias).
+				e := ((gM+phi)*(1+2*u32)*rho + eta32*(sOKT+sOK)) * up
+				b.share[i] += e + 2*accGamma*(g+e) + (u32+2*accGamma*(1+u32))*sb
+				b.floor[i] += eta32 * sO * fT * (1 + 2*accGamma) * up
 			}
-			acc[i] += n
+			b.sq[i] += sq
 		}
 	})
+}
+
+// normRows bounds the rows of one float32 product when materializing an
+// example's weight gradient: pieces of at most normRows output positions
+// are added in float64, so the product's error is γ_{normRows}(u32)·ρᵢ
+// rather than γ_T(u32)·ρᵢ.
+const normRows = 64
+
+// pieceRows returns the rows of each piece of a materialized product:
+// T split evenly into ⌈T/normRows⌉ pieces.
+func (l *conv) pieceRows() int {
+	n := (l.T + normRows - 1) / normRows
+	return (l.T + n - 1) / n
+}
+
+// product writes example i's weight gradient Dᵀ A [O, K] (internal order)
+// into dst: one float32 product if T ≤ normRows, else pieces of pieceRows
+// rows added in float64 (worker wk's buffers) and rounded once.
+func (l *conv) product(p *pass, s *convState, dst, D, A []float32, wk int) {
+	T, K := l.T, l.K
+	if T <= normRows {
+		l.sgemmTN(p, dst, D, A, T)
+		return
+	}
+	piece, acc := s.piece[wk], s.piece64[wk]
+	clear(acc)
+	R := l.pieceRows()
+	for t0 := 0; t0 < T; t0 += R {
+		rows := min(R, T-t0)
+		l.sgemmTN(p, piece, D[t0*l.o:], A[t0*K:], rows)
+		for j, v := range piece {
+			acc[j] += float64(v)
+		}
+	}
+	for j, v := range acc {
+		dst[j] = float32(v)
+	}
+}
+
+// productCols bounds the columns of one per-example product. These
+// products already run on the workers p.par spreads the examples over; the
+// pure-Go back end would split a wider one over goroutines again (from
+// four 64×64 blocks of the result), which allocates per example and gains
+// nothing. Each result element is summed in the same order either way.
+const productCols = 64
+
+// sgemmTN writes Dᵀ A [O, K] over the first rows rows of D [·, O] and
+// A [·, K] into dst, in column pieces of at most productCols.
+func (l *conv) sgemmTN(p *pass, dst, D, A []float32, rows int) {
+	O, K := l.o, l.K
+	for k0 := 0; k0 < K; k0 += productCols {
+		n := min(productCols, K-k0)
+		p.be.Sgemm(true, false, O, n, rows, 1, D, O, A[k0:], K, 0, dst[k0:], K)
+	}
+}
+
+// accGrad sums blocks of blockRows rows (output positions of consecutive
+// examples) with one float32 product each; block j goes to chunk
+// j mod gradChunks, each chunk adds its blocks in order into its own
+// float64 sum, and the chunks are added in order: the result depends on
+// neither GOMAXPROCS nor the batch size beyond the last block.
+func (l *conv) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
+	s := st.(*convState)
+	T, K, O := l.T, l.K, l.o
+	bs := s.bsum[0]
+	colSum(bs, dout, p.B*T, O)
+	put64(acc[O*K:], dst[O*K:], bs, p.fresh, p.final)
+	sum, pub := s.part64[0], s.pub64
+	if !l.ghost {
+		// Σᵢ cᵢ·Ĝᵢ over the stored per-example products, in example
+		// order for every element (clearExample zeroed a dropped
+		// example's Ĝᵢ, which may have held NaN).
+		OK := O * K
+		p.parFor(OK, p.B, func(_, lo, hi int) {
+			acc := sum[lo:hi]
+			clear(acc)
+			for i, c := range p.coef[:p.B] {
+				cf := float64(c)
+				for j, v := range s.gi[i*OK+lo : i*OK+hi] {
+					acc[j] += cf * float64(v)
+				}
+			}
+		})
+		l.unpermute64(pub, sum)
+		put64(acc[:OK], dst[:OK], pub, p.fresh, p.final)
+		return
+	}
+	R := p.B * T
+	nb := (R + blockRows - 1) / blockRows
+	p.par(gradChunks, func(_, lo, hi int) {
+		for c := lo; c < hi; c++ {
+			part, sum := s.part[c], s.part64[c]
+			clear(sum)
+			for j := c; j < nb; j += gradChunks {
+				r0 := j * blockRows
+				rows := min(blockRows, R-r0)
+				p.be.Sgemm(true, false, O, K, rows, 1, dout[r0*O:], O, s.cols[r0*K:], K, 0, part, K)
+				for k, v := range part {
+					sum[k] += float64(v)
+				}
+			}
+		}
+	})
+	for _, part := range s.part64[1:] {
+		for k, v := range part {
+			sum[k] += v
+		}
+	}
+	l.unpermute64(pub, sum)
+	put64(acc[:O*K], dst[:O*K], pub, p.fresh, p.final)
+}
+
+func (l *conv) clearExample(i int, in, dout []float32, st any) {
+	s := st.(*convState)
+	clear(s.cols[i*l.T*l.K : (i+1)*l.T*l.K])
+	clear(dout[i*l.T*l.o : (i+1)*l.T*l.o])
+	if s.gi != nil {
+		clear(s.gi[i*l.o*l.K : (i+1)*l.o*l.K])
+	}
 }
 
 // gradChunks is the fixed number of partial products a convolution's
@@ -834,8 +1201,16 @@ func (l *embedBag) forward(p *pass, w, in, out []float32, st any) {
 
 func (l *embedBag) backward(p *pass, w, in, out, dout, din []float32, st any) {}
 
-func (l *embedBag) sqNorms(p *pass, in, out, dout []float32, acc []float64, st any) {
+// bound: example i's gradient has row v equal to n_{iv}·invᵢ·dᵢ, with invᵢ
+// the stored float32 1/nᵢ that paramGrad and accGrad use, so its norm is
+// ‖dᵢ‖·invᵢ·√(Σ_v n_{iv}²) exactly (float64 evaluation only). accGrad
+// adds the exact float64 products invᵢ·d'ᵢ once per token occurrence:
+// its shares are the scaling error (u32·‖Gᵢ‖ plus underflow) and the
+// accumulator's accGamma·ρᵢ with ρᵢ = nᵢ·invᵢ·‖dᵢ‖.
+func (l *embedBag) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	s := st.(*embedState)
+	up := boundSlack(l.L + l.D)
+	sD := math.Sqrt(float64(l.D))
 	p.parFor(p.B, l.L*4, func(wk, lo, hi int) {
 		tok := s.tokens[wk]
 		for i := lo; i < hi; i++ {
@@ -859,8 +1234,13 @@ func (l *embedBag) sqNorms(p *pass, in, out, dout []float32, acc []float64, st a
 				c2 += float64(run) * float64(run)
 				run = 1
 			}
-			nn := float64(len(tok))
-			acc[i] += sumSq(dout[i*l.D:(i+1)*l.D]) * c2 / (nn * nn)
+			inv := float64(s.inv[i])
+			dn := math.Sqrt(sumSq(dout[i*l.D : (i+1)*l.D]))
+			g := dn * math.Sqrt(c2) * inv * up
+			rho := float64(len(tok)) * inv * dn * up
+			b.sq[i] += g * g
+			b.share[i] += u32*g + accGamma*(1+u32)*rho
+			b.floor[i] += eta32 * sD * math.Sqrt(c2) * inv * (1 + accGamma) * up
 		}
 	})
 }
@@ -881,6 +1261,39 @@ func (l *embedBag) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32
 			}
 		}
 	}
+}
+
+// accGrad adds into acc directly (the float64 products are exact), then
+// rounds it into dst if final.
+func (l *embedBag) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
+	s := st.(*embedState)
+	if p.fresh {
+		clear(acc)
+	}
+	for i := 0; i < p.B; i++ {
+		inv := float64(s.inv[i])
+		d := dout[i*l.D : (i+1)*l.D]
+		for _, t := range in[i*l.L : (i+1)*l.L] {
+			if t < 0 {
+				continue
+			}
+			g := acc[int(t)*l.D : (int(t)+1)*l.D]
+			for j, v := range d {
+				g[j] += inv * float64(v)
+			}
+		}
+	}
+	if p.final {
+		for j, v := range acc {
+			dst[j] = float32(v)
+		}
+	}
+}
+
+// clearExample clears the output gradient only: token ids and 1/nᵢ are
+// finite, and the gradient is linear in it.
+func (l *embedBag) clearExample(i int, in, dout []float32, st any) {
+	clear(dout[i*l.D : (i+1)*l.D])
 }
 
 // ---------------------------------------------------------------- layer norm
@@ -967,17 +1380,28 @@ func (l *layerNorm) backward(p *pass, w, in, out, dout, din []float32, st any) {
 	})
 }
 
-func (l *layerNorm) sqNorms(p *pass, in, out, dout []float32, acc []float64, st any) {
+// bound: example i's gradient (dᵢ∘x̂ᵢ, dᵢ) is computed exactly in float64
+// (products of two float32 values), so its norm needs only the float64
+// evaluation slack, and being entrywise it has no cancellation: its shares
+// are the scaling error (u32·‖Gᵢ‖, plus eta32·‖(x̂ᵢ, 1)‖ from underflow)
+// and two float64 sums (accGamma·‖Gᵢ‖ each).
+func (l *layerNorm) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	s := st.(*lnState)
+	up := boundSlack(2 * l.f)
+	lam := u32 + 2*accGamma*(1+u32)
 	for i := 0; i < p.B; i++ {
 		xh, dy := s.xhat[i*l.f:(i+1)*l.f], dout[i*l.f:(i+1)*l.f]
-		var n float64
+		var n, x2 float64
 		for j, v := range dy {
-			d := float64(v)
-			gx := d * float64(xh[j])
+			d, x := float64(v), float64(xh[j])
+			gx := d * x
 			n += gx*gx + d*d
+			x2 += x * x
 		}
-		acc[i] += n
+		n *= up
+		b.sq[i] += n
+		b.share[i] += lam * math.Sqrt(n)
+		b.floor[i] += eta32 * math.Sqrt(x2+float64(l.f)) * (1 + 2*accGamma) * up
 	}
 }
 
@@ -996,6 +1420,27 @@ func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float3
 		dw[j] = float32(float64(alpha) * s.gs[j])
 		dw[l.f+j] = float32(float64(alpha) * s.bs[j])
 	}
+}
+
+func (l *layerNorm) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
+	s := st.(*lnState)
+	clear(s.gs)
+	clear(s.bs)
+	for i := 0; i < p.B; i++ {
+		xh, dy := s.xhat[i*l.f:(i+1)*l.f], dout[i*l.f:(i+1)*l.f]
+		for j, v := range dy {
+			s.gs[j] += float64(v) * float64(xh[j])
+			s.bs[j] += float64(v)
+		}
+	}
+	put64(acc[:l.f], dst[:l.f], s.gs, p.fresh, p.final)
+	put64(acc[l.f:], dst[l.f:], s.bs, p.fresh, p.final)
+}
+
+func (l *layerNorm) clearExample(i int, in, dout []float32, st any) {
+	s := st.(*lnState)
+	clear(s.xhat[i*l.f : (i+1)*l.f])
+	clear(dout[i*l.f : (i+1)*l.f])
 }
 
 // tanh32 is a float32 tanh: the clamped rational approximation of Eigen's

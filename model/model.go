@@ -3,7 +3,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 
@@ -15,13 +14,16 @@ import (
 // [0, Classes), a token id outside [-1, Vocab)).
 var ErrShape = errors.New("model: shape mismatch")
 
-// ErrNonFinite is returned when a forward or backward pass produces NaN or
-// ±Inf (for instance from non-finite parameters or inputs). The destination
-// then holds unspecified values and must not be used.
+// ErrNonFinite is returned when parameters are not finite, or when MeanGrad
+// or Evaluate meet NaN or ±Inf (for instance from huge inputs). ClippedSum
+// does not return it for an example whose gradient is not finite: that
+// example contributes zero. The destination then holds unspecified values
+// and must not be used.
 var ErrNonFinite = errors.New("model: non-finite value")
 
-// ErrBadClip is returned when the clipping norm is not a positive finite number.
-var ErrBadClip = errors.New("model: clip norm must be positive and finite")
+// ErrBadClip is returned when the clipping norm is not a number in
+// [MinClipNorm, MaxClipNorm] (see CheckClipNorm).
+var ErrBadClip = errors.New("model: clip norm out of range")
 
 // ParamInfo names one parameter tensor: a view theta[Offset:Offset+Size]
 // of the flat parameter vector, with a row-major Shape.
@@ -237,12 +239,18 @@ func uniformInit(w []float32, bound float64, rng *rand.Rand) {
 	}
 }
 
-// checkFinite reports whether every value is finite.
+// allFinite reports whether every value is finite: x − x is 0 for finite x
+// and NaN for ±Inf and NaN, and a NaN term makes the sum NaN (no branch per
+// value).
 func allFinite(v []float32) bool {
-	for _, x := range v {
-		if f := float64(x); math.IsNaN(f) || math.IsInf(f, 0) {
-			return false
-		}
+	var s0, s1 float32
+	i := 0
+	for ; i+2 <= len(v); i += 2 {
+		s0 += v[i] - v[i]
+		s1 += v[i+1] - v[i+1]
 	}
-	return true
+	for ; i < len(v); i++ {
+		s0 += v[i] - v[i]
+	}
+	return s0+s1 == 0
 }

@@ -65,10 +65,18 @@ func TestCNNConvShapes(t *testing.T) {
 	if !slices.EqualFunc(got, want, slices.Equal) {
 		t.Fatalf("layer shapes = %v, want %v", got, want)
 	}
-	// Cost model: conv1 (T=196, K=64, O=16) materializes, conv2 (T=25,
-	// K=256, O=32) uses the ghost norm.
-	if m.layers[0].(*conv).ghost || !m.layers[3].(*conv).ghost {
+	// Cost model: conv1 (T=196, K=64, O=16) and conv2 (T=25, K=256, O=32)
+	// materialize (T²(K+O) ≫ O·K), while issue 11's 1×1 conv over two
+	// positions (T=2, K=64, O=8) uses the ghost norm.
+	if m.layers[0].(*conv).ghost || m.layers[3].(*conv).ghost {
 		t.Fatal("unexpected per-layer norm strategy")
+	}
+	mc, err := New(cancelSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mc.layers[0].(*conv).ghost {
+		t.Fatal("a conv over two output positions does not use the ghost norm")
 	}
 }
 

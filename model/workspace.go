@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -24,14 +25,18 @@ type Workspace struct {
 	grad    [][]float32 // grad[l] = ∂loss/∂act[l]; nil where never needed
 	needDin []bool      // layer l must produce grad[l]
 	states  []any
-	norms   []float64
+	bounds  clipBounds
+	// coef holds the clip factors cᵢ the last ClippedSum applied (0 for a
+	// dropped example); tests read it.
+	coef []float32
+	// acc is the clipped sum's float64 accumulator, allocated on first use.
+	acc []float64
 	// naive reference buffers, allocated on first use
 	naiveG   []float32
 	naiveAcc []float64
 	// ClippedSumIndexed buffers, allocated on first use
-	gx   []float32
-	gy   []int32
-	part []float32
+	gx []float32
+	gy []int32
 }
 
 // clipShade is the relative margin under the clip norm (see ClippedSum).
@@ -56,7 +61,7 @@ func (m *Model) NewWorkspace(maxBatch int) (*Workspace, error) {
 	L := len(m.layers)
 	w := &Workspace{m: m, maxB: maxBatch, workers: workers,
 		act: make([][]float32, L+1), grad: make([][]float32, L+1),
-		needDin: make([]bool, L), states: make([]any, L), norms: make([]float64, maxBatch)}
+		needDin: make([]bool, L), states: make([]any, L), bounds: newClipBounds(maxBatch), coef: make([]float32, maxBatch)}
 	w.act[0] = make([]float32, maxBatch*m.inSize)
 	paramBelow := false
 	for l, ly := range m.layers {
@@ -232,96 +237,184 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 }
 
 // ClippedSum writes into dst the sum over the batch of per-example
-// gradients of the softmax cross-entropy, each clipped to L2 norm clip over
-// all parameters (flat clipping: gᵢ·min(1, clip/‖gᵢ‖); Abadi et al. 2016,
-// "Deep Learning with Differential Privacy"), and returns the batch size.
-// An empty batch writes zeros. dst must not alias theta.
+// gradients of the softmax cross-entropy, each clipped to L2 norm at most
+// clip over all parameters (flat clipping: gᵢ·min(1, clip/‖gᵢ‖); Abadi et
+// al. 2016, "Deep Learning with Differential Privacy"), and returns the
+// batch size len(y). An empty batch writes zeros. dst must not alias theta.
+// The first call allocates a float64 buffer of NumParams values.
 //
 // It never materializes the B per-example gradients: one forward and one
 // backward pass store every layer's input and output gradient; per-example
 // norms come from ghost norms (linear, embedding, and convolutions where
 // cheaper) or small per-example products (other convolutions, layer norm);
 // then, since every layer's per-example gradient is linear in its output
-// gradient δᵢ, the stored δᵢ are rescaled by cᵢ = min(1, clip/‖gᵢ‖) and the
+// gradient δᵢ, the stored δᵢ are rescaled by the clip factor cᵢ and the
 // parameter gradients are formed once, as in a non-private step
 // ("book-keeping", Bu, Wang, Zha and Karypis 2023, "Differentially Private
 // Optimization on Large Model at Small Cost", Alg. 1; ghost clipping, Li,
 // Tramèr, Liang and Hashimoto 2022).
 //
-// Examples are clipped to C' = C·(1−2⁻¹⁶) rather than exactly C: the norms
-// are computed in float32 arithmetic (relative error ~1e-6), and the margin
-// keeps every contribution, and so ‖sum‖ ≤ count·C, strictly within the
-// sensitivity the accountant assumes and the coordinator checks.
+// # Rounding
 //
-// Errors: ErrShape, ErrBadClip, ErrNonFinite (dst then holds unspecified
-// values).
+// Let Gᵢ be example i's gradient as the stored activations and output
+// gradients define it (Gᵢ = Σₜ dₜãₜᵀ per layer, computed exactly: what the
+// example adds to the sum in exact arithmetic), C' = C·(1−2⁻¹⁶), u = 2⁻²⁴
+// and γₙ = nu/(1−nu) (Higham 2002, "Accuracy and Stability of Numerical
+// Algorithms", §3.1; the model of arithmetic is in bound.go). From the
+// stored values each layer bounds (see the layers' bound methods, which
+// state their formulas):
+//
+//   - sqᵢ: the squared norm of example i's gradient as the fast path
+//     computes it (ghost norms from float32 Gram matrices, materialized
+//     float32 products), plus, for ghost norms, a rigorous bound on the
+//     error of that computation, however the terms cancel;
+//   - Eᵢ: with Nᵢ = √sqᵢ + Eᵢ, both ‖Gᵢ‖ ≤ Nᵢ and ‖rᵢ‖ ≤ cᵢNᵢ + Hᵢ, where
+//     rᵢ is what example i actually adds to the float64 accumulator, its
+//     rounding errors included: Eᵢ = Σₗ λₗρᵢₗ with ρᵢₗ = Σₜ‖dₜ‖‖ãₜ‖ ≥ ‖Gᵢₗ‖
+//     and λₗ ≈ γ₂₅₆(u) + u ≈ 1.5e-5 (ghost and linear: blocks of 256
+//     rows), γ₆₄(u) ≈ 3.8e-6 (materialized: per-example products in
+//     pieces of at most 64 rows), ≈ 1e-6 (layer norm and embedding:
+//     float64 sums);
+//   - Hᵢ: the absolute rounding error of underflow (≈ 2⁻¹⁵⁰ per element),
+//     independent of cᵢ.
+//
+// Then cᵢ = min(1, (C'−Hᵢ)/Nᵢ), rounded down to a float32 (clipFactor), so
+// ‖cᵢGᵢ‖ ≤ C' and ‖rᵢ‖ ≤ C'. The sum is formed in blocks of at most 256
+// rows (examples × output positions) by float32 products whose results are
+// added into a float64 accumulator, which is rounded to float32 once. So
+// the computed sum Ŝ satisfies
+//
+//	‖Ŝ − Σᵢ cᵢGᵢ‖ ≤ (1+u)·Σᵢ (cᵢEᵢ + Hᵢ) + u·‖Σᵢ cᵢGᵢ‖ + 2⁻¹⁵⁰·√NumParams
+//	‖Ŝ‖ ≤ (1+u)·count·C' + 2⁻¹⁵⁰·√NumParams ≤ count·C
+//
+// for clip norms in [MinClipNorm, MaxClipNorm]: each example's own rounding
+// is charged to its clip, and the 2⁻¹⁶ margin covers the final rounding. A
+// whole-batch float32 product (the old code) had an error of up to
+// γ_B·Σᵢ cᵢρᵢ, which exceeds the margin for batches of a few thousand.
+//
+// Nᵢ exceeds ‖Gᵢ‖ by a relative λ for linear, embedding and layer-norm
+// layers (ρᵢ = ‖Gᵢ‖ there), and for a convolution by λ·ρᵢ/‖Gᵢ‖ plus, for
+// ghost norms, up to κ·(ρᵢ/‖Gᵢ‖)²/2 (κ ≈ γ_K + γ_O; see conv.bound). On
+// typical examples of the presets that is at most 1.6e-5 (logreg),
+// 2.8e-5 (mlp), 2.3e-5 (textbag) and 3.5e-5 (cnn, where ρᵢ/‖Gᵢ‖ is 5 to
+// 10; TestClipBoundTightOnPresets). Examples whose terms
+// cancel across positions (ρᵢ ≫ ‖Gᵢ‖) are over-clipped instead of escaping
+// the clip; that is safe.
+//
+// What the bound does not cover is the rounding of the other examples'
+// terms, which depends on the whole batch (which block each example falls
+// in): adding or removing one example changes Ŝ by rⱼ (‖rⱼ‖ ≤ C') plus a
+// change in the others' rounding of at most 2·Σᵢ(cᵢEᵢ + Hᵢ) + 2u·‖Ŝ‖ in
+// the worst case, where every rounding goes the same way: about
+// 2·(λ·ρ/‖G‖ + u)·C per example, which at B = 256 with every example
+// clipped came to 1.4e-2·C for the mlp and the cnn presets (5.4e-5·C and
+// 5.6e-5·C per example; random inputs, initial parameters); a random-walk
+// estimate is √256·u·C ≈ 1e-6·C per example.
+//
+// # Non-finite examples
+//
+// An example whose bounds are not finite (a NaN or an infinity in its
+// stored values, such as features so large that the forward pass
+// overflows, or a ghost norm below its own error bound) gets cᵢ = 0: its
+// stored values are zeroed, so it adds exactly zero, and it is still
+// counted. Neither the result's count nor any error says that it happened,
+// and it costs the same work as any other example.
+//
+// Results are deterministic: the same bits whatever GOMAXPROCS is.
+// Errors: ErrShape, ErrBadClip (clip outside [MinClipNorm, MaxClipNorm]),
+// ErrNonFinite (theta not finite; dst then holds unspecified values).
 func (w *Workspace) ClippedSum(dst, theta, x []float32, y []int32, clip float64) (int, error) {
 	if dst == nil {
 		return 0, fmt.Errorf("%w: nil dst", ErrShape)
 	}
-	if !(clip > 0) || math.IsInf(clip, 0) {
-		return 0, fmt.Errorf("%w: got %v", ErrBadClip, clip)
+	if err := CheckClipNorm(clip); err != nil {
+		return 0, err
 	}
 	if err := w.check(dst, theta, x, y); err != nil {
 		return 0, err
 	}
-	B := len(y)
-	if B == 0 {
+	if !allFinite(theta) {
+		return 0, fmt.Errorf("%w: in the parameters", ErrNonFinite)
+	}
+	if len(y) == 0 {
 		clear(dst)
 		return 0, nil
 	}
+	w.clippedSum(dst, theta, x, y, clip, true, true)
+	return len(y), checkSum(dst)
+}
+
+// checkSum returns ErrNonFinite if the sum holds an infinity (a sum above
+// the float32 range: impossible for clip norms up to MaxClipNorm).
+func checkSum(dst []float32) error {
+	if !allFinite(dst) {
+		return fmt.Errorf("%w: in the clipped sum", ErrNonFinite)
+	}
+	return nil
+}
+
+// clippedSum adds the clipped sum of the batch (x, y), already checked and
+// not empty, to the float64 accumulator w.acc, which holds nothing yet if
+// fresh; if final, it writes the total rounded to float32 into dst instead
+// (see ClippedSum and put32). It leaves the clip factors in w.coef and the
+// bounds in w.bounds.
+func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64, fresh, final bool) {
+	if w.acc == nil {
+		w.acc = make([]float64, w.m.numParams)
+	}
+	acc := w.acc
+	B := len(y)
+	if B == 0 {
+		return
+	}
+	m := w.m
 	p := w.pass(B)
 	w.forward(p, theta, x)
-	L := len(w.m.layers)
+	L := len(m.layers)
 	w.softmaxXent(B, y, w.grad[L], 1)
 	w.backward(p, theta)
-	norms := w.norms[:B]
-	clear(norms)
-	for l, ly := range w.m.layers {
-		if w.m.layerSize[l] > 0 {
-			ly.sqNorms(p, w.act[l], w.act[l+1], w.grad[l+1], norms, w.states[l])
+	b := w.bounds
+	b.reset(B)
+	for l, ly := range m.layers {
+		if m.layerSize[l] > 0 {
+			ly.bound(p, w.act[l], w.act[l+1], w.grad[l+1], b, w.states[l])
 		}
 	}
-	for i, n := range norms {
-		if math.IsNaN(n) || math.IsInf(n, 0) {
-			return 0, fmt.Errorf("%w: example %d's gradient norm is %v", ErrNonFinite, i, n)
-		}
-		// Reuse norms[i] to hold cᵢ = min(1, C'/‖gᵢ‖).
-		norms[i] = 1
-		if g := math.Sqrt(n); g > clip*clipShade {
-			norms[i] = clip * clipShade / g
-		}
+	coef := w.coef[:B]
+	for i := range coef {
+		coef[i] = clipFactor(b.sq[i], b.share[i], b.floor[i], clip)
 	}
-	for l, ly := range w.m.layers {
-		if w.m.layerSize[l] == 0 {
+	for l, ly := range m.layers {
+		if m.layerSize[l] == 0 {
 			continue
 		}
 		d := w.grad[l+1]
 		per := len(d) / w.maxB
-		for i, c := range norms {
-			if c == 1 {
-				continue
-			}
-			cf := float32(c)
-			row := d[i*per : (i+1)*per]
-			for j := range row {
-				row[j] *= cf
+		for i, c := range coef {
+			switch {
+			case c == 0:
+				ly.clearExample(i, w.act[l], d, w.states[l])
+			case c < 1:
+				row := d[i*per : (i+1)*per]
+				for j := range row {
+					row[j] *= c
+				}
 			}
 		}
-		ly.paramGrad(p, w.layerParams(dst, l), w.act[l], w.act[l+1], d, 1, w.states[l])
+		off, n := m.layerOff[l], m.layerSize[l]
+		p.coef, p.fresh, p.final = coef, fresh, final
+		ly.accGrad(p, acc[off:off+n], dst[off:off+n], w.act[l], w.act[l+1], d, w.states[l])
 	}
-	if !allFinite(dst) {
-		return 0, fmt.Errorf("%w: in the clipped sum", ErrNonFinite)
-	}
-	return B, nil
 }
 
 // ClippedSumIndexed is ClippedSum over the rows idx of d (a Poisson batch
 // drawn by package sampling, say), of any length: rows are gathered into
 // workspace buffers MaxBatch at a time and the chunks' clipped sums are
-// added in order (float32). It returns len(idx). The first call allocates
-// a batch buffer and a parameter-sized buffer. Errors: those of ClippedSum
-// and CheckDataset, and ErrShape for an index outside [0, d.Len()).
+// added into one float64 accumulator, rounded to float32 once (so chunking
+// adds no rounding of its own). It returns len(idx). The first call
+// allocates a batch buffer and a float64 buffer of NumParams values.
+// Errors: those of ClippedSum and CheckDataset, and ErrShape for an index
+// outside [0, d.Len()).
 func (w *Workspace) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, idx []int, clip float64) (int, error) {
 	if err := w.m.CheckDataset(d); err != nil {
 		return 0, err
@@ -331,49 +424,57 @@ func (w *Workspace) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, 
 			return 0, fmt.Errorf("%w: index %d outside dataset %q of %d rows", ErrShape, i, d.Name, d.Len())
 		}
 	}
+	if dst == nil {
+		return 0, fmt.Errorf("%w: nil dst", ErrShape)
+	}
+	if err := CheckClipNorm(clip); err != nil {
+		return 0, err
+	}
+	if err := w.check(dst, theta, nil, nil); err != nil {
+		return 0, err
+	}
+	if !allFinite(theta) {
+		return 0, fmt.Errorf("%w: in the parameters", ErrNonFinite)
+	}
 	if w.gx == nil {
 		w.gx = make([]float32, w.maxB*w.m.inSize)
 		w.gy = make([]int32, w.maxB)
 	}
-	if len(idx) <= w.maxB {
-		d.Gather(w.gx, w.gy, idx)
-		return w.ClippedSum(dst, theta, w.gx[:len(idx)*w.m.inSize], w.gy[:len(idx)], clip)
-	}
-	if w.part == nil {
-		w.part = make([]float32, w.m.numParams)
+	if len(idx) == 0 {
+		clear(dst)
+		return 0, nil
 	}
 	for lo := 0; lo < len(idx); lo += w.maxB {
 		chunk := idx[lo:min(lo+w.maxB, len(idx))]
 		d.Gather(w.gx, w.gy, chunk)
-		out := dst
-		if lo > 0 {
-			out = w.part
-		}
-		if _, err := w.ClippedSum(out, theta, w.gx[:len(chunk)*w.m.inSize], w.gy[:len(chunk)], clip); err != nil {
+		x, y := w.gx[:len(chunk)*w.m.inSize], w.gy[:len(chunk)]
+		if err := w.check(nil, theta, x, y); err != nil {
 			return 0, err
 		}
-		if lo > 0 {
-			for j, v := range w.part {
-				dst[j] += v
-			}
-		}
+		w.clippedSum(dst, theta, x, y, clip, lo == 0, lo+w.maxB >= len(idx))
 	}
-	return len(idx), nil
+	return len(idx), checkSum(dst)
 }
 
 // ClippedSumNaive computes the same result as ClippedSum the slow way, as a
 // reference: it materializes each example's gradient with a batch-of-one
-// backward pass, clips it in float64 and accumulates in float64. It
-// allocates two parameter-sized buffers on first use.
+// backward pass (MeanGrad), clips it to C·(1−2⁻¹⁶) in float64 without
+// ClippedSum's error bounds, and accumulates in float64. An example whose
+// float32 gradient is not finite contributes zero (ClippedSum may still
+// clip and add such an example when its bounds are finite). It allocates
+// two parameter-sized buffers on first use. Errors: those of ClippedSum.
 func (w *Workspace) ClippedSumNaive(dst, theta, x []float32, y []int32, clip float64) (int, error) {
 	if dst == nil {
 		return 0, fmt.Errorf("%w: nil dst", ErrShape)
 	}
-	if !(clip > 0) || math.IsInf(clip, 0) {
-		return 0, fmt.Errorf("%w: got %v", ErrBadClip, clip)
+	if err := CheckClipNorm(clip); err != nil {
+		return 0, err
 	}
 	if err := w.check(dst, theta, x, y); err != nil {
 		return 0, err
+	}
+	if !allFinite(theta) {
+		return 0, fmt.Errorf("%w: in the parameters", ErrNonFinite)
 	}
 	if w.naiveG == nil {
 		w.naiveG = make([]float32, w.m.numParams)
@@ -382,7 +483,9 @@ func (w *Workspace) ClippedSumNaive(dst, theta, x []float32, y []int32, clip flo
 	clear(w.naiveAcc)
 	d := w.m.inSize
 	for i := range y {
-		if _, err := w.MeanGrad(w.naiveG, theta, x[i*d:(i+1)*d], y[i:i+1]); err != nil {
+		if _, err := w.MeanGrad(w.naiveG, theta, x[i*d:(i+1)*d], y[i:i+1]); errors.Is(err, ErrNonFinite) {
+			continue
+		} else if err != nil {
 			return 0, err
 		}
 		c := 1.0

@@ -39,9 +39,10 @@
 //     SampleRate q, ClipNorm C, ModelHash} opens a round. The node answers
 //     each (Step, RoundID) at most once — a new RoundID for the same step
 //     (a new leader reopening it) is a new round — and never after
-//     Deadline. It checks q ∈ (0, 1], C finite and > 0 and a deadline
-//     (else SkipInvalid), and that q, C and the model hash are exactly the
-//     run's (Config.SampleRate, Config.ClipNorm, the model's hash; else
+//     Deadline. It checks q ∈ (0, 1], C ∈ [model.MinClipNorm,
+//     model.MaxClipNorm] (model.CheckClipNorm) and a deadline (else
+//     SkipInvalid), and that q, C and the model hash are exactly the run's
+//     (Config.SampleRate, Config.ClipNorm, the model's hash; else
 //     SkipParamsMismatch, logged at warn). A refused round changes nothing:
 //     in particular its Term and Leader are not followed.
 //  5. Answer. With Params of version ParamsVersion, the node draws a
@@ -49,7 +50,9 @@
 //     probability q, from a fresh crypto/rand-keyed sampler), computes
 //     S = Σ clip_C(∇ℓᵢ) and the count with model.Workspace.ClippedSumIndexed
 //     (any batch size, in chunks of Config.MaxBatch), and publishes
-//     Contribution{Step, RoundID, Count, Sum}. Without those Params it
+//     Contribution{Step, RoundID, Count, Sum}. An example whose gradient is
+//     not finite adds zero and is counted; whether one was sampled changes
+//     nothing else the node does or shows. Without those Params it
 //     waits Config.ParamsGrace, then publishes Status{Code:
 //     StatusNeedParams, Step: ParamsVersion} every Config.ParamsRetry
 //     until the Params arrive (then answers) or the deadline passes (then

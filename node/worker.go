@@ -46,7 +46,9 @@ const (
 	// SkipSuperseded: a newer round arrived while this one waited for its
 	// Params.
 	SkipSuperseded SkipReason = "superseded"
-	// SkipCompute: computing the clipped sum failed (non-finite gradients).
+	// SkipCompute: computing the clipped sum failed: non-finite parameters
+	// or an internal error, never the data (an example whose gradient is
+	// not finite contributes zero and is counted; model.Workspace.ClippedSum).
 	SkipCompute SkipReason = "compute_error"
 	// SkipPublish: publishing the contribution failed.
 	SkipPublish SkipReason = "publish_error"
@@ -617,8 +619,8 @@ func checkRound(rs transport.RoundStart, numParams int) string {
 		return "step 0"
 	case !(rs.SampleRate > 0 && rs.SampleRate <= 1):
 		return fmt.Sprintf("sample rate %v not in (0, 1]", rs.SampleRate)
-	case !(rs.ClipNorm > 0) || math.IsInf(rs.ClipNorm, 0):
-		return fmt.Sprintf("clip norm %v not positive and finite", rs.ClipNorm)
+	case model.CheckClipNorm(rs.ClipNorm) != nil:
+		return fmt.Sprintf("clip norm %v not in [%v, %v]", rs.ClipNorm, model.MinClipNorm, model.MaxClipNorm)
 	case rs.Deadline <= 0:
 		return "no deadline"
 	}
@@ -812,7 +814,9 @@ func (s *session) apply(st transport.Status) {
 
 // answer samples the shard, computes the clipped sum at theta and publishes
 // the contribution, unless the deadline passes first. The sum and count
-// are private: they appear in no log, metric or error.
+// are private: they appear in no log, metric or error. No record changes
+// whether the round is answered: ClippedSum zeroes an example whose
+// gradient is not finite instead of failing.
 func (s *session) answer(ctx context.Context, rs transport.RoundStart, deadline time.Time, theta transport.Vector) {
 	w := s.w
 	start := time.Now()

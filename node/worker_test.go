@@ -539,6 +539,7 @@ func TestInvalidInputs(t *testing.T) {
 		{"clip<0", mod(func(r *transport.RoundStart) { r.ClipNorm = -1 })},
 		{"clip=Inf", mod(func(r *transport.RoundStart) { r.ClipNorm = math.Inf(1) })},
 		{"clip=NaN", mod(func(r *transport.RoundStart) { r.ClipNorm = math.NaN() })},
+		{"clip>max", mod(func(r *transport.RoundStart) { r.ClipNorm = 2 * model.MaxClipNorm })},
 		{"no deadline", mod(func(r *transport.RoundStart) { r.Deadline = 0 })},
 		{"step 0", mod(func(r *transport.RoundStart) { r.Step = 0 })},
 		{"inline params too short", mod(func(r *transport.RoundStart) { r.Params = fx.theta[1:] })},

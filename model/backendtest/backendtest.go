@@ -14,8 +14,8 @@ import (
 
 // Run checks be.Sgemm against a float64 triple loop over all transpose
 // combinations, padded leading dimensions, alpha/beta values and
-// degenerate sizes (k = 0), and checks that padding columns of C are left
-// untouched. The 300×80×100 case is large enough for back ends that split
+// degenerate sizes (k = 0), checks that padding columns of C are left
+// untouched, and checks the error bound of the Backend contract. The 300×80×100 case is large enough for back ends that split
 // products over goroutines (OpenBLAS). Tolerance: float32 accumulation error ≲ k·2⁻²⁴·Σ|a||b|, so
 // 1e-5·(k+1) relative to max(1, |want|).
 func Run(t *testing.T, be model.Backend) {
@@ -52,9 +52,10 @@ func Run(t *testing.T, be model.Backend) {
 					}
 				}
 				want := make([]float64, m*n)
+				mag := make([]float64, m*n) // Σ|a·b|, for the error bound
 				for i := 0; i < m; i++ {
 					for j := 0; j < n; j++ {
-						var s float64
+						var s, sa float64
 						for p := 0; p < k; p++ {
 							ai, bi := i*lda+p, p*ldb+j
 							if tr[0] {
@@ -65,8 +66,10 @@ func Run(t *testing.T, be model.Backend) {
 							}
 							av, bv := a[ai], b[bi]
 							s += float64(av) * float64(bv)
+							sa += math.Abs(float64(av) * float64(bv))
 						}
 						want[i*n+j] = float64(ab[0])*s + float64(ab[1])*float64(c[i*ldc+j])
+						mag[i*n+j] = sa
 					}
 				}
 				be.Sgemm(tr[0], tr[1], m, n, k, ab[0], a, lda, b, ldb, ab[1], c, ldc)
@@ -80,8 +83,20 @@ func Run(t *testing.T, be model.Backend) {
 							continue
 						}
 						// float32 accumulation: error ≲ k·ε32·Σ|a||b|; allow 1e-5·(k+1)·scale.
-						if d := math.Abs(got - want[i*n+j]); d > 1e-5*float64(k+1)*math.Max(1, math.Abs(want[i*n+j])) {
+						d := math.Abs(got - want[i*n+j])
+						if d > 1e-5*float64(k+1)*math.Max(1, math.Abs(want[i*n+j])) {
 							t.Fatalf("%s: C[%d,%d] = %v, want %v", name, i, j, got, want[i*n+j])
+						}
+						// The contract (model.Backend): with alpha = 1 and
+						// beta = 0 the error is at most γ_k·Σ|a·b|, with
+						// γ_k = k·u/(1−k·u), u = 2⁻²⁴ (the float64 reference
+						// is exact to 1e-12 relative here).
+						if ab == [2]float32{1, 0} {
+							ku := float64(k) * 0x1p-24
+							if bound := ku/(1-ku)*mag[i*n+j] + 1e-12*mag[i*n+j]; d > bound {
+								t.Fatalf("%s: C[%d,%d] = %v, want %v: error %.3g above the bound γ_k·Σ|a·b| = %.3g",
+									name, i, j, got, want[i*n+j], d, bound)
+							}
 						}
 					}
 				}
