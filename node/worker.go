@@ -852,14 +852,18 @@ func (s *session) answer(ctx context.Context, rs transport.RoundStart, deadline 
 // compute fills w.sum with the clipped gradient sum of a fresh Poisson
 // sample and returns its size.
 func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, error) {
+	// The run's own q and C (Config), never the round's: checkRun has
+	// refused any round that names others, and reading them here as well
+	// keeps the mechanism the ledger charges in one place on this side.
+	q, clip := w.cfg.SampleRate, w.cfg.ClipNorm
 	var (
 		p   *sampling.Poisson
 		err error
 	)
 	if w.opts.seeded {
-		p, err = sampling.NewSeededPoisson(rs.SampleRate, w.opts.seed+rs.Step)
+		p, err = sampling.NewSeededPoisson(q, w.opts.seed+rs.Step)
 	} else {
-		p, err = sampling.NewPoisson(rs.SampleRate)
+		p, err = sampling.NewPoisson(q)
 	}
 	if err != nil {
 		return 0, err
@@ -868,7 +872,7 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 	if w.ws == nil {
 		maxB := w.cfg.MaxBatch
 		if maxB == 0 {
-			maxB = min(n, int(math.Ceil(1.25*rs.SampleRate*float64(n)))+16)
+			maxB = min(n, int(math.Ceil(1.25*q*float64(n)))+16)
 		}
 		if w.ws, err = w.m.NewWorkspace(maxB); err != nil {
 			return 0, err
@@ -877,7 +881,7 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 		w.batch = make([]int, 0, maxB)
 	}
 	w.batch = p.Sample(w.batch[:0], n)
-	return w.ws.ClippedSumIndexed(w.sum, theta, w.shard, w.batch, rs.ClipNorm)
+	return w.ws.ClippedSumIndexed(w.sum, theta, w.shard, w.batch, clip)
 }
 
 // computeErrorClass names a compute error without its text, which could
