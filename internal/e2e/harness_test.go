@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -456,21 +457,29 @@ func tail(path string, n int) string {
 	return out
 }
 
-// FreeAddr returns a loopback host:port that was free a moment ago: the
-// kernel picks a port for a listener that is closed at once. Another
-// process could take it before the test's process binds it; on a test
-// machine that is rare enough.
+// FreeAddr returns a loopback host:port that was free a moment ago, for a
+// process the test starts to listen on. It picks at random from
+// [20000, 32000), below Linux's ephemeral range (32768-60999): a port the
+// kernel hands out for ":0" listeners is also one it hands out as the
+// local port of outgoing connections (NATS clients, Raft dials), which
+// took a picked port before its process bound it often enough to fail CI
+// ("bind: address already in use"). Another test could still take the
+// port first; that is rare enough.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+		if err != nil {
+			continue // taken
+		}
+		addr := ln.Addr().String()
+		if err := ln.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return addr
 	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
+	t.Fatal("e2e: no free loopback port in [20000, 32000) after 100 tries")
+	return ""
 }
 
 // Metrics are one scrape of a Prometheus text endpoint: each sample's
