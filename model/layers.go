@@ -611,20 +611,12 @@ func (l *conv) permute(dst, w []float32) {
 	}
 }
 
-func (l *conv) unpermute(dst, w []float32) {
-	kk := l.k * l.k
-	for o := 0; o < l.o; o++ {
-		src, d := w[o*l.K:(o+1)*l.K], dst[o*l.K:(o+1)*l.K]
-		for c := 0; c < l.c; c++ {
-			for r := 0; r < kk; r++ {
-				d[c*kk+r] = src[r*l.c+c]
-			}
-		}
-	}
-}
+func (l *conv) unpermute(dst, w []float32) { unpermute(l, dst, w) }
 
 // unpermute64 is unpermute for float64 values.
-func (l *conv) unpermute64(dst, w []float64) {
+func (l *conv) unpermute64(dst, w []float64) { unpermute(l, dst, w) }
+
+func unpermute[F float32 | float64](l *conv, dst, w []F) {
 	kk := l.k * l.k
 	for o := 0; o < l.o; o++ {
 		src, d := w[o*l.K:(o+1)*l.K], dst[o*l.K:(o+1)*l.K]
@@ -1405,8 +1397,9 @@ func (l *layerNorm) bound(p *pass, in, out, dout []float32, b clipBounds, st any
 	}
 }
 
-func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
-	s := st.(*lnState)
+// sums writes the batch sums of the gain and bias gradients,
+// Σᵢ δᵢ∘x̂ᵢ and Σᵢ δᵢ, into s.gs and s.bs, in float64, in example order.
+func (l *layerNorm) sums(p *pass, dout []float32, s *lnState) {
 	clear(s.gs)
 	clear(s.bs)
 	for i := 0; i < p.B; i++ {
@@ -1416,6 +1409,11 @@ func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float3
 			s.bs[j] += float64(v)
 		}
 	}
+}
+
+func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
+	s := st.(*lnState)
+	l.sums(p, dout, s)
 	for j := 0; j < l.f; j++ {
 		dw[j] = float32(float64(alpha) * s.gs[j])
 		dw[l.f+j] = float32(float64(alpha) * s.bs[j])
@@ -1424,15 +1422,7 @@ func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float3
 
 func (l *layerNorm) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
 	s := st.(*lnState)
-	clear(s.gs)
-	clear(s.bs)
-	for i := 0; i < p.B; i++ {
-		xh, dy := s.xhat[i*l.f:(i+1)*l.f], dout[i*l.f:(i+1)*l.f]
-		for j, v := range dy {
-			s.gs[j] += float64(v) * float64(xh[j])
-			s.bs[j] += float64(v)
-		}
-	}
+	l.sums(p, dout, s)
 	put64(acc[:l.f], dst[:l.f], s.gs, p.fresh, p.final)
 	put64(acc[l.f:], dst[l.f:], s.bs, p.fresh, p.final)
 }
