@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/internal/conformance"
 )
 
 // conformanceFile is the shared reference-vector file: float64 trajectories
@@ -61,11 +63,12 @@ func (c *conformanceCase) config() Config {
 	return cfg
 }
 
-// TestConformance runs every case of the shared vector file (and of the
-// file named by $DPADAM_VECTORS, if set). A missing or unreadable file is a
-// failure, never a skip: CI has the shared directory beside the checkout.
+// TestConformance runs every case of the shared vector file (its committed
+// copy without ../shared; see package internal/conformance) and of the file
+// named by $DPADAM_VECTORS, if set. A missing or unreadable file is a
+// failure, never a skip.
 func TestConformance(t *testing.T) {
-	files := []string{filepath.Join("..", "..", "shared", "conformance", "dpadam_vectors.json")}
+	files := []string{conformance.Path(t, "dpadam_vectors.json")}
 	if extra := os.Getenv("DPADAM_VECTORS"); extra != "" {
 		files = append(files, extra)
 	}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/internal/conformance"
 )
 
 // accountantVectors is the format of shared/conformance/accountant_vectors.json.
@@ -33,7 +35,7 @@ type accountantVectors struct {
 // file that cannot be read fails the test rather than skipping it.
 func vectorFiles(t *testing.T) []string {
 	t.Helper()
-	files := []string{filepath.Join("..", "..", "shared", "conformance", "accountant_vectors.json")}
+	files := []string{conformance.Path(t, "accountant_vectors.json")}
 	if f := os.Getenv("ACCOUNTANT_VECTORS"); f != "" {
 		files = append(files, f)
 	}
