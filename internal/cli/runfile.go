@@ -186,6 +186,12 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 		return coordinator.RunConfig{}, fmt.Errorf("--batch-size %v must be in (0, N = %d]", s.BatchSize, n)
 	}
 	q := s.BatchSize / float64(n)
+	// Nodes clip only within model.CheckClipNorm's range (outside it the
+	// float error analysis no longer holds), so they would skip every
+	// round of a run configured outside it: refuse it here, at start.
+	if err := model.CheckClipNorm(s.Clip); err != nil {
+		return coordinator.RunConfig{}, fmt.Errorf("--clip %v: must be in [%g, %g]: %w", s.Clip, model.MinClipNorm, model.MaxClipNorm, err)
+	}
 	sigma := s.Sigma
 	if sigma < 0 {
 		return coordinator.RunConfig{}, fmt.Errorf("--sigma %v must not be negative", sigma)
