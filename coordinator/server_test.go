@@ -411,6 +411,28 @@ func TestServerRejectsBadContributions(t *testing.T) {
 	good.mu.Unlock()
 }
 
+// runOneScriptedNode runs a one-replica Server for c in dir (seeded noise
+// from noiseSeed) with one scripted node that answers every round with a
+// sentinel sum of 10 examples, and returns what Run returns.
+func runOneScriptedNode(t *testing.T, dir string, c RunConfig, noiseSeed uint64) (Summary, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	r := openReplicaForServer(t, dir)
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = train.NewSeededNoiseSource(noiseSeed)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Run(ctx)
+}
+
 // TestServerStopsAtBudget: with no MaxSteps, the leader stops the run when
 // one more step would exceed the target ε; the ledger stays within it.
 func TestServerStopsAtBudget(t *testing.T) {
@@ -423,21 +445,7 @@ func TestServerStopsAtBudget(t *testing.T) {
 	}
 	eps6, _, _ := ledger.EventEpsilon(nil, c.Event(), 6, c.Delta)
 	c.TargetEpsilon = (eps5 + eps6) / 2
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
-		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
-	})
-	r := openReplicaForServer(t, dir)
-	waitLeader(t, r)
-	scfg := DefaultServerConfig()
-	scfg.Noise = train.NewSeededNoiseSource(3)
-	s, err := NewServer(r, coordConn, c, scfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := s.Run(ctx)
+	sum, err := runOneScriptedNode(t, dir, c, 3)
 	if err != nil {
 		t.Fatal(err)
 	}

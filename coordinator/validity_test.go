@@ -1,17 +1,14 @@
 package coordinator
 
 import (
-	"context"
 	"errors"
 	"math"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
-	"github.com/dpcluster/dpcluster/train"
 )
 
 // TestFSMChargesConfigEvent is issue 11 item 4: a step entry carrying
@@ -114,21 +111,7 @@ func TestServerChecksGradientBeforeProposing(t *testing.T) {
 	c := testRunConfig()
 	c.Optimizer.ClipNorm = 1e25
 	c.MaxSteps = 5
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
-		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
-	})
-	r := openReplicaForServer(t, dir)
-	waitLeader(t, r)
-	scfg := DefaultServerConfig()
-	scfg.Noise = train.NewSeededNoiseSource(9)
-	s, err := NewServer(r, coordConn, c, scfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := s.Run(ctx)
+	sum, err := runOneScriptedNode(t, dir, c, 9)
 	if err != nil {
 		t.Fatalf("Run = %v (summary %+v), want the run stopped without an error", err, sum)
 	}
