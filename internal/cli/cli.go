@@ -21,5 +21,6 @@ func NewCoordinatorCmd() *cobra.Command {
 	root.AddCommand(newServeCmd())
 	root.AddCommand(newStatusCmd())
 	root.AddCommand(newRemoveReplicaCmd())
+	root.AddCommand(newCertsCmd())
 	return root
 }
