@@ -48,6 +48,13 @@ type ReplicaConfig struct {
 	SnapshotInterval  time.Duration
 	SnapshotsRetained int
 
+	// TLS, if set, runs the Raft transport over mutual TLS: this replica
+	// and its peers must hold replica certificates of one CA, and a
+	// connection from anything else (a node's or observer's certificate,
+	// another CA's, plaintext) is refused before Raft reads it. Nil: plain
+	// TCP (a single machine, or a trusted network).
+	TLS *ReplicaTLS
+
 	// LedgerOptions are passed to the ledger when it is opened (fault
 	// injection in tests: ledger.WithSyncHook).
 	LedgerOptions []ledger.Option
@@ -75,7 +82,9 @@ func DefaultReplicaConfig() ReplicaConfig {
 	}
 }
 
-// Validate checks the configuration.
+// Validate checks the configuration. With TLS set, the certificate must be
+// a replica certificate for ID that verifies against TLS.CAs (else an
+// error wrapping ErrReplicaCert).
 func (c ReplicaConfig) Validate() error {
 	switch {
 	case c.ID == "":
@@ -97,6 +106,11 @@ func (c ReplicaConfig) Validate() error {
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return fmt.Errorf("coordinator: Raft address %q is advertised to peers: give a reachable host, not a wildcard", c.RaftAddr)
+	}
+	if c.TLS != nil {
+		if err := c.TLS.check(c.ID); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -154,7 +168,11 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
 	}
-	r.transport = raft.NewNetworkTransportWithLogger(stream, 4, 10*time.Second, hlog)
+	var layer raft.StreamLayer = stream
+	if cfg.TLS != nil {
+		layer = newTLSRaftStream(stream, cfg.TLS, log)
+	}
+	r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout

@@ -38,6 +38,9 @@ type serveFlags struct {
 	progress     string
 	logFormat    string
 	metricsAddr  string
+	tlsCA        string
+	tlsCert      string
+	tlsKey       string
 }
 
 func newServeCmd() *cobra.Command {
@@ -53,7 +56,11 @@ embeds on --nats-listen.
 
 The run is defined by --config and the run flags, identically on every replica. With a dataset
 the replica reads N from it and evaluates θ on its test split; with --dataset none give
---total-examples. serve exits 0 when the run has finished (max steps or budget).`,
+--total-examples. serve exits 0 when the run has finished (max steps or budget).
+
+With --tls-ca, --tls-cert and --tls-key (from coordinator certs init) Raft runs over mutual TLS
+and accepts only replica certificates of that CA. NATS does not use them yet: TLS for NATS is the
+next increment of issue 12 (docs/SECURITY.md).`,
 		Example: `  coordinator serve --id r1 --raft-addr 127.0.0.1:7000 --data-dir /var/lib/dpc/r1 --bootstrap \
       --nats nats://127.0.0.1:4222 --config run.yaml`,
 		Args: cobra.NoArgs,
@@ -81,6 +88,9 @@ the replica reads N from it and evaluates θ on its test split; with --dataset n
 	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
 	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "run Raft over mutual TLS: the run's CA certificate (ca.crt of certs init); NATS TLS is not wired yet")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "this replica's certificate for Raft TLS (ID.crt; a replica certificate for --id)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "this replica's key for Raft TLS (ID.key)")
 	return cmd
 }
 
@@ -98,6 +108,14 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	if f.join && f.bootstrap {
 		return errors.New("--join and --bootstrap exclude each other: a replica either starts a cluster or joins one")
+	}
+	rcfg := coordinator.DefaultReplicaConfig()
+	rcfg.ID, rcfg.RaftAddr, rcfg.DataDir, rcfg.Bootstrap, rcfg.Peers = f.id, f.raftAddr, f.dataDir, f.bootstrap, peers
+	if rcfg.TLS, err = loadRaftTLS(f.tlsCA, f.tlsCert, f.tlsKey); err != nil {
+		return err
+	}
+	if err := rcfg.Validate(); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -117,8 +135,6 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	} else if tcfg.Embedded, err = embeddedServerConfig(f.natsListen, f.natsCluster, f.natsRoutes); err != nil {
 		return err
 	}
-	rcfg := coordinator.DefaultReplicaConfig()
-	rcfg.ID, rcfg.RaftAddr, rcfg.DataDir, rcfg.Bootstrap, rcfg.Peers = f.id, f.raftAddr, f.dataDir, f.bootstrap, peers
 	srv, err := openServer(ctx, cmd, spec, pr, serverOptions{
 		replica: rcfg, nats: tcfg, metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
 		join: f.join,
@@ -147,6 +163,18 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 		fmt.Fprintln(cmd.OutOrStdout(), line)
 	}
 	return nil
+}
+
+// loadRaftTLS loads the Raft transport's mutual TLS from --tls-ca,
+// --tls-cert and --tls-key: all three, or none (nil: plain TCP).
+func loadRaftTLS(ca, cert, key string) (*coordinator.ReplicaTLS, error) {
+	if ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	if ca == "" || cert == "" || key == "" {
+		return nil, errors.New("--tls-ca, --tls-cert and --tls-key go together: give all three (Raft over mutual TLS) or none")
+	}
+	return coordinator.LoadReplicaTLS(ca, cert, key)
 }
 
 // parsePeers parses id=host:port,... into Raft servers.

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -184,6 +185,10 @@ func TestServeBlocksOverlappingNodes(t *testing.T) {
 }
 
 func TestServeFlagErrors(t *testing.T) {
+	certs := filepath.Join(t.TempDir(), "certs")
+	if _, err := pki.Init(certs, []pki.Name{{Role: pki.RoleReplica, ID: "r1"}, {Role: pki.RoleReplica, ID: "r2"}, {Role: pki.RoleNode, ID: "node-0"}}, nil, 1); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -196,6 +201,11 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"--data-dir", t.TempDir(), "--log-format", "xml"}, "--log-format"},
 		{[]string{"--data-dir", t.TempDir(), "--nats-routes", "nats-route://a:1"}, "--nats-cluster"},
 		{[]string{"--data-dir", t.TempDir(), "--nats", "nats://a:1", "--nats-cluster", "a:2"}, "do not go with --nats"},
+		{[]string{"--data-dir", t.TempDir(), "--tls-ca", "ca.crt"}, "--tls-ca, --tls-cert and --tls-key go together"},
+		{[]string{"--data-dir", t.TempDir(), "--tls-cert", "r1.crt", "--tls-key", "r1.key"}, "go together"},
+		{[]string{"--data-dir", t.TempDir(), "--tls-ca", certs + "/ca.crt", "--tls-cert", certs + "/node-0.crt", "--tls-key", certs + "/node-0.key"}, "a node certificate"},
+		{[]string{"--data-dir", t.TempDir(), "--tls-ca", certs + "/ca.crt", "--tls-cert", certs + "/r2.crt", "--tls-key", certs + "/r2.key"}, "replica r2's certificate"},
+		{[]string{"--data-dir", t.TempDir(), "--tls-ca", certs + "/nope.crt", "--tls-cert", certs + "/r1.crt", "--tls-key", certs + "/r1.key"}, "nope.crt"},
 	} {
 		_, err := run(t, append([]string{"serve", "--model", "logreg", "--dataset", "gaussian"}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
