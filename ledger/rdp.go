@@ -123,17 +123,11 @@ func SubsampledGaussianRDP(q, sigma, alpha float64) float64 {
 // Numeric error: logAInt's float64 sum has relative error about 1e-15 per
 // term; it is the same computation the Gaussian accountant uses.
 func SubsampledDiscreteGaussianRDP(q, sigma, alpha float64) float64 {
-	switch {
-	case q == 0:
-		return 0
-	case sigma == 0 || math.IsInf(alpha, 1):
-		return math.Inf(1)
-	case q == 1:
-		// No subsampling: D_α ≤ α/(2σ²) at every real α ≥ 1 (above).
-		return alpha / (2 * sigma * sigma)
-	}
-	if alpha == math.Trunc(alpha) {
-		return logAInt(q, sigma, int(alpha)) / (alpha - 1)
+	// The Gaussian's value wherever it is the discrete Gaussian's bound:
+	// q = 0; σ = 0 or α = ∞; no subsampling (q = 1: D_α ≤ α/(2σ²) at every
+	// real α ≥ 1, above); and integer orders (the same closed form).
+	if q == 0 || q == 1 || sigma == 0 || math.IsInf(alpha, 1) || alpha == math.Trunc(alpha) {
+		return SubsampledGaussianRDP(q, sigma, alpha)
 	}
 	lo := math.Floor(alpha)
 	theta := alpha - lo
