@@ -236,6 +236,25 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 	return loss, nil
 }
 
+// checkClipped validates the arguments of ClippedSum, ClippedSumIndexed
+// (x and y nil: the rows are checked by index) and ClippedSumNaive: dst,
+// the clip norm's range, lengths and labels (w.check), and θ's finiteness.
+func (w *Workspace) checkClipped(dst, theta, x []float32, y []int32, clip float64) error {
+	if dst == nil {
+		return fmt.Errorf("%w: nil dst", ErrShape)
+	}
+	if err := CheckClipNorm(clip); err != nil {
+		return err
+	}
+	if err := w.check(dst, theta, x, y); err != nil {
+		return err
+	}
+	if !allFinite(theta) {
+		return fmt.Errorf("%w: in the parameters", ErrNonFinite)
+	}
+	return nil
+}
+
 // ClippedSum writes into dst the sum over the batch of per-example
 // gradients of the softmax cross-entropy, each clipped to L2 norm at most
 // clip over all parameters (flat clipping: gᵢ·min(1, clip/‖gᵢ‖); Abadi et
@@ -324,17 +343,8 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 // Errors: ErrShape, ErrBadClip (clip outside [MinClipNorm, MaxClipNorm]),
 // ErrNonFinite (theta not finite; dst then holds unspecified values).
 func (w *Workspace) ClippedSum(dst, theta, x []float32, y []int32, clip float64) (int, error) {
-	if dst == nil {
-		return 0, fmt.Errorf("%w: nil dst", ErrShape)
-	}
-	if err := CheckClipNorm(clip); err != nil {
+	if err := w.checkClipped(dst, theta, x, y, clip); err != nil {
 		return 0, err
-	}
-	if err := w.check(dst, theta, x, y); err != nil {
-		return 0, err
-	}
-	if !allFinite(theta) {
-		return 0, fmt.Errorf("%w: in the parameters", ErrNonFinite)
 	}
 	if len(y) == 0 {
 		clear(dst)
@@ -424,17 +434,8 @@ func (w *Workspace) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, 
 			return 0, fmt.Errorf("%w: index %d outside dataset %q of %d rows", ErrShape, i, d.Name, d.Len())
 		}
 	}
-	if dst == nil {
-		return 0, fmt.Errorf("%w: nil dst", ErrShape)
-	}
-	if err := CheckClipNorm(clip); err != nil {
+	if err := w.checkClipped(dst, theta, nil, nil, clip); err != nil {
 		return 0, err
-	}
-	if err := w.check(dst, theta, nil, nil); err != nil {
-		return 0, err
-	}
-	if !allFinite(theta) {
-		return 0, fmt.Errorf("%w: in the parameters", ErrNonFinite)
 	}
 	if w.gx == nil {
 		w.gx = make([]float32, w.maxB*w.m.inSize)
@@ -464,17 +465,8 @@ func (w *Workspace) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, 
 // clip and add such an example when its bounds are finite). It allocates
 // two parameter-sized buffers on first use. Errors: those of ClippedSum.
 func (w *Workspace) ClippedSumNaive(dst, theta, x []float32, y []int32, clip float64) (int, error) {
-	if dst == nil {
-		return 0, fmt.Errorf("%w: nil dst", ErrShape)
-	}
-	if err := CheckClipNorm(clip); err != nil {
+	if err := w.checkClipped(dst, theta, x, y, clip); err != nil {
 		return 0, err
-	}
-	if err := w.check(dst, theta, x, y); err != nil {
-		return 0, err
-	}
-	if !allFinite(theta) {
-		return 0, fmt.Errorf("%w: in the parameters", ErrNonFinite)
 	}
 	if w.naiveG == nil {
 		w.naiveG = make([]float32, w.m.numParams)
