@@ -116,8 +116,17 @@ func checkClipAgainstReference(t *testing.T, m *Model, theta, x []float32, y []i
 	if n != B {
 		t.Fatalf("count = %d, want %d", n, B)
 	}
-	coef := ws.coef[:B]
-	want := make([]float64, m.NumParams())
+	checkClipResult(t, ref, ws.coef[:B], ws.bounds, dst, clip, func() []float64 { return clipNorms(ws, B) })
+	return ws.coef[:B], ref
+}
+
+// checkClipResult checks an engine's clipped sum dst, clip factors coef and
+// bounds against the reference gradients ref (checkClipAgainstReference's
+// list); norms, for the failure message, returns the clip norms used.
+func checkClipResult(t *testing.T, ref [][]float64, coef []float32, bounds clipBounds, dst []float32, clip float64, norms func() []float64) {
+	t.Helper()
+	B := len(ref)
+	want := make([]float64, len(dst))
 	var bound float64
 	for i, g := range ref {
 		c := float64(coef[i])
@@ -130,7 +139,7 @@ func checkClipAgainstReference(t *testing.T, m *Model, theta, x []float32, y []i
 		}
 		if !(c*gn <= clip*(1+1e-6)) {
 			t.Fatalf("example %d: clip factor %v × ‖G‖ %v = %v > C = %v (clip norm used: %v)",
-				i, c, gn, c*gn, clip, clipNorms(ws, B)[i])
+				i, c, gn, c*gn, clip, norms()[i])
 		}
 		if c == 0 {
 			continue
@@ -138,7 +147,7 @@ func checkClipAgainstReference(t *testing.T, m *Model, theta, x []float32, y []i
 		for j, v := range g {
 			want[j] += c * v
 		}
-		bound += c*ws.bounds.share[i] + ws.bounds.floor[i]
+		bound += c*bounds.share[i] + bounds.floor[i]
 	}
 	got := make([]float64, len(dst))
 	for j, v := range dst {
@@ -155,7 +164,6 @@ func checkClipAgainstReference(t *testing.T, m *Model, theta, x []float32, y []i
 	if d := norm64(got); !(d <= bound) {
 		t.Fatalf("‖sum − Σ cᵢGᵢ‖ = %v > stated bound %v (‖Σ cᵢGᵢ‖ = %v)", d, bound, wn)
 	}
-	return coef, ref
 }
 
 // fuzzSpec returns the model a fuzz input selects: issue 11's cancellation

@@ -372,18 +372,27 @@ func (l *linear) backward(p *pass, w, in, out, dout, din []float32, st any) {
 // (accGamma each).
 func (l *linear) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	O, K := l.out, l.in
+	for i := 0; i < p.B; i++ {
+		l.boundExample(b, i, sumSq(in[i*K:(i+1)*K]), sumSq(dout[i*O:(i+1)*O]))
+	}
+}
+
+// boundExample adds example i's bounds from a2 = Σ aᵢ² and d2 = Σ dᵢ²,
+// each summed in float64 (relative error within boundSlack): the one place
+// the linear layer's bound formula lives, for the CPU and the GPU engine
+// (whose accGrad has the same structure: float32 blocks of blockRows rows
+// added in float64).
+func (l *linear) boundExample(b clipBounds, i int, a2, d2 float64) {
+	O, K := l.out, l.in
 	up := boundSlack(K + O)
 	gR := gamma(blockRows, u32)
 	lam := u32 + (1+u32)*(gR+3*accGamma*(1+gR))
 	sO, sOK := math.Sqrt(float64(O)), math.Sqrt(float64(O)*float64(K))
-	for i := 0; i < p.B; i++ {
-		a2 := sumSq(in[i*K:(i+1)*K]) + 1
-		d2 := sumSq(dout[i*O : (i+1)*O])
-		g := math.Sqrt(d2*a2) * up
-		b.sq[i] += g * g
-		b.share[i] += lam * g
-		b.floor[i] += eta32 * (sO*math.Sqrt(a2)*(1+gR) + sOK) * up
-	}
+	a2++ // ãᵢ = (aᵢ, 1)
+	g := math.Sqrt(d2*a2) * up
+	b.sq[i] += g * g
+	b.share[i] += lam * g
+	b.floor[i] += eta32 * (sO*math.Sqrt(a2)*(1+gR) + sOK) * up
 }
 
 func (l *linear) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {

@@ -85,7 +85,13 @@ func (w *Workspace) Model() *Model { return w.m }
 
 // check validates one call's arguments: lengths, labels and token ids.
 func (w *Workspace) check(dst, theta, x []float32, y []int32) error {
-	m := w.m
+	return w.m.checkBatch(w.maxB, dst, theta, x, y)
+}
+
+// checkBatch validates the arguments of a call on an engine for batches of
+// up to maxB examples: lengths, labels and token ids (every engine's one
+// check).
+func (m *Model) checkBatch(maxB int, dst, theta, x []float32, y []int32) error {
 	if len(theta) != m.numParams {
 		return fmt.Errorf("%w: theta has %d values, model has %d parameters", ErrShape, len(theta), m.numParams)
 	}
@@ -93,8 +99,8 @@ func (w *Workspace) check(dst, theta, x []float32, y []int32) error {
 		return fmt.Errorf("%w: dst has %d values, model has %d parameters", ErrShape, len(dst), m.numParams)
 	}
 	B := len(y)
-	if B > w.maxB {
-		return fmt.Errorf("%w: batch of %d exceeds the workspace's max batch %d", ErrShape, B, w.maxB)
+	if B > maxB {
+		return fmt.Errorf("%w: batch of %d exceeds the engine's max batch %d", ErrShape, B, maxB)
 	}
 	if len(x) != B*m.inSize {
 		return fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), B, m.inSize)
@@ -240,13 +246,18 @@ func (w *Workspace) MeanGrad(dst, theta, x []float32, y []int32) (float64, error
 // (x and y nil: the rows are checked by index) and ClippedSumNaive: dst,
 // the clip norm's range, lengths and labels (w.check), and θ's finiteness.
 func (w *Workspace) checkClipped(dst, theta, x []float32, y []int32, clip float64) error {
+	return w.m.checkClipped(w.maxB, dst, theta, x, y, clip)
+}
+
+// checkClipped is Workspace.checkClipped for any engine's max batch.
+func (m *Model) checkClipped(maxB int, dst, theta, x []float32, y []int32, clip float64) error {
 	if dst == nil {
 		return fmt.Errorf("%w: nil dst", ErrShape)
 	}
 	if err := CheckClipNorm(clip); err != nil {
 		return err
 	}
-	if err := w.check(dst, theta, x, y); err != nil {
+	if err := m.checkBatch(maxB, dst, theta, x, y); err != nil {
 		return err
 	}
 	if !allFinite(theta) {

@@ -1,0 +1,855 @@
+//go:build cuda
+
+package model
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strconv"
+	"sync"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/dpcluster/dpcluster/dataset"
+)
+
+// The CUDA engine: a node's whole ClippedSum on an NVIDIA GPU through the
+// driver API (gorgonia.org/cu). Built only with -tags cuda: the cu package's
+// init calls cuInit and exits the process when no driver is present, so the
+// default build never links it. Kernels are in cuda_kernels.cu, shipped as
+// PTX (cuda_kernels.ptx, embedded) that the driver compiles for the device
+// at load time: the binary needs libcuda.so.1 from the NVIDIA driver and no
+// CUDA toolkit or cuBLAS at run time, whatever CUDA version built it.
+//
+// What runs where. θ, the batch and every activation and output gradient
+// live in device buffers allocated once per engine. Per call the host
+// uploads θ and the batch; the device runs the forward and backward passes,
+// the per-example sums of squares that the bounds are made of, the clip
+// scaling and the weighted sum; the host downloads 2 float64 per example
+// and linear layer (the sums of squares), turns them into clip factors with
+// the CPU engine's own bound formulas and clip rule (linear.boundExample,
+// clipFactor: the rule stays in one place), uploads the B factors, and
+// downloads the d-vector sum. The GPU's accGrad has the CPU's structure
+// (float32 sums over blocks of blockRows rows, added in float64), so the
+// CPU's error bound holds for it verbatim; see cuda_kernels.cu.
+
+//go:generate bash gen_ptx.sh
+
+//go:embed cuda_kernels.ptx
+var cudaPTX string
+
+func init() { cudaOpen = openCUDA }
+
+// minComputeCapability is what the PTX targets (compute_80).
+const minComputeCapability = 80
+
+// cudaDevice is one GPU with its own context and loaded module. All work
+// on it is serialized by mu, on an OS thread with the context current.
+type cudaDevice struct {
+	mu     sync.Mutex
+	ctx    cu.CUContext
+	mod    cu.Module
+	k      cudaKernels
+	info   DeviceInfo
+	closed bool
+}
+
+type cudaKernels struct {
+	sgemm                                                  [4]cu.Function // nn, nt, tn, tt
+	accgradTN, colsumPut, biasAdd, actFwd, actBwd, permute cu.Function
+	softmaxXent, rowSumsq, clipRows, nonfinite             cu.Function
+}
+
+func openCUDA(ordinal int) (Device, error) {
+	n, err := cu.NumDevices()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda:%d: %v", ErrNoDevice, ordinal, err)
+	}
+	if ordinal >= n {
+		return nil, fmt.Errorf("%w: cuda:%d: the driver sees %d device(s)", ErrNoDevice, ordinal, n)
+	}
+	dev, err := cu.GetDevice(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda:%d: %v", ErrNoDevice, ordinal, err)
+	}
+	name, err := dev.Name()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda:%d: name: %v", ErrNoDevice, ordinal, err)
+	}
+	mem, err := dev.TotalMem()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda:%d: memory: %v", ErrNoDevice, ordinal, err)
+	}
+	major, err1 := dev.Attribute(cu.ComputeCapabilityMajor)
+	minor, err2 := dev.Attribute(cu.ComputeCapabilityMinor)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("%w: cuda:%d: compute capability: %v", ErrNoDevice, ordinal, err)
+	}
+	if major*10+minor < minComputeCapability {
+		return nil, fmt.Errorf("%w: cuda:%d (%s) has compute capability %d.%d; the kernels need %d.%d or newer",
+			ErrNoDevice, ordinal, name, major, minor, minComputeCapability/10, minComputeCapability%10)
+	}
+	d := &cudaDevice{info: DeviceInfo{ID: "cuda:" + strconv.Itoa(ordinal), Name: name, MemoryBytes: mem,
+		ComputeCapability: fmt.Sprintf("%d.%d", major, minor)}}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if d.ctx, err = dev.MakeContext(cu.SchedAuto); err != nil {
+		return nil, fmt.Errorf("%w: cuda:%d: context: %v", ErrNoDevice, ordinal, err)
+	}
+	fail := func(what string, err error) (Device, error) {
+		d.ctx.Destroy()
+		return nil, fmt.Errorf("%w: cuda:%d: %s: %v", ErrNoDevice, ordinal, what, err)
+	}
+	if d.mod, err = cu.LoadData(cudaPTX); err != nil {
+		return fail("loading the kernels (PTX)", err)
+	}
+	fns := []struct {
+		f    *cu.Function
+		name string
+	}{
+		{&d.k.sgemm[0], "sgemm_nn"}, {&d.k.sgemm[1], "sgemm_nt"}, {&d.k.sgemm[2], "sgemm_tn"}, {&d.k.sgemm[3], "sgemm_tt"},
+		{&d.k.accgradTN, "accgrad_tn"}, {&d.k.colsumPut, "colsum_put"}, {&d.k.biasAdd, "bias_add"},
+		{&d.k.actFwd, "act_fwd"}, {&d.k.actBwd, "act_bwd"}, {&d.k.permute, "permute"},
+		{&d.k.softmaxXent, "softmax_xent"}, {&d.k.rowSumsq, "row_sumsq"}, {&d.k.clipRows, "clip_rows"},
+		{&d.k.nonfinite, "nonfinite"},
+	}
+	for _, f := range fns {
+		if *f.f, err = d.mod.Function(f.name); err != nil {
+			return fail("kernel "+f.name, err)
+		}
+	}
+	if _, err := cu.PopCurrentCtx(); err != nil {
+		return fail("pop context", err)
+	}
+	return d, nil
+}
+
+func (d *cudaDevice) Info() DeviceInfo { return d.info }
+
+// do runs fn with the device's context current on a locked OS thread,
+// holding the device's lock.
+func (d *cudaDevice) do(fn func() error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("%w: %s is closed", ErrNoDevice, d.info.ID)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		return fmt.Errorf("model: %s: set context: %w", d.info.ID, err)
+	}
+	return fn()
+}
+
+func (d *cudaDevice) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return d.ctx.Destroy() // unloads the module and frees what is left
+}
+
+// karg is a kernel argument, stored in a 64-bit slot (gorgonia.org/cu's
+// Launch copies 8 bytes per argument; the driver reads the parameter's own
+// size from the slot's start, little-endian).
+type karg uint64
+
+func i32(v int) karg {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		panic(fmt.Sprintf("model: cuda kernel argument %d overflows int32", v))
+	}
+	return karg(uint32(int32(v)))
+}
+func f32(v float32) karg      { return karg(math.Float32bits(v)) }
+func sz(v int) karg           { return karg(uint64(v)) }
+func ptr(p cu.DevicePtr) karg { return karg(p) }
+func flag(b bool) karg {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// launch runs kernel fn on a grid of gx×gy blocks of bx×by threads. Errors
+// of the kernel itself surface at the next synchronizing call.
+func launch(fn cu.Function, gx, gy, bx, by int, args ...karg) error {
+	if gx == 0 || gy == 0 {
+		return nil
+	}
+	p := make([]unsafe.Pointer, len(args))
+	for i := range args {
+		p[i] = unsafe.Pointer(&args[i])
+	}
+	return fn.Launch(gx, gy, 1, bx, by, 1, 0, cu.Stream{}, p)
+}
+
+// launch1 runs an elementwise kernel over n items, 256 threads a block.
+func launch1(fn cu.Function, n int, args ...karg) error {
+	return launch(fn, (n+255)/256, 1, 256, 1, args...)
+}
+
+const (
+	gemmTile = 64 // BM = BN in cuda_kernels.cu
+)
+
+// sgemm launches C = alpha·op(A)·op(B) + beta·C on device buffers.
+func (d *cudaDevice) sgemm(transA, transB bool, m, n, k int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
+	v := 0
+	if transA {
+		v += 2
+	}
+	if transB {
+		v++
+	}
+	return launch(d.k.sgemm[v], (n+gemmTile-1)/gemmTile, (m+gemmTile-1)/gemmTile, 16, 16,
+		i32(m), i32(n), i32(k), f32(alpha), ptr(a), i32(lda), ptr(b), i32(ldb), f32(beta), ptr(c), i32(ldc))
+}
+
+// alloc allocates n bytes (at least 1) of device memory.
+func alloc(n int) (cu.DevicePtr, error) {
+	p, err := cu.MemAlloc(int64(max(n, 1)))
+	if err != nil {
+		return 0, fmt.Errorf("model: cuda: allocating %d bytes: %w", n, err)
+	}
+	return p, nil
+}
+
+func htod[T float32 | float64 | int32](dst cu.DevicePtr, src []T) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return cu.MemcpyHtoD(dst, unsafe.Pointer(&src[0]), int64(len(src))*int64(unsafe.Sizeof(src[0])))
+}
+
+func dtoh[T float32 | float64 | int32](dst []T, src cu.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), src, int64(len(dst))*int64(unsafe.Sizeof(dst[0])))
+}
+
+// off4 and off8 offset a device pointer by n float32 / float64 elements.
+func off4(p cu.DevicePtr, n int) cu.DevicePtr { return p + cu.DevicePtr(4*n) }
+func off8(p cu.DevicePtr, n int) cu.DevicePtr { return p + cu.DevicePtr(8*n) }
+
+// ------------------------------------------------------------- Backend
+
+// cudaBackend is the Backend whose Sgemm runs the engine's GEMM kernel on
+// host slices (copying them to the device and back each call): the
+// conformance suite (backendtest) checks the kernel's accuracy contract
+// through it. It panics on a device error (Sgemm has no error result).
+type cudaBackend struct{ d *cudaDevice }
+
+func (b cudaBackend) Name() string { return "cuda" }
+
+func (b cudaBackend) Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, bb []float32, ldb int, beta float32, c []float32, ldc int) {
+	if m == 0 || n == 0 {
+		return
+	}
+	err := b.d.do(func() error {
+		var bufs []cu.DevicePtr
+		defer func() {
+			for _, p := range bufs {
+				cu.MemFree(p)
+			}
+		}()
+		up := func(s []float32) (cu.DevicePtr, error) {
+			p, err := alloc(4 * len(s))
+			if err != nil {
+				return 0, err
+			}
+			bufs = append(bufs, p)
+			return p, htod(p, s)
+		}
+		pa, err := up(a)
+		if err != nil {
+			return err
+		}
+		pb, err := up(bb)
+		if err != nil {
+			return err
+		}
+		pc, err := up(c)
+		if err != nil {
+			return err
+		}
+		if err := b.d.sgemm(transA, transB, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc); err != nil {
+			return err
+		}
+		return dtoh(c, pc)
+	})
+	if err != nil {
+		panic(fmt.Sprintf("model: cuda Sgemm: %v", err))
+	}
+}
+
+// ------------------------------------------------------------- engine
+
+// cudaEngine computes ClippedSum on the device for models made of the
+// layers it has kernels for: linear, relu, tanh and flatten.
+type cudaEngine struct {
+	d    *cudaDevice
+	m    *Model
+	maxB int
+
+	act, grad []cu.DevicePtr // as Workspace's; a flatten with c = 1 aliases its input
+	xs        cu.DevicePtr   // input staging when it is permuted to channels-last
+	theta     cu.DevicePtr   // float32 × NumParams
+	dst       cu.DevicePtr   // float32 × NumParams: the result
+	acc       cu.DevicePtr   // float64 × NumParams: the accumulator across chunks
+	y         cu.DevicePtr   // int32 × maxB
+	coef      cu.DevicePtr   // float32 × maxB
+	norms     cu.DevicePtr   // float64 × 2·len(lin)·maxB: Σa², Σd² per linear layer
+	loss      cu.DevicePtr   // float64 × maxB
+	correct   cu.DevicePtr   // int32 × maxB
+	flags     cu.DevicePtr   // int32 × 2: θ not finite, sum not finite
+	bufs      []cu.DevicePtr
+
+	lin       []int // indices of the linear layers
+	permuteIn bool
+	needDin   []bool
+
+	// host mirrors
+	hnorms  []float64
+	bounds  clipBounds
+	hcoef   []float32
+	hloss   []float64
+	hcorr   []int32
+	hflags  []int32
+	gx      []float32
+	gy      []int32
+	zeroFlg []int32
+	closed  bool
+}
+
+// cudaSupports returns nil if the engine has kernels for every layer of m,
+// else an error naming the first one it has none for.
+func cudaSupports(m *Model) error {
+	for l, ly := range m.layers {
+		switch ly.(type) {
+		case *linear, *activation, *flatten:
+		default:
+			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet; the CUDA engine supports %s, %s, %s and %s",
+				ErrUnsupportedLayer, l, m.spec.Layers[l].Type, Linear, ReLU, Tanh, Flatten)
+		}
+	}
+	return nil
+}
+
+func (d *cudaDevice) NewEngine(m *Model, maxBatch int) (Engine, error) {
+	return d.newEngine(m, maxBatch)
+}
+
+func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
+	if maxBatch < 1 {
+		return nil, fmt.Errorf("%w: max batch %d < 1", ErrShape, maxBatch)
+	}
+	if err := cudaSupports(m); err != nil {
+		return nil, err
+	}
+	L := len(m.layers)
+	e := &cudaEngine{d: d, m: m, maxB: maxBatch, act: make([]cu.DevicePtr, L+1), grad: make([]cu.DevicePtr, L+1),
+		needDin: make([]bool, L), bounds: newClipBounds(maxBatch), hcoef: make([]float32, maxBatch),
+		hloss: make([]float64, maxBatch), hcorr: make([]int32, maxBatch), hflags: make([]int32, 2), zeroFlg: make([]int32, 2)}
+	e.permuteIn = len(m.inShape) == 3 && m.inShape[0] > 1
+	for l, ly := range m.layers {
+		if _, ok := ly.(*linear); ok {
+			e.lin = append(e.lin, l)
+		}
+	}
+	e.hnorms = make([]float64, 2*len(e.lin)*maxBatch)
+	err := d.do(func() error {
+		a := func(p *cu.DevicePtr, n int) error {
+			var err error
+			if *p, err = alloc(n); err == nil {
+				e.bufs = append(e.bufs, *p)
+			}
+			return err
+		}
+		P := m.numParams
+		errs := []error{a(&e.theta, 4*P), a(&e.dst, 4*P), a(&e.acc, 8*P), a(&e.y, 4*maxBatch),
+			a(&e.coef, 4*maxBatch), a(&e.norms, 8*max(len(e.hnorms), 1)), a(&e.loss, 8*maxBatch),
+			a(&e.correct, 4*maxBatch), a(&e.flags, 8), a(&e.act[0], 4*maxBatch*m.inSize)}
+		if e.permuteIn {
+			errs = append(errs, a(&e.xs, 4*maxBatch*m.inSize))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		// grad[0] is never computed, but a first flatten with c = 1 aliases
+		// its output gradient to it.
+		if err := a(&e.grad[0], 4*maxBatch*m.inSize); err != nil {
+			return err
+		}
+		paramBelow := false
+		for l, ly := range m.layers {
+			e.needDin[l] = paramBelow
+			if m.layerSize[l] > 0 {
+				paramBelow = true
+			}
+			if f, ok := ly.(*flatten); ok && f.c == 1 {
+				// A copy on the CPU; here its output is its input, and its
+				// input gradient its output gradient.
+				e.act[l+1], e.grad[l+1] = e.act[l], e.grad[l]
+				continue
+			}
+			n := 4 * maxBatch * shapeSize(ly.outShape())
+			if err := errors.Join(a(&e.act[l+1], n), a(&e.grad[l+1], n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *cudaEngine) MaxBatch() int { return e.maxB }
+
+func (e *cudaEngine) Close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	return e.d.do(func() error {
+		var errs []error
+		for _, p := range e.bufs {
+			errs = append(errs, cu.MemFree(p))
+		}
+		e.bufs = nil
+		return errors.Join(errs...)
+	})
+}
+
+func (e *cudaEngine) params(l int) (w, b cu.DevicePtr, O, K int) {
+	ly := e.m.layers[l].(*linear)
+	off := e.m.layerOff[l]
+	return off4(e.theta, off), off4(e.theta, off+ly.out*ly.in), ly.out, ly.in
+}
+
+// load uploads a batch (checked) into act[0] and y.
+func (e *cudaEngine) load(x []float32, y []int32) error {
+	m := e.m
+	B := len(y)
+	if err := htod(e.y, y); err != nil {
+		return err
+	}
+	if !e.permuteIn {
+		return htod(e.act[0], x)
+	}
+	if err := htod(e.xs, x); err != nil {
+		return err
+	}
+	c, hw := m.inShape[0], m.inShape[1]*m.inShape[2]
+	return launch1(e.d.k.permute, B*m.inSize, i32(B), i32(c), i32(hw), i32(0), ptr(e.xs), ptr(e.act[0]))
+}
+
+func actKind(a *activation) int {
+	if a.tanh {
+		return 1
+	}
+	return 0
+}
+
+func (e *cudaEngine) forward(B int) error {
+	k := &e.d.k
+	for l, ly := range e.m.layers {
+		in, out := e.act[l], e.act[l+1]
+		switch ly := ly.(type) {
+		case *linear:
+			w, b, O, K := e.params(l)
+			if err := e.d.sgemm(false, true, B, O, K, 1, in, K, w, K, 0, out, O); err != nil {
+				return err
+			}
+			if err := launch1(k.biasAdd, B*O, i32(B), i32(O), ptr(out), ptr(b)); err != nil {
+				return err
+			}
+		case *activation:
+			if err := launch1(k.actFwd, B*ly.n, sz(B*ly.n), i32(actKind(ly)), ptr(in), ptr(out)); err != nil {
+				return err
+			}
+		case *flatten:
+			if ly.c == 1 {
+				continue // aliased
+			}
+			if err := launch1(k.permute, B*ly.n, i32(B), i32(ly.c), i32(ly.hw), i32(1), ptr(in), ptr(out)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (e *cudaEngine) backward(B int) error {
+	k := &e.d.k
+	for l := len(e.m.layers) - 1; l >= 0; l-- {
+		if !e.needDin[l] {
+			continue
+		}
+		out, dout, din := e.act[l+1], e.grad[l+1], e.grad[l]
+		switch ly := e.m.layers[l].(type) {
+		case *linear:
+			w, _, O, K := e.params(l)
+			if err := e.d.sgemm(false, false, B, K, O, 1, dout, O, w, K, 0, din, K); err != nil {
+				return err
+			}
+		case *activation:
+			if err := launch1(k.actBwd, B*ly.n, sz(B*ly.n), i32(actKind(ly)), ptr(out), ptr(dout), ptr(din)); err != nil {
+				return err
+			}
+		case *flatten:
+			if ly.c == 1 {
+				continue // aliased
+			}
+			if err := launch1(k.permute, B*ly.n, i32(B), i32(ly.c), i32(ly.hw), i32(0), ptr(dout), ptr(din)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ClippedSum is Workspace.ClippedSum on the device.
+func (e *cudaEngine) ClippedSum(dst, theta, x []float32, y []int32, clip float64) (int, error) {
+	if err := e.checkArgs(dst, theta, clip); err != nil {
+		return 0, err
+	}
+	if err := e.m.checkBatch(e.maxB, dst, theta, x, y); err != nil {
+		return 0, err
+	}
+	if len(y) == 0 {
+		clear(dst)
+		return 0, nil
+	}
+	err := e.d.do(func() error {
+		if err := e.begin(theta); err != nil {
+			return err
+		}
+		if err := e.chunk(x, y, clip, true, true); err != nil {
+			return err
+		}
+		return e.finish(dst)
+	})
+	return len(y), err
+}
+
+// ClippedSumIndexed is Workspace.ClippedSumIndexed on the device: chunks of
+// MaxBatch rows, their sums added in the device's float64 accumulator.
+func (e *cudaEngine) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, idx []int, clip float64) (int, error) {
+	m := e.m
+	if err := m.CheckDataset(d); err != nil {
+		return 0, err
+	}
+	for _, i := range idx {
+		if i < 0 || i >= d.Len() {
+			return 0, fmt.Errorf("%w: index %d outside dataset %q of %d rows", ErrShape, i, d.Name, d.Len())
+		}
+	}
+	if err := e.checkArgs(dst, theta, clip); err != nil {
+		return 0, err
+	}
+	if len(idx) == 0 {
+		clear(dst)
+		return 0, nil
+	}
+	if e.gx == nil {
+		e.gx = make([]float32, e.maxB*m.inSize)
+		e.gy = make([]int32, e.maxB)
+	}
+	err := e.d.do(func() error {
+		if err := e.begin(theta); err != nil {
+			return err
+		}
+		for lo := 0; lo < len(idx); lo += e.maxB {
+			chunk := idx[lo:min(lo+e.maxB, len(idx))]
+			d.Gather(e.gx, e.gy, chunk)
+			x, y := e.gx[:len(chunk)*m.inSize], e.gy[:len(chunk)]
+			if err := m.checkBatch(e.maxB, nil, theta, x, y); err != nil {
+				return err
+			}
+			if err := e.chunk(x, y, clip, lo == 0, lo+e.maxB >= len(idx)); err != nil {
+				return err
+			}
+		}
+		return e.finish(dst)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(idx), nil
+}
+
+// checkArgs is checkClipped without the batch and without θ's finiteness,
+// which the device checks (begin, finish).
+func (e *cudaEngine) checkArgs(dst, theta []float32, clip float64) error {
+	if e.closed {
+		return fmt.Errorf("%w: engine closed", ErrNoDevice)
+	}
+	if dst == nil {
+		return fmt.Errorf("%w: nil dst", ErrShape)
+	}
+	if err := CheckClipNorm(clip); err != nil {
+		return err
+	}
+	if len(theta) != e.m.numParams {
+		return fmt.Errorf("%w: theta has %d values, model has %d parameters", ErrShape, len(theta), e.m.numParams)
+	}
+	if len(dst) != e.m.numParams {
+		return fmt.Errorf("%w: dst has %d values, model has %d parameters", ErrShape, len(dst), e.m.numParams)
+	}
+	return nil
+}
+
+// begin uploads θ and flags it if not finite.
+func (e *cudaEngine) begin(theta []float32) error {
+	if err := htod(e.flags, e.zeroFlg); err != nil {
+		return err
+	}
+	if err := htod(e.theta, theta); err != nil {
+		return err
+	}
+	return launch1(e.d.k.nonfinite, len(theta), sz(len(theta)), ptr(e.theta), ptr(e.flags))
+}
+
+// chunk adds the clipped sum of one batch (checked, not empty) to the
+// accumulator, or, if final, writes the float32 total into the device's
+// dst: ClippedSum's algorithm (workspace.go), step for step.
+func (e *cudaEngine) chunk(x []float32, y []int32, clip float64, fresh, final bool) error {
+	m, k := e.m, &e.d.k
+	B := len(y)
+	if err := e.load(x, y); err != nil {
+		return err
+	}
+	if err := e.forward(B); err != nil {
+		return err
+	}
+	L := len(m.layers)
+	if err := launch1(k.softmaxXent, B, i32(B), i32(m.classes), ptr(e.act[L]), ptr(e.y), ptr(e.grad[L]), f32(1),
+		ptr(e.loss), ptr(e.correct)); err != nil {
+		return err
+	}
+	if err := e.backward(B); err != nil {
+		return err
+	}
+	// Per-example sums of squares of each linear layer's input and output
+	// gradient (bound.go's sumSq, in float64 on the device).
+	for j, l := range e.lin {
+		_, _, O, K := e.params(l)
+		if err := launch(k.rowSumsq, B, 1, 256, 1, i32(K), ptr(e.act[l]), ptr(off8(e.norms, 2*j*e.maxB))); err != nil {
+			return err
+		}
+		if err := launch(k.rowSumsq, B, 1, 256, 1, i32(O), ptr(e.grad[l+1]), ptr(off8(e.norms, (2*j+1)*e.maxB))); err != nil {
+			return err
+		}
+	}
+	if err := dtoh(e.hnorms, e.norms); err != nil {
+		return fmt.Errorf("model: cuda: computing the batch: %w", err)
+	}
+	b := e.bounds
+	b.reset(B)
+	for j, l := range e.lin {
+		ly := m.layers[l].(*linear)
+		a2, d2 := e.hnorms[2*j*e.maxB:], e.hnorms[(2*j+1)*e.maxB:]
+		for i := 0; i < B; i++ {
+			ly.boundExample(b, i, a2[i], d2[i])
+		}
+	}
+	coef := e.hcoef[:B]
+	for i := range coef {
+		coef[i] = clipFactor(b.sq[i], b.share[i], b.floor[i], clip)
+	}
+	if err := htod(e.coef, coef); err != nil {
+		return err
+	}
+	for _, l := range e.lin {
+		_, _, O, K := e.params(l)
+		off := m.layerOff[l]
+		// clearExample for c = 0 (input and output gradient rows), scaling
+		// by c < 1 (output gradient rows).
+		if err := launch1(k.clipRows, B*K, i32(B), i32(K), ptr(e.act[l]), ptr(e.coef), i32(0)); err != nil {
+			return err
+		}
+		if err := launch1(k.clipRows, B*O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(e.coef), i32(1)); err != nil {
+			return err
+		}
+		if err := launch(k.accgradTN, (K+gemmTile-1)/gemmTile, (O+gemmTile-1)/gemmTile, 16, 16, i32(O), i32(K), i32(B),
+			ptr(e.grad[l+1]), ptr(e.act[l]), ptr(off8(e.acc, off)), ptr(off4(e.dst, off)), flag(fresh), flag(final)); err != nil {
+			return err
+		}
+		if err := launch1(k.colsumPut, O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(off8(e.acc, off+O*K)),
+			ptr(off4(e.dst, off+O*K)), flag(fresh), flag(final), i32(0), f32(0)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finish flags a non-finite sum and downloads the result.
+func (e *cudaEngine) finish(dst []float32) error {
+	n := e.m.numParams
+	if err := launch1(e.d.k.nonfinite, n, sz(n), ptr(e.dst), ptr(off4(e.flags, 1))); err != nil {
+		return err
+	}
+	if err := dtoh(dst, e.dst); err != nil {
+		return fmt.Errorf("model: cuda: computing the sum: %w", err)
+	}
+	if err := dtoh(e.hflags, e.flags); err != nil {
+		return err
+	}
+	if e.hflags[0] != 0 {
+		return fmt.Errorf("%w: in the parameters", ErrNonFinite)
+	}
+	if e.hflags[1] != 0 {
+		return fmt.Errorf("%w: in the clipped sum", ErrNonFinite)
+	}
+	return nil
+}
+
+// MeanGrad is Workspace.MeanGrad on the device: the non-private baseline.
+func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, error) {
+	if dst == nil {
+		return 0, fmt.Errorf("%w: nil dst", ErrShape)
+	}
+	if err := e.m.checkBatch(e.maxB, dst, theta, x, y); err != nil {
+		return 0, err
+	}
+	B := len(y)
+	if B == 0 {
+		return 0, fmt.Errorf("%w: empty batch has no mean gradient", ErrShape)
+	}
+	m, k := e.m, &e.d.k
+	var loss float64
+	err := e.d.do(func() error {
+		if err := e.begin(theta); err != nil {
+			return err
+		}
+		if err := e.load(x, y); err != nil {
+			return err
+		}
+		if err := e.forward(B); err != nil {
+			return err
+		}
+		L := len(m.layers)
+		if err := launch1(k.softmaxXent, B, i32(B), i32(m.classes), ptr(e.act[L]), ptr(e.y), ptr(e.grad[L]),
+			f32(1/float32(B)), ptr(e.loss), ptr(e.correct)); err != nil {
+			return err
+		}
+		if err := e.backward(B); err != nil {
+			return err
+		}
+		for _, l := range e.lin {
+			_, _, O, K := e.params(l)
+			off := m.layerOff[l]
+			if err := e.d.sgemm(true, false, O, K, B, 1, e.grad[l+1], O, e.act[l], K, 0, off4(e.dst, off), K); err != nil {
+				return err
+			}
+			if err := launch1(k.colsumPut, O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(e.acc), ptr(off4(e.dst, off+O*K)),
+				i32(0), i32(0), i32(1), f32(1)); err != nil {
+				return err
+			}
+		}
+		if err := e.finish(dst); err != nil {
+			return err
+		}
+		if err := dtoh(e.hloss[:B], e.loss); err != nil {
+			return err
+		}
+		for _, v := range e.hloss[:B] {
+			loss += v
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	loss /= float64(B)
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return 0, fmt.Errorf("%w: in the mean gradient", ErrNonFinite)
+	}
+	return loss, nil
+}
+
+// Evaluate is Workspace.Evaluate on the device (forward passes only).
+func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Metrics, error) {
+	m, k := e.m, &e.d.k
+	d := m.inSize
+	if len(x) != len(y)*d {
+		return Metrics{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
+	}
+	if len(y) == 0 {
+		return Metrics{}, nil
+	}
+	var loss float64
+	correct := 0
+	err := e.d.do(func() error {
+		if err := e.begin(theta); err != nil {
+			return err
+		}
+		for lo := 0; lo < len(y); lo += e.maxB {
+			hi := min(lo+e.maxB, len(y))
+			xb, yb := x[lo*d:hi*d], y[lo:hi]
+			if err := m.checkBatch(e.maxB, nil, theta, xb, yb); err != nil {
+				return err
+			}
+			B := hi - lo
+			if err := e.load(xb, yb); err != nil {
+				return err
+			}
+			if err := e.forward(B); err != nil {
+				return err
+			}
+			L := len(m.layers)
+			if err := launch1(k.softmaxXent, B, i32(B), i32(m.classes), ptr(e.act[L]), ptr(e.y), ptr(0), f32(0),
+				ptr(e.loss), ptr(e.correct)); err != nil {
+				return err
+			}
+			if err := errors.Join(dtoh(e.hloss[:B], e.loss), dtoh(e.hcorr[:B], e.correct)); err != nil {
+				return err
+			}
+			for i := 0; i < B; i++ {
+				loss += e.hloss[i]
+				correct += int(e.hcorr[i])
+			}
+		}
+		if err := dtoh(e.hflags, e.flags); err != nil {
+			return err
+		}
+		if e.hflags[0] != 0 {
+			return fmt.Errorf("%w: in the parameters", ErrNonFinite)
+		}
+		return nil
+	})
+	if err != nil {
+		return Metrics{}, err
+	}
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return Metrics{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
+	}
+	n := float64(len(y))
+	return Metrics{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
+}
+
+// CUDABackend returns the Backend whose Sgemm runs the CUDA engine's GEMM
+// kernel on host slices, for a device from OpenDevice("cuda:N"): what the
+// conformance suite (model/backendtest) checks the kernel through. It
+// copies its operands to the device and back on every call, so it is not a
+// fast back end for the CPU engine.
+func CUDABackend(d Device) (Backend, error) {
+	cd, ok := d.(*cudaDevice)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s is not a CUDA device", ErrNoDevice, d.Info().ID)
+	}
+	return cudaBackend{cd}, nil
+}

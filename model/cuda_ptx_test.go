@@ -1,0 +1,36 @@
+package model
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestCUDAPTXMatchesSource: the committed PTX (cuda_kernels.ptx, embedded
+// in cuda-tagged builds) was generated from the committed CUDA source: its
+// first line records the source's SHA-256 (gen_ptx.sh). Runs everywhere;
+// it needs no GPU and no nvcc.
+func TestCUDAPTXMatchesSource(t *testing.T) {
+	src, err := os.ReadFile("cuda_kernels.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx, err := os.ReadFile("cuda_kernels.ptx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(src)
+	first, _, _ := strings.Cut(string(ptx), "\n")
+	want := "(sha256 " + hex.EncodeToString(sum[:]) + ")"
+	if !strings.Contains(first, want) {
+		t.Fatalf("cuda_kernels.ptx was not generated from this cuda_kernels.cu (first line %q, want it to contain %q): run go generate ./model (needs nvcc)", first, want)
+	}
+	for _, k := range []string{"sgemm_nn", "sgemm_nt", "sgemm_tn", "sgemm_tt", "accgrad_tn", "colsum_put", "bias_add",
+		"act_fwd", "act_bwd", "permute", "softmax_xent", "row_sumsq", "clip_rows", "nonfinite"} {
+		if !strings.Contains(string(ptx), ".entry "+k+"(") {
+			t.Errorf("cuda_kernels.ptx has no kernel %s", k)
+		}
+	}
+}
