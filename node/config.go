@@ -31,6 +31,12 @@ var (
 	// "shard_identity" (the leader found this node's shard identity
 	// missing or invalid).
 	ErrRefused = errors.New("node: the coordinator refuses this node")
+	// ErrEngine is returned (wrapped, with the device and the device's
+	// own error, such as model.ErrUnsupportedLayer or an out-of-memory
+	// error) by NewWorker when the compute engine cannot be allocated.
+	ErrEngine = errors.New("node: cannot allocate the compute engine")
+	// ErrClosed is returned by Worker.Run on a Worker released with Close.
+	ErrClosed = errors.New("node: worker closed")
 )
 
 // Status.Detail values with which the leader refuses a node's registration.
@@ -75,10 +81,11 @@ type Config struct {
 	ShardSeed  uint64
 	// HeartbeatEvery is the period of Heartbeat messages. Default 1 s.
 	HeartbeatEvery time.Duration
-	// MaxBatch is the gradient workspace capacity in examples. A Poisson
-	// batch larger than this is processed in chunks (no example is
-	// dropped). 0 sizes the workspace at the first round to
-	// min(shard size, ⌈1.25·q·shard size⌉ + 16). Default 0.
+	// MaxBatch is the compute engine's capacity in examples, allocated by
+	// NewWorker (on the CPU or the WithDevice device). A Poisson batch
+	// larger than this is processed in chunks (no example is dropped). 0
+	// sizes it to min(shard size, ⌈1.25·q·shard size⌉ + 16) (EngineBatch).
+	// Default 0.
 	MaxBatch int
 	// ParamsGrace is how long a round whose Params version has not arrived
 	// waits before the node asks for it (Status StatusNeedParams). Large

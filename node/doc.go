@@ -48,8 +48,8 @@
 //  5. Answer. With Params of version ParamsVersion, the node draws a
 //     Poisson sample of its shard (each example independently with
 //     probability q, from a fresh crypto/rand-keyed sampler), computes
-//     S = Σ clip_C(∇ℓᵢ) and the count with model.Workspace.ClippedSumIndexed
-//     (any batch size, in chunks of Config.MaxBatch), and publishes
+//     S = Σ clip_C(∇ℓᵢ) and the count with its engine's ClippedSumIndexed
+//     (model.Engine; any batch size, in chunks of EngineBatch), and publishes
 //     Contribution{Step, RoundID, Count, Sum}. An example whose gradient is
 //     not finite adds zero and is counted; whether one was sampled changes
 //     nothing else the node does or shows. Without those Params it
@@ -76,10 +76,30 @@
 // unless WithSeededSampling is given, which is for tests, is logged as not
 // private and is reported to the leader in Join and Heartbeat.
 //
+// # Devices
+//
+// By default a node computes on the CPU (a model.Workspace on the model's
+// back end). WithDevice selects another model.Device, such as a CUDA GPU
+// in a binary built with -tags cuda (docs/GPU.md):
+//
+//	dev, err := model.OpenDevice("cuda:0")
+//	defer dev.Close() // after Run returns
+//	w, err := node.NewWorker(cfg, m, shard, conn, log, node.WithDevice(dev))
+//
+// NewWorker allocates the engine for EngineBatch(cfg, shard.Len())
+// examples, so a device without kernels for a layer
+// (model.ErrUnsupportedLayer) or without the memory fails there (ErrEngine),
+// never in a round. Run releases the engine when it returns; Close releases
+// it for a Worker that never runs. The device is reported in the "node:
+// start" log record and in the dpcluster_node_device_info and
+// dpcluster_node_device_memory_bytes metrics. Every engine gives the same
+// clipping guarantee; results differ between devices only by rounding.
+//
 // # Concurrency
 //
 // Transport handlers (one goroutine per subscription) only forward messages
 // on channels; a single loop goroutine (the one calling Run) owns all
 // protocol state and computes gradients; one more goroutine sends
-// heartbeats. Both stop before Run returns.
+// heartbeats. Both stop before Run returns. The compute engine is used only
+// by the loop goroutine.
 package node

@@ -5,22 +5,31 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // metrics are the Worker's Prometheus collectors. They hold only public
 // quantities: how many rounds were answered or skipped and why, the last
-// step answered, how long computing took and the parameter version held.
-// Batch sizes, sums and counts are private and never exported.
+// step answered, how long computing took, the parameter version held and
+// the device computing. Batch sizes, sums and counts are private and never
+// exported.
 //
 //	dpcluster_node_rounds_total{node, result}  counter; result is "answered" or "skipped_<reason>"
 //	dpcluster_node_last_step{node}             gauge: last step this node contributed to
 //	dpcluster_node_compute_seconds{node}       histogram: time to sample and compute one clipped sum
 //	dpcluster_node_params_version{node}        gauge: highest Params version received
+//	dpcluster_node_device_info{node, device, name, compute_capability}
+//	                                           gauge, always 1: the device computing (model.DeviceInfo;
+//	                                           device "cpu" or "cuda:N", compute_capability "" on the CPU)
+//	dpcluster_node_device_memory_bytes{node}   gauge: the device's total memory (0 for the CPU)
 type metrics struct {
 	rounds        *prometheus.CounterVec
 	lastStep      prometheus.Gauge
 	compute       prometheus.Histogram
 	paramsVersion prometheus.Gauge
+	deviceInfo    *prometheus.GaugeVec
+	deviceMemory  prometheus.Gauge
 }
 
 // newMetrics registers the collectors on reg with the constant label
@@ -54,6 +63,16 @@ func newMetrics(reg prometheus.Registerer, id string) (*metrics, error) {
 			Help:        "Highest parameter version this node has received.",
 			ConstLabels: labels,
 		}),
+		deviceInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dpcluster", Subsystem: "node", Name: "device_info",
+			Help:        `The device computing this node's clipped sums (always 1): "cpu" or "cuda:N", its name and CUDA compute capability.`,
+			ConstLabels: labels,
+		}, []string{"device", "name", "compute_capability"}),
+		deviceMemory: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "dpcluster", Subsystem: "node", Name: "device_memory_bytes",
+			Help:        "Total memory of the device computing this node's clipped sums (0 for the CPU).",
+			ConstLabels: labels,
+		}),
 	}
 	var err error
 	if m.rounds, err = register(reg, m.rounds); err != nil {
@@ -66,6 +85,12 @@ func newMetrics(reg prometheus.Registerer, id string) (*metrics, error) {
 		return nil, err
 	}
 	if m.paramsVersion, err = register(reg, m.paramsVersion); err != nil {
+		return nil, err
+	}
+	if m.deviceInfo, err = register(reg, m.deviceInfo); err != nil {
+		return nil, err
+	}
+	if m.deviceMemory, err = register(reg, m.deviceMemory); err != nil {
 		return nil, err
 	}
 	m.rounds.WithLabelValues("answered")
@@ -118,4 +143,15 @@ func (m *metrics) params(version uint64) {
 		return
 	}
 	m.paramsVersion.Set(float64(version))
+}
+
+// device records the device computing. A Worker built again with the same
+// ID on the same registry replaces the previous one's device.
+func (m *metrics) device(d model.DeviceInfo) {
+	if m == nil {
+		return
+	}
+	m.deviceInfo.Reset()
+	m.deviceInfo.WithLabelValues(d.ID, d.Name, d.ComputeCapability).Set(1)
+	m.deviceMemory.Set(float64(d.MemoryBytes))
 }

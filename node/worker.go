@@ -88,6 +88,7 @@ type Option func(*options)
 type options struct {
 	seeded bool
 	seed   uint64
+	device model.Device
 }
 
 // WithSeededSampling makes the Worker draw each round's batch with
@@ -100,9 +101,27 @@ func WithSeededSampling(seed uint64) Option {
 	return func(o *options) { o.seeded, o.seed = true, seed }
 }
 
+// WithDevice makes the Worker compute its clipped sums on dev (model.OpenDevice)
+// instead of the CPU. NewWorker allocates the Worker's engine on dev
+// (Device.NewEngine) and fails if it cannot; Run releases the engine when it
+// returns (Close, for a Worker that never runs). The Worker does not own dev:
+// the caller closes it after Run (or Close) has returned. A nil dev means the
+// CPU, as without this option.
+func WithDevice(dev model.Device) Option {
+	return func(o *options) { o.device = dev }
+}
+
+// Worker states (Worker.state).
+const (
+	workerNew     int32 = iota // built; owns its engine
+	workerStarted              // Run called; Run owns the engine and closes it
+	workerClosed               // Close called before Run; engine closed
+)
+
 // Worker is one node of a training run: it answers the leader's rounds with
 // the clipped gradient sum of a Poisson sample of its shard. Build it with
-// NewWorker and call Run once. Stats may be called concurrently with Run.
+// NewWorker and call Run once (or Close, to release a Worker that will not
+// run). Stats may be called concurrently with Run.
 type Worker struct {
 	cfg   Config
 	m     *model.Model
@@ -111,15 +130,20 @@ type Worker struct {
 	log   *slog.Logger
 	met   *metrics
 	opts  options
+	dev   model.DeviceInfo
 
-	started  atomic.Bool
+	state    atomic.Int32  // workerNew, workerStarted or workerClosed
 	lastStep atomic.Uint64 // read by the heartbeat goroutine
 
 	mu    sync.Mutex
 	stats Stats
 
+	// eng computes the clipped sums: allocated by NewWorker for batches of
+	// up to maxBatch examples, used only by the Run loop goroutine, closed
+	// by Run when it returns or by Close.
+	eng      model.Engine
+	maxBatch int
 	// Owned by the Run loop goroutine.
-	ws    *model.Workspace
 	batch []int
 	sum   []float32
 }
@@ -127,8 +151,18 @@ type Worker struct {
 // NewWorker returns a Worker for the node cfg.ID, computing gradients of m
 // on shard and talking over conn (whose run must be cfg.Run). The Worker
 // does not own conn: the caller closes it after Run returns. The shard must
-// not be modified while the Worker exists. A nil log discards. Errors wrap
-// ErrInvalidConfig (or come from registering metrics).
+// not be modified while the Worker exists. A nil log discards.
+//
+// NewWorker allocates the compute engine (on the CPU, or on the device of
+// WithDevice) for batches of up to EngineBatch(cfg, shard.Len()) examples,
+// so that a device that cannot run the model, or lacks the memory, fails
+// here, before the node takes part in a run. The Worker owns the engine:
+// Run releases it when it returns; call Close instead to release a Worker
+// that will not run.
+//
+// Errors wrap ErrInvalidConfig, ErrEngine (with the device's error, such
+// as model.ErrUnsupportedLayer naming the layer), or come from registering
+// metrics.
 func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -155,12 +189,59 @@ func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transpor
 		return nil, err
 	}
 	w.met = met
+	dev := w.opts.device
+	if dev == nil {
+		if dev, err = model.OpenDevice("cpu"); err != nil {
+			return nil, err
+		}
+	}
+	w.dev = dev.Info()
+	w.maxBatch = EngineBatch(cfg, shard.Len())
+	if w.eng, err = dev.NewEngine(m, w.maxBatch); err != nil {
+		return nil, fmt.Errorf("%w: on device %s (%s), batch capacity %d: %w", ErrEngine, w.dev.ID, w.dev.Name, w.maxBatch, err)
+	}
+	w.sum = make([]float32, m.NumParams())
+	w.batch = make([]int, 0, w.maxBatch)
+	w.met.device(w.dev)
 	w.stats.Skipped = make(map[SkipReason]uint64)
 	if w.opts.seeded {
 		w.log.Warn("node: INSECURE: seeded sampling; batches are predictable and this node is NOT differentially private",
 			"seed", w.opts.seed)
 	}
 	return w, nil
+}
+
+// EngineBatch is the number of examples the Worker's engine computes in one
+// pass, for a shard of n ≥ 1 examples and the run's q: cfg.MaxBatch if set,
+// else min(n, ⌈1.25·q·n⌉ + 16). A Poisson batch has mean q·n and standard
+// deviation below √(q·n); the margin 0.25·q·n + 16 is at least 4 standard
+// deviations for every q·n (it is smallest, 4, at q·n = 64), so a batch
+// rarely needs a second pass. A larger batch is computed in chunks (no
+// example is dropped); the bound affects speed and memory, never results
+// beyond float32 rounding.
+func EngineBatch(cfg Config, n int) int {
+	if cfg.MaxBatch > 0 {
+		return cfg.MaxBatch
+	}
+	return max(1, min(n, int(math.Ceil(1.25*cfg.SampleRate*float64(n)))+16))
+}
+
+// Device describes the device the Worker computes on.
+func (w *Worker) Device() model.DeviceInfo { return w.dev }
+
+// Close releases the compute engine of a Worker whose Run was never
+// called; Run then returns ErrClosed. Once Run has been called, Run owns
+// the engine and releases it when it returns, and Close does nothing and
+// returns nil. Close may be called concurrently with Run and more than
+// once.
+func (w *Worker) Close() error {
+	if !w.state.CompareAndSwap(workerNew, workerClosed) {
+		return nil
+	}
+	if err := w.eng.Close(); err != nil {
+		return fmt.Errorf("node: closing the compute engine on %s: %w", w.dev.ID, err)
+	}
+	return nil
 }
 
 // Stats returns a snapshot of the Worker's counters.
@@ -193,12 +274,21 @@ func (w *Worker) update(f func(*Stats)) {
 //
 // In every case but the last it publishes Leave before returning. When Run
 // returns, its subscriptions are unsubscribed, no handler of this Worker is
-// running and every goroutine Run started has exited. Run may be called
-// only once per Worker (ErrAlreadyStarted).
+// running, every goroutine Run started has exited and the compute engine
+// is released (a failure to release it is logged). Run may be called only
+// once per Worker (ErrAlreadyStarted), and not after Close (ErrClosed).
 func (w *Worker) Run(ctx context.Context) error {
-	if !w.started.CompareAndSwap(false, true) {
+	if !w.state.CompareAndSwap(workerNew, workerStarted) {
+		if w.state.Load() == workerClosed {
+			return ErrClosed
+		}
 		return ErrAlreadyStarted
 	}
+	defer func() {
+		if err := w.eng.Close(); err != nil {
+			w.log.Warn("node: closing the compute engine", "device", w.dev.ID, "err", err)
+		}
+	}()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -223,7 +313,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	w.log.Info("node: start", "model", w.m.Spec().Name, "model_hash", w.m.Hash(), "params", w.m.NumParams(),
 		"shard", w.shard.Len(), "shard_index", w.cfg.ShardIndex, "shard_count", w.cfg.ShardCount,
-		"shard_seed", w.cfg.ShardSeed, "q", w.cfg.SampleRate, "clip", w.cfg.ClipNorm, "seed_policy", w.seedPolicy())
+		"shard_seed", w.cfg.ShardSeed, "q", w.cfg.SampleRate, "clip", w.cfg.ClipNorm, "seed_policy", w.seedPolicy(),
+		"device", w.dev.ID, "device_name", w.dev.Name, "device_memory_bytes", w.dev.MemoryBytes,
+		"compute_capability", w.dev.ComputeCapability, "engine_batch", w.maxBatch)
 	fatal := make(chan error, 1)
 	hbCtx, hbStop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -868,20 +960,8 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 	if err != nil {
 		return 0, err
 	}
-	n := w.shard.Len()
-	if w.ws == nil {
-		maxB := w.cfg.MaxBatch
-		if maxB == 0 {
-			maxB = min(n, int(math.Ceil(1.25*q*float64(n)))+16)
-		}
-		if w.ws, err = w.m.NewWorkspace(maxB); err != nil {
-			return 0, err
-		}
-		w.sum = make([]float32, w.m.NumParams())
-		w.batch = make([]int, 0, maxB)
-	}
-	w.batch = p.Sample(w.batch[:0], n)
-	return w.ws.ClippedSumIndexed(w.sum, theta, w.shard, w.batch, clip)
+	w.batch = p.Sample(w.batch[:0], w.shard.Len())
+	return w.eng.ClippedSumIndexed(w.sum, theta, w.shard, w.batch, clip)
 }
 
 // computeErrorClass names a compute error without its text, which could

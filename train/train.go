@@ -8,7 +8,7 @@
 //
 //  1. Poisson-sample the training set with rate q = B/N (package sampling);
 //  2. S = Σ over the sample of per-example gradients clipped to norm C
-//     (model.Workspace.ClippedSum);
+//     (model.Engine.ClippedSumIndexed, on the CPU or on Config.Device);
 //  3. g̃ = (S + z)/B with z ~ N(0, σ²C²I) and B the expected batch size
 //     (NoiseSource.NoisyGradient);
 //  4. θ ← dpadam.Optimizer.Step(θ, g̃).
@@ -55,6 +55,12 @@ type Config struct {
 	// EvalEvery evaluates on the eval set every EvalEvery steps (0: only
 	// after the last step). Default 0.
 	EvalEvery int
+	// Device computes the clipped sums (model.OpenDevice: "cpu", or
+	// "cuda:N" in a binary built with -tags cuda). Run allocates one engine
+	// of MaxBatch examples on it and releases it before returning; the
+	// caller closes the device after Run. Evaluation runs on the CPU. Nil
+	// means the CPU. Default nil.
+	Device model.Device
 }
 
 // DefaultConfig returns 100 steps of dpadam.DefaultConfig().
@@ -109,8 +115,10 @@ type Result struct {
 // returns early with ctx.Err() if ctx is cancelled between steps; theta
 // then holds the parameters after the last completed step. Errors:
 // ErrInvalidConfig, model.ErrShape for data that do not fit the model,
-// model.ErrNonFinite / dpadam.ErrNonFinite when training diverges.
-func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *dataset.Dataset, cfg Config, src Sources, log *slog.Logger) (Result, error) {
+// model.ErrNonFinite / dpadam.ErrNonFinite when training diverges, and the
+// device's errors from allocating or releasing its engine (such as
+// model.ErrUnsupportedLayer), which come before any step.
+func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *dataset.Dataset, cfg Config, src Sources, log *slog.Logger) (_ Result, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -135,7 +143,6 @@ func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *datas
 	if !(q > 0 && q <= 1) {
 		return Result{}, fmt.Errorf("%w: expected batch size %v with %d examples gives q = %v outside (0, 1]", ErrInvalidConfig, B, N, q)
 	}
-	var err error
 	if src.Noise == nil {
 		if src.Noise, err = NewNoiseSource(); err != nil {
 			return Result{}, err
@@ -155,10 +162,22 @@ func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *datas
 	if maxB == 0 {
 		maxB = int(math.Ceil(1.25*B)) + 16
 	}
-	ws, err := m.NewWorkspace(maxB)
-	if err != nil {
-		return Result{}, err
+	dev := cfg.Device
+	if dev == nil {
+		if dev, err = model.OpenDevice("cpu"); err != nil {
+			return Result{}, err
+		}
 	}
+	info := dev.Info()
+	eng, err := dev.NewEngine(m, maxB)
+	if err != nil {
+		return Result{}, fmt.Errorf("train: engine for %d examples on device %s (%s): %w", maxB, info.ID, info.Name, err)
+	}
+	defer func() {
+		if cerr := eng.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("train: closing the engine on device %s: %w", info.ID, cerr)
+		}
+	}()
 	var ews *model.Workspace
 	if eval != nil {
 		if ews, err = m.NewWorkspace(min(maxB, 1024)); err != nil {
@@ -176,13 +195,15 @@ func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *datas
 		res   = Result{SampleRate: q}
 	)
 	log.Info("train: start", "model", m.Spec().Name, "params", m.NumParams(), "examples", N,
-		"q", q, "sigma", oc.NoiseMultiplier, "clip", oc.ClipNorm, "B", B, "algorithm", oc.Algorithm, "steps", cfg.Steps)
+		"q", q, "sigma", oc.NoiseMultiplier, "clip", oc.ClipNorm, "B", B, "algorithm", oc.Algorithm, "steps", cfg.Steps,
+		"device", info.ID, "device_name", info.Name, "device_memory_bytes", info.MemoryBytes,
+		"compute_capability", info.ComputeCapability)
 	for step := 1; step <= cfg.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
 		batch = src.Sampler.Sample(batch[:0], N)
-		if _, err := ws.ClippedSumIndexed(sum, theta, data, batch, oc.ClipNorm); err != nil {
+		if _, err := eng.ClippedSumIndexed(sum, theta, data, batch, oc.ClipNorm); err != nil {
 			return res, fmt.Errorf("train: step %d: %w", step, err)
 		}
 		if err := src.Noise.NoisyGradient(g, sum, oc.NoiseMultiplier, oc.ClipNorm, B); err != nil {

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // TestMain lets the test binary act as the coordinator binary when
@@ -45,5 +48,24 @@ func TestExitCodes(t *testing.T) {
 		"--noise-multiplier", "1.1", "--steps", "10")
 	if code == 0 || !strings.Contains(errOut, "sample rate") {
 		t.Errorf("q = 2: exit %d, stderr %q; want non-zero and a message about the sample rate", code, errOut)
+	}
+}
+
+// TestDeviceExitCode: a --device this binary cannot use stops `local` at
+// startup with a non-zero exit and model.OpenDevice's reason.
+func TestDeviceExitCode(t *testing.T) {
+	want := map[string]string{"tpu:0": `unknown device "tpu:0"`}
+	if !model.CUDAAvailable() {
+		want["cuda:0"] = "this binary was built without CUDA support (build it with -tags cuda; see docs/GPU.md)"
+	}
+	for dev, msg := range want {
+		dir := filepath.Join(t.TempDir(), "run")
+		_, errOut, code := runMain(t, "local", "--device", dev, "--data-dir", dir, "--progress", "off")
+		if code == 0 || !strings.Contains(errOut, msg) {
+			t.Errorf("--device %s: exit %d, stderr %q; want non-zero and %q", dev, code, errOut, msg)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("--device %s: the data dir was created (%v): the device must fail first", dev, err)
+		}
 	}
 }

@@ -77,12 +77,13 @@ type localFlags struct {
 	progress     string
 	logFormat    string
 	metricsAddr  string
+	device       string
 	json         bool
 }
 
 func newLocalCmd() *cobra.Command {
 	spec := defaultRunSpec()
-	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data"}
+	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data", device: "cpu"}
 	cmd := &cobra.Command{
 		Use:   "local",
 		Short: "Train in one process: embedded NATS, one coordinator replica, k in-process nodes",
@@ -92,7 +93,8 @@ worker nodes, each holding one IID shard of the training set. By default it trai
 preset on Fashion-MNIST with DP-AdamBC to ε = 3 (δ = 1e-5), σ calibrated for --max-steps.
 
 Re-running with the same --data-dir resumes the run where it stopped (the configuration must
-be the same); audit the ledger with: coordinator ledger audit DIR.`,
+be the same); audit the ledger with: coordinator ledger audit DIR. --device cuda:N computes every
+node's clipped sums on one NVIDIA GPU, in a binary built with -tags cuda (docs/GPU.md).`,
 		Example: `  coordinator local --max-steps 1000 --data-dir /tmp/run1
   coordinator local --config run.yaml --nodes 4 --target-epsilon 1`,
 		Args: cobra.NoArgs,
@@ -112,6 +114,7 @@ be the same); audit the ledger with: coordinator ledger audit DIR.`,
 	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
 	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
+	fs.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fs.BoolVar(&f.json, "json", false, "print the result as JSON")
 	return cmd
 }
@@ -130,6 +133,13 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err != nil {
 		return err
 	}
+	// Opened first, closed last: every node's engine is released when its
+	// Run returns, and runLocal waits for all of them below.
+	dev, err := openDevice(f.device, log)
+	if err != nil {
+		return err
+	}
+	defer closeDevice(dev, log)
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	started := time.Now()
@@ -159,7 +169,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 
 	nodeCtx, stopNodes := context.WithCancel(ctx)
 	defer stopNodes()
-	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), rc, pr.model, pr.train, spec.ShardSeed, f, srv.registry, quietLogger(log))
+	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), rc, pr.model, pr.train, spec.ShardSeed, f, dev, srv.registry, quietLogger(log))
 	if err != nil {
 		return err
 	}
@@ -208,16 +218,34 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 }
 
 // startLocalNodes starts one node.Worker per IID shard of trainSet, each
-// with its own NATS connection to url and the run's q and C from rc (the
-// replica's own configuration). Each worker's result arrives on the
-// returned channel.
-func startLocalNodes(ctx context.Context, url string, rc coordinator.RunConfig, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, reg prometheus.Registerer, log *slog.Logger) (<-chan error, error) {
+// with its own NATS connection to url, the run's q and C from rc (the
+// replica's own configuration) and an engine on dev. Every worker is built
+// (and its engine allocated) before any starts, so a device that cannot
+// run the model, or lacks the memory for all the nodes, is an error here
+// with nothing left running. Each worker's result arrives on the returned
+// channel once its Run has returned and its engine is released.
+func startLocalNodes(ctx context.Context, url string, rc coordinator.RunConfig, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, dev model.Device, reg prometheus.Registerer, log *slog.Logger) (_ <-chan error, err error) {
 	run := rc.Run
 	shards, err := dataset.ShardIID(trainSet, f.nodes, shardSeed)
 	if err != nil {
 		return nil, err
 	}
-	errs := make(chan error, f.nodes)
+	type built struct {
+		w    *node.Worker
+		conn *transport.Client
+	}
+	var nodes []built
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, n := range nodes {
+			if cerr := n.w.Close(); cerr != nil {
+				log.Warn("closing a node's engine", "err", cerr)
+			}
+			n.conn.Close()
+		}
+	}()
 	for i, shard := range shards {
 		id := fmt.Sprintf("node-%d", i)
 		tcfg := transport.DefaultConfig()
@@ -230,18 +258,22 @@ func startLocalNodes(ctx context.Context, url string, rc coordinator.RunConfig, 
 		ncfg.ID, ncfg.Run, ncfg.Registerer = id, run, reg
 		ncfg.SampleRate, ncfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 		ncfg.ShardIndex, ncfg.ShardCount, ncfg.ShardSeed = i, f.nodes, shardSeed
-		var opts []node.Option
+		opts := []node.Option{node.WithDevice(dev)}
 		if f.insecureSeed != 0 {
 			opts = append(opts, node.WithSeededSampling(f.insecureSeed+uint64(i)+1))
 		}
 		w, err := node.NewWorker(ncfg, m, shard, conn, log, opts...)
 		if err != nil {
 			conn.Close()
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", id, err)
 		}
+		nodes = append(nodes, built{w, conn})
+	}
+	errs := make(chan error, f.nodes)
+	for _, n := range nodes {
 		go func() {
-			err := w.Run(ctx)
-			conn.Close()
+			err := n.w.Run(ctx)
+			n.conn.Close()
 			errs <- err
 		}()
 	}

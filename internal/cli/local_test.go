@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -129,10 +130,11 @@ func TestLocalConfigFile(t *testing.T) {
 
 func TestLocalFlagErrors(t *testing.T) {
 	dir := t.TempDir()
-	for _, tc := range []struct {
+	type flagCase struct {
 		args []string
 		want string
-	}{
+	}
+	cases := []flagCase{
 		{[]string{"--nodes", "0"}, "--nodes"},
 		{[]string{"--dataset", "none"}, "needs a dataset"},
 		{[]string{"--dataset", "mnist"}, "--dataset"},
@@ -141,7 +143,13 @@ func TestLocalFlagErrors(t *testing.T) {
 		{[]string{"--batch-size", "1e9"}, "--batch-size"},
 		{[]string{"--progress", "maybe"}, "--progress"},
 		{[]string{"--target-epsilon", "-1"}, "epsilon"},
-	} {
+		{[]string{"--device", "gpu"}, `unknown device "gpu"`},
+	}
+	if !model.CUDAAvailable() {
+		cases = append(cases, flagCase{[]string{"--device", "cuda:1"},
+			`--device cuda:1: model: device not available: "cuda:1": this binary was built without CUDA support (build it with -tags cuda; see docs/GPU.md)`})
+	}
+	for _, tc := range cases {
 		_, err := run(t, localArgs(filepath.Join(dir, "x"), tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want it to mention %q", tc.args, err, tc.want)
@@ -209,5 +217,26 @@ func TestLocalInterrupted(t *testing.T) {
 	}
 	if rep, err := ledger.Audit(path); err != nil || !rep.OK {
 		t.Errorf("ledger after the interruption: %+v, %v", rep, err)
+	}
+}
+
+// TestLocalDevice: `local --device cpu` trains on the device and names it
+// in its startup log.
+func TestLocalDevice(t *testing.T) {
+	cmd := NewCoordinatorCmd()
+	var out, logs bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&logs)
+	cmd.SetArgs(localArgs(t.TempDir(), "--max-steps", "3", "--nodes", "2", "--device", "cpu", "--log-format", "json"))
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("%v\n%s", err, logs.String())
+	}
+	var res localResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil || res.Steps != 3 {
+		t.Fatalf("result %+v, %v\n%s", res, err, out.String())
+	}
+	want := fmt.Sprintf(`"msg":"compute device","device":"cpu","device_name":%q,"device_memory_bytes":0,"compute_capability":""`, cpuInfo(t).Name)
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("logs lack %s:\n%s", want, logs.String())
 	}
 }

@@ -289,6 +289,7 @@ type nodeFlags struct {
 	heartbeat           time.Duration
 	metricsAddr         string
 	insecureSeed        uint64
+	device              string
 	logFormat, logLevel string
 }
 
@@ -320,7 +321,7 @@ func defaultNodeID() string {
 // receives SIGINT or SIGTERM (then it sends Leave and exits 0).
 func NewNodeCmd() *cobra.Command {
 	spec := defaultRunSpec()
-	f := nodeFlags{id: defaultNodeID(), shardCount: 1, heartbeat: time.Second, logFormat: "text", logLevel: "info"}
+	f := nodeFlags{id: defaultNodeID(), shardCount: 1, heartbeat: time.Second, device: "cpu", logFormat: "text", logLevel: "info"}
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "dpcluster node: computes clipped gradient sums on a private data shard",
@@ -331,7 +332,8 @@ shard, computes the sum of per-example gradients clipped to norm C and sends it 
 It derives the sampling rate q = B/N and C from the run file exactly as the replicas do, and
 refuses any round that names another q, C or model. Sums and counts are private: they are never
 logged, exported or stored. All nodes of a run use the same run file and --shard-count, each its
-own --shard-index; the leader opens no round while two live nodes claim the same shard.`,
+own --shard-index; the leader opens no round while two live nodes claim the same shard.
+--device cuda:N computes on an NVIDIA GPU, in a node binary built with -tags cuda (docs/GPU.md).`,
 		Example: `  node --config run.yaml --nats nats://coord-1:4222,nats://coord-2:4222 \
       --shard-index 0 --shard-count 4`,
 		Args:          cobra.NoArgs,
@@ -358,6 +360,7 @@ own --shard-index; the leader opens no round while two live nodes claim the same
 	fl.DurationVar(&f.heartbeat, "heartbeat", f.heartbeat, "heartbeat period")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port/metrics (empty: off)")
 	fl.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "TESTS ONLY: seed the batch sampling; the node is then NOT private")
+	fl.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fl.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text|json")
 	fl.StringVar(&f.logLevel, "log-level", f.logLevel, "log level: debug|info|warn|error")
 	return cmd
@@ -432,7 +435,10 @@ func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slo
 // the run configuration come from spec.prepare, the replicas' own path, so
 // the node's q and C are the replicas' bit for bit; its shard is part
 // f.shardIndex of the training set cut into f.shardCount IID parts with the
-// run's shard seed.
+// run's shard seed. The compute device (--device) is opened first, so that
+// a device this binary cannot use fails before any data is loaded, and the
+// worker's engine is allocated on it before the node joins the run; the
+// device is closed on the way out, after the worker released its engine.
 func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) error {
 	if !transport.ValidRunName(spec.Run) {
 		return fmt.Errorf("--run %q must be 1-64 of [A-Za-z0-9_-]", spec.Run)
@@ -444,6 +450,11 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	if err != nil {
 		return err
 	}
+	dev, err := openDevice(f.device, log)
+	if err != nil {
+		return err
+	}
+	defer closeDevice(dev, log)
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -461,7 +472,7 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	cfg.ID, cfg.Run, cfg.HeartbeatEvery = f.id, rc.Run, f.heartbeat
 	cfg.SampleRate, cfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = f.shardIndex, f.shardCount, spec.ShardSeed
-	var opts []node.Option
+	opts := []node.Option{node.WithDevice(dev)}
 	if cmd.Flags().Changed("insecure-seed") {
 		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",
 			"seed", f.insecureSeed)

@@ -112,11 +112,12 @@ func TestNodeFlagErrors(t *testing.T) {
 	with := func(args ...string) []string {
 		return append([]string{"--nats", "nats://127.0.0.1:1", "--config", runFile}, args...)
 	}
-	for _, tc := range []struct {
+	type flagCase struct {
 		name string
 		args []string
 		want string
-	}{
+	}
+	cases := []flagCase{
 		{"missing --nats", []string{"--config", runFile}, "--nats is required"},
 		{"empty --nats", []string{"--nats", " , ", "--config", runFile}, "--nats is required"},
 		{"missing --config", append(nats, "--dataset", "gaussian", "--model", "logreg"), "--config is required"},
@@ -141,7 +142,15 @@ func TestNodeFlagErrors(t *testing.T) {
 		{"bad log format", with("--log-format", "xml"), "--log-format"},
 		{"bad heartbeat", with("--heartbeat", "0s"), "--heartbeat"},
 		{"stray argument", with("extra"), "unknown command"},
-	} {
+		{"unknown device", with("--device", "tpu:0"), `unknown device "tpu:0" (want cpu or cuda:N)`},
+		{"bad CUDA device number", with("--device", "cuda:x"), "want cuda:N with N a device number"},
+	}
+	if !model.CUDAAvailable() {
+		// model.OpenDevice's own message: how to get a binary that can.
+		cases = append(cases, flagCase{"CUDA in a build without it", with("--device", "cuda:0"),
+			`--device cuda:0: model: device not available: "cuda:0": this binary was built without CUDA support (build it with -tags cuda; see docs/GPU.md)`})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), nodeTestWait)
 			defer cancel()
@@ -231,7 +240,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	go func() {
 		done <- runNodeCmd(ctx, &logs, "--config", runFile, "--nats", h.conn.ServerURL(), "--id", "n1",
 			"--shard-index", "1", "--shard-count", "2",
-			"--heartbeat", "50ms", "--insecure-seed", "3", "--metrics-addr", "127.0.0.1:0",
+			"--heartbeat", "50ms", "--insecure-seed", "3", "--metrics-addr", "127.0.0.1:0", "--device", "cpu",
 			"--log-format", "json", "--log-level", "debug")
 	}()
 
@@ -281,6 +290,18 @@ func TestNodeEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "NOT differentially private") {
 		t.Error("--insecure-seed was not logged loudly")
 	}
+	// The device, in the command's startup record and the worker's.
+	info := cpuInfo(t)
+	fields := fmt.Sprintf(`"device":"cpu","device_name":%q,"device_memory_bytes":0,"compute_capability":""`, info.Name)
+	for _, msg := range []string{`"msg":"compute device"`, `"msg":"node: start"`} {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			found = found || strings.Contains(line, msg) && strings.Contains(line, fields)
+		}
+		if !found {
+			t.Errorf("no %s log record with %s:\n%s", msg, fields, out)
+		}
+	}
 	for _, key := range []string{`"count"`, `"sum"`} {
 		if strings.Contains(out, key) {
 			t.Errorf("logs hold %s", key)
@@ -312,11 +333,24 @@ func scrapeNodeMetrics(t *testing.T, logs *lockedBuffer) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`dpcluster_node_rounds_total{node="n1",result="answered"} 2`,
-		`dpcluster_node_rounds_total{node="n1",result="skipped_params_mismatch"} 1`} {
+		`dpcluster_node_rounds_total{node="n1",result="skipped_params_mismatch"} 1`,
+		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node="n1"} 1`, cpuInfo(t).Name),
+		`dpcluster_node_device_memory_bytes{node="n1"} 0`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
 	}
+}
+
+// cpuInfo describes the CPU device.
+func cpuInfo(t *testing.T) model.DeviceInfo {
+	t.Helper()
+	dev, err := model.OpenDevice("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	return dev.Info()
 }
 
 // TestNodeInterrupted cancels the command's context (as SIGINT does): it

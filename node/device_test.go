@@ -1,0 +1,219 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
+)
+
+// TestCPUDeviceAnswersRounds runs a node given model.OpenDevice("cpu")
+// over NATS: it answers with the reference sum bit for bit (the CPU device
+// is the Workspace computing without WithDevice), and its metrics, as
+// the node command serves them, name the device.
+func TestCPUDeviceAnswersRounds(t *testing.T) {
+	const seed = 7
+	dev, err := model.OpenDevice("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := dev.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	reg := prometheus.NewRegistry()
+	cfg := testConfig()
+	cfg.Registerer = reg
+	r := start(t, cfg, fx, nc, WithSeededSampling(seed), WithDevice(dev))
+	if got := r.w.Device(); got != dev.Info() {
+		t.Errorf("Device() = %+v, want %+v", got, dev.Info())
+	}
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	for step := uint64(1); step <= 2; step++ {
+		rs := fx.round(step, step, 1, wait)
+		rs.ParamsVersion = 0
+		l.publish(rs)
+		c := recv(t, l.contribs, "contribution")
+		want, wantN := reference(t, fx, rs, seed, EngineBatch(cfg, fx.shard.Len()))
+		if int(c.Count) != wantN {
+			t.Errorf("step %d: count = %d, reference %d", step, c.Count, wantN)
+		}
+		for i := range want {
+			if c.Sum[i] != want[i] {
+				t.Fatalf("step %d: sum[%d] = %v, reference %v", step, i, c.Sum[i], want[i])
+			}
+		}
+	}
+
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	info := dev.Info()
+	for _, want := range []string{
+		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node=%q} 1`, info.Name, testNode),
+		fmt.Sprintf(`dpcluster_node_device_memory_bytes{node=%q} 0`, testNode),
+		fmt.Sprintf(`dpcluster_node_rounds_total{node=%q,result="answered"} 2`, testNode),
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
+}
+
+// fakeDevice is a model.Device whose engines are CPU Workspaces that count
+// their use, or whose NewEngine fails with err.
+type fakeDevice struct {
+	err      error
+	maxBatch atomic.Int64 // the last NewEngine's
+	engines  atomic.Int64
+	sums     atomic.Int64 // ClippedSumIndexed calls, all engines
+	closes   atomic.Int64 // engine Close calls, all engines
+}
+
+func (d *fakeDevice) Info() model.DeviceInfo {
+	return model.DeviceInfo{ID: "fake:0", Name: "Fake Accelerator", MemoryBytes: 1 << 30, ComputeCapability: "9.0"}
+}
+
+func (d *fakeDevice) NewEngine(m *model.Model, maxBatch int) (model.Engine, error) {
+	d.maxBatch.Store(int64(maxBatch))
+	if d.err != nil {
+		return nil, d.err
+	}
+	ws, err := m.NewWorkspace(maxBatch)
+	if err != nil {
+		return nil, err
+	}
+	d.engines.Add(1)
+	return &fakeEngine{Workspace: ws, dev: d}, nil
+}
+
+func (d *fakeDevice) Close() error { return nil }
+
+type fakeEngine struct {
+	*model.Workspace
+	dev *fakeDevice
+}
+
+func (e *fakeEngine) ClippedSumIndexed(dst, theta []float32, d *dataset.Dataset, idx []int, clip float64) (int, error) {
+	e.dev.sums.Add(1)
+	return e.Workspace.ClippedSumIndexed(dst, theta, d, idx, clip)
+}
+
+func (e *fakeEngine) Close() error {
+	e.dev.closes.Add(1)
+	return nil
+}
+
+// TestUnsupportedLayerFailsAtStart: a device without kernels for a layer
+// fails NewWorker, naming the device and the layer, before the node sends
+// anything; no round ever sees it.
+func TestUnsupportedLayerFailsAtStart(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	dev := &fakeDevice{err: fmt.Errorf("%w: layer 0 (dense 8→3)", model.ErrUnsupportedLayer)}
+	w, err := NewWorker(testConfig(), fx.m, fx.shard, nc, nil, WithDevice(dev))
+	if w != nil || !errors.Is(err, ErrEngine) || !errors.Is(err, model.ErrUnsupportedLayer) {
+		t.Fatalf("NewWorker = %v, %v; want ErrEngine wrapping model.ErrUnsupportedLayer", w, err)
+	}
+	for _, want := range []string{"fake:0", "Fake Accelerator", "layer 0 (dense 8→3)", "not supported"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	none(t, l.joins, "join from a node that failed to start")
+}
+
+// TestEngineLifetime: NewWorker allocates one engine of EngineBatch
+// examples on the device; rounds compute on it; Run releases it once when
+// it returns, and Close then does nothing. A Worker that never runs is
+// released by Close, after which Run refuses.
+func TestEngineLifetime(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	dev := &fakeDevice{}
+	cfg := testConfig()
+	r := start(t, cfg, fx, nc, WithDevice(dev))
+	if got, want := dev.maxBatch.Load(), int64(EngineBatch(cfg, fx.shard.Len())); got != want || dev.engines.Load() != 1 {
+		t.Fatalf("NewEngine: %d engines, last of %d examples; want 1 of %d", dev.engines.Load(), got, want)
+	}
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	l.params(0, 1, fx.theta)
+	l.publish(fx.round(1, 1, 1, wait))
+	c := recv(t, l.contribs, "contribution")
+	checkContribution(t, c, fx.shard.Len(), testQ, testClip)
+	if dev.sums.Load() == 0 {
+		t.Error("the contribution was not computed on the device's engine")
+	}
+	if err := r.w.Close(); err != nil { // Run owns the engine now
+		t.Errorf("Close during Run = %v", err)
+	}
+	if n := dev.closes.Load(); n != 0 {
+		t.Fatalf("engine closed %d times while Run runs", n)
+	}
+	r.cancel()
+	if err := r.result(t); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v, want context.Canceled", err)
+	}
+	if n := dev.closes.Load(); n != 1 {
+		t.Errorf("engine closed %d times after Run returned, want 1", n)
+	}
+	if err := r.w.Close(); err != nil || dev.closes.Load() != 1 {
+		t.Errorf("Close after Run = %v, engine closed %d times; want nil, 1", err, dev.closes.Load())
+	}
+
+	// A Worker that never runs.
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, nil, WithDevice(dev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := dev.closes.Load(); n != 2 {
+		t.Errorf("engines closed %d times, want 2", n)
+	}
+	if err := w.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Run after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestEngineBatch(t *testing.T) {
+	for _, tc := range []struct {
+		maxBatch, n int
+		q           float64
+		want        int
+	}{
+		{0, 400, 0.25, 141},   // ⌈1.25·100⌉ + 16
+		{0, 10000, 0.01, 141}, // the same mean batch from another shard
+		{0, 10, 1, 10},        // never more than the shard
+		{0, 1, 1e-9, 1},       // at least one example
+		{0, 1000, 0.001, 18},  // ⌈1.25⌉ + 16
+		{32, 400, 0.25, 32},   // MaxBatch set: as given
+	} {
+		cfg := testConfig()
+		cfg.MaxBatch, cfg.SampleRate = tc.maxBatch, tc.q
+		if got := EngineBatch(cfg, tc.n); got != tc.want {
+			t.Errorf("EngineBatch(MaxBatch %d, q %v, n %d) = %d, want %d", tc.maxBatch, tc.q, tc.n, got, tc.want)
+		}
+	}
+}
