@@ -59,8 +59,9 @@ type cudaDevice struct {
 }
 
 type cudaKernels struct {
-	sgemm                                                  [4]cu.Function // nn, nt, tn, tt
-	accgradTN, colsumPut, biasAdd, actFwd, actBwd, permute cu.Function
+	sgemm                                                  [4]cu.Function // nn, nt, tn, tt: 64×64 tiles
+	sgemm128                                               [3]cu.Function // nn, nt, tn: 128×128 tiles
+	blocksPut, colsumPut, biasAdd, actFwd, actBwd, permute cu.Function
 	softmaxXent, rowSumsq, clipRows, nonfinite             cu.Function
 }
 
@@ -112,7 +113,8 @@ func openCUDA(ordinal int) (Device, error) {
 		name string
 	}{
 		{&d.k.sgemm[0], "sgemm_nn"}, {&d.k.sgemm[1], "sgemm_nt"}, {&d.k.sgemm[2], "sgemm_tn"}, {&d.k.sgemm[3], "sgemm_tt"},
-		{&d.k.accgradTN, "accgrad_tn"}, {&d.k.colsumPut, "colsum_put"}, {&d.k.biasAdd, "bias_add"},
+		{&d.k.sgemm128[0], "sgemm128_nn"}, {&d.k.sgemm128[1], "sgemm128_nt"}, {&d.k.sgemm128[2], "sgemm128_tn"},
+		{&d.k.blocksPut, "blocks_put"}, {&d.k.colsumPut, "colsum_put"}, {&d.k.biasAdd, "bias_add"},
 		{&d.k.actFwd, "act_fwd"}, {&d.k.actBwd, "act_bwd"}, {&d.k.permute, "permute"},
 		{&d.k.softmaxXent, "softmax_xent"}, {&d.k.rowSumsq, "row_sumsq"}, {&d.k.clipRows, "clip_rows"},
 		{&d.k.nonfinite, "nonfinite"},
@@ -179,17 +181,22 @@ func flag(b bool) karg {
 	return 0
 }
 
-// launch runs kernel fn on a grid of gx×gy blocks of bx×by threads. Errors
-// of the kernel itself surface at the next synchronizing call.
-func launch(fn cu.Function, gx, gy, bx, by int, args ...karg) error {
-	if gx == 0 || gy == 0 {
+// launch3 runs kernel fn on a grid of gx×gy×gz blocks of bx×by threads.
+// Errors of the kernel itself surface at the next synchronizing call.
+func launch3(fn cu.Function, gx, gy, gz, bx, by int, args ...karg) error {
+	if gx == 0 || gy == 0 || gz == 0 {
 		return nil
 	}
 	p := make([]unsafe.Pointer, len(args))
 	for i := range args {
 		p[i] = unsafe.Pointer(&args[i])
 	}
-	return fn.Launch(gx, gy, 1, bx, by, 1, 0, cu.Stream{}, p)
+	return fn.Launch(gx, gy, gz, bx, by, 1, 0, cu.Stream{}, p)
+}
+
+// launch runs kernel fn on a grid of gx×gy blocks of bx×by threads.
+func launch(fn cu.Function, gx, gy, bx, by int, args ...karg) error {
+	return launch3(fn, gx, gy, 1, bx, by, args...)
 }
 
 // launch1 runs an elementwise kernel over n items, 256 threads a block.
@@ -198,11 +205,29 @@ func launch1(fn cu.Function, n int, args ...karg) error {
 }
 
 const (
-	gemmTile = 64 // BM = BN in cuda_kernels.cu
+	gemmTile = 64 // BM = BN of sgemm_body in cuda_kernels.cu
+	// bigTiles is the number of 128×128 tiles from which sgemm uses the
+	// 128×128 kernel (an H100 has 132 multiprocessors, each running two
+	// such blocks).
+	bigTiles = 128
+	// maxBlockGroup is the number of blockRows-row block products accGrad
+	// forms at once (its scratch buffer holds that many of the largest
+	// linear layer's weight matrix).
+	maxBlockGroup = 8
 )
 
 // sgemm launches C = alpha·op(A)·op(B) + beta·C on device buffers.
 func (d *cudaDevice) sgemm(transA, transB bool, m, n, k int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
+	return d.sgemmBlocks(transA, transB, m, n, k, max(k, 1), 0, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// sgemmBlocks launches ⌈k/kblock⌉ products at once: product z multiplies
+// the k-range [z·kblock, min(k, (z+1)·kblock)) into C + z·sc. Both kernels
+// compute every element as the same fused multiply-add chain along k (see
+// cuda_kernels.cu), so which one runs, a function of the shape alone, does
+// not change the bits; the 128×128 one is faster once there are enough
+// tiles to fill the GPU.
+func (d *cudaDevice) sgemmBlocks(transA, transB bool, m, n, k, kblock, sc int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
 	v := 0
 	if transA {
 		v += 2
@@ -210,8 +235,22 @@ func (d *cudaDevice) sgemm(transA, transB bool, m, n, k int, alpha float32, a cu
 	if transB {
 		v++
 	}
-	return launch(d.k.sgemm[v], (n+gemmTile-1)/gemmTile, (m+gemmTile-1)/gemmTile, 16, 16,
-		i32(m), i32(n), i32(k), f32(alpha), ptr(a), i32(lda), ptr(b), i32(ldb), f32(beta), ptr(c), i32(ldc))
+	nz := 1
+	if k > 0 {
+		nz = (k + kblock - 1) / kblock
+	}
+	big := ((m+127)/128)*((n+127)/128)*nz >= bigTiles && v < 3
+	return d.sgemmKernel(big, v, nz, m, n, k, kblock, sc, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// sgemmKernel launches variant v (nn, nt, tn, tt) of the 128×128 kernel
+// (big) or the 64×64 one on nz k-blocks.
+func (d *cudaDevice) sgemmKernel(big bool, v, nz, m, n, k, kblock, sc int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
+	args := []karg{i32(m), i32(n), i32(k), f32(alpha), ptr(a), i32(lda), ptr(b), i32(ldb), f32(beta), ptr(c), i32(ldc), i32(kblock), sz(sc)}
+	if big {
+		return launch3(d.k.sgemm128[v], (n+127)/128, (m+127)/128, nz, 256, 1, args...)
+	}
+	return launch3(d.k.sgemm[v], (n+gemmTile-1)/gemmTile, (m+gemmTile-1)/gemmTile, nz, 16, 16, args...)
 }
 
 // alloc allocates n bytes (at least 1) of device memory.
@@ -312,6 +351,7 @@ type cudaEngine struct {
 	loss      cu.DevicePtr   // float64 × maxB
 	correct   cu.DevicePtr   // int32 × maxB
 	flags     cu.DevicePtr   // int32 × 2: θ not finite, sum not finite
+	scratch   cu.DevicePtr   // float32: accGrad's block products
 	bufs      []cu.DevicePtr
 
 	lin       []int // indices of the linear layers
@@ -382,6 +422,12 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 		if e.permuteIn {
 			errs = append(errs, a(&e.xs, 4*maxBatch*m.inSize))
 		}
+		w := 0
+		for _, l := range e.lin {
+			ly := m.layers[l].(*linear)
+			w = max(w, ly.out*ly.in)
+		}
+		errs = append(errs, a(&e.scratch, 4*min((maxBatch+blockRows-1)/blockRows, maxBlockGroup)*w))
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
@@ -684,12 +730,39 @@ func (e *cudaEngine) chunk(x []float32, y []int32, clip float64, fresh, final bo
 		if err := launch1(k.clipRows, B*O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(e.coef), i32(1)); err != nil {
 			return err
 		}
-		if err := launch(k.accgradTN, (K+gemmTile-1)/gemmTile, (O+gemmTile-1)/gemmTile, 16, 16, i32(O), i32(K), i32(B),
-			ptr(e.grad[l+1]), ptr(e.act[l]), ptr(off8(e.acc, off)), ptr(off4(e.dst, off)), flag(fresh), flag(final)); err != nil {
+		if err := e.accGrad(O, K, B, e.grad[l+1], e.act[l], off, fresh, final); err != nil {
 			return err
 		}
 		if err := launch1(k.colsumPut, O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(off8(e.acc, off+O*K)),
 			ptr(off4(e.dst, off+O*K)), flag(fresh), flag(final), i32(0), f32(0)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// accGrad adds a linear layer's weight gradient Dᵀ·A (D: B×O output
+// gradients, A: B×K inputs, both already scaled by the clip factors) to the
+// sum at parameter offset off, as linear.accGrad does on the CPU: float32
+// products over blocks of blockRows rows (up to maxBlockGroup of them at
+// once, into the scratch buffer), each block's product added into the
+// float64 accumulator in block order (blocks_put), which put32's rule
+// (fresh, final) rounds into dst at the end. One block in a call that is
+// both fresh and final is written into dst directly, as on the CPU.
+func (e *cudaEngine) accGrad(O, K, B int, D, A cu.DevicePtr, off int, fresh, final bool) error {
+	nb := (B + blockRows - 1) / blockRows
+	if fresh && final && nb == 1 {
+		return e.d.sgemm(true, false, O, K, B, 1, D, O, A, K, 0, off4(e.dst, off), K)
+	}
+	for g := 0; g < nb; g += maxBlockGroup {
+		nz := min(maxBlockGroup, nb-g)
+		r0 := g * blockRows
+		rows := min(B-r0, nz*blockRows)
+		if err := e.d.sgemmBlocks(true, false, O, K, rows, blockRows, O*K, 1, off4(D, r0*O), O, off4(A, r0*K), K, 0, e.scratch, K); err != nil {
+			return err
+		}
+		if err := launch1(e.d.k.blocksPut, O*K, sz(O*K), i32(nz), ptr(e.scratch), ptr(off8(e.acc, off)), ptr(off4(e.dst, off)),
+			flag(fresh && g == 0), flag(final && g+nz >= nb)); err != nil {
 			return err
 		}
 	}

@@ -74,9 +74,21 @@ __device__ __forceinline__ void load_tiles(float (*As)[BM + 1], float (*Bs)[BN +
 	}
 }
 
+// Batches over blockIdx.z: block z multiplies the k-range
+// [z·kblock, min(k, (z+1)·kblock)) into C + z·sc (the per-block products
+// of accgrad, see accgrad in cuda.go); kblock = k and one z for a plain
+// product.
+#define KBATCH()                                                                                                       \
+	int kstart = blockIdx.z * kblock;                                                                                \
+	k = min(kblock, k - kstart);                                                                                     \
+	a += TA ? (size_t)kstart * lda : (size_t)kstart;                                                                 \
+	b += TB ? (size_t)kstart : (size_t)kstart * ldb;                                                                 \
+	c += (size_t)blockIdx.z * sc;
+
 template <bool TA, bool TB>
 __device__ void sgemm_body(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                           float beta, float *c, int ldc) {
+                           float beta, float *c, int ldc, int kblock, size_t sc) {
+	KBATCH()
 	__shared__ float As[BK][BM + 1];
 	__shared__ float Bs[BK][BN + 1];
 	int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
@@ -119,23 +131,116 @@ __device__ void sgemm_body(int m, int n, int k, float alpha, const float *a, int
 	}
 }
 
+// sgemm128: the same product on 128×128 tiles of C (BK = 8, 256 threads,
+// each an 8×8 tile: rows ty·4 + i and 64 + ty·4 + i, columns likewise, so
+// that the 16-byte shared-memory reads are free of bank conflicts), with
+// the next k-slab loaded into registers while the current one is
+// multiplied, and two shared-memory buffers. Every element is the same
+// sequential fused multiply-add chain along k as in sgemm_body (zero
+// padding adds exact zeros), so the two kernels give the same bits; the
+// host picks this one when it has enough tiles to fill the GPU.
+template <bool TA, bool TB>
+__device__ void sgemm128_body(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                              float beta, float *c, int ldc, int kblock, size_t sc) {
+	KBATCH()
+	__shared__ __align__(16) float As[2][8][128];
+	__shared__ __align__(16) float Bs[2][8][128];
+	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+	int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+	float ra[4], rb[4];
+	// Which elements this thread loads: A (row, p), B (p, col), 4 each.
+	int arow[4], ap[4], bcol[4], bp[4];
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		if (TA) {
+			ap[q] = tid / 32;
+			arow[q] = (tid % 32) * 4 + q;
+		} else {
+			arow[q] = tid / 2;
+			ap[q] = (tid % 2) * 4 + q;
+		}
+		if (TB) {
+			bcol[q] = tid / 2;
+			bp[q] = (tid % 2) * 4 + q;
+		} else {
+			bp[q] = tid / 32;
+			bcol[q] = (tid % 32) * 4 + q;
+		}
+	}
+#define LOAD128(k0)                                                                                                    \
+	_Pragma("unroll") for (int q = 0; q < 4; q++) {                                                                  \
+		int gi = m0 + arow[q], gp = (k0) + ap[q];                                                                \
+		ra[q] = (gi < m && gp < k) ? (TA ? a[(size_t)gp * lda + gi] : a[(size_t)gi * lda + gp]) : 0.f;           \
+		int gj = n0 + bcol[q], gq = (k0) + bp[q];                                                                \
+		rb[q] = (gj < n && gq < k) ? (TB ? b[(size_t)gj * ldb + gq] : b[(size_t)gq * ldb + gj]) : 0.f;           \
+	}
+#define STORE128(buf)                                                                                                  \
+	_Pragma("unroll") for (int q = 0; q < 4; q++) {                                                                  \
+		As[buf][ap[q]][arow[q]] = ra[q];                                                                         \
+		Bs[buf][bp[q]][bcol[q]] = rb[q];                                                                         \
+	}
+	float acc[8][8];
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+#pragma unroll
+		for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+	LOAD128(0)
+	STORE128(0)
+	__syncthreads();
+	int cur = 0;
+	for (int k0 = 0; k0 < k; k0 += 8) {
+		bool next = k0 + 8 < k;
+		if (next) {
+			LOAD128(k0 + 8)
+		}
+#pragma unroll
+		for (int p = 0; p < 8; p++) {
+			float4 a0 = *(const float4 *)&As[cur][p][ty * 4], a1 = *(const float4 *)&As[cur][p][64 + ty * 4];
+			float4 b0 = *(const float4 *)&Bs[cur][p][tx * 4], b1 = *(const float4 *)&Bs[cur][p][64 + tx * 4];
+			float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+			float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+#pragma unroll
+				for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+		}
+		if (next) {
+			STORE128(cur ^ 1)
+			__syncthreads();
+			cur ^= 1;
+		}
+	}
+#undef LOAD128
+#undef STORE128
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		int gi = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+		if (gi >= m) continue;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			int gj = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+			if (gj >= n) continue;
+			float *cp = &c[(size_t)gi * ldc + gj];
+			float v = alpha * acc[i][j];
+			if (beta != 0.f) v += beta * *cp;
+			*cp = v;
+		}
+	}
+}
+
+#define SGEMM_ARGS                                                                                                     \
+	int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,        \
+	    int ldc, int kblock, size_t sc
+#define SGEMM_PASS m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, kblock, sc
+
 extern "C" {
-__global__ void sgemm_nn(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *c, int ldc) {
-	sgemm_body<false, false>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-__global__ void sgemm_nt(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *c, int ldc) {
-	sgemm_body<false, true>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-__global__ void sgemm_tn(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *c, int ldc) {
-	sgemm_body<true, false>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-__global__ void sgemm_tt(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *c, int ldc) {
-	sgemm_body<true, true>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+__global__ void sgemm_nn(SGEMM_ARGS) { sgemm_body<false, false>(SGEMM_PASS); }
+__global__ void sgemm_nt(SGEMM_ARGS) { sgemm_body<false, true>(SGEMM_PASS); }
+__global__ void sgemm_tn(SGEMM_ARGS) { sgemm_body<true, false>(SGEMM_PASS); }
+__global__ void sgemm_tt(SGEMM_ARGS) { sgemm_body<true, true>(SGEMM_PASS); }
+__global__ void __launch_bounds__(256, 2) sgemm128_nn(SGEMM_ARGS) { sgemm128_body<false, false>(SGEMM_PASS); }
+__global__ void __launch_bounds__(256, 2) sgemm128_nt(SGEMM_ARGS) { sgemm128_body<false, true>(SGEMM_PASS); }
+__global__ void __launch_bounds__(256, 2) sgemm128_tn(SGEMM_ARGS) { sgemm128_body<true, false>(SGEMM_PASS); }
 
 // put applies put32's rule (layers.go) to one element: tot is this call's
 // sum for the element, acc the float64 accumulator across chunks, dst the
@@ -151,66 +256,16 @@ __device__ __forceinline__ void put(double tot, double *acc, float *dst, int fir
 		*acc += tot;
 }
 
-// accgrad_tn adds G = Dᵀ·A (D rows×m, A rows×n, row-major, ldd = m,
-// lda = n) to the clipped sum, as linear.accGrad does on the CPU: float32
-// sums over blocks of blockRows = 256 rows, each block's sum added into a
-// float64 total in block order, then put (see put) into acc / dst. The
-// error per element is at most γ₂₅₆(u32)·Σ|d·a| per block plus the float64
-// additions (linear.bound's λ), whatever the order inside a block.
-__global__ void accgrad_tn(int m, int n, int rows, const float *d, const float *a, double *acc, float *dst,
-                           int first, int last) {
-	__shared__ float As[BK][BM + 1];
-	__shared__ float Bs[BK][BN + 1];
-	int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
-	int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-	float blk[TM][TN];
-	double tot[TM][TN];
-#pragma unroll
-	for (int i = 0; i < TM; i++)
-#pragma unroll
-		for (int j = 0; j < TN; j++) {
-			blk[i][j] = 0.f;
-			tot[i][j] = 0.0;
-		}
-	for (int k0 = 0; k0 < rows; k0 += BK) {
-		load_tiles<true, false>(As, Bs, d, m, a, n, m, n, rows, m0, n0, k0, tid);
-		__syncthreads();
-		int kk = min(BK, rows - k0);
-		for (int p = 0; p < kk; p++) {
-			float av[TM], bv[TN];
-#pragma unroll
-			for (int i = 0; i < TM; i++) av[i] = As[p][ty + 16 * i];
-#pragma unroll
-			for (int j = 0; j < TN; j++) bv[j] = Bs[p][tx + 16 * j];
-#pragma unroll
-			for (int i = 0; i < TM; i++)
-#pragma unroll
-				for (int j = 0; j < TN; j++) blk[i][j] = fmaf(av[i], bv[j], blk[i][j]);
-		}
-		__syncthreads();
-		// BK divides 256: flush at the end of every block of 256 rows.
-		if ((k0 + BK) % 256 == 0 || k0 + BK >= rows) {
-#pragma unroll
-			for (int i = 0; i < TM; i++)
-#pragma unroll
-				for (int j = 0; j < TN; j++) {
-					tot[i][j] += (double)blk[i][j];
-					blk[i][j] = 0.f;
-				}
-		}
-	}
-#pragma unroll
-	for (int i = 0; i < TM; i++) {
-		int gi = m0 + ty + 16 * i;
-		if (gi >= m) continue;
-#pragma unroll
-		for (int j = 0; j < TN; j++) {
-			int gj = n0 + tx + 16 * j;
-			if (gj >= n) continue;
-			size_t e = (size_t)gi * n + gj;
-			put(tot[i][j], &acc[e], &dst[e], first, last);
-		}
-	}
+// blocks_put sums, per element e of n, the nb float32 block products
+// blk[z·n + e] (z in order) in float64 and puts the total into acc / dst:
+// the accumulation of linear.accGrad (float32 products over blocks of
+// blockRows rows, each added into a float64 total; linear.bound's λ).
+__global__ void blocks_put(size_t n, int nb, const float *blk, double *acc, float *dst, int first, int last) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= n) return;
+	double tot = 0.0;
+	for (int z = 0; z < nb; z++) tot += (double)blk[(size_t)z * n + e];
+	put(tot, &acc[e], &dst[e], first, last);
 }
 
 // colsum_put sums column j of the rows×cols matrix x in float64, in row

@@ -27,7 +27,7 @@ func TestCUDAPTXMatchesSource(t *testing.T) {
 	if !strings.Contains(first, want) {
 		t.Fatalf("cuda_kernels.ptx was not generated from this cuda_kernels.cu (first line %q, want it to contain %q): run go generate ./model (needs nvcc)", first, want)
 	}
-	for _, k := range []string{"sgemm_nn", "sgemm_nt", "sgemm_tn", "sgemm_tt", "accgrad_tn", "colsum_put", "bias_add",
+	for _, k := range []string{"sgemm_nn", "sgemm_nt", "sgemm_tn", "sgemm_tt", "sgemm128_nn", "sgemm128_nt", "sgemm128_tn", "blocks_put", "colsum_put", "bias_add",
 		"act_fwd", "act_bwd", "permute", "softmax_xent", "row_sumsq", "clip_rows", "nonfinite"} {
 		if !strings.Contains(string(ptx), ".entry "+k+"(") {
 			t.Errorf("cuda_kernels.ptx has no kernel %s", k)
