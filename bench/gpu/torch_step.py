@@ -200,15 +200,33 @@ def check_model(name, model):
 # ---------------------------------------------------------------- steps
 
 
-def make_nonprivate_step(model):
-    """forward + mean cross-entropy + backward: the tuple of mean gradients."""
-    params = list(model.parameters())
+def make_nonprivate_step(model, functional=False):
+    """forward + mean cross-entropy + backward: the tuple of mean gradients,
+    by torch.autograd.grad, or with functional by torch.func.grad over
+    functional_call (what torch.compile captures whole: autograd.grad breaks
+    its graph)."""
+    if not functional:
+        params = list(model.parameters())
 
-    def step(x, y):
-        loss = F.cross_entropy(model(x), y)  # reduction="mean"
-        return torch.autograd.grad(loss, params)
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)  # reduction="mean"
+            return torch.autograd.grad(loss, params)
 
-    return step
+        return step
+
+    names = [n for n, _ in model.named_parameters()]
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def batch_loss(p, x, y):
+        return F.cross_entropy(functional_call(model, p, (x,)), y)  # mean
+
+    batch_grad = grad(batch_loss)
+
+    def fstep(x, y):
+        g = batch_grad(params, x, y)
+        return tuple(g[n] for n in names)
+
+    return fstep
 
 
 def make_dp_step(model, clip, chunk):
@@ -367,7 +385,8 @@ def self_check(name, device, seed):
     res = {"model": name, "B": B, "clip": clip, "clipped": int(clipped)}
     res["dp_f64_rel_err"] = rel_err(make_dp_step(m64, clip, B)(x, y), ref)
     res["dp_f64_chunk3_rel_err"] = rel_err(make_dp_step(m64, clip, 3)(x, y), ref)
-    res["nonprivate_f64_rel_err"] = rel_err(flatten(make_nonprivate_step(m64)(x, y)), mean_ref)
+    res["nonprivate_f64_rel_err"] = max(
+        rel_err(flatten(make_nonprivate_step(m64, functional)(x, y)), mean_ref) for functional in (False, True))
     m32 = copy.deepcopy(m64).float()
     res["dp_f32_rel_err"] = rel_err(make_dp_step(m32, clip, B)(x.float(), y), ref)
     res["ok"] = (0 < clipped < B
@@ -444,18 +463,23 @@ def bench_config(name, batch, prec, args, device, total_mem):
                            for s in args.steps})]
     if args.compile != "none":
         variants.append((f"compile:{args.compile}",
-                         {s: torch.compile(fn, mode=args.compile) for s, fn in variants[0][1].items()}))
-    graphs = args.compile == "reduce-overhead"
+                         {s: torch.compile(make_nonprivate_step(model, functional=True) if s == "nonprivate"
+                                           else variants[0][1][s], mode=args.compile)
+                          for s in args.steps}))
 
     rows = []
     gen = torch.Generator(device=device).manual_seed(args.seed + batch)
     for vname, fns in variants:
         compiled = vname != "eager"
+        graphs = compiled and args.compile == "reduce-overhead"  # CUDA graph trees
         live = {}
         for s, fn in fns.items():
             row = dict(base, step=s, variant=vname)
             if s == "dp":
                 row["dp_chunk"] = chunk
+                row["impl"] = "torch.func vmap(grad)"
+            else:
+                row["impl"] = "torch.func.grad" if compiled else "torch.autograd.grad"
             try:
                 batches = make_batches(batch, args.batches, gen, device)
                 torch.cuda.reset_peak_memory_stats(device)
@@ -511,8 +535,6 @@ def bench_config(name, batch, prec, args, device, total_mem):
                            and r["variant"] == row["variant"] and "median_ms" in r), None)
             if np_row:
                 row["dp_over_nonprivate"] = row["median_ms"] / np_row["median_ms"]
-    del model, variants
-    torch.cuda.empty_cache()
     return rows
 
 
@@ -561,8 +583,10 @@ def parse_args(argv):
                    help="examples per vmap chunk (default: as many as fit --dp-mem-frac)")
     p.add_argument("--dp-mem-frac", type=float, default=0.25,
                    help="device memory share for a chunk's per-example gradients (default 0.25)")
-    p.add_argument("--compile", default="none", choices=["none", "default", "reduce-overhead", "max-autotune"],
-                   help="also time the steps under torch.compile with this mode (default none)")
+    p.add_argument("--compile", default="reduce-overhead",
+                   choices=["none", "default", "reduce-overhead", "max-autotune"],
+                   help="also time the steps under torch.compile with this mode, or none "
+                        "(default %(default)s: CUDA graphs, no launch overhead)")
     p.add_argument("--no-cudnn-benchmark", action="store_true", help="leave cuDNN autotuning off")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--seed", type=int, default=1)
@@ -607,6 +631,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("torch_step: no CUDA device")
     device = torch.device(args.device)
+    # Inductor's advice to turn TF32 on: strict float32 is deliberate here
+    # (the probe below checks it).
+    warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
     torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
 
@@ -659,6 +686,12 @@ def main(argv=None):
             for batch in (args.batch_sizes or [DEFAULT_BATCH[name]]):
                 print(f"[{prec}] {name} B={batch} ...", flush=True)
                 rows = bench_config(name, batch, prec, args, device, total_mem)
+                if args.compile != "none":
+                    # Drop compiled code and CUDA graph pools: the next
+                    # configuration compiles afresh (no recompile limit hit,
+                    # no memory carried over into its peak).
+                    torch.compiler.reset()
+                torch.cuda.empty_cache()
                 for r in rows:
                     if "error" in r:
                         failed = failed or r["variant"] == "eager"
@@ -675,7 +708,7 @@ def main(argv=None):
     print("\nPyTorch %s on %s; data on device; per-step medians of %d×%d synchronized steps"
           % (env["torch"], env["gpu"], args.repeats, args.iters))
     head = ("model", "B", "prec", "step", "variant", "chunk", "median_ms", "p10_ms", "p90_ms", "steps/s", "ex/s", "dp/np")
-    widths = (5, 5, 5, 10, 22, 5, 10, 9, 9, 9, 10, 6)
+    widths = (5, 5, 5, 10, 23, 5, 10, 9, 9, 9, 10, 6)
     print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
     for r in report["results"]:
         if "error" in r:
