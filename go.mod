@@ -15,6 +15,7 @@ require (
 	gonum.org/v1/gonum v0.17.0
 	gonum.org/v1/plot v0.17.0
 	gopkg.in/yaml.v3 v3.0.1
+	gorgonia.org/cu v0.9.6
 )
 
 require (
@@ -54,5 +55,4 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-	gorgonia.org/cu v0.9.6 // indirect
 )
