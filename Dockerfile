@@ -23,11 +23,14 @@ FROM debian:bookworm-slim
 RUN apt-get update \
 	&& apt-get install -y --no-install-recommends dataset-fashion-mnist \
 	&& rm -rf /var/lib/apt/lists/* \
-	&& useradd --system --create-home --home-dir /var/lib/dpcluster dpcluster
+	&& useradd --system --create-home --home-dir /var/lib/dpcluster dpcluster \
+	&& install -d -m 0700 -o dpcluster -g dpcluster /certs /ca
 COPY --from=build /out/coordinator /out/node /usr/local/bin/
 USER dpcluster
 # A coordinator's Raft log, snapshots and privacy ledger go under its
 # --data-dir: mount a volume at /var/lib/dpcluster (owned by dpcluster) so
-# that they outlive the container.
+# that they outlive the container. /certs is where docker-compose.yml puts
+# the run's certificates (coordinator certs init) and /ca the CA's key, both
+# owned by dpcluster so that a new volume mounted there is too.
 WORKDIR /var/lib/dpcluster
 CMD ["coordinator", "--help"]

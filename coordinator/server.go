@@ -75,6 +75,10 @@ type ServerConfig struct {
 	// run NOT private; the Server refuses one unless the run's SeedPolicy
 	// is SeedSeeded, and logs it loudly.
 	Noise *train.NoiseSource
+	// Insecure says the replica's transport is not protected: it was
+	// started with --insecure, without TLS. Its StatusReplica reports say
+	// so (transport.Status.Insecure), for coordinator status to show.
+	Insecure bool
 }
 
 // DefaultServerConfig returns rounds of at most 10 s over at least one
@@ -665,7 +669,7 @@ func (s *Server) publishReplicaStatus(ctx context.Context) {
 	err := s.conn.Publish(ctx, transport.Status{
 		Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: transport.StatusReplica,
 		Term: s.replica.Term(), Role: strings.ToLower(s.replica.raft.State().String()), Leader: string(leader),
-		Epsilon: st.Epsilon, Nodes: s.nodes.count(), Blocked: s.blocked.Load().String(),
+		Epsilon: st.Epsilon, Nodes: s.nodes.count(), Blocked: s.blocked.Load().String(), Insecure: s.cfg.Insecure,
 	})
 	if err != nil && ctx.Err() == nil {
 		s.log.Debug("replica status failed", "err", err)

@@ -38,6 +38,7 @@ func TestOptionalFields(t *testing.T) {
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicyCrypto},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
 		Status{Run: "r", From: "x", Code: StatusReplica, Blocked: "shard_sizes: 12000 > N = 10000"},
+		Status{Run: "r", From: "x", Code: StatusReplica, Insecure: true},
 	} {
 		b, err := Encode(m)
 		if err != nil {
@@ -65,6 +66,9 @@ func TestOptionalFields(t *testing.T) {
 	}
 	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 {
 		t.Errorf("old Heartbeat decoded as %+v", h)
+	}
+	if st := old(TypeStatus, map[string]any{"run": "r", "from": "x", "code": uint8(StatusReplica), "step": 4}).(Status); st.Insecure || st.Step != 4 {
+		t.Errorf("old Status decoded as %+v", st)
 	}
 	if rs := old(TypeRoundStart, map[string]any{"run": "r", "step": 2, "q": 0.5, "clip": 1.0}).(RoundStart); rs.ModelHash != "" || rs.SampleRate != 0.5 {
 		t.Errorf("old RoundStart decoded as %+v", rs)

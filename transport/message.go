@@ -251,6 +251,10 @@ type Status struct {
 	// name, a colon and a public detail ("shard_overlap: nodes a and b
 	// both hold shard 0 of 3"). Empty when rounds are not blocked.
 	Blocked string `msgpack:"blocked,omitempty"`
+	// Insecure (StatusReplica only; optional, envelope version 1) says the
+	// replica runs without TLS, started with --insecure: the run's
+	// transport is not protected. Absent (false) from older senders.
+	Insecure bool `msgpack:"insecure,omitempty"`
 }
 
 // Type implements Message.

@@ -291,6 +291,7 @@ type nodeFlags struct {
 	insecureSeed        uint64
 	device              string
 	logFormat, logLevel string
+	insecure            bool
 }
 
 // defaultNodeID is hostname-pid (the short host name), with any other
@@ -333,7 +334,9 @@ It derives the sampling rate q = B/N and C from the run file exactly as the repl
 refuses any round that names another q, C or model. Sums and counts are private: they are never
 logged, exported or stored. All nodes of a run use the same run file and --shard-count, each its
 own --shard-index; the leader opens no round while two live nodes claim the same shard.
---device cuda:N computes on an NVIDIA GPU, in a node binary built with -tags cuda (docs/GPU.md).`,
+--device cuda:N computes on an NVIDIA GPU, in a node binary built with -tags cuda (docs/GPU.md).
+A node refuses to dial a NATS server off the loopback interface without --tls-ca, --tls-cert and
+--tls-key; --insecure allows it, unprotected, and every log line then says transport=INSECURE.`,
 		Example: `  node --config run.yaml --nats nats://coord-1:4222,nats://coord-2:4222 \
       --shard-index 0 --shard-count 4`,
 		Args:          cobra.NoArgs,
@@ -363,6 +366,7 @@ own --shard-index; the leader opens no round while two live nodes claim the same
 	fl.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fl.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text|json")
 	fl.StringVar(&f.logLevel, "log-level", f.logLevel, "log level: debug|info|warn|error")
+	fl.BoolVar(&f.insecure, "insecure", false, insecureFlagUsage)
 	return cmd
 }
 
@@ -448,6 +452,9 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	}
 	log, err := nodeLogger(cmd.ErrOrStderr(), f.logFormat, f.logLevel)
 	if err != nil {
+		return err
+	}
+	if log, err = guardTransport(log, endpoints("--nats", urls...), tlsFlagsGiven(cmd.Flags()), f.insecure); err != nil {
 		return err
 	}
 	dev, err := openDevice(f.device, log)

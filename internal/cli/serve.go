@@ -41,6 +41,7 @@ type serveFlags struct {
 	tlsCA        string
 	tlsCert      string
 	tlsKey       string
+	insecure     bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -53,6 +54,11 @@ func newServeCmd() *cobra.Command {
 privacy ledger under --data-dir, and the round loop, which runs while this replica leads. It
 talks to nodes through NATS: the servers in --nats, or, when --nats is empty, a NATS server it
 embeds on --nats-listen.
+
+serve refuses to listen on or dial an address off the loopback interface (--raft-addr, --peers,
+--nats, --nats-listen, --nats-cluster, --nats-routes) without --tls-ca, --tls-cert and --tls-key.
+--insecure allows it without TLS, unprotected: every log line then says transport=INSECURE and
+coordinator status shows the replica as NOT protected.
 
 The run is defined by --config and the run flags, identically on every replica. With a dataset
 the replica reads N from it and evaluates θ on its test split; with --dataset none give
@@ -91,6 +97,7 @@ next increment of issue 12 (docs/SECURITY.md).`,
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "run Raft over mutual TLS: the run's CA certificate (ca.crt of certs init); NATS TLS is not wired yet")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "this replica's certificate for Raft TLS (ID.crt; a replica certificate for --id)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "this replica's key for Raft TLS (ID.key)")
+	fs.BoolVar(&f.insecure, "insecure", false, insecureFlagUsage)
 	return cmd
 }
 
@@ -104,6 +111,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	peers, err := parsePeers(f.peers)
 	if err != nil {
+		return err
+	}
+	if log, err = guardTransport(log, f.endpoints(peers), tlsFlagsGiven(cmd.Flags()), f.insecure); err != nil {
 		return err
 	}
 	if f.join && f.bootstrap {
@@ -137,7 +147,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	srv, err := openServer(ctx, cmd, spec, pr, serverOptions{
 		replica: rcfg, nats: tcfg, metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
-		join: f.join,
+		join: f.join, insecure: f.insecure,
 	}, log)
 	if err != nil {
 		return err
@@ -163,6 +173,26 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 		fmt.Fprintln(cmd.OutOrStdout(), line)
 	}
 	return nil
+}
+
+// endpoints are the addresses serve listens on or dials: Raft's, its
+// peers', and the NATS servers' it dials or the embedded server's.
+func (f serveFlags) endpoints(peers []raft.Server) []endpoint {
+	eps := endpoints("--raft-addr", f.raftAddr)
+	for _, p := range peers {
+		eps = append(eps, endpoints("--peers", string(p.Address))...)
+	}
+	if f.nats != "" {
+		return append(eps, endpoints("--nats", strings.Split(f.nats, ",")...)...)
+	}
+	eps = append(eps, endpoints("--nats-listen", f.natsListen)...)
+	if f.natsCluster != "" {
+		eps = append(eps, endpoints("--nats-cluster", f.natsCluster)...)
+	}
+	if f.natsRoutes != "" {
+		eps = append(eps, endpoints("--nats-routes", strings.Split(f.natsRoutes, ",")...)...)
+	}
+	return eps
 }
 
 // loadRaftTLS loads the Raft transport's mutual TLS from --tls-ca,
@@ -232,6 +262,7 @@ type serverOptions struct {
 	insecureSeed uint64
 	minNodes     int // overrides the spec's when > 0
 	join         bool
+	insecure     bool // --insecure: reported in the replica's status
 }
 
 // openedServer is a replica with its NATS connection and round loop.
@@ -296,7 +327,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	if opts.minNodes > 0 {
 		scfg.MinNodes = opts.minNodes
 	}
-	scfg.Metrics, scfg.OnStep, scfg.Join = metrics, o.progress.update, opts.join
+	scfg.Metrics, scfg.OnStep, scfg.Join, scfg.Insecure = metrics, o.progress.update, opts.join, opts.insecure
 	if pr.eval.Data != nil {
 		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.eval.Data); err != nil {
 			return o, err

@@ -51,6 +51,9 @@ type replicaStatus struct {
 	// Blocked is why this replica, leading, opens no round (empty: it
 	// does not block them).
 	Blocked string `json:"blocked,omitempty"`
+	// Insecure says the replica runs without TLS (started with
+	// --insecure): the run's transport is not protected.
+	Insecure bool `json:"insecure,omitempty"`
 }
 
 func newStatusCmd() *cobra.Command {
@@ -64,7 +67,8 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show a run's coordinator replicas, leader, steps, ε spent and nodes, as seen on NATS",
 		Long: `status listens on the run's NATS subjects for --wait and reports what it heard: every
 coordinator replica's periodic state (role, Raft term, last applied step, ε spent, live nodes,
-and why a leader opens no round when the live nodes' shards overlap), the current leader's
+why a leader opens no round when the live nodes' shards overlap, and whether the replica runs
+without TLS, started with --insecure), the current leader's
 announcement, and the nodes that sent heartbeats with the shard and seed policy they report. It
 exits non-zero if no replica was heard.`,
 		Example: `  coordinator status --nats nats://10.0.0.1:4222,nats://10.0.0.2:4222 --run fashion-mlp`,
@@ -128,7 +132,7 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 			if st := m.(transport.Status); st.Code == transport.StatusReplica {
 				mu.Lock()
 				replicas[st.From] = replicaStatus{ID: st.From, Role: st.Role, Term: st.Term, Applied: st.Step,
-					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader, Blocked: st.Blocked}
+					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader, Blocked: st.Blocked, Insecure: st.Insecure}
 				mu.Unlock()
 			}
 		},
@@ -198,6 +202,12 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 	for _, r := range rep.Replicas {
 		if r.Blocked != "" {
 			fmt.Fprintf(w, "ROUNDS BLOCKED by %s: %s\n", r.ID, r.Blocked)
+		}
+	}
+	for _, r := range rep.Replicas {
+		if r.Insecure {
+			fmt.Fprintf(w, "TRANSPORT NOT PROTECTED: replica %s runs without TLS (--insecure); whoever reaches the run's "+
+				"addresses can read the nodes' un-noised sums and command the run\n", r.ID)
 		}
 	}
 	fmt.Fprintf(w, "nodes seen (%d): %s\n", len(rep.Nodes), strings.Join(rep.Nodes, " "))
