@@ -125,7 +125,9 @@ func TestLocalCSVEvalPath(t *testing.T) {
 	spec, _ := writeSpec(t)
 	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
 	eval := writeMixtureCSV(t, dir, "eval.csv", csvEvalRows, 12)
-	res := localJSON(t, csvLocalArgs(t, data, spec, "--eval-path", eval))
+	// ε = 50: little noise, so 10 steps reliably beat chance (at the default
+	// ε = 3 the fresh noise left the model at chance in about 1 run in 20).
+	res := localJSON(t, csvLocalArgs(t, data, spec, "--eval-path", eval, "--target-epsilon", "50"))
 	if got, want := res["sample_rate"], csvBatch/csvTrainRows; got != want {
 		t.Errorf("sample rate %v, want B/N = %v", got, want)
 	}
