@@ -334,7 +334,7 @@ func newRemoveReplicaCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "remove-replica ID",
 		Short: "Ask the coordinator leader to remove a replica from the Raft group",
-		Long: `remove-replica publishes a removal request for replica ID on the run's NATS status subject;
+		Long: `remove-replica publishes a removal request for replica ID on the run's NATS control subject;
 the current leader removes it from the Raft configuration. Check with coordinator status. The
 leader does not remove itself: stop it (it transfers leadership first) and remove it from the
 new leader.`,
@@ -350,7 +350,7 @@ new leader.`,
 				return err
 			}
 			defer conn.Close()
-			err = conn.Publish(cmd.Context(), transport.Status{Run: runName, From: "admin", Node: args[0], Code: transport.StatusRemoveReplica})
+			err = conn.Publish(cmd.Context(), transport.Control{Run: runName, From: "admin", Code: transport.ControlRemove, Replica: args[0]})
 			if err == nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "asked the leader of run %s to remove replica %s\n", runName, args[0])
 			}

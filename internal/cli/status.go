@@ -104,7 +104,7 @@ exits non-zero if no replica was heard.`,
 	return cmd
 }
 
-// collectStatus listens on the run's status, leader and node subjects for
+// collectStatus listens on the run's control, leader and node subjects for
 // wait and returns what it heard.
 func collectStatus(ctx context.Context, urls []string, run string, wait time.Duration) (statusReport, error) {
 	if ctx == nil {
@@ -124,11 +124,11 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 		nodes    = map[string]nodeShard{}
 	)
 	handlers := map[transport.Topic]transport.Handler{
-		transport.TopicStatus: func(m transport.Message) {
-			if st := m.(transport.Status); st.Code == transport.StatusReplica {
+		transport.TopicControl: func(m transport.Message) {
+			if c := m.(transport.Control); c.Code == transport.ControlReplica {
 				mu.Lock()
-				replicas[st.From] = replicaStatus{ID: st.From, Role: st.Role, Term: st.Term, Applied: st.Step,
-					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader, Blocked: st.Blocked}
+				replicas[c.From] = replicaStatus{ID: c.From, Role: c.Role, Term: c.Term, Applied: c.Step,
+					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked}
 				mu.Unlock()
 			}
 		},
