@@ -110,8 +110,9 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// watchStatus records the StatusReplica reports and rejections published on
-// the run, and counts RoundStarts.
+// watchStatus records the replica reports (Control) that say rounds are
+// blocked and the rejections (Status) published on the run, and counts
+// RoundStarts.
 type watchStatus struct {
 	mu       sync.Mutex
 	rounds   int
@@ -135,13 +136,21 @@ func watch(t *testing.T, conn *transport.Client) *watchStatus {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := conn.Subscribe(transport.TopicControl, func(m transport.Message) {
+		c := m.(transport.Control)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if c.Code == transport.ControlReplica && c.Blocked != "" {
+			w.blocked = append(w.blocked, c.Blocked)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := conn.Subscribe(transport.TopicStatus, func(m transport.Message) {
 		st := m.(transport.Status)
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		switch {
-		case st.Code == transport.StatusReplica && st.Blocked != "":
-			w.blocked = append(w.blocked, st.Blocked)
 		case st.Code == transport.StatusRejected:
 			if w.rejected[st.Node] == nil {
 				w.rejected[st.Node] = map[string]bool{}

@@ -23,6 +23,11 @@ import (
 // replica's ID, not issued by the configured CA, or expired.
 var ErrReplicaCert = errors.New("coordinator: unusable replica TLS certificate")
 
+// ErrPeerIdentity is returned (wrapped) by Replica.AddVoter when the
+// replica answering at the address of a join request does not hold a
+// replica certificate for the ID the request names.
+var ErrPeerIdentity = errors.New("coordinator: the replica at that address holds another identity")
+
 // raftHandshakeTimeout bounds the TLS handshake of an accepted Raft
 // connection, so that a peer that connects and says nothing holds nothing
 // for long.
@@ -288,4 +293,29 @@ func (s *tlsRaftStream) Dial(address raft.ServerAddress, timeout time.Duration) 
 		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, err)
 	}
 	return tc, nil
+}
+
+// checkPeer dials address and returns nil if the replica answering there
+// proves it holds a replica certificate of the CA for id; otherwise an
+// error wrapping ErrPeerIdentity. The connection is closed at once (Raft,
+// on the other side, sees a connection end before its first command).
+func (s *tlsRaftStream) checkPeer(ctx context.Context, address, id string) error {
+	wait := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	c, err := s.Dial(raft.ServerAddress(address), wait)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrPeerIdentity, address, err)
+	}
+	defer c.Close()
+	certs := c.(*tls.Conn).ConnectionState().PeerCertificates
+	_, got, err := pki.Identity(certs[0]) // a replica's: Dial checked it
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrPeerIdentity, address, err)
+	}
+	if got != id {
+		return fmt.Errorf("%w: %s answers with replica %s's certificate, the request names %s", ErrPeerIdentity, address, got, id)
+	}
+	return nil
 }

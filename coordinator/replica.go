@@ -123,6 +123,7 @@ type Replica struct {
 	fsm       *FSM
 	logs      *LogStore
 	transport *raft.NetworkTransport
+	tls       *tlsRaftStream // nil: plain TCP
 	log       *slog.Logger
 }
 
@@ -170,7 +171,8 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	}
 	var layer raft.StreamLayer = stream
 	if cfg.TLS != nil {
-		layer = newTLSRaftStream(stream, cfg.TLS, log)
+		r.tls = newTLSRaftStream(stream, cfg.TLS, log)
+		layer = r.tls
 	}
 	r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
 	rc := raft.DefaultConfig()
@@ -253,6 +255,23 @@ func (r *Replica) hasVoter(id, addr string) bool {
 		}
 	}
 	return false
+}
+
+// AddVoter adds replica id, reached at addr, to the Raft configuration as
+// a voter, and waits until the change is committed (bounded by ctx, at most
+// 10 s). With Raft over TLS it first dials addr and requires the replica
+// answering there to hold a replica certificate for id (else an error
+// wrapping ErrPeerIdentity, and nothing changes): a membership request
+// names the new replica by its certificate identity.
+func (r *Replica) AddVoter(ctx context.Context, id, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if r.tls != nil {
+		if err := r.tls.checkPeer(ctx, addr, id); err != nil {
+			return err
+		}
+	}
+	return r.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout(ctx)).Error()
 }
 
 // isMember reports whether this replica is in the configuration it knows.

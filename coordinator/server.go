@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -77,7 +78,7 @@ type ServerConfig struct {
 	Noise *train.NoiseSource
 	// Insecure says the replica's transport is not protected: it was
 	// started with --insecure, without TLS. Its StatusReplica reports say
-	// so (transport.Status.Insecure), for coordinator status to show.
+	// so (transport.Control.Insecure), for coordinator status to show.
 	Insecure bool
 }
 
@@ -183,6 +184,10 @@ type Summary struct {
 // refuses an over-budget step anyway). When the state machine reports the
 // run stopped, the leader evaluates the final θ, publishes Status done, and
 // Run returns on every replica.
+//
+// Every replica also reports its state on the control subject
+// (Control ControlReplica) and the leader acts on the membership requests
+// there (ControlJoin, ControlRemove), which only replicas may publish.
 type Server struct {
 	replica *Replica
 	conn    transport.Conn
@@ -211,7 +216,11 @@ type Server struct {
 	lastResent map[uint64]time.Time // NeedParams rate limit, by version
 
 	peersMu sync.Mutex
-	peers   map[string]transport.Status // replicas' last StatusReplica, by ID
+	peers   map[string]transport.Control // replicas' last ControlReplica, by ID
+
+	// membership carries join and remove requests from the control
+	// handler to the goroutine of Run that acts on them (leader only).
+	membership chan transport.Control
 }
 
 type openRound struct {
@@ -255,7 +264,8 @@ func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerC
 	return &Server{
 		replica: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise,
 		metrics: cfg.Metrics, nodes: registry{nodes: make(map[string]nodeInfo)},
-		lastResent: make(map[uint64]time.Time), peers: make(map[string]transport.Status),
+		lastResent: make(map[uint64]time.Time), peers: make(map[string]transport.Control),
+		membership: make(chan transport.Control, 16),
 	}, nil
 }
 
@@ -265,9 +275,9 @@ var ErrRunMismatch = errors.New("coordinator: the replica's log holds a differen
 
 // Run serves until the run stops (it returns the Summary and nil), ctx is
 // cancelled (ctx.Err()), or the replica fails (an error wrapping
-// ErrFatal). It subscribes to the node, contribution and status topics and
-// unsubscribes before returning; every goroutine it starts has exited by
-// then.
+// ErrFatal). It subscribes to the node, contribution and control topics
+// and unsubscribes before returning; every goroutine it starts has exited
+// by then.
 func (s *Server) Run(ctx context.Context) (Summary, error) {
 	var subs []transport.Subscription
 	defer func() {
@@ -281,7 +291,7 @@ func (s *Server) Run(ctx context.Context) (Summary, error) {
 	}{
 		{transport.TopicNodes, s.onNodeMessage},
 		{transport.TopicContributions, s.onContribution},
-		{transport.TopicStatus, s.onStatus},
+		{transport.TopicControl, s.onControl},
 	} {
 		sub, err := s.conn.Subscribe(t.topic, t.h)
 		if err != nil {
@@ -294,10 +304,14 @@ func (s *Server) Run(ctx context.Context) (Summary, error) {
 	// leader it has applied the last step).
 	rctx, stopReport := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		s.report(rctx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.changeMembership(rctx)
 	}()
 	defer func() {
 		stopReport()
@@ -641,16 +655,17 @@ func (s *Server) summary(st State) Summary {
 	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: s.run.Delta, Charges: st.Charges, Stopped: st.Stopped, Digest: d}
 }
 
-// report publishes this replica's StatusReplica now and every
-// AnnounceEvery until ctx ends.
+// report publishes this replica's ControlReplica now and every
+// AnnounceEvery until ctx ends, and, with ServerConfig.Join, asks to join
+// (ControlJoin) until this replica is a member.
 func (s *Server) report(ctx context.Context) {
 	t := time.NewTicker(s.cfg.AnnounceEvery)
 	defer t.Stop()
 	for {
 		s.publishReplicaStatus(ctx)
 		if s.cfg.Join && !s.replica.isMember() {
-			err := s.conn.Publish(ctx, transport.Status{Run: s.run.Run, From: s.replica.ID(),
-				Code: transport.StatusJoinCluster, Detail: s.replica.Addr()})
+			err := s.conn.Publish(ctx, transport.Control{Run: s.run.Run, From: s.replica.ID(),
+				Code: transport.ControlJoin, Addr: s.replica.Addr()})
 			if err != nil && ctx.Err() == nil {
 				s.log.Debug("join request failed", "err", err)
 			}
@@ -666,8 +681,8 @@ func (s *Server) report(ctx context.Context) {
 func (s *Server) publishReplicaStatus(ctx context.Context) {
 	st := s.replica.FSM().State()
 	_, leader := s.replica.raft.LeaderWithID()
-	err := s.conn.Publish(ctx, transport.Status{
-		Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: transport.StatusReplica,
+	err := s.conn.Publish(ctx, transport.Control{
+		Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: transport.ControlReplica,
 		Term: s.replica.Term(), Role: strings.ToLower(s.replica.raft.State().String()), Leader: string(leader),
 		Epsilon: st.Epsilon, Nodes: s.nodes.count(), Blocked: s.blocked.Load().String(), Insecure: s.cfg.Insecure,
 	})
@@ -741,6 +756,10 @@ func (s *Server) publishParams(ctx context.Context, term uint64) {
 // knows the nodes at once). A node admitNode refuses is dropped from the
 // registry and, by the leader, told why (at most every 5 s).
 func (s *Server) onNodeMessage(m transport.Message) {
+	if v, ok := m.(transport.NeedParams); ok {
+		s.onNeedParams(v)
+		return
+	}
 	if v, ok := m.(transport.Leave); ok {
 		s.nodes.forget([]string{v.NodeID})
 		s.log.Info("node left", "node", v.NodeID, "reason", v.Reason)
@@ -808,57 +827,86 @@ func (s *Server) onContribution(m transport.Message) {
 	}
 }
 
-// changeMembership adds or removes a replica on request (leader only).
-func (s *Server) changeMembership(st transport.Status) {
-	var err error
-	switch st.Code {
-	case transport.StatusJoinCluster:
-		if st.From == "" || st.Detail == "" || s.replica.hasVoter(st.From, st.Detail) {
+// changeMembership acts on the join and remove requests onControl
+// forwards, while this replica leads, until ctx ends. A join request
+// names the new replica by ID; with Raft over TLS it is added only if the
+// replica answering at its address holds a replica certificate for that
+// ID (Replica.AddVoter).
+func (s *Server) changeMembership(ctx context.Context) {
+	for {
+		var c transport.Control
+		select {
+		case <-ctx.Done():
 			return
+		case c = <-s.membership:
 		}
-		s.log.Info("adding replica", "replica", st.From, "addr", st.Detail)
-		err = s.replica.raft.AddVoter(raft.ServerID(st.From), raft.ServerAddress(st.Detail), 0, 10*time.Second).Error()
-	case transport.StatusRemoveReplica:
-		if st.Node == "" || st.Node == s.replica.ID() || !s.replica.hasVoter(st.Node, "") {
-			return
+		if !s.replica.IsLeader() {
+			continue
 		}
-		s.log.Info("removing replica", "replica", st.Node)
-		err = s.replica.raft.RemoveServer(raft.ServerID(st.Node), 0, 10*time.Second).Error()
-	}
-	if err != nil {
-		s.log.Warn("membership change failed", "code", st.Code, "err", err)
+		var err error
+		switch c.Code {
+		case transport.ControlJoin:
+			if c.From == "" || c.Addr == "" || s.replica.hasVoter(c.From, c.Addr) {
+				continue
+			}
+			s.log.Info("adding replica", "replica", c.From, "addr", c.Addr)
+			err = s.replica.AddVoter(ctx, c.From, c.Addr)
+		case transport.ControlRemove:
+			if c.Replica == "" || c.Replica == s.replica.ID() || !s.replica.hasVoter(c.Replica, "") {
+				continue
+			}
+			s.log.Info("removing replica", "replica", c.Replica, "asked_by", c.From)
+			err = s.replica.raft.RemoveServer(raft.ServerID(c.Replica), 0, 10*time.Second).Error()
+		}
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("membership change failed", "code", c.Code, "replica", cmp.Or(c.Replica, c.From), "err", err)
+		}
 	}
 }
 
-// onStatus answers a node's request for parameters it lacks.
-func (s *Server) onStatus(m transport.Message) {
-	st, ok := m.(transport.Status)
-	if ok && st.Code == transport.StatusReplica && st.From != s.replica.ID() {
-		s.peersMu.Lock()
-		s.peers[st.From] = st
-		s.peersMu.Unlock()
+// onControl records the other replicas' reports and forwards membership
+// requests to changeMembership (dropping them while it is busy: a joining
+// replica repeats its request every second).
+func (s *Server) onControl(m transport.Message) {
+	c, ok := m.(transport.Control)
+	if !ok {
 		return
 	}
-	if ok && (st.Code == transport.StatusJoinCluster || st.Code == transport.StatusRemoveReplica) {
-		if s.replica.IsLeader() {
-			s.changeMembership(st)
+	switch c.Code {
+	case transport.ControlReplica:
+		if c.From != s.replica.ID() {
+			s.peersMu.Lock()
+			s.peers[c.From] = c
+			s.peersMu.Unlock()
 		}
-		return
+	case transport.ControlJoin, transport.ControlRemove:
+		if s.replica.IsLeader() {
+			select {
+			case s.membership <- c:
+			default:
+				s.log.Debug("membership request dropped: busy", "code", c.Code)
+			}
+		}
 	}
-	if !ok || st.Code != transport.StatusNeedParams || !s.replica.IsLeader() {
+}
+
+// onNeedParams answers a node's request for parameters it lacks (leader
+// only, at most every 200 ms per version).
+func (s *Server) onNeedParams(np transport.NeedParams) {
+	if !s.replica.IsLeader() {
 		return
 	}
 	_, applied := s.replica.FSM().Params(nil)
-	if st.Step != uint64(applied) {
+	if np.Version != uint64(applied) {
 		return // only the committed θ is held, and published, here
 	}
 	now := time.Now()
 	s.paramsMu.Lock()
-	last := s.lastResent[st.Step]
+	last := s.lastResent[np.Version]
 	resend := now.Sub(last) >= 200*time.Millisecond
 	if resend {
 		clear(s.lastResent)
-		s.lastResent[st.Step] = now
+		s.lastResent[np.Version] = now
 	}
 	s.paramsMu.Unlock()
 	if resend {

@@ -637,9 +637,17 @@ func TestServerJoinAndRemove(t *testing.T) {
 	if a.sum.Digest != b.sum.Digest || a.sum.Digest == "" {
 		t.Errorf("digests differ: %s vs %s", a.sum.Digest, b.sum.Digest)
 	}
-	// Remove r2 (r1 still leads; its Server has returned, so handle the
-	// request directly).
-	s1.changeMembership(transport.Status{Code: transport.StatusRemoveReplica, Node: "r2"})
+	// Remove r2 (r1 still leads; its Server has returned, so hand the
+	// request to its membership loop directly).
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s1.changeMembership(mctx) }()
+	s1.membership <- transport.Control{Run: c.Run, From: "r1", Code: transport.ControlRemove, Replica: "r2"}
+	for r1.hasVoter("r2", "") && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	<-done
 	if r1.hasVoter("r2", "") {
 		t.Error("r2 still a voter after removal")
 	}

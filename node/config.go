@@ -88,7 +88,7 @@ type Config struct {
 	// Default 0.
 	MaxBatch int
 	// ParamsGrace is how long a round whose Params version has not arrived
-	// waits before the node asks for it (Status StatusNeedParams). Large
+	// waits before the node asks for it (NeedParams). Large
 	// Params travel in chunks on another subscription and may be delivered
 	// a little after the RoundStart published after them; the grace avoids
 	// asking for a copy already on its way. Default 50 ms; 0 asks at once.

@@ -53,8 +53,8 @@
 //     Contribution{Step, RoundID, Count, Sum}. An example whose gradient is
 //     not finite adds zero and is counted; whether one was sampled changes
 //     nothing else the node does or shows. Without those Params it
-//     waits Config.ParamsGrace, then publishes Status{Code:
-//     StatusNeedParams, Step: ParamsVersion} every Config.ParamsRetry
+//     waits Config.ParamsGrace, then publishes NeedParams{Version:
+//     ParamsVersion} every Config.ParamsRetry
 //     until the Params arrive (then answers) or the deadline passes (then
 //     skips). A newer round supersedes a round still waiting.
 //  6. Verdicts. Status{StatusRejected, Node: this node} is logged at warn;

@@ -70,7 +70,7 @@ type leaderSide struct {
 	heartbeats chan transport.Heartbeat
 	leaves     chan transport.Leave
 	contribs   chan transport.Contribution
-	needs      chan transport.Status
+	needs      chan transport.NeedParams
 }
 
 func newLeaderSide(t *testing.T, conn transport.Conn) *leaderSide {
@@ -78,7 +78,7 @@ func newLeaderSide(t *testing.T, conn transport.Conn) *leaderSide {
 	l := &leaderSide{t: t, conn: conn,
 		joins: make(chan transport.Join, 64), heartbeats: make(chan transport.Heartbeat, 1024),
 		leaves: make(chan transport.Leave, 8), contribs: make(chan transport.Contribution, 64),
-		needs: make(chan transport.Status, 256)}
+		needs: make(chan transport.NeedParams, 256)}
 	if _, err := conn.Subscribe(transport.TopicNodes, func(m transport.Message) {
 		switch v := m.(type) {
 		case transport.Join:
@@ -90,22 +90,17 @@ func newLeaderSide(t *testing.T, conn transport.Conn) *leaderSide {
 			}
 		case transport.Leave:
 			l.leaves <- v
+		case transport.NeedParams:
+			select {
+			case l.needs <- v:
+			default:
+			}
 		}
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Subscribe(transport.TopicContributions, func(m transport.Message) {
 		l.contribs <- m.(transport.Contribution)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Subscribe(transport.TopicStatus, func(m transport.Message) {
-		if s := m.(transport.Status); s.Code == transport.StatusNeedParams {
-			select {
-			case l.needs <- s:
-			default:
-			}
-		}
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 	var statuses []transport.Status
 	statusCh := make(chan transport.Status, 64)
 	if _, err := lc.Subscribe(transport.TopicStatus, func(m transport.Message) {
-		if s := m.(transport.Status); s.From == testNode && s.Code != transport.StatusNeedParams {
+		if s := m.(transport.Status); s.From == testNode {
 			statusCh <- s
 		}
 	}); err != nil {

@@ -71,7 +71,7 @@ type Stats struct {
 	// ParamsRejected counts Params dropped: wrong length, non-finite
 	// values, or a term lower than the newest leader's.
 	ParamsRejected uint64
-	// NeedParamsSent counts Status StatusNeedParams requests published.
+	// NeedParamsSent counts NeedParams requests published.
 	NeedParamsSent uint64
 	// LastStep is the last step this node contributed to (0: none).
 	LastStep uint64
@@ -772,8 +772,7 @@ func checkParams(v transport.Vector, numParams int) error {
 func (s *session) askParams(ctx context.Context) {
 	w, p := s.w, s.pending
 	p.nextAsk = time.Now().Add(w.cfg.ParamsRetry)
-	err := w.conn.Publish(ctx, transport.Status{Run: w.cfg.Run, From: w.cfg.ID, Node: w.cfg.ID,
-		Code: transport.StatusNeedParams, Step: p.rs.ParamsVersion})
+	err := w.conn.Publish(ctx, transport.NeedParams{Run: w.cfg.Run, NodeID: w.cfg.ID, Version: p.rs.ParamsVersion})
 	if err != nil {
 		if !s.fatalPublish(ctx, err) {
 			w.log.Warn("node: params request not sent", "version", p.rs.ParamsVersion, "err", err)

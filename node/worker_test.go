@@ -286,7 +286,7 @@ func TestNeedParamsThenAnswer(t *testing.T) {
 	l.publish(rs)
 	for range 2 { // asked, then asked again after ParamsRetry
 		s := recv(t, l.needs, "params request")
-		if s.Node != testNode || s.From != testNode || s.Step != 1 {
+		if s.NodeID != testNode || s.Version != 1 {
 			t.Errorf("params request = %+v, want node %s version 1", s, testNode)
 		}
 	}
@@ -633,8 +633,8 @@ func TestLostParams(t *testing.T) {
 	l.params(0, 1, fx.theta)
 	l.publish(fx.round(1, 1, 1, wait))
 	s := recv(t, l.needs, "params request")
-	if s.Step != 0 {
-		t.Errorf("asked for version %d, want 0", s.Step)
+	if s.Version != 0 {
+		t.Errorf("asked for version %d, want 0", s.Version)
 	}
 	l.params(0, 1, fx.theta)
 	recv(t, l.contribs, "contribution")

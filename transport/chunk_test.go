@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// testSender is the client ID of the chunks the tests make.
+const testSender = "anon.s.0000000000000001"
+
 // testFrames splits a Params of n floats into chunk frames of maxPayload.
 func testFrames(t testing.TB, n, maxPayload int, transfer uint64) (Params, [][]byte) {
 	t.Helper()
@@ -16,7 +19,7 @@ func testFrames(t testing.TB, n, maxPayload int, transfer uint64) (Params, [][]b
 		v[i] = float32(i) * 0.5
 	}
 	m := Params{Run: "r", Step: 1, Version: transfer, Values: v}
-	frames, err := SplitFrames(m, "s", transfer, maxPayload)
+	frames, err := SplitFrames(m, testSender, transfer, maxPayload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +141,7 @@ func TestScanNacksAndTimeouts(t *testing.T) {
 	// First the hole below the highest index received; the tail may still
 	// be coming.
 	reqs, _ = r.scan(t0.Add(100*time.Millisecond), 100*time.Millisecond, time.Second, 2)
-	if len(reqs) != 1 || reqs[0].sender != "s" || reqs[0].id != 1 || len(reqs[0].missing) != 1 || reqs[0].missing[0] != 1 {
+	if len(reqs) != 1 || reqs[0].sender != testSender || reqs[0].id != 1 || len(reqs[0].missing) != 1 || reqs[0].missing[0] != 1 {
 		t.Fatalf("nack: %+v", reqs)
 	}
 	if reqs, _ = r.scan(t0.Add(150*time.Millisecond), 100*time.Millisecond, time.Second, 2); len(reqs) != 0 {
@@ -175,6 +178,7 @@ func TestChunkCheck(t *testing.T) {
 		{"short data", func(c *chunk) { c.Data = c.Data[1:] }},
 		{"data CRC", func(c *chunk) { c.CRC ^= 1 }},
 		{"bad sender", func(c *chunk) { c.Sender = "a.b" }},
+		{"sender not a client ID", func(c *chunk) { c.Sender = "s" }},
 		{"bad topic", func(c *chunk) { c.Topic = 0 }},
 	}
 	for _, tc := range cases {

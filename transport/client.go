@@ -51,10 +51,13 @@ type Subscription interface {
 type Link interface {
 	// Publish sends data on subject. It must not retain data.
 	Publish(subject string, data []byte) error
-	// Subscribe calls fn with each message on subject, one at a time; fn
-	// owns data. Messages published after Subscribe returns reach fn. The
-	// returned function unsubscribes.
-	Subscribe(subject string, fn func(data []byte)) (unsubscribe func() error, err error)
+	// Subscribe calls fn with each message on subject, which may hold the
+	// NATS wildcards * (one token) and > (the rest), one at a time, with
+	// the subject it was published on; fn owns data. Messages published
+	// after Subscribe returns reach fn. The returned function unsubscribes.
+	// A subscription the server refuses (NATS permissions) is an error
+	// wrapping ErrPermission where the link can tell.
+	Subscribe(subject string, fn func(subject string, data []byte)) (unsubscribe func() error, err error)
 	// Flush returns once the link has handed every published message on
 	// (for NATS: the server has processed them).
 	Flush(ctx context.Context) error
@@ -109,10 +112,11 @@ type topicSubs struct {
 	subs        []*subscription
 }
 
-// NewClient returns a Client over link. It subscribes to its NACK and inbox
-// subjects and starts one background goroutine (NACKs and timeouts), both
-// stopped by Close. The Client owns link: Close closes it. A nil log
-// discards.
+// NewClient returns a Client over link. Its ID is ClientID(cfg.Role,
+// cfg.Name, a random nonce), with "anon" for an empty role or name. It
+// subscribes to its NACK and inbox subjects and starts one background
+// goroutine (NACKs and timeouts), both stopped by Close. The Client owns
+// link: Close closes it. A nil log discards.
 func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -127,14 +131,18 @@ func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rnd [8]byte
+	var rnd [nonceLen / 2]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, fmt.Errorf("transport: client id: %w", err)
 	}
-	id := hex.EncodeToString(rnd[:])
-	if cfg.Name != "" {
-		id = cfg.Name + "-" + id
+	role, name := cfg.Role, cfg.Name
+	if role == "" {
+		role = anonymous
 	}
+	if name == "" {
+		name = anonymous
+	}
+	id := ClientID(role, name, hex.EncodeToString(rnd[:]))
 	c := &Client{
 		link:     link,
 		cfg:      cfg,
@@ -148,10 +156,10 @@ func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
 	}
 	for _, s := range []struct {
 		subject string
-		fn      func([]byte)
+		fn      func(string, []byte)
 	}{
-		{subjects.Nack(id), c.onNackFrame},
-		{subjects.Inbox(id), func(b []byte) { c.onFrame(0, b) }},
+		{subjects.nackPattern(id), c.onNackFrame},
+		{subjects.Inbox(id), func(_ string, b []byte) { c.onFrame(0, b) }},
 	} {
 		u, err := link.Subscribe(s.subject, s.fn)
 		if err != nil {
@@ -176,8 +184,13 @@ func (c *Client) ServerURL() string {
 	return c.server.URL()
 }
 
-// ID returns the client's unique ID (its NACK and inbox subject token).
+// ID returns the client's unique ID, ROLE.ID.NONCE (see ClientID): its
+// address in its NACK and inbox subjects.
 func (c *Client) ID() string { return c.id }
+
+// Name returns the client's ID token: ClientConfig.Name, or the ID of its
+// certificate; "" for an anonymous client.
+func (c *Client) Name() string { return c.cfg.Name }
 
 // Subjects returns the client's subject scheme.
 func (c *Client) Subjects() Subjects { return c.subjects }
@@ -274,7 +287,7 @@ func (c *Client) Subscribe(topic Topic, h Handler) (Subscription, error) {
 	}
 	ts := c.topics[topic]
 	if ts == nil {
-		u, err := c.link.Subscribe(c.subjects.Topic(topic), func(b []byte) { c.onFrame(topic, b) })
+		u, err := c.link.Subscribe(c.subjects.Topic(topic), func(_ string, b []byte) { c.onFrame(topic, b) })
 		if err != nil {
 			return nil, fmt.Errorf("transport: subscribe %v: %w", topic, err)
 		}
@@ -420,8 +433,16 @@ func (c *Client) reject(err error) {
 }
 
 // onNackFrame answers a retransmit request by resending the missing chunks
-// of a retained transfer to the requester's inbox.
-func (c *Client) onNackFrame(data []byte) {
+// of a retained transfer to the requester's inbox: the inbox of the
+// receiver that the NACK's subject names, which NATS permissions bind to
+// the publisher's certificate (Subjects.Permissions). A NACK whose body
+// names another receiver is rejected, and nothing is resent.
+func (c *Client) onNackFrame(subject string, data []byte) {
+	rcv, ok := c.subjects.nackReceiver(c.id, subject)
+	if !ok {
+		c.reject(fmt.Errorf("%w: nack on subject %q", ErrCorrupt, subject))
+		return
+	}
 	f, err := decodeFrame(data, true)
 	if err != nil {
 		c.reject(err)
@@ -431,12 +452,16 @@ func (c *Client) onNackFrame(data []byte) {
 		c.reject(fmt.Errorf("%w: %v frame on the nack subject", ErrUnknownType, f.typ))
 		return
 	}
+	if f.nack.Receiver != rcv {
+		c.reject(fmt.Errorf("%w: nack from %s names the inbox of %s", ErrCorrupt, rcv, f.nack.Receiver))
+		return
+	}
 	t := c.retain.get(f.nack.Transfer)
 	if t == nil {
 		c.log.Debug("transport: nack for a transfer no longer retained", "transfer", f.nack.Transfer)
 		return
 	}
-	inbox := c.subjects.Inbox(f.nack.Receiver)
+	inbox := c.subjects.Inbox(rcv)
 	buf := make([]byte, 0, c.link.MaxPayload())
 	sent := make([]uint64, (t.total+63)/64) // each index at most once per NACK: no amplification
 	for _, i := range f.nack.Missing {
@@ -473,7 +498,7 @@ func (c *Client) janitor() {
 			for _, r := range reqs {
 				data, err := encodeNack(nack{Receiver: c.id, Transfer: r.id, Missing: r.missing})
 				if err == nil {
-					err = c.link.Publish(c.subjects.Nack(r.sender), data)
+					err = c.link.Publish(c.subjects.Nack(r.sender, c.id), data)
 				}
 				if err != nil {
 					c.log.Debug("transport: nack failed", "err", err)

@@ -113,24 +113,24 @@ func TestServerConfigClusterValidate(t *testing.T) {
 	}
 }
 
-// TestReplicaStatusRoundTrip: the optional replica-state fields of Status
-// survive the codec, and a Status without them (an older sender) still
-// decodes, with the fields zero.
-func TestReplicaStatusRoundTrip(t *testing.T) {
-	in := transport.Status{Run: "r", From: "r2", Step: 41, Code: transport.StatusReplica,
+// TestControlRoundTrip: a replica report survives the codec, and a
+// Control with only the required fields (a membership request) decodes
+// with the report's fields zero.
+func TestControlRoundTrip(t *testing.T) {
+	in := transport.Control{Run: "r", From: "r2", Step: 41, Code: transport.ControlReplica,
 		Term: 3, Role: "follower", Leader: "r1", Epsilon: 1.25, Nodes: 3}
 	b, err := transport.Encode(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := transport.Decode(b)
-	if err != nil || out.(transport.Status) != in {
+	if err != nil || out.(transport.Control) != in {
 		t.Fatalf("round trip: %+v, %v", out, err)
 	}
-	old := transport.Status{Run: "r", From: "n1", Step: 2, Code: transport.StatusNeedParams}
-	b, _ = transport.Encode(old)
-	if out, err := transport.Decode(b); err != nil || out.(transport.Status) != old {
-		t.Fatalf("plain status: %+v, %v", out, err)
+	join := transport.Control{Run: "r", From: "r4", Code: transport.ControlJoin, Addr: "h:7000"}
+	b, _ = transport.Encode(join)
+	if out, err := transport.Decode(b); err != nil || out.(transport.Control) != join {
+		t.Fatalf("join request: %+v, %v", out, err)
 	}
 }
 

@@ -224,6 +224,10 @@ func ptrTo(m Message) any {
 		return &v
 	case Status:
 		return &v
+	case Control:
+		return &v
+	case NeedParams:
+		return &v
 	}
 	return nil
 }
@@ -328,7 +332,7 @@ func classify(err error, t Type) error {
 // chunk is one piece of a chunked transfer. Chunk i of a transfer of Len
 // bytes cut into Size-byte pieces covers [i·Size, min((i+1)·Size, Len)).
 type chunk struct {
-	Sender   string // client ID of the sender; NACKs go to its nack subject
+	Sender   string // client ID of the sender (ClientID); NACKs go to its nack subject
 	Transfer uint64 // sender-local transfer sequence number
 	Topic    Topic  // topic of the reassembled message
 	Index    uint32
@@ -344,9 +348,9 @@ type chunk struct {
 const chunkFields = 11
 
 // chunkOverhead bounds the bytes a chunk frame adds to its data: envelope
-// (≤ 1+9+9), array header (1), a ≤ 64-byte sender (2+64), nine integers
-// (≤ 9 each), bin header (5).
-const chunkOverhead = 19 + 1 + 66 + 9*9 + 5
+// (≤ 1+9+9), array header (1), a sender client ID of ≤ maxClientID (90)
+// bytes (2+90), nine integers (≤ 9 each), bin header (5).
+const chunkOverhead = 19 + 1 + 2 + maxClientID + 9*9 + 5
 
 // appendChunk appends the frame of c to dst. It allocates nothing when dst
 // has room.
@@ -442,7 +446,7 @@ func decodeChunk(d *msgpack.Decoder, r *frameReader, data []byte) (chunk, error)
 // little-endian, after the sender's length byte) and then its data, so a
 // corrupted header cannot pass as a chunk of another transfer.
 func (c *chunk) crc() uint32 {
-	var h [1 + 64 + 8 + 1 + 4*3 + 8*2 + 4]byte
+	var h [1 + maxClientID + 8 + 1 + 4*3 + 8*2 + 4]byte
 	b := append(h[:0], byte(len(c.Sender)))
 	b = append(b, c.Sender...)
 	b = binary.LittleEndian.AppendUint64(b, c.Transfer)
@@ -459,8 +463,8 @@ func (c *chunk) crc() uint32 {
 // check validates a chunk on its own.
 func (c *chunk) check() error {
 	switch {
-	case !validToken(c.Sender):
-		return fmt.Errorf("%w: chunk sender %q is not a subject token", ErrCorrupt, c.Sender)
+	case !validClientID(c.Sender):
+		return fmt.Errorf("%w: chunk sender %q is not a client ID", ErrCorrupt, c.Sender)
 	case !c.Topic.valid():
 		return fmt.Errorf("%w: chunk topic %d", ErrCorrupt, c.Topic)
 	case c.Size == 0 || c.Total == 0 || c.Len == 0:
@@ -480,7 +484,7 @@ func (c *chunk) check() error {
 }
 
 // nack asks the sender of a transfer to resend chunks to the receiver's
-// inbox.
+// inbox. Receiver must be the receiver the NACK subject names.
 type nack struct {
 	Receiver string   `msgpack:"rcv"`
 	Transfer uint64   `msgpack:"xfer"`
@@ -511,7 +515,7 @@ func decodeNack(d *msgpack.Decoder, r *frameReader) (nack, error) {
 	if r.Len() != 0 {
 		return n, fmt.Errorf("%w: trailing bytes after nack", ErrCorrupt)
 	}
-	if !validToken(n.Receiver) || len(n.Missing) > maxNackIndices {
+	if !validClientID(n.Receiver) || len(n.Missing) > maxNackIndices {
 		return n, fmt.Errorf("%w: bad nack", ErrCorrupt)
 	}
 	return n, nil
@@ -550,11 +554,11 @@ func decodeFrame(data []byte, owned bool) (frame, error) {
 
 // SplitFrames returns the chunk frames Publish would send for m over a link
 // whose max payload is maxPayload, as transfer number transfer of sender (a
-// subject token). It is exported for tests and tools that need to inject,
+// client ID, see ClientID). It is exported for tests and tools that need to inject,
 // drop or corrupt individual chunks; a message that fits one frame still
 // yields chunk frames.
 func SplitFrames(m Message, sender string, transfer uint64, maxPayload int) ([][]byte, error) {
-	if !validToken(sender) {
+	if !validClientID(sender) {
 		return nil, fmt.Errorf("%w: sender %q", ErrInvalidConfig, sender)
 	}
 	if maxPayload <= chunkOverhead {

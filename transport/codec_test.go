@@ -5,9 +5,12 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/dpcluster/dpcluster/pki"
 )
 
 func samples() []Message {
@@ -25,7 +28,10 @@ func samples() []Message {
 		Params{Run: "r", Step: 3, Version: 3, Term: 1, Values: v},
 		Leader{Run: "r", ReplicaID: "x", Term: 1, Step: 2},
 		Status{Run: "r", From: "x", Node: "n", Step: 1, Code: StatusStopped, Detail: "budget"},
-		Status{Run: "r", From: "x", Step: 4, Code: StatusReplica, Term: 2, Role: "leader", Nodes: 2, Blocked: "shard_overlap: n0 and n1"},
+		Control{Run: "r", From: "x", Step: 4, Code: ControlReplica, Term: 2, Role: "leader", Nodes: 2, Blocked: "shard_overlap: n0 and n1"},
+		Control{Run: "r", From: "r4", Code: ControlJoin, Addr: "10.0.0.4:7000"},
+		Control{Run: "r", From: "r1", Code: ControlRemove, Replica: "r2"},
+		NeedParams{Run: "r", NodeID: "n", Version: 7},
 	}
 }
 
@@ -37,8 +43,7 @@ func TestOptionalFields(t *testing.T) {
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicySeeded},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicyCrypto},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
-		Status{Run: "r", From: "x", Code: StatusReplica, Blocked: "shard_sizes: 12000 > N = 10000"},
-		Status{Run: "r", From: "x", Code: StatusReplica, Insecure: true},
+		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true},
 	} {
 		b, err := Encode(m)
 		if err != nil {
@@ -67,8 +72,8 @@ func TestOptionalFields(t *testing.T) {
 	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 {
 		t.Errorf("old Heartbeat decoded as %+v", h)
 	}
-	if st := old(TypeStatus, map[string]any{"run": "r", "from": "x", "code": uint8(StatusReplica), "step": 4}).(Status); st.Insecure || st.Step != 4 {
-		t.Errorf("old Status decoded as %+v", st)
+	if c := old(TypeControl, map[string]any{"run": "r", "from": "x", "code": uint8(ControlReplica), "step": 4}).(Control); c.Insecure || c.Step != 4 {
+		t.Errorf("a Control report without insecure decoded as %+v", c)
 	}
 	if rs := old(TypeRoundStart, map[string]any{"run": "r", "step": 2, "q": 0.5, "clip": 1.0}).(RoundStart); rs.ModelHash != "" || rs.SampleRate != 0.5 {
 		t.Errorf("old RoundStart decoded as %+v", rs)
@@ -236,15 +241,35 @@ func TestSubjects(t *testing.T) {
 	if got, want := s.Topic(TopicContributions), "dpc.run-1.contrib"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	if got, want := s.Nack("abc"), "dpc.run-1.nack.abc"; got != want {
+	snd, rcv := ClientID(pki.RoleReplica, "r1", "0123456789abcdef"), ClientID(pki.RoleNode, "node-0", "fedcba9876543210")
+	if got, want := s.Nack(snd, rcv), "dpc.run-1.nack.replica.r1.0123456789abcdef.node.node-0.fedcba9876543210"; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+	if got, ok := s.nackReceiver(snd, s.Nack(snd, rcv)); !ok || got != rcv {
+		t.Errorf("nackReceiver = %q, %v; want %q", got, ok, rcv)
+	}
+	if got, want := s.Inbox(rcv), "dpc.run-1.inbox.node.node-0.fedcba9876543210"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	for _, id := range []string{snd, rcv, ClientID(anonymous, anonymous, "0000000000000000"),
+		ClientID(pki.RoleObserver, strings.Repeat("x", 64), "0123456789abcdef")} {
+		if !validClientID(id) {
+			t.Errorf("validClientID(%q) = false", id)
+		}
+	}
+	for _, id := range []string{"", "r1", "replica.r1", "replica.r1.0123456789abcde", "replica.r1.0123456789ABCDEF",
+		"admin.r1.0123456789abcdef", "replica.r.1.0123456789abcdef", "replica..0123456789abcdef",
+		"replica.r1.0123456789abcdef.x", ClientID(pki.RoleNode, strings.Repeat("x", 65), "0123456789abcdef")} {
+		if validClientID(id) {
+			t.Errorf("validClientID(%q) = true", id)
+		}
 	}
 	for _, bad := range []string{"", "a.b", "a*", "a>", "a b", string(make([]byte, 65))} {
 		if _, err := NewSubjects(bad); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewSubjects(%q): %v", bad, err)
 		}
 	}
-	for typ := TypeJoin; typ <= TypeStatus; typ++ {
+	for typ := TypeJoin; typ <= TypeNeedParams; typ++ {
 		if !typ.Topic().valid() {
 			t.Errorf("%v has no topic", typ)
 		}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dpcluster/dpcluster/pki"
 )
 
 // ClientConfig configures the typed layer shared by every Link: the run,
@@ -12,8 +14,15 @@ import (
 type ClientConfig struct {
 	// Run scopes all subjects; it must satisfy ValidRunName.
 	Run string
-	// Name is an optional human-readable prefix of the client ID (a subject
-	// token); the ID gets a random suffix so it is unique.
+	// Role and Name are the role (pki.RoleReplica, RoleNode or
+	// RoleObserver) and the replica, node or observer ID of the client:
+	// with a random nonce they make its client ID, ROLE.NAME.NONCE (see
+	// ClientID), its address in the NACK and inbox subjects. Empty means
+	// "anon". With a TLS client certificate, Connect sets both from the
+	// certificate (pki.Identity), and refuses values that disagree with
+	// it: the server's permissions for that certificate cover only its own
+	// address.
+	Role pki.Role
 	Name string
 	// MaxMessageBytes bounds one encoded message, sent or received.
 	MaxMessageBytes int64
@@ -75,8 +84,11 @@ func (c ClientConfig) Validate() error {
 	if !validToken(c.Run) {
 		bad("Run %q must be 1-64 of [A-Za-z0-9_-]", c.Run)
 	}
-	if c.Name != "" && (!validToken(c.Name) || len(c.Name) > 40) {
-		bad("Name %q must be 1-40 of [A-Za-z0-9_-]", c.Name)
+	if c.Role != "" && !c.Role.Valid() {
+		bad("Role %q must be %s, %s or %s", c.Role, pki.RoleReplica, pki.RoleNode, pki.RoleObserver)
+	}
+	if c.Name != "" && !validToken(c.Name) {
+		bad("Name %q must be 1-64 of [A-Za-z0-9_-]", c.Name)
 	}
 	if c.MaxMessageBytes <= 0 {
 		bad("MaxMessageBytes %d must be > 0", c.MaxMessageBytes)
@@ -121,7 +133,12 @@ type Config struct {
 	// Embedded configures the in-process server used when URLs is empty.
 	Embedded ServerConfig
 
-	// TLS secures the connection to URLs.
+	// TLS secures the connection to URLs. With CertFile, the client
+	// presents that certificate, which must name a dpcluster identity
+	// (pki.Identity: it sets Role and Name), and accepts only a server
+	// that presents a replica certificate chaining to CAFile for the host
+	// it dials (or ServerName). With an embedded server leave it empty:
+	// the in-process client presents Embedded.TLS's certificate.
 	TLS TLSConfig
 	// NKeySeedFile is a file holding an NKey user seed. At most one of
 	// NKeySeedFile, CredentialsFile and Token may be set.
@@ -161,11 +178,16 @@ type Config struct {
 	PendingBytes int
 }
 
-// TLSConfig names the PEM files for TLS. CertFile and KeyFile go together.
+// TLSConfig names the PEM files for TLS, as written by `coordinator certs
+// init`: the run's CA certificate, and this process's certificate and
+// key. CertFile and KeyFile go together.
 type TLSConfig struct {
-	CAFile     string
-	CertFile   string
-	KeyFile    string
+	CAFile   string
+	CertFile string
+	KeyFile  string
+	// ServerName, for a client, overrides the host name it checks the
+	// server's certificate against (default: the host of the URL it
+	// dials).
 	ServerName string
 }
 
@@ -195,6 +217,20 @@ type ServerConfig struct {
 	ClusterHost string
 	ClusterPort int
 	Routes      []string
+
+	// TLS, with CAFile, CertFile and KeyFile all set, secures the server
+	// (issue 12; see docs/SECURITY.md): clients and routes must present a
+	// certificate issued by the CA, each client certificate is mapped to
+	// a NATS user with the permissions of its role and ID for run Run
+	// (Subjects.Permissions), and routes are accepted from and dialed to
+	// replica certificates only. The server's own certificate must be a
+	// replica certificate with the ServerAuth and ClientAuth usages,
+	// valid for the host names clients dial. Empty: plaintext, no
+	// authentication, no permissions.
+	TLS TLSConfig
+	// Run is the run whose subjects the permissions grant; required with
+	// TLS (Connect fills it with the client's run when empty).
+	Run string
 }
 
 // DefaultServerConfig returns an embedded server on 127.0.0.1:4222 with
@@ -236,6 +272,14 @@ func (s ServerConfig) Validate() error {
 	if s.ClusterPort != 0 && (s.ClusterName == "" || s.ClusterHost == "") {
 		errs = append(errs, fmt.Errorf("%w: a cluster member needs ClusterName and ClusterHost", ErrInvalidConfig))
 	}
+	if s.TLS.enabled() {
+		if s.TLS.CAFile == "" || s.TLS.CertFile == "" || s.TLS.KeyFile == "" || s.TLS.ServerName != "" {
+			errs = append(errs, fmt.Errorf("%w: embedded TLS needs CAFile, CertFile and KeyFile (and no ServerName)", ErrInvalidConfig))
+		}
+		if !validToken(s.Run) {
+			errs = append(errs, fmt.Errorf("%w: embedded TLS needs the Run its permissions are for, have %q", ErrInvalidConfig, s.Run))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -257,18 +301,25 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate checks ranges and cross-field relations. Security options are
-// rejected with an embedded server (which listens without them), rather than
-// silently ignored.
+// Validate checks ranges and cross-field relations. Client security
+// options are rejected with an embedded server (its in-process client
+// uses Embedded.TLS), rather than silently ignored.
 func (c Config) Validate() error {
 	errs := []error{c.ClientConfig.Validate()}
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
 	}
 	if len(c.URLs) == 0 {
-		errs = append(errs, c.Embedded.Validate())
+		emb := c.Embedded
+		if emb.Run == "" {
+			emb.Run = c.Run
+		}
+		errs = append(errs, emb.Validate())
+		if emb.Run != c.Run {
+			bad("embedded server Run %q differs from the client's run %q", emb.Run, c.Run)
+		}
 		if c.TLS.enabled() || c.NKeySeedFile != "" || c.CredentialsFile != "" || c.Token != "" {
-			bad("TLS and authentication options need URLs; the embedded server listens without them")
+			bad("client TLS and authentication options need URLs; an embedded server's client uses Embedded.TLS")
 		}
 	}
 	for _, u := range c.URLs {
@@ -287,6 +338,9 @@ func (c Config) Validate() error {
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		bad("TLS CertFile and KeyFile must be set together")
+	}
+	if c.TLS.CertFile != "" && c.TLS.CAFile == "" {
+		bad("a TLS client certificate needs the run's CAFile, to verify the server")
 	}
 	if c.ConnectTimeout <= 0 {
 		bad("ConnectTimeout must be > 0")

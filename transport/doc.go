@@ -3,8 +3,9 @@
 // versioned msgpack envelope, and chunked transfer of large float32 tensors.
 //
 // Coordinator and node code depend on the small Conn interface: Publish a
-// typed Message (Join, Leave, Heartbeat, RoundStart, Contribution, Params,
-// Leader, Status), Subscribe a Topic with a Handler, Close. *Client
+// typed Message (Join, Leave, Heartbeat, NeedParams, RoundStart,
+// Contribution, Params, Leader, Status, Control), Subscribe a Topic with a
+// Handler, Close. *Client
 // implements it over any Link: core NATS (Connect) or the in-memory fake
 // with fault injection (package transport/fake). Both pass the conformance
 // suite in transport/transporttest.
@@ -30,6 +31,17 @@
 // resend missing ones (NACK to the sender's subject, retransmission to the
 // receiver's inbox) and frees a transfer still incomplete after
 // ClientConfig.TransferTimeout. docs/PROTOCOL.md is the full specification.
+//
+// # Security
+//
+// With TLS files (ServerConfig.TLS, Config.TLS: the run's CA and a
+// certificate from package pki) an embedded server requires mutual TLS,
+// maps each client certificate to a NATS user named by its identity
+// (dpcluster://ROLE/ID) whose permissions follow its role
+// (Subjects.Permissions), and routes only to replicas; a client presents
+// its certificate, takes its role and ID from it (its client ID,
+// ROLE.ID.NONCE, is its address in the NACK and inbox subjects) and
+// accepts only a replica's server. docs/SECURITY.md says what is checked.
 //
 // # Errors
 //

@@ -39,4 +39,14 @@ var (
 	ErrClosed = errors.New("transport: closed")
 	// ErrInvalidConfig is wrapped by Config.Validate and ClientConfig.Validate.
 	ErrInvalidConfig = errors.New("transport: invalid config")
+	// ErrCertificate is returned by Connect and StartServer when a TLS
+	// file cannot be used: unreadable, a certificate that names no
+	// dpcluster identity (pki.Identity), one whose role or ID disagrees
+	// with ClientConfig.Role or Name, or a server certificate that is not
+	// a replica certificate chaining to the CA.
+	ErrCertificate = errors.New("transport: unusable TLS certificate")
+	// ErrPermission is returned by Subscribe when the NATS server refuses
+	// the subscription: the client's certificate does not allow it
+	// (Subjects.Permissions).
+	ErrPermission = errors.New("transport: permission denied")
 )

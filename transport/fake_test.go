@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
 	"github.com/dpcluster/dpcluster/transport/fake"
 )
@@ -268,13 +271,18 @@ func TestNackIsNotAnAmplifier(t *testing.T) {
 	if err := coord.Publish(context.Background(), paramsOf(cfg.Run, 1, 10_000)); err != nil {
 		t.Fatal(err)
 	}
-	frame := []byte{0x93, 0x01, 0x11, 0x83, 0xa3, 'r', 'c', 'v', 0xa1, 'x', 0xa4, 'x', 'f', 'e', 'r', 0x01, 0xa7, 'm', 'i', 's', 's', 'i', 'n', 'g', 0xdc, 0x03, 0xe8}
-	for range 1000 {
-		frame = append(frame, 0x02)
+	rcv := transport.ClientID(pki.RoleNode, "evil", "0123456789abcdef")
+	missing := make([]uint32, 1000)
+	for i := range missing {
+		missing[i] = 2
+	}
+	frame, err := msgpack.Marshal([]any{1, 17, map[string]any{"rcv": rcv, "xfer": 1, "missing": missing}})
+	if err != nil {
+		t.Fatal(err)
 	}
 	inj := net.Link("evil")
 	defer inj.Close()
-	if err := inj.Publish(coord.Subjects().Nack(coord.ID()), frame); err != nil {
+	if err := inj.Publish(coord.Subjects().Nack(coord.ID(), rcv), frame); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "nack served", 5*time.Second, func() bool { return coord.Stats().NacksServed == 1 })

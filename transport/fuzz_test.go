@@ -164,7 +164,7 @@ func FuzzDecodeNack(f *testing.F) {
 			}
 			return
 		}
-		if fr.typ == typeNack && (len(fr.nack.Missing) > maxNackIndices || !validToken(fr.nack.Receiver)) {
+		if fr.typ == typeNack && (len(fr.nack.Missing) > maxNackIndices || !validClientID(fr.nack.Receiver)) {
 			t.Fatalf("accepted bad nack %+v", fr.nack)
 		}
 	})
@@ -214,7 +214,7 @@ func FuzzReassemble(f *testing.F) {
 			if _, b := r.inFlight(); b > maxTotal {
 				t.Fatalf("%d bytes in flight, limit %d", b, maxTotal)
 			}
-			if whole != nil && fr.chunk.Sender == "s" && fr.chunk.Transfer == 1 && fr.chunk.WholeCRC == frames0CRC(t, frames) {
+			if whole != nil && fr.chunk.Sender == testSender && fr.chunk.Transfer == 1 && fr.chunk.WholeCRC == frames0CRC(t, frames) {
 				if !bytes.Equal(whole, want) {
 					t.Fatal("reassembled bytes differ from the original")
 				}

@@ -24,6 +24,8 @@ const (
 	TypeParams       Type = 6
 	TypeLeader       Type = 7
 	TypeStatus       Type = 8
+	TypeControl      Type = 9
+	TypeNeedParams   Type = 10
 
 	typeChunk Type = 16
 	typeNack  Type = 17
@@ -48,6 +50,10 @@ func (t Type) String() string {
 		return "leader"
 	case TypeStatus:
 		return "status"
+	case TypeControl:
+		return "control"
+	case TypeNeedParams:
+		return "need_params"
 	case typeChunk:
 		return "chunk"
 	case typeNack:
@@ -60,7 +66,7 @@ func (t Type) String() string {
 // internal and unknown types.
 func (t Type) Topic() Topic {
 	switch t {
-	case TypeJoin, TypeLeave, TypeHeartbeat:
+	case TypeJoin, TypeLeave, TypeHeartbeat, TypeNeedParams:
 		return TopicNodes
 	case TypeRoundStart:
 		return TopicRounds
@@ -72,13 +78,15 @@ func (t Type) Topic() Topic {
 		return TopicLeader
 	case TypeStatus:
 		return TopicStatus
+	case TypeControl:
+		return TopicControl
 	}
 	return 0
 }
 
 // Message is one of the message bodies of this package: Join, Leave,
-// Heartbeat, RoundStart, Contribution, Params, Leader or Status (values, not
-// pointers). Handlers receive them as values; use a type switch.
+// Heartbeat, NeedParams, RoundStart, Contribution, Params, Leader, Status or
+// Control (values, not pointers). Handlers receive them as values; use a type switch.
 type Message interface {
 	// Type returns the message's wire type.
 	Type() Type
@@ -200,34 +208,32 @@ type Leader struct {
 	Step      uint64 `msgpack:"step"`
 }
 
+// NeedParams is a node's request for the committed parameters of version
+// Version, which a RoundStart named and the node never received whole;
+// the leader answers by publishing that Params again (if Version is its
+// current one).
+type NeedParams struct {
+	Run     string `msgpack:"run"`
+	NodeID  string `msgpack:"node"`
+	Version uint64 `msgpack:"version"`
+}
+
 // StatusCode classifies a Status message.
 type StatusCode uint8
 
-// Status codes.
+// Status codes. Codes 6 to 9 were used by envelope version 1 for node
+// parameter requests (now NeedParams), replica reports and membership
+// requests (now Control); they are never reused.
 const (
 	StatusRunning  StatusCode = 1 // training is running; Step is the open step
 	StatusAccepted StatusCode = 2 // Node's contribution to Step was accepted
 	StatusRejected StatusCode = 3 // Node's contribution to Step was rejected; Detail holds the reason name
 	StatusDone     StatusCode = 4 // training finished normally
 	StatusStopped  StatusCode = 5 // training stopped (budget exhausted, ledger failure); Detail says why
-	// StatusNeedParams is sent by Node when it lacks Params version Step
-	// (a RoundStart named a version it never received whole); the leader
-	// answers by publishing that Params again.
-	StatusNeedParams StatusCode = 6
-	// StatusReplica is a coordinator replica's periodic report of its
-	// state: From is the replica, Step its last applied step, and Term,
-	// Role, Leader, Epsilon and Nodes are set.
-	StatusReplica StatusCode = 7
-	// StatusJoinCluster asks the coordinator leader to add replica From as a
-	// Raft voter at address Detail. A replica started with --join sends it
-	// until it is a member.
-	StatusJoinCluster StatusCode = 8
-	// StatusRemoveReplica asks the coordinator leader to remove replica
-	// Node from the Raft configuration.
-	StatusRemoveReplica StatusCode = 9
 )
 
-// Status reports coordinator or node state. Detail is a short public reason
+// Status reports the coordinator's verdicts and the run's state to nodes
+// and observers. Only replicas publish it. Detail is a short public reason
 // (an enum name), never values.
 type Status struct {
 	Run    string     `msgpack:"run"`
@@ -236,22 +242,56 @@ type Status struct {
 	Step   uint64     `msgpack:"step"`
 	Code   StatusCode `msgpack:"code"`
 	Detail string     `msgpack:"detail,omitempty"`
+}
 
-	// Replica state (StatusReplica only; optional fields, added in
-	// envelope version 1): the Raft term and role (leader, follower,
-	// candidate), the leader the replica knows of, ε spent, and the
-	// number of live nodes it has registered. All public.
+// ControlCode classifies a Control message.
+type ControlCode uint8
+
+// Control codes.
+const (
+	// ControlReplica is a coordinator replica's periodic report of its
+	// state: From is the replica, Step its last applied step, and Term,
+	// Role, Leader, Epsilon, Nodes and Blocked are set.
+	ControlReplica ControlCode = 1
+	// ControlJoin asks the coordinator leader to add replica From as a
+	// Raft voter at address Addr. A replica started with --join sends it
+	// until it is a member. With Raft over TLS the leader first checks
+	// that Addr answers with a replica certificate for From.
+	ControlJoin ControlCode = 2
+	// ControlRemove asks the coordinator leader to remove replica Replica
+	// from the Raft configuration.
+	ControlRemove ControlCode = 3
+)
+
+// Control is the coordinator replicas' own traffic: replica reports and
+// membership requests. Only replicas may publish it (with TLS, the NATS
+// permissions of a replica certificate); observers may read it. All fields
+// are public.
+type Control struct {
+	Run  string      `msgpack:"run"`
+	From string      `msgpack:"from"`
+	Code ControlCode `msgpack:"code"`
+	// Replica is the replica to remove (ControlRemove).
+	Replica string `msgpack:"replica,omitempty"`
+	// Addr is the Raft address of the replica asking to join
+	// (ControlJoin).
+	Addr string `msgpack:"addr,omitempty"`
+
+	// Replica state (ControlReplica): the last applied step, the Raft
+	// term and role (leader, follower, candidate), the leader the replica
+	// knows of, ε spent, and the number of live nodes it has registered.
+	Step    uint64  `msgpack:"step,omitempty"`
 	Term    uint64  `msgpack:"term,omitempty"`
 	Role    string  `msgpack:"role,omitempty"`
 	Leader  string  `msgpack:"leader,omitempty"`
 	Epsilon float64 `msgpack:"eps,omitempty"`
 	Nodes   int     `msgpack:"nodes,omitempty"`
-	// Blocked (StatusReplica only; optional, envelope version 1) is why
-	// the leader opens no round although enough nodes are live: a reason
-	// name, a colon and a public detail ("shard_overlap: nodes a and b
-	// both hold shard 0 of 3"). Empty when rounds are not blocked.
+	// Blocked is why the leader opens no round although enough nodes are
+	// live: a reason name, a colon and a public detail ("shard_overlap:
+	// nodes a and b both hold shard 0 of 3"). Empty when rounds are not
+	// blocked.
 	Blocked string `msgpack:"blocked,omitempty"`
-	// Insecure (StatusReplica only; optional, envelope version 1) says the
+	// Insecure (ControlReplica only; optional, envelope version 1) says the
 	// replica runs without TLS, started with --insecure: the run's
 	// transport is not protected. Absent (false) from older senders.
 	Insecure bool `msgpack:"insecure,omitempty"`
@@ -281,6 +321,12 @@ func (Leader) Type() Type { return TypeLeader }
 // Type implements Message.
 func (Status) Type() Type { return TypeStatus }
 
+// Type implements Message.
+func (Control) Type() Type { return TypeControl }
+
+// Type implements Message.
+func (NeedParams) Type() Type { return TypeNeedParams }
+
 // RunName implements Message.
 func (m Join) RunName() string { return m.Run }
 
@@ -305,6 +351,12 @@ func (m Leader) RunName() string { return m.Run }
 // RunName implements Message.
 func (m Status) RunName() string { return m.Run }
 
+// RunName implements Message.
+func (m Control) RunName() string { return m.Run }
+
+// RunName implements Message.
+func (m NeedParams) RunName() string { return m.Run }
+
 // newBody returns a pointer to a zero body of type t, or nil if t is not a
 // public message type.
 func newBody(t Type) any {
@@ -325,6 +377,10 @@ func newBody(t Type) any {
 		return new(Leader)
 	case TypeStatus:
 		return new(Status)
+	case TypeControl:
+		return new(Control)
+	case TypeNeedParams:
+		return new(NeedParams)
 	}
 	return nil
 }
@@ -347,6 +403,10 @@ func deref(p any) Message {
 	case *Leader:
 		return *v
 	case *Status:
+		return *v
+	case *Control:
+		return *v
+	case *NeedParams:
 		return *v
 	}
 	return nil

@@ -20,11 +20,27 @@ type Server struct {
 }
 
 // StartServer starts an embedded NATS server and waits until it accepts
-// connections. Stop it with Shutdown.
+// connections. With cfg.TLS it requires mutual TLS and maps every client
+// certificate to a user with its role's permissions (see ServerConfig.TLS);
+// a file it cannot use is an error wrapping ErrCertificate. Stop it with
+// Shutdown.
 func StartServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var files *tlsFiles
+	if cfg.TLS.enabled() {
+		var err error
+		if files, err = cfg.TLS.load(); err != nil {
+			return nil, err
+		}
+	}
+	return startServer(cfg, files)
+}
+
+// startServer starts the server of a validated cfg, secured with files
+// (cfg.TLS loaded) if not nil.
+func startServer(cfg ServerConfig, files *tlsFiles) (*Server, error) {
 	opts := &server.Options{
 		Host:       cfg.Host,
 		Port:       cfg.Port,
@@ -42,6 +58,15 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 			}
 		}
 	}
+	if files != nil {
+		subjects, err := NewSubjects(cfg.Run)
+		if err != nil {
+			return nil, err
+		}
+		if err := files.secureServer(opts, subjects); err != nil {
+			return nil, err
+		}
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("transport: embedded server: %w", err)
@@ -55,7 +80,8 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	return &Server{ns: ns}, nil
 }
 
-// URL returns the server's client URL (nats://host:port).
+// URL returns the server's client URL (nats://host:port, or tls://host:port
+// with TLS).
 func (s *Server) URL() string { return s.ns.ClientURL() }
 
 // ClusterAddr returns the address the server accepts routes on
@@ -78,8 +104,10 @@ func (s *Server) Shutdown() {
 
 // Connect returns a Client over NATS. With cfg.URLs empty it first starts an
 // embedded server (cfg.Embedded), owned by the Client and shut down by its
-// Close. The connection attempt is bounded by cfg.ConnectTimeout and ctx's
-// deadline. A nil log discards.
+// Close; with Embedded.TLS the Client connects to it presenting that
+// certificate. The connection attempt is bounded by cfg.ConnectTimeout and
+// ctx's deadline. A client certificate sets cfg.Role and cfg.Name (see
+// ClientConfig). A nil log discards.
 func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -91,15 +119,35 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error)
 		log = slog.New(slog.DiscardHandler)
 	}
 	urls := cfg.URLs
+	embedded := len(urls) == 0
+	files, tlsConf := (*tlsFiles)(nil), (*tls.Config)(nil)
+	var err error
+	switch {
+	case embedded && cfg.Embedded.TLS.enabled():
+		if files, err = cfg.Embedded.TLS.load(); err != nil {
+			return nil, err
+		}
+		tlsConf = files.selfTLS()
+	case !embedded && cfg.TLS.enabled():
+		if files, err = cfg.TLS.load(); err != nil {
+			return nil, err
+		}
+		tlsConf = files.clientTLS(cfg.TLS.ServerName)
+	}
+	if err := cfg.ClientConfig.adopt(files); err != nil {
+		return nil, err
+	}
 	var srv *Server
-	if len(urls) == 0 {
-		var err error
-		if srv, err = StartServer(cfg.Embedded); err != nil {
+	if embedded {
+		if cfg.Embedded.Run == "" {
+			cfg.Embedded.Run = cfg.Run
+		}
+		if srv, err = startServer(cfg.Embedded, files); err != nil {
 			return nil, err
 		}
 		urls = []string{srv.URL()}
 	}
-	link, err := dialNATS(ctx, cfg, urls, log)
+	link, err := dialNATS(ctx, cfg, urls, tlsConf, log)
 	if err != nil {
 		if srv != nil {
 			srv.Shutdown()
@@ -121,13 +169,29 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error)
 	return c, nil
 }
 
+// adopt sets c's Role and Name from the client certificate in files, if
+// any, and refuses values that disagree with it (ErrCertificate).
+func (c *ClientConfig) adopt(files *tlsFiles) error {
+	if files == nil || files.cert == nil {
+		return nil
+	}
+	if c.Role != "" && c.Role != files.role {
+		return fmt.Errorf("%w: it is %s %s's certificate; a %s certificate is needed", ErrCertificate, files.role, files.id, c.Role)
+	}
+	if c.Name != "" && c.Name != files.id {
+		return fmt.Errorf("%w: it is %s %s's certificate, not %s's", ErrCertificate, files.role, files.id, c.Name)
+	}
+	c.Role, c.Name = files.role, files.id
+	return nil
+}
+
 // natsLink is a Link over core NATS.
 type natsLink struct {
 	nc      *nats.Conn
 	pending int
 }
 
-func dialNATS(ctx context.Context, cfg Config, urls []string, log *slog.Logger) (*natsLink, error) {
+func dialNATS(ctx context.Context, cfg Config, urls []string, tlsConf *tls.Config, log *slog.Logger) (*natsLink, error) {
 	timeout := cfg.ConnectTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
@@ -163,14 +227,8 @@ func dialNATS(ctx context.Context, cfg Config, urls []string, log *slog.Logger) 
 			log.Info("transport: reconnected", "url", nc.ConnectedUrlRedacted())
 		}),
 	}
-	if cfg.TLS.enabled() {
-		if cfg.TLS.CAFile != "" {
-			opts = append(opts, nats.RootCAs(cfg.TLS.CAFile))
-		}
-		if cfg.TLS.CertFile != "" {
-			opts = append(opts, nats.ClientCert(cfg.TLS.CertFile, cfg.TLS.KeyFile))
-		}
-		opts = append(opts, nats.Secure(&tls.Config{ServerName: cfg.TLS.ServerName, MinVersion: tls.VersionTLS12}))
+	if tlsConf != nil {
+		opts = append(opts, nats.Secure(tlsConf))
 	}
 	switch {
 	case cfg.NKeySeedFile != "":
@@ -224,8 +282,9 @@ func (l *natsLink) Publish(subject string, data []byte) error {
 	return l.nc.Publish(subject, data)
 }
 
-func (l *natsLink) Subscribe(subject string, fn func([]byte)) (func() error, error) {
-	sub, err := l.nc.Subscribe(subject, func(m *nats.Msg) { fn(m.Data) })
+func (l *natsLink) Subscribe(subject string, fn func(string, []byte)) (func() error, error) {
+	before := l.nc.LastError()
+	sub, err := l.nc.Subscribe(subject, func(m *nats.Msg) { fn(m.Subject, m.Data) })
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +297,15 @@ func (l *natsLink) Subscribe(subject string, fn func([]byte)) (func() error, err
 	if err := l.nc.FlushTimeout(10 * time.Second); err != nil {
 		_ = sub.Unsubscribe()
 		return nil, err
+	}
+	// The server answers a refused SUB with -ERR before the PONG of the
+	// flush, and nats.go records it as the connection's last error. (Two
+	// subscriptions refused at once may both see the later error; the
+	// server refuses them anyway.)
+	if err := l.nc.LastError(); err != before && errors.Is(err, nats.ErrPermissionViolation) &&
+		strings.Contains(err.Error(), "Subscription to \""+subject+"\"") {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("%w: %v", ErrPermission, err)
 	}
 	return func() error {
 		err := sub.Unsubscribe()

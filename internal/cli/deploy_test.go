@@ -102,15 +102,6 @@ func TestDockerCompose(t *testing.T) {
 		case "node":
 			nodes++
 			cmd = NewNodeCmd()
-			if cmd.Flags().Lookup("tls-ca") == nil {
-				// node's --tls-* flags come with TLS for NATS (issue 12,
-				// in parallel); until then the test knows them, so that
-				// the file, written for them, parses. Remove when node has
-				// them.
-				for _, n := range []string{"tls-ca", "tls-cert", "tls-key"} {
-					cmd.Flags().String(n, "", "")
-				}
-			}
 			if err := cmd.ParseFlags(svc.Command[1:]); err != nil {
 				t.Errorf("%s: %v", name, err)
 				continue

@@ -20,6 +20,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/node"
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -79,6 +80,9 @@ type localFlags struct {
 	metricsAddr  string
 	device       string
 	json         bool
+	tlsCA        string
+	tlsCert      string
+	tlsKey       string
 }
 
 func newLocalCmd() *cobra.Command {
@@ -94,7 +98,12 @@ preset on Fashion-MNIST with DP-AdamBC to ε = 3 (δ = 1e-5), σ calibrated for 
 
 Re-running with the same --data-dir resumes the run where it stopped (the configuration must
 be the same); audit the ledger with: coordinator ledger audit DIR. --device cuda:N computes every
-node's clipped sums on one NVIDIA GPU, in a binary built with -tags cuda (docs/GPU.md).`,
+node's clipped sums on one NVIDIA GPU, in a binary built with -tags cuda (docs/GPU.md).
+
+The embedded NATS server listens on a free loopback port (logged at start). With --tls-ca,
+--tls-cert and --tls-key (a replica certificate) it requires mutual TLS and gives every
+certificate its role's permissions, as coordinator serve's does; the in-process replica and nodes
+present that certificate, other processes (coordinator status) their own.`,
 		Example: `  coordinator local --max-steps 1000 --data-dir /tmp/run1
   coordinator local --config run.yaml --nodes 4 --target-epsilon 1`,
 		Args: cobra.NoArgs,
@@ -116,6 +125,7 @@ node's clipped sums on one NVIDIA GPU, in a binary built with -tags cuda (docs/G
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
 	fs.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fs.BoolVar(&f.json, "json", false, "print the result as JSON")
+	bindTLSFlags(fs, &f.tlsCA, &f.tlsCert, &f.tlsKey, "a replica certificate for the embedded NATS server")
 	return cmd
 }
 
@@ -128,6 +138,10 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	if spec.Dataset == "none" {
 		return errors.New("local needs a dataset to shard among its nodes")
+	}
+	natsTLS, err := tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey)
+	if err != nil {
+		return err
 	}
 	log, err := newLogger(cmd, f.logFormat, slog.LevelInfo)
 	if err != nil {
@@ -156,6 +170,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed}
 	opts.nats.Embedded.Port = -1 // any free port: nodes are in-process
+	opts.nats.Embedded.TLS = natsTLS
 	opts.replica = coordinator.DefaultReplicaConfig()
 	opts.replica.ID, opts.replica.RaftAddr, opts.replica.DataDir, opts.replica.Bootstrap = "local", raftAddr, f.dataDir, true
 	if !cmd.Flags().Changed("min-nodes") {
@@ -166,10 +181,11 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		return err
 	}
 	defer srv.close()
+	log.Info("embedded NATS server", "url", srv.conn.ServerURL(), "tls", natsTLS.CertFile != "")
 
 	nodeCtx, stopNodes := context.WithCancel(ctx)
 	defer stopNodes()
-	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), rc, pr.model, pr.train, spec.ShardSeed, f, dev, srv.registry, quietLogger(log))
+	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), natsTLS, rc, pr.model, pr.train, spec.ShardSeed, f, dev, srv.registry, quietLogger(log))
 	if err != nil {
 		return err
 	}
@@ -218,13 +234,14 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 }
 
 // startLocalNodes starts one node.Worker per IID shard of trainSet, each
-// with its own NATS connection to url, the run's q and C from rc (the
+// with its own NATS connection to url (over TLS with files, if set: the
+// embedded server's own certificate), the run's q and C from rc (the
 // replica's own configuration) and an engine on dev. Every worker is built
 // (and its engine allocated) before any starts, so a device that cannot
 // run the model, or lacks the memory for all the nodes, is an error here
 // with nothing left running. Each worker's result arrives on the returned
 // channel once its Run has returned and its engine is released.
-func startLocalNodes(ctx context.Context, url string, rc coordinator.RunConfig, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, dev model.Device, reg prometheus.Registerer, log *slog.Logger) (_ <-chan error, err error) {
+func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig, rc coordinator.RunConfig, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, dev model.Device, reg prometheus.Registerer, log *slog.Logger) (_ <-chan error, err error) {
 	run := rc.Run
 	shards, err := dataset.ShardIID(trainSet, f.nodes, shardSeed)
 	if err != nil {
@@ -249,7 +266,10 @@ func startLocalNodes(ctx context.Context, url string, rc coordinator.RunConfig, 
 	for i, shard := range shards {
 		id := fmt.Sprintf("node-%d", i)
 		tcfg := transport.DefaultConfig()
-		tcfg.Run, tcfg.Name, tcfg.URLs = run, id, []string{url}
+		tcfg.Run, tcfg.URLs, tcfg.TLS = run, []string{url}, files
+		if files.CertFile == "" {
+			tcfg.Role, tcfg.Name = pki.RoleNode, id
+		}
 		conn, err := transport.Connect(ctx, tcfg, log)
 		if err != nil {
 			return nil, err

@@ -20,6 +20,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/node"
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -292,6 +293,8 @@ type nodeFlags struct {
 	device              string
 	logFormat, logLevel string
 	insecure            bool
+	tlsCA, tlsCert      string
+	tlsKey              string
 }
 
 // defaultNodeID is hostname-pid (the short host name), with any other
@@ -335,10 +338,15 @@ refuses any round that names another q, C or model. Sums and counts are private:
 logged, exported or stored. All nodes of a run use the same run file and --shard-count, each its
 own --shard-index; the leader opens no round while two live nodes claim the same shard.
 --device cuda:N computes on an NVIDIA GPU, in a node binary built with -tags cuda (docs/GPU.md).
+With --tls-ca, --tls-cert and --tls-key the node dials NATS over mutual TLS, presenting its node
+certificate (whose ID must be --id), and accepts only servers holding a replica certificate of
+the CA for the host it dials (docs/SECURITY.md).
 A node refuses to dial a NATS server off the loopback interface without --tls-ca, --tls-cert and
 --tls-key; --insecure allows it, unprotected, and every log line then says transport=INSECURE.`,
 		Example: `  node --config run.yaml --nats nats://coord-1:4222,nats://coord-2:4222 \
-      --shard-index 0 --shard-count 4`,
+      --shard-index 0 --shard-count 4
+  node --config run.yaml --nats tls://coord-1:4222,tls://coord-2:4222 --id node-0 \
+      --shard-index 0 --shard-count 4 --tls-ca certs/ca.crt --tls-cert certs/node-0.crt --tls-key certs/node-0.key`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -366,6 +374,7 @@ A node refuses to dial a NATS server off the loopback interface without --tls-ca
 	fl.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fl.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text|json")
 	fl.StringVar(&f.logLevel, "log-level", f.logLevel, "log level: debug|info|warn|error")
+	bindTLSFlags(fl, &f.tlsCA, &f.tlsCert, &f.tlsKey, "this node's certificate (a node certificate for --id)")
 	fl.BoolVar(&f.insecure, "insecure", false, insecureFlagUsage)
 	return cmd
 }
@@ -411,6 +420,9 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 	}
 	if f.heartbeat <= 0 {
 		return nil, fmt.Errorf("--heartbeat %v must be > 0", f.heartbeat)
+	}
+	if _, err := tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey); err != nil {
+		return nil, err
 	}
 	return urls, nil
 }
@@ -506,7 +518,10 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	tcfg := transport.DefaultConfig()
 	tcfg.URLs = urls
 	tcfg.Run = rc.Run
-	tcfg.Name = "node"
+	tcfg.Role, tcfg.Name = pki.RoleNode, f.id // with TLS, the certificate must say so
+	if tcfg.TLS, err = tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey); err != nil {
+		return err
+	}
 	tcfg.RetryConnect = true // a node may start before its NATS servers
 	conn, err := transport.Connect(ctx, tcfg, log)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
@@ -64,9 +65,11 @@ The run is defined by --config and the run flags, identically on every replica. 
 the replica reads N from it and evaluates θ on its test split; with --dataset none give
 --total-examples. serve exits 0 when the run has finished (max steps or budget).
 
-With --tls-ca, --tls-cert and --tls-key (from coordinator certs init) Raft runs over mutual TLS
-and accepts only replica certificates of that CA. NATS does not use them yet: TLS for NATS is the
-next increment of issue 12 (docs/SECURITY.md).`,
+With --tls-ca, --tls-cert and --tls-key (from coordinator certs init; a replica certificate for
+--id) Raft runs over mutual TLS and accepts only replica certificates of that CA, and NATS runs
+over mutual TLS too: the embedded server (and its routes to --nats-routes) requires a certificate
+of the CA from every client and gives each the permissions of its role, or, with --nats, this
+replica presents its certificate to those servers (docs/SECURITY.md).`,
 		Example: `  coordinator serve --id r1 --raft-addr 127.0.0.1:7000 --data-dir /var/lib/dpc/r1 --bootstrap \
       --nats nats://127.0.0.1:4222 --config run.yaml`,
 		Args: cobra.NoArgs,
@@ -94,9 +97,7 @@ next increment of issue 12 (docs/SECURITY.md).`,
 	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
 	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "run Raft over mutual TLS: the run's CA certificate (ca.crt of certs init); NATS TLS is not wired yet")
-	fs.StringVar(&f.tlsCert, "tls-cert", "", "this replica's certificate for Raft TLS (ID.crt; a replica certificate for --id)")
-	fs.StringVar(&f.tlsKey, "tls-key", "", "this replica's key for Raft TLS (ID.key)")
+	bindTLSFlags(fs, &f.tlsCA, &f.tlsCert, &f.tlsKey, "this replica's certificate, for Raft and NATS (a replica certificate for --id)")
 	fs.BoolVar(&f.insecure, "insecure", false, insecureFlagUsage)
 	return cmd
 }
@@ -135,6 +136,10 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	natsTLS, err := tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey)
+	if err != nil {
+		return err
+	}
 	tcfg := transport.DefaultConfig()
 	if f.nats != "" {
 		if f.natsCluster != "" || f.natsRoutes != "" {
@@ -142,8 +147,11 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 		}
 		tcfg.URLs = strings.Split(f.nats, ",")
 		tcfg.RetryConnect = true // the NATS servers may start after us
+		tcfg.TLS = natsTLS
 	} else if tcfg.Embedded, err = embeddedServerConfig(f.natsListen, f.natsCluster, f.natsRoutes); err != nil {
 		return err
+	} else {
+		tcfg.Embedded.TLS = natsTLS
 	}
 	srv, err := openServer(ctx, cmd, spec, pr, serverOptions{
 		replica: rcfg, nats: tcfg, metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
@@ -198,11 +206,9 @@ func (f serveFlags) endpoints(peers []raft.Server) []endpoint {
 // loadRaftTLS loads the Raft transport's mutual TLS from --tls-ca,
 // --tls-cert and --tls-key: all three, or none (nil: plain TCP).
 func loadRaftTLS(ca, cert, key string) (*coordinator.ReplicaTLS, error) {
-	if ca == "" && cert == "" && key == "" {
-		return nil, nil
-	}
-	if ca == "" || cert == "" || key == "" {
-		return nil, errors.New("--tls-ca, --tls-cert and --tls-key go together: give all three (Raft over mutual TLS) or none")
+	files, err := tlsFiles(ca, cert, key)
+	if err != nil || files.CertFile == "" {
+		return nil, err
 	}
 	return coordinator.LoadReplicaTLS(ca, cert, key)
 }
@@ -306,7 +312,13 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 			return o, err
 		}
 	}
-	opts.nats.Run, opts.nats.Name = rc.Run, opts.replica.ID
+	// With a certificate, the client's name is the certificate's ID (for
+	// serve, --id: ReplicaConfig.Validate checks the Raft certificate;
+	// local's single replica is "local" whatever certificate it serves).
+	opts.nats.Run, opts.nats.Role = rc.Run, pki.RoleReplica
+	if opts.nats.TLS.CertFile == "" && opts.nats.Embedded.TLS.CertFile == "" {
+		opts.nats.Name = opts.replica.ID
+	}
 	if o.conn, err = transport.Connect(ctx, opts.nats, log); err != nil {
 		return o, err
 	}
@@ -361,35 +373,47 @@ func splitHostPort(addr string) (string, int, error) {
 }
 
 func newRemoveReplicaCmd() *cobra.Command {
-	var nats, runName string
+	var nats, runName, tlsCA, tlsCert, tlsKey string
 	cmd := &cobra.Command{
 		Use:   "remove-replica ID",
 		Short: "Ask the coordinator leader to remove a replica from the Raft group",
-		Long: `remove-replica publishes a removal request for replica ID on the run's NATS status subject;
+		Long: `remove-replica publishes a removal request for replica ID on the run's NATS control subject;
 the current leader removes it from the Raft configuration. Check with coordinator status. The
 leader does not remove itself: stop it (it transfers leadership first) and remove it from the
-new leader.`,
+new leader. Over TLS only a replica certificate may publish on the control subject: give one
+with --tls-ca, --tls-cert and --tls-key.`,
+		Example: `  coordinator remove-replica r3 --nats tls://10.0.0.1:4222 --run fashion-mlp \
+      --tls-ca certs/ca.crt --tls-cert certs/r1.crt --tls-key certs/r1.key`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if nats == "" {
 				return errors.New("--nats is required")
 			}
+			files, err := tlsFiles(tlsCA, tlsCert, tlsKey)
+			if err != nil {
+				return err
+			}
 			cfg := transport.DefaultConfig()
-			cfg.Run, cfg.Name, cfg.URLs = runName, "admin", strings.Split(nats, ",")
+			cfg.Run, cfg.URLs, cfg.TLS, cfg.Role = runName, strings.Split(nats, ","), files, pki.RoleReplica
+			if files.CertFile == "" {
+				cfg.Name = "admin"
+			}
 			conn, err := transport.Connect(cmd.Context(), cfg, nil)
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
-			err = conn.Publish(cmd.Context(), transport.Status{Run: runName, From: "admin", Node: args[0], Code: transport.StatusRemoveReplica})
+			err = conn.Publish(cmd.Context(), transport.Control{Run: runName, From: conn.Name(), Code: transport.ControlRemove, Replica: args[0]})
 			if err == nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "asked the leader of run %s to remove replica %s\n", runName, args[0])
 			}
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&nats, "nats", "", "NATS server URLs, comma-separated (required)")
-	cmd.Flags().StringVar(&runName, "run", defaultRunSpec().Run, "run name")
+	fs := cmd.Flags()
+	fs.StringVar(&nats, "nats", "", "NATS server URLs, comma-separated (required)")
+	fs.StringVar(&runName, "run", defaultRunSpec().Run, "run name")
+	bindTLSFlags(fs, &tlsCA, &tlsCert, &tlsKey, "a replica certificate of the run (only replicas may change the membership)")
 	return cmd
 }
 

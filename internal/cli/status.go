@@ -58,9 +58,10 @@ type replicaStatus struct {
 
 func newStatusCmd() *cobra.Command {
 	var (
-		nats, runName string
-		wait          time.Duration
-		asJSON        bool
+		nats, runName          string
+		tlsCA, tlsCert, tlsKey string
+		wait                   time.Duration
+		asJSON                 bool
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -70,9 +71,12 @@ coordinator replica's periodic state (role, Raft term, last applied step, ε spe
 why a leader opens no round when the live nodes' shards overlap, and whether the replica runs
 without TLS, started with --insecure), the current leader's
 announcement, and the nodes that sent heartbeats with the shard and seed policy they report. It
-exits non-zero if no replica was heard.`,
-		Example: `  coordinator status --nats nats://10.0.0.1:4222,nats://10.0.0.2:4222 --run fashion-mlp`,
-		Args:    cobra.NoArgs,
+exits non-zero if no replica was heard. Over TLS give --tls-ca, --tls-cert and --tls-key: an
+observer certificate is enough (it may read these subjects and publish nothing).`,
+		Example: `  coordinator status --nats nats://10.0.0.1:4222,nats://10.0.0.2:4222 --run fashion-mlp
+  coordinator status --nats tls://10.0.0.1:4222 --run fashion-mlp \
+      --tls-ca certs/ca.crt --tls-cert certs/ops.crt --tls-key certs/ops.key`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nats == "" {
 				return errors.New("--nats is required")
@@ -80,7 +84,11 @@ exits non-zero if no replica was heard.`,
 			if wait <= 0 {
 				return fmt.Errorf("--wait %v must be positive", wait)
 			}
-			rep, err := collectStatus(cmd.Context(), strings.Split(nats, ","), runName, wait)
+			files, err := tlsFiles(tlsCA, tlsCert, tlsKey)
+			if err != nil {
+				return err
+			}
+			rep, err := collectStatus(cmd.Context(), strings.Split(nats, ","), files, runName, wait)
 			if err != nil {
 				return err
 			}
@@ -105,18 +113,22 @@ exits non-zero if no replica was heard.`,
 	fs.StringVar(&runName, "run", defaultRunSpec().Run, "run name")
 	fs.DurationVar(&wait, "wait", 2500*time.Millisecond, "how long to listen (replicas report every second)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	bindTLSFlags(fs, &tlsCA, &tlsCert, &tlsKey, "a certificate of the run: an observer's will do")
 	return cmd
 }
 
-// collectStatus listens on the run's status, leader and node subjects for
-// wait and returns what it heard.
-func collectStatus(ctx context.Context, urls []string, run string, wait time.Duration) (statusReport, error) {
+// collectStatus listens on the run's control, leader and node subjects for
+// wait, over TLS with files if set, and returns what it heard.
+func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig, run string, wait time.Duration) (statusReport, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	rep := statusReport{Run: run}
 	cfg := transport.DefaultConfig()
-	cfg.Run, cfg.Name, cfg.URLs = run, "status", urls
+	cfg.Run, cfg.URLs, cfg.TLS = run, urls, files
+	if files.CertFile == "" {
+		cfg.Name = "status"
+	}
 	conn, err := transport.Connect(ctx, cfg, nil)
 	if err != nil {
 		return rep, err
@@ -128,11 +140,11 @@ func collectStatus(ctx context.Context, urls []string, run string, wait time.Dur
 		nodes    = map[string]nodeShard{}
 	)
 	handlers := map[transport.Topic]transport.Handler{
-		transport.TopicStatus: func(m transport.Message) {
-			if st := m.(transport.Status); st.Code == transport.StatusReplica {
+		transport.TopicControl: func(m transport.Message) {
+			if c := m.(transport.Control); c.Code == transport.ControlReplica {
 				mu.Lock()
-				replicas[st.From] = replicaStatus{ID: st.From, Role: st.Role, Term: st.Term, Applied: st.Step,
-					Epsilon: st.Epsilon, Nodes: st.Nodes, Leader: st.Leader, Blocked: st.Blocked, Insecure: st.Insecure}
+				replicas[c.From] = replicaStatus{ID: c.From, Role: c.Role, Term: c.Term, Applied: c.Step,
+					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked, Insecure: c.Insecure}
 				mu.Unlock()
 			}
 		},

@@ -4,13 +4,18 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dpcluster/dpcluster/pki"
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 // TestHarnessSignals checks the harness's process control on the NATS
@@ -58,4 +63,31 @@ func TestHarnessSignals(t *testing.T) {
 	if ps := nats.Wait(10 * time.Second); ps.ExitCode() != 0 {
 		h.Fatalf("after SIGTERM: %v, want exit 0", ps)
 	}
+}
+
+// TestHarnessNATSOverTLS: with TLS flags the NATS server binary requires
+// mutual TLS: a client presenting a node certificate of the run connects,
+// one without a certificate does not.
+func TestHarnessNATSOverTLS(t *testing.T) {
+	h := New(t)
+	certs := h.Certs([]string{"r1"}, []string{"node-0"}, nil)
+	_, url := h.StartNATS("nats", append([]string{"--run", "e2e"}, TLSArgs(certs, "r1")...)...)
+	if !strings.HasPrefix(url, "tls://") {
+		h.Fatalf("TLS server URL %s", url)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := transport.DefaultConfig()
+	cfg.Run, cfg.URLs = "e2e", []string{url}
+	if c, err := transport.Connect(ctx, cfg, nil); err == nil {
+		c.Close()
+		h.Fatalf("a client without a certificate connected to %s", url)
+	}
+	cfg.TLS = transport.TLSConfig{CAFile: filepath.Join(certs, pki.CACertFile),
+		CertFile: filepath.Join(certs, "node-0.crt"), KeyFile: filepath.Join(certs, "node-0.key")}
+	c, err := transport.Connect(ctx, cfg, nil)
+	if err != nil {
+		h.Fatalf("node-0 over TLS: %v", err)
+	}
+	c.Close()
 }

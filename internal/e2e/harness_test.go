@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/pki"
 )
 
 // The harness: binaries built once, processes with log files, waiting by
@@ -169,12 +171,17 @@ func (h *Harness) Start(name, path string, args ...string) *Proc {
 
 // StartNATS starts a NATS server process named name on a free loopback
 // port, waits until it accepts connections, and returns it with its
-// client URL. A restart listens on the same port.
-func (h *Harness) StartNATS(name string) (*Proc, string) {
+// client URL. A restart listens on the same port. args are more
+// natsserver flags; with its TLS flags (--run RUN --tls-ca --tls-cert
+// --tls-key, see TLSArgs) the URL is tls://.
+func (h *Harness) StartNATS(name string, args ...string) (*Proc, string) {
 	h.t.Helper()
 	addr := FreeAddr(h.t)
-	p := h.Start(name, h.Bin.NATSServer, "--listen", addr)
+	p := h.Start(name, h.Bin.NATSServer, append([]string{"--listen", addr}, args...)...)
 	url := "nats://" + addr
+	if slices.Contains(args, "--tls-cert") {
+		url = "tls://" + addr
+	}
 	h.WaitFor(30*time.Second, name+" to accept connections", func() (bool, error) {
 		if err := p.exitedErr(); err != nil {
 			return false, err
@@ -182,6 +189,35 @@ func (h *Harness) StartNATS(name string) (*Proc, string) {
 		return strings.Contains(p.Logs(), "nats server ready"), nil
 	})
 	return p, url
+}
+
+// Certs writes a run's PKI (pki.Init, as coordinator certs init does) for
+// the replica, node and observer IDs into a new directory named certs and
+// returns it. The certificates are valid for localhost and 127.0.0.1.
+func (h *Harness) Certs(replicas, nodes, observers []string) string {
+	h.t.Helper()
+	var names []pki.Name
+	for _, g := range []struct {
+		role pki.Role
+		ids  []string
+	}{{pki.RoleReplica, replicas}, {pki.RoleNode, nodes}, {pki.RoleObserver, observers}} {
+		for _, id := range g.ids {
+			names = append(names, pki.Name{Role: g.role, ID: id})
+		}
+	}
+	dir := filepath.Join(h.dir, "certs")
+	if _, err := pki.Init(dir, names, nil, 1); err != nil {
+		h.t.Fatalf("e2e: certificates: %v", err)
+	}
+	return dir
+}
+
+// TLSArgs returns the --tls-ca, --tls-cert and --tls-key flags of id's
+// certificate in dir (made by Certs), for coordinator serve, node,
+// status, remove-replica and natsserver.
+func TLSArgs(dir, id string) []string {
+	return []string{"--tls-ca", filepath.Join(dir, pki.CACertFile),
+		"--tls-cert", filepath.Join(dir, id+".crt"), "--tls-key", filepath.Join(dir, id+".key")}
 }
 
 // WaitFor polls cond every 20 ms until it reports true, and fails the

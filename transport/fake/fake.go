@@ -17,6 +17,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -56,7 +58,8 @@ type Network struct {
 	mu        sync.Mutex
 	rng       *rand.Rand
 	faults    Faults
-	subs      map[string][]*sub
+	subs      map[string][]*sub // by literal subject
+	wild      []*sub            // subscriptions with wildcards, in order
 	partition map[[2]string]bool
 	stats     Stats
 }
@@ -128,15 +131,16 @@ type Link struct {
 }
 
 type delivery struct {
-	data []byte
-	at   time.Time
+	subject string
+	data    []byte
+	at      time.Time
 }
 
 // sub is one subscription: a queue drained by its own goroutine.
 type sub struct {
 	link    *Link
 	subject string
-	fn      func([]byte)
+	fn      func(string, []byte)
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -146,7 +150,9 @@ type sub struct {
 	done   chan struct{}
 }
 
-// Publish copies data to every subscriber of subject, applying faults.
+// Publish copies data to every subscriber of subject (those of the
+// literal subject first, then those whose wildcard pattern matches it, in
+// subscription order), applying faults.
 func (l *Link) Publish(subject string, data []byte) error {
 	l.mu.Lock()
 	closed := l.closed
@@ -162,7 +168,13 @@ func (l *Link) Publish(subject string, data []byte) error {
 	defer n.mu.Unlock()
 	f := n.faults
 	now := time.Now()
-	for _, s := range n.subs[subject] {
+	targets := n.subs[subject]
+	for _, s := range n.wild {
+		if Match(s.subject, subject) {
+			targets = append(targets[:len(targets):len(targets)], s)
+		}
+	}
+	for _, s := range targets {
 		if n.partition[[2]string{l.name, s.link.name}] {
 			n.stats.Partitioned++
 			continue
@@ -181,7 +193,7 @@ func (l *Link) Publish(subject string, data []byte) error {
 			n.stats.Duplicated++
 		}
 		for range copies {
-			d := delivery{data: append([]byte(nil), data...), at: now}
+			d := delivery{subject: subject, data: append([]byte(nil), data...), at: now}
 			if n.rng.Float64() < f.Corrupt && len(d.data) > 0 {
 				i := n.rng.IntN(len(d.data))
 				d.data[i] ^= 1 << n.rng.IntN(8)
@@ -245,7 +257,7 @@ func (s *sub) run() {
 				return
 			}
 		}
-		s.fn(d.data)
+		s.fn(d.subject, d.data)
 	}
 }
 
@@ -260,9 +272,10 @@ func (s *sub) halt() {
 	s.mu.Unlock()
 }
 
-// Subscribe implements transport.Link. fn runs on the subscription's own
-// goroutine, one delivery at a time.
-func (l *Link) Subscribe(subject string, fn func([]byte)) (func() error, error) {
+// Subscribe implements transport.Link. subject may hold the NATS
+// wildcards (see Match). fn runs on the subscription's own goroutine, one
+// delivery at a time. The fake enforces no permissions.
+func (l *Link) Subscribe(subject string, fn func(string, []byte)) (func() error, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -273,7 +286,11 @@ func (l *Link) Subscribe(subject string, fn func([]byte)) (func() error, error) 
 	l.subs = append(l.subs, s)
 	n := l.net
 	n.mu.Lock()
-	n.subs[subject] = append(n.subs[subject], s)
+	if wildcard(subject) {
+		n.wild = append(n.wild, s)
+	} else {
+		n.subs[subject] = append(n.subs[subject], s)
+	}
 	n.mu.Unlock()
 	go s.run()
 	return func() error { l.unsubscribe(s); return nil }, nil
@@ -284,15 +301,19 @@ func (l *Link) Subscribe(subject string, fn func([]byte)) (func() error, error) 
 func (l *Link) unsubscribe(s *sub) {
 	n := l.net
 	n.mu.Lock()
-	list := n.subs[s.subject]
-	for i, x := range list {
-		if x == s {
-			n.subs[s.subject] = append(list[:i:i], list[i+1:]...)
-			break
+	if wildcard(s.subject) {
+		n.wild = slices.DeleteFunc(n.wild, func(x *sub) bool { return x == s })
+	} else {
+		list := n.subs[s.subject]
+		for i, x := range list {
+			if x == s {
+				n.subs[s.subject] = append(list[:i:i], list[i+1:]...)
+				break
+			}
 		}
-	}
-	if len(n.subs[s.subject]) == 0 {
-		delete(n.subs, s.subject)
+		if len(n.subs[s.subject]) == 0 {
+			delete(n.subs, s.subject)
+		}
 	}
 	n.mu.Unlock()
 	s.halt()
@@ -332,4 +353,31 @@ func (l *Link) Close() error {
 		<-s.done
 	}
 	return nil
+}
+
+// Match reports whether subject matches the NATS subject pattern: tokens
+// are separated by dots, "*" matches any one token and ">", as the last
+// token, one or more tokens.
+func Match(pattern, subject string) bool {
+	p, s := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, tok := range p {
+		switch {
+		case tok == ">" && i == len(p)-1:
+			return len(s) > i
+		case i >= len(s):
+			return false
+		case tok != "*" && tok != s[i]:
+			return false
+		}
+	}
+	return len(p) == len(s)
+}
+
+func wildcard(subject string) bool {
+	for _, tok := range strings.Split(subject, ".") {
+		if tok == "*" || tok == ">" {
+			return true
+		}
+	}
+	return false
 }

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -364,7 +365,7 @@ func testChunkFaults(t *testing.T, newHarness Factory) {
 	}
 	split := func(m transport.Params, xfer uint64) [][]byte {
 		t.Helper()
-		fr, err := transport.SplitFrames(m, "injector", xfer, h.MaxPayload/2)
+		fr, err := transport.SplitFrames(m, transport.ClientID(pki.RoleReplica, "injector", "00000000000000aa"), xfer, h.MaxPayload/2)
 		if err != nil || len(fr) < 3 {
 			t.Fatalf("SplitFrames: %d frames, %v", len(fr), err)
 		}

@@ -5,6 +5,12 @@
 // coordinator replicas and the nodes.
 //
 //	natsserver --listen 127.0.0.1:4222
+//	natsserver --listen 127.0.0.1:4222 --run RUN --tls-ca ca.crt --tls-cert r1.crt --tls-key r1.key
+//
+// With the TLS flags (a replica certificate, as coordinator serve's
+// embedded server uses) it requires mutual TLS and gives every client
+// certificate its role's permissions on run RUN's subjects
+// (transport.ServerConfig.TLS).
 //
 // It logs one line, "nats server ready url=nats://...", once it accepts
 // connections, and shuts down cleanly on SIGINT or SIGTERM (exit 0).
@@ -33,6 +39,11 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("natsserver", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:4222", "host:port to accept NATS clients on (port -1: any free port)")
+	runName := fs.String("run", "", "with TLS: the run whose subjects the permissions are for")
+	var files transport.TLSConfig
+	fs.StringVar(&files.CAFile, "tls-ca", "", "mutual TLS: the run's CA certificate")
+	fs.StringVar(&files.CertFile, "tls-cert", "", "mutual TLS: a replica certificate for the server")
+	fs.StringVar(&files.KeyFile, "tls-key", "", "mutual TLS: its key")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -49,7 +60,7 @@ func run(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg := transport.DefaultServerConfig()
-	cfg.Host, cfg.Port = host, port
+	cfg.Host, cfg.Port, cfg.TLS, cfg.Run = host, port, files, *runName
 	// Catch the signals before the server accepts clients, so that a
 	// SIGTERM sent right after the ready line is never lost.
 	sig := make(chan os.Signal, 1)
