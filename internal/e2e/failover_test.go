@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // faultKind is one kind of injected fault.
@@ -41,6 +43,9 @@ type fault struct {
 type failoverPlan struct {
 	cfg    runConfig
 	faults []fault // in increasing order of at
+	// tls runs every connection over mutual TLS with the run's
+	// certificates (Raft between replicas, NATS clients and routes).
+	tls bool
 }
 
 // replicaProc is one `coordinator serve` process and its addresses.
@@ -73,6 +78,30 @@ func TestProcessFailover(t *testing.T) {
 			{at: between(120, 140), kind: killNode},
 			{at: between(150, 180), kind: killLeader},
 		},
+	}
+	t.Logf("seed %d: faults %v", seed, plan.faults)
+	runFailover(t, plan)
+}
+
+// TestProcessFailoverTLS is issue 12's integration test: the run of
+// TestProcessFailover with every connection over mutual TLS (certificates
+// from one CA: a replica certificate per replica, a node certificate per
+// node; Raft, NATS client connections and the NATS cluster routes), the
+// Raft leader SIGKILLed twice and a node once. It must train to the end and
+// leave identical ledgers that audit clean, as in plaintext; it logs the
+// failover times (docs/BENCHMARKS.md compares them with plaintext's).
+func TestProcessFailoverTLS(t *testing.T) {
+	seed := envUint(t, "DPCLUSTER_E2E_SEED", 1)
+	rng := rand.New(rand.NewPCG(seed, 12))
+	between := func(lo, hi int) int { return lo + rng.IntN(hi-lo) }
+	plan := failoverPlan{
+		cfg: runConfig{run: "e2e-tls", maxSteps: 160, nodes: 3, roundTimeout: 2 * time.Second},
+		faults: []fault{
+			{at: between(20, 50), kind: killLeader},
+			{at: between(70, 90), kind: killNode},
+			{at: between(100, 130), kind: killLeader},
+		},
+		tls: true,
 	}
 	t.Logf("seed %d: faults %v", seed, plan.faults)
 	runFailover(t, plan)
@@ -115,10 +144,22 @@ func runFailover(t *testing.T, plan failoverPlan) {
 		reps[i] = &replicaProc{id: id, raftAddr: FreeAddr(t), natsAddr: FreeAddr(t), clusterAddr: FreeAddr(t),
 			metricsAddr: FreeAddr(t), dataDir: h.Dir(id)}
 	}
+	var certs string
+	tlsArgs := func(id string) []string { return nil }
+	scheme := "nats://"
+	if plan.tls {
+		var nodeIDs []string
+		for i := range cfg.nodes {
+			nodeIDs = append(nodeIDs, nodeID(i))
+		}
+		certs = h.Certs([]string{"r1", "r2", "r3"}, nodeIDs, nil)
+		tlsArgs = func(id string) []string { return TLSArgs(certs, id) }
+		scheme = "tls://"
+	}
 	var peers, natsURLs []string
 	for _, r := range reps {
 		peers = append(peers, r.id+"="+r.raftAddr)
-		natsURLs = append(natsURLs, "nats://"+r.natsAddr)
+		natsURLs = append(natsURLs, scheme+r.natsAddr)
 	}
 	for _, r := range reps {
 		var routes []string
@@ -131,12 +172,13 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			"--bootstrap", "--peers", strings.Join(peers, ","),
 			"--nats-listen", r.natsAddr, "--nats-cluster", r.clusterAddr, "--nats-routes", strings.Join(routes, ","),
 			"--metrics-addr", r.metricsAddr}
+		args = append(args, tlsArgs(r.id)...)
 		r.p = h.Start(r.id, h.Bin.Coordinator, append(args, cfg.runFlags()...)...)
 	}
 	allNATS := strings.Join(natsURLs, ",")
 	nodes := make([]*Proc, cfg.nodes)
 	for i := range nodes {
-		nodes[i] = h.Start("node-"+strconv.Itoa(i), h.Bin.Node, cfg.nodeArgs(i, allNATS)...)
+		nodes[i] = h.Start("node-"+strconv.Itoa(i), h.Bin.Node, append(cfg.nodeArgs(i, allNATS), tlsArgs(nodeID(i))...)...)
 	}
 
 	paused := map[*replicaProc]bool{}
@@ -175,6 +217,20 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			return step >= at && (leader != nil || !needLeader), nil
 		})
 		return step, leader
+	}
+
+	if plan.tls {
+		// TLS is in force: once the run is going, a plaintext client is
+		// refused by every replica's NATS server.
+		waitStep(1, false)
+		for _, r := range reps {
+			nc, err := nats.Connect("nats://"+r.natsAddr, nats.Timeout(5*time.Second), nats.NoReconnect())
+			if err == nil {
+				nc.Close()
+				h.Fatalf("%s: a plaintext NATS client connected to a TLS run", r.id)
+			}
+			t.Logf("%s: plaintext client refused: %v", r.id, err)
+		}
 	}
 
 	var failovers []time.Duration
