@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dpcluster/dpcluster/aggregation"
+	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
 	"github.com/dpcluster/dpcluster/transport/fake"
 )
@@ -54,7 +55,7 @@ func TestBadFramesLeaveRoundUsable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	chunks, err := transport.SplitFrames(contribution("n1", 0.5), "evil", 1, 64<<10)
+	chunks, err := transport.SplitFrames(contribution("n1", 0.5), transport.ClientID(pki.RoleNode, "evil", "0123456789abcdef"), 1, 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
