@@ -55,7 +55,7 @@ func TestBadFramesLeaveRoundUsable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	chunks, err := transport.SplitFrames(contribution("n1", 0.5), transport.ClientID(pki.RoleNode, "evil", "0123456789abcdef"), 1, 64<<10)
+	chunks, err := transport.SplitFrames(contribution("n1", 0.5), transport.ClientID(pki.RoleNode, "n1", "00000000000000ee"), 1, 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,10 @@ func TestBadFramesLeaveRoundUsable(t *testing.T) {
 	corruptChunk[len(corruptChunk)-7] ^= 1
 	badVersion := slices.Clone(whole[:64<<10-1])
 	badVersion[1] = 9
-	subj := coord.Subjects().Topic(transport.TopicContributions)
+	subj, err := coord.Subjects().Node(transport.TopicContributions, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	inj := net.Link("injector")
 	defer inj.Close()
 	cases := []struct {

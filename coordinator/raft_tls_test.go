@@ -17,13 +17,13 @@ import (
 )
 
 // testPKI writes a run's CA and certificates for replicas r1..r3, node-0
-// and observer ops into a temporary directory and returns it.
+// and node-1, and observer ops into a temporary directory and returns it.
 func testPKI(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "certs")
 	names := []pki.Name{
 		{Role: pki.RoleReplica, ID: "r1"}, {Role: pki.RoleReplica, ID: "r2"}, {Role: pki.RoleReplica, ID: "r3"},
-		{Role: pki.RoleNode, ID: "node-0"}, {Role: pki.RoleObserver, ID: "ops"},
+		{Role: pki.RoleNode, ID: "node-0"}, {Role: pki.RoleNode, ID: "node-1"}, {Role: pki.RoleObserver, ID: "ops"},
 	}
 	if _, err := pki.Init(dir, names, nil, 1); err != nil {
 		t.Fatal(err)

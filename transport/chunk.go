@@ -15,6 +15,7 @@ type transferKey struct {
 // transfer is the receive state of one chunked message.
 type transfer struct {
 	topic    Topic
+	node     string // the node whose subject the chunks arrived on (per-node topics)
 	total    uint32
 	size     uint32
 	length   uint64
@@ -54,45 +55,59 @@ func newReassembler(maxMessage, maxTotal int64) *reassembler {
 	}
 }
 
-// add stores c, which must have passed chunk.check. It returns the whole
-// message once the last missing chunk arrives and the whole-message CRC32C
-// matches. Errors: ErrDuplicateChunk for a chunk already held (or of a
-// finished transfer), ErrCorrupt for a chunk inconsistent with its transfer
-// or a whole-message CRC mismatch (the transfer is dropped), ErrTooLarge
-// when the transfer does not fit the limits. c.Data is copied.
-func (r *reassembler) add(c *chunk, now time.Time) ([]byte, error) {
+// add stores c, which must have passed chunk.check, and which arrived on
+// the subject of node (a per-node topic's; "" for the others) or, if
+// resent, on the receiver's inbox. It returns the whole message once the
+// last missing chunk arrives and the whole-message CRC32C matches, with
+// the node whose subject the transfer's chunks arrived on: a transfer
+// opens only with a chunk from a topic subject, and every chunk from a
+// topic subject must come from the same node's. Errors: ErrDuplicateChunk
+// for a chunk already held (or of a finished transfer), ErrCorrupt for a
+// chunk inconsistent with its transfer (another node's subject included), a
+// resent chunk of an unknown transfer, or a whole-message CRC mismatch (the
+// transfer is dropped), ErrTooLarge when the transfer does not fit the
+// limits. c.Data is copied.
+func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]byte, string, error) {
 	key := transferKey{c.Sender, c.Transfer}
 	r.mu.Lock()
 	if _, ok := r.finished[key]; ok {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("%w: transfer %d from %s already finished", ErrDuplicateChunk, c.Transfer, c.Sender)
+		return nil, "", fmt.Errorf("%w: transfer %d from %s already finished", ErrDuplicateChunk, c.Transfer, c.Sender)
 	}
 	x := r.xfers[key]
 	if x == nil {
+		// A receiver NACKs only transfers it has seen, so a resent chunk
+		// never opens one: one that would came from someone who may
+		// publish on the inbox, not on the subject the transfer names.
+		if resent {
+			r.mu.Unlock()
+			return nil, "", fmt.Errorf("%w: resent chunk of unknown transfer %d from %s", ErrCorrupt, c.Transfer, c.Sender)
+		}
 		if c.Len > uint64(r.maxMessage) {
 			r.mu.Unlock()
-			return nil, fmt.Errorf("%w: transfer of %d bytes, limit %d", ErrTooLarge, c.Len, r.maxMessage)
+			return nil, "", fmt.Errorf("%w: transfer of %d bytes, limit %d", ErrTooLarge, c.Len, r.maxMessage)
 		}
 		if r.inflight+int64(c.Len) > r.maxTotal {
 			r.mu.Unlock()
-			return nil, fmt.Errorf("%w: %d bytes in flight, limit %d", ErrTooLarge, r.inflight+int64(c.Len), r.maxTotal)
+			return nil, "", fmt.Errorf("%w: %d bytes in flight, limit %d", ErrTooLarge, r.inflight+int64(c.Len), r.maxTotal)
 		}
 		x = &transfer{
-			topic: c.Topic, total: c.Total, size: c.Size, length: c.Len, wholeCRC: c.WholeCRC,
+			topic: c.Topic, node: node, total: c.Total, size: c.Size, length: c.Len, wholeCRC: c.WholeCRC,
 			buf:     make([]byte, c.Len),
 			have:    make([]uint64, (c.Total+63)/64),
 			started: now,
 		}
 		r.inflight += int64(c.Len)
 		r.xfers[key] = x
-	} else if x.topic != c.Topic || x.total != c.Total || x.size != c.Size || x.length != c.Len || x.wholeCRC != c.WholeCRC {
+	} else if x.topic != c.Topic || x.total != c.Total || x.size != c.Size || x.length != c.Len || x.wholeCRC != c.WholeCRC ||
+		!resent && x.node != node {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("%w: chunk %d inconsistent with transfer %d from %s", ErrCorrupt, c.Index, c.Transfer, c.Sender)
+		return nil, "", fmt.Errorf("%w: chunk %d inconsistent with transfer %d from %s", ErrCorrupt, c.Index, c.Transfer, c.Sender)
 	}
 	w, bit := c.Index/64, uint64(1)<<(c.Index%64)
 	if x.have[w]&bit != 0 {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("%w: chunk %d of transfer %d from %s", ErrDuplicateChunk, c.Index, c.Transfer, c.Sender)
+		return nil, "", fmt.Errorf("%w: chunk %d of transfer %d from %s", ErrDuplicateChunk, c.Index, c.Transfer, c.Sender)
 	}
 	copy(x.buf[c.Offset:], c.Data)
 	x.have[w] |= bit
@@ -109,14 +124,14 @@ func (r *reassembler) add(c *chunk, now time.Time) ([]byte, error) {
 	}
 	if x.n < x.total {
 		r.mu.Unlock()
-		return nil, nil
+		return nil, "", nil
 	}
 	r.finishLocked(key, x, now)
 	r.mu.Unlock()
 	if x.runCRC != x.wholeCRC {
-		return nil, fmt.Errorf("%w: transfer %d from %s: whole-message CRC32C mismatch", ErrCorrupt, c.Transfer, c.Sender)
+		return nil, "", fmt.Errorf("%w: transfer %d from %s: whole-message CRC32C mismatch", ErrCorrupt, c.Transfer, c.Sender)
 	}
-	return x.buf, nil
+	return x.buf, x.node, nil
 }
 
 func (r *reassembler) finishLocked(key transferKey, x *transfer, now time.Time) {

@@ -50,7 +50,7 @@ func TestReassembleAnyOrder(t *testing.T) {
 		var got []byte
 		for k, i := range order {
 			c := mustChunk(t, frames[i])
-			whole, err := r.add(&c, time.Now())
+			whole, _, err := r.add(&c, "", false, time.Now())
 			if err != nil {
 				t.Fatalf("trial %d: add chunk %d: %v", trial, i, err)
 			}
@@ -59,7 +59,7 @@ func TestReassembleAnyOrder(t *testing.T) {
 			}
 			got = whole
 			if k == 2 { // a duplicate mid-transfer
-				if _, err := r.add(&c, time.Now()); !errors.Is(err, ErrDuplicateChunk) {
+				if _, _, err := r.add(&c, "", false, time.Now()); !errors.Is(err, ErrDuplicateChunk) {
 					t.Fatalf("duplicate: %v", err)
 				}
 			}
@@ -69,7 +69,7 @@ func TestReassembleAnyOrder(t *testing.T) {
 		}
 		// A late duplicate of a finished transfer does not restart it.
 		c := mustChunk(t, frames[0])
-		if _, err := r.add(&c, time.Now()); !errors.Is(err, ErrDuplicateChunk) {
+		if _, _, err := r.add(&c, "", false, time.Now()); !errors.Is(err, ErrDuplicateChunk) {
 			t.Fatalf("late duplicate: %v", err)
 		}
 		if n, b := r.inFlight(); n != 0 || b != 0 {
@@ -85,10 +85,10 @@ func TestReassembleErrors(t *testing.T) {
 
 	r := newReassembler(1<<20, 1<<20)
 	c0, o1 := mustChunk(t, frames[0]), mustChunk(t, other[1])
-	if _, err := r.add(&c0, now); err != nil {
+	if _, _, err := r.add(&c0, "", false, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.add(&o1, now); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := r.add(&o1, "", false, now); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("inconsistent chunk: %v", err)
 	}
 
@@ -99,7 +99,7 @@ func TestReassembleErrors(t *testing.T) {
 	for _, f := range frames {
 		c := mustChunk(t, f)
 		c.WholeCRC ^= 1
-		_, err = r.add(&c, now)
+		_, _, err = r.add(&c, "", false, now)
 	}
 	if !errors.Is(err, ErrCorrupt) {
 		t.Errorf("whole CRC mismatch: %v", err)
@@ -107,16 +107,16 @@ func TestReassembleErrors(t *testing.T) {
 
 	// Limits.
 	r = newReassembler(1000, 1<<20)
-	if _, err := r.add(&c0, now); !errors.Is(err, ErrTooLarge) {
+	if _, _, err := r.add(&c0, "", false, now); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("message limit: %v", err)
 	}
 	r = newReassembler(1<<20, 20000)
-	if _, err := r.add(&c0, now); err != nil {
+	if _, _, err := r.add(&c0, "", false, now); err != nil {
 		t.Fatal(err)
 	}
 	_, frames2 := testFrames(t, 3000, 1024, 2)
 	c2 := mustChunk(t, frames2[0])
-	if _, err := r.add(&c2, now); !errors.Is(err, ErrTooLarge) {
+	if _, _, err := r.add(&c2, "", false, now); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("reassembly budget: %v", err)
 	}
 }
@@ -130,7 +130,7 @@ func TestScanNacksAndTimeouts(t *testing.T) {
 			continue
 		}
 		c := mustChunk(t, f)
-		if _, err := r.add(&c, t0); err != nil {
+		if _, _, err := r.add(&c, "", false, t0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -78,6 +78,7 @@ type Stats struct {
 	NacksServed     uint64 // NACKs answered with a retransmission
 	Retransmitted   uint64 // chunks resent
 	Incomplete      uint64 // transfers dropped after TransferTimeout
+	WrongSender     uint64 // messages dropped for naming another node than their subject (ErrWrongSender)
 }
 
 // Client is the typed, chunking layer over a Link. It is safe for concurrent
@@ -95,8 +96,9 @@ type Client struct {
 	server   *Server // embedded server owned by this client, if any
 
 	stats struct {
-		published, chunked, received, decodeErrs, dups, nacksSent, nacksServed, retrans, incomplete atomic.Uint64
+		published, chunked, received, decodeErrs, dups, nacksSent, nacksServed, retrans, incomplete, wrongSender atomic.Uint64
 	}
+	wrongSenderLog rateLimit
 
 	mu     sync.Mutex
 	closed bool
@@ -159,7 +161,7 @@ func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
 		fn      func(string, []byte)
 	}{
 		{subjects.nackPattern(id), c.onNackFrame},
-		{subjects.Inbox(id), func(_ string, b []byte) { c.onFrame(0, b) }},
+		{subjects.Inbox(id), func(_ string, b []byte) { c.onFrame(0, "", b) }},
 	} {
 		u, err := link.Subscribe(s.subject, s.fn)
 		if err != nil {
@@ -202,6 +204,7 @@ func (c *Client) Stats() Stats {
 		Published: s.published.Load(), ChunkedSent: s.chunked.Load(), Received: s.received.Load(),
 		DecodeErrors: s.decodeErrs.Load(), DuplicateChunks: s.dups.Load(), NacksSent: s.nacksSent.Load(),
 		NacksServed: s.nacksServed.Load(), Retransmitted: s.retrans.Load(), Incomplete: s.incomplete.Load(),
+		WrongSender: s.wrongSender.Load(),
 	}
 }
 
@@ -228,6 +231,12 @@ func (c *Client) Publish(ctx context.Context, m Message) error {
 	}
 	topic := m.Type().Topic()
 	subject := c.subjects.Topic(topic)
+	if topic.PerNode() {
+		node, _ := Sender(m)
+		if subject, err = c.subjects.Node(topic, node); err != nil {
+			return err
+		}
+	}
 	c.stats.published.Add(1)
 	if len(data) <= c.link.MaxPayload() {
 		return c.link.Publish(subject, data)
@@ -287,7 +296,7 @@ func (c *Client) Subscribe(topic Topic, h Handler) (Subscription, error) {
 	}
 	ts := c.topics[topic]
 	if ts == nil {
-		u, err := c.link.Subscribe(c.subjects.Topic(topic), func(_ string, b []byte) { c.onFrame(topic, b) })
+		u, err := c.link.Subscribe(c.subjects.Pattern(topic), func(subject string, b []byte) { c.onFrame(topic, subject, b) })
 		if err != nil {
 			return nil, fmt.Errorf("transport: subscribe %v: %w", topic, err)
 		}
@@ -358,13 +367,21 @@ func (s *subscription) Unsubscribe() error {
 	return err
 }
 
-// onFrame handles a frame from a topic subject (topic ≠ 0) or from the
+// onFrame handles a frame from subject, a topic's (topic ≠ 0), or from the
 // client's inbox (topic = 0, retransmitted chunks only).
-func (c *Client) onFrame(topic Topic, data []byte) {
+func (c *Client) onFrame(topic Topic, subject string, data []byte) {
 	f, err := decodeFrame(data, true)
 	if err != nil {
 		c.reject(err)
 		return
+	}
+	node := "" // whose subject it came on, for a per-node topic
+	if topic.PerNode() {
+		var ok bool
+		if node, ok = c.subjects.nodeOf(topic, subject); !ok {
+			c.reject(fmt.Errorf("%w: frame on subject %q", ErrWrongSender, subject))
+			return
+		}
 	}
 	switch {
 	case f.typ == typeChunk:
@@ -372,7 +389,7 @@ func (c *Client) onFrame(topic Topic, data []byte) {
 			c.reject(fmt.Errorf("%w: %v chunk on the %v subject", ErrCorrupt, f.chunk.Topic, topic))
 			return
 		}
-		whole, err := c.reasm.add(&f.chunk, time.Now())
+		whole, node, err := c.reasm.add(&f.chunk, node, topic == 0, time.Now())
 		if errors.Is(err, ErrDuplicateChunk) {
 			c.stats.dups.Add(1)
 			return
@@ -389,23 +406,31 @@ func (c *Client) onFrame(topic Topic, data []byte) {
 			c.reject(err)
 			return
 		}
-		c.dispatch(f.chunk.Topic, m)
+		c.dispatch(f.chunk.Topic, node, m)
 	case f.typ == typeNack || topic == 0:
 		c.reject(fmt.Errorf("%w: %v frame on the %v subject", ErrUnknownType, f.typ, topic))
 	default:
-		c.dispatch(topic, f.msg)
+		c.dispatch(topic, node, f.msg)
 	}
 }
 
-// dispatch checks that m belongs on topic and to the client's run, and
-// queues it for every subscription of topic.
-func (c *Client) dispatch(topic Topic, m Message) {
+// dispatch checks that m belongs on topic and to the client's run, and,
+// for a per-node topic, that it names the node whose subject it (or all
+// its chunks) arrived on, and queues it for every subscription of topic.
+// It is the one place where a message's sender is checked: with TLS the
+// server lets only node ID publish on ID's subjects (Subjects.Permissions),
+// so a node cannot speak for another.
+func (c *Client) dispatch(topic Topic, node string, m Message) {
 	if m.Type().Topic() != topic {
 		c.reject(fmt.Errorf("%w: %v on the %v subject", ErrUnknownType, m.Type(), topic))
 		return
 	}
 	if m.RunName() != c.cfg.Run {
 		c.reject(fmt.Errorf("%w: %v for run %q", ErrWrongRun, m.Type(), m.RunName()))
+		return
+	}
+	if sender, ok := Sender(m); ok && sender != node {
+		c.wrongSender(fmt.Errorf("%w: %v naming node %q on node %q's subject", ErrWrongSender, m.Type(), sender, node))
 		return
 	}
 	c.mu.Lock()
@@ -430,6 +455,42 @@ func (c *Client) reject(err error) {
 	if c.cfg.OnError != nil {
 		c.cfg.OnError(err)
 	}
+}
+
+// wrongSender drops a message that names another node than its subject:
+// it counts it (Stats.WrongSender), logs a warning (at most one a second,
+// the rest at debug level and counted in the next warning) and reports
+// err to OnError.
+func (c *Client) wrongSender(err error) {
+	c.stats.wrongSender.Add(1)
+	if warn, suppressed := c.wrongSenderLog.allow(time.Now()); warn {
+		c.log.Warn("transport: dropped a message sent in another node's name", "err", err, "suppressed_before", suppressed)
+	} else {
+		c.log.Debug("transport: dropped a message sent in another node's name", "err", err)
+	}
+	if c.cfg.OnError != nil {
+		c.cfg.OnError(err)
+	}
+}
+
+// rateLimit allows one event a second and counts the others.
+type rateLimit struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether an event at now may be logged, and how many were
+// suppressed since the last one that was.
+func (r *rateLimit) allow(now time.Time) (ok bool, suppressed int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.last.IsZero() && now.Sub(r.last) < time.Second {
+		r.suppressed++
+		return false, 0
+	}
+	suppressed, r.last, r.suppressed = r.suppressed, now, 0
+	return true, suppressed
 }
 
 // onNackFrame answers a retransmit request by resending the missing chunks

@@ -35,6 +35,12 @@ var (
 	// ErrWrongRun is returned when a message names a run other than the
 	// Client's.
 	ErrWrongRun = errors.New("transport: message for another run")
+	// ErrWrongSender is reported through OnError when a Join, Leave,
+	// Heartbeat, NeedParams or Contribution names another node (Sender)
+	// than the one whose subject it arrived on (Subjects.Node); the
+	// message is dropped. Publish returns it for such a message whose node
+	// ID is not a valid subject token.
+	ErrWrongSender = errors.New("transport: message names another node than its subject")
 	// ErrClosed is returned by operations on a closed Client or Subscription.
 	ErrClosed = errors.New("transport: closed")
 	// ErrInvalidConfig is wrapped by Config.Validate and ClientConfig.Validate.

@@ -137,7 +137,7 @@ func FuzzDecodeChunk(f *testing.F) {
 			return
 		}
 		r := newReassembler(1<<16, 1<<16)
-		whole, err := r.add(&fr.chunk, time.Now())
+		whole, _, err := r.add(&fr.chunk, "", false, time.Now())
 		if err != nil && !isSentinel(err) {
 			t.Fatalf("add: %v", err)
 		}
@@ -207,7 +207,7 @@ func FuzzReassemble(f *testing.F) {
 			if err != nil || fr.typ != typeChunk {
 				continue
 			}
-			whole, err := r.add(&fr.chunk, time.Now())
+			whole, _, err := r.add(&fr.chunk, "", false, time.Now())
 			if err != nil && !isSentinel(err) && !errors.Is(err, ErrDuplicateChunk) {
 				t.Fatalf("add: %v", err)
 			}

@@ -84,6 +84,27 @@ func (t Type) Topic() Topic {
 	return 0
 }
 
+// Sender returns the node that m names as its sender: the NodeID of a
+// Join, Leave, Heartbeat, NeedParams or Contribution (the messages of the
+// per-node topics, Topic.PerNode), and false for every other message.
+// Those travel on the sender's own subject (Subjects.Node): a Client
+// publishes them there and drops one received on another node's subject.
+func Sender(m Message) (string, bool) {
+	switch m := m.(type) {
+	case Join:
+		return m.NodeID, true
+	case Leave:
+		return m.NodeID, true
+	case Heartbeat:
+		return m.NodeID, true
+	case NeedParams:
+		return m.NodeID, true
+	case Contribution:
+		return m.NodeID, true
+	}
+	return "", false
+}
+
 // Message is one of the message bodies of this package: Join, Leave,
 // Heartbeat, NeedParams, RoundStart, Contribution, Params, Leader, Status or
 // Control (values, not pointers). Handlers receive them as values; use a type switch.

@@ -18,6 +18,13 @@ func TestPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	topic := s.Topic
+	node := func(t transport.Topic, id string) string {
+		subject, err := s.Node(t, id)
+		if err != nil {
+			panic(err)
+		}
+		return subject
+	}
 	const n1, n2 = "0123456789abcdef", "fedcba9876543210"
 	r1, r2 := transport.ClientID(pki.RoleReplica, "r1", n1), transport.ClientID(pki.RoleReplica, "r2", n2)
 	node0, node1 := transport.ClientID(pki.RoleNode, "node-0", n1), transport.ClientID(pki.RoleNode, "node-1", n2)
@@ -28,8 +35,16 @@ func TestPermissions(t *testing.T) {
 	}
 	R, N, O := pki.RoleReplica, pki.RoleNode, pki.RoleObserver
 	rows := []row{
-		{topic(transport.TopicNodes), []pki.Role{R, N}, []pki.Role{R, O}},
-		{topic(transport.TopicContributions), []pki.Role{R, N}, []pki.Role{R}},
+		// Per-node subjects: node-0 publishes on its own only.
+		{node(transport.TopicNodes, "node-0"), []pki.Role{R, N}, []pki.Role{R, O}},
+		{node(transport.TopicContributions, "node-0"), []pki.Role{R, N}, []pki.Role{R}},
+		{node(transport.TopicNodes, "node-1"), []pki.Role{R}, []pki.Role{R, O}},
+		{node(transport.TopicContributions, "node-1"), []pki.Role{R}, []pki.Role{R}},
+		{s.Pattern(transport.TopicNodes), []pki.Role{R}, []pki.Role{R, O}}, // the subscription
+		{s.Pattern(transport.TopicContributions), []pki.Role{R}, []pki.Role{R}},
+		{topic(transport.TopicNodes), []pki.Role{R}, []pki.Role{R}}, // the bare topics: nobody but replicas
+		{topic(transport.TopicContributions), []pki.Role{R}, []pki.Role{R}},
+		{topic(transport.TopicContributions) + ".node-0.x", []pki.Role{R}, []pki.Role{R}},
 		{topic(transport.TopicRounds), []pki.Role{R}, []pki.Role{R, N}},
 		{topic(transport.TopicParams), []pki.Role{R}, []pki.Role{R, N}},
 		{topic(transport.TopicLeader), []pki.Role{R}, []pki.Role{R, N, O}},
@@ -71,6 +86,11 @@ func TestPermissions(t *testing.T) {
 	}
 	if pub, sub := s.Permissions("admin", "x"); pub != nil || sub != nil {
 		t.Errorf("an unknown role gets %v, %v", pub, sub)
+	}
+	for _, id := range []string{"*", ">", "a.b", "", "node-0.>"} {
+		if pub, sub := s.Permissions(N, id); pub != nil || sub != nil {
+			t.Errorf("node ID %q, not a subject token, gets %v, %v", id, pub, sub)
+		}
 	}
 }
 

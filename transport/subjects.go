@@ -12,11 +12,13 @@ type Topic uint8
 
 // Topics. Values are part of the wire format (chunks name their topic).
 const (
-	// TopicNodes carries Join, Leave, Heartbeat and NeedParams from nodes.
+	// TopicNodes carries Join, Leave, Heartbeat and NeedParams from nodes,
+	// each on its node's own subject (Subjects.Node).
 	TopicNodes Topic = 1
 	// TopicRounds carries RoundStart from the leader.
 	TopicRounds Topic = 2
-	// TopicContributions carries Contribution from nodes to the leader.
+	// TopicContributions carries Contribution from nodes to the leader,
+	// each on its node's own subject (Subjects.Node).
 	TopicContributions Topic = 3
 	// TopicParams carries Params (committed θ) from the leader.
 	TopicParams Topic = 4
@@ -31,6 +33,11 @@ const (
 )
 
 func (t Topic) valid() bool { return t >= TopicNodes && t <= TopicControl }
+
+// PerNode reports whether t is a per-node topic: its messages name the
+// node that sent them (Sender), and node ID publishes them only on its own
+// subject, Subjects.Node(t, ID).
+func (t Topic) PerNode() bool { return t == TopicNodes || t == TopicContributions }
 
 // String returns the topic's subject token.
 func (t Topic) String() string {
@@ -57,12 +64,13 @@ func (t Topic) String() string {
 const SubjectPrefix = "dpc"
 
 // Subjects builds the NATS subjects of one run, and says who may use
-// them. CLIENT, SENDER and RECEIVER are client IDs, ROLE.ID.NONCE (see
-// ClientID): the role and ID of a client's certificate and a random nonce.
+// them. NODE is a node ID. CLIENT, SENDER and RECEIVER are client IDs,
+// ROLE.ID.NONCE (see ClientID): the role and ID of a client's certificate
+// and a random nonce.
 //
 //	subject                        publish                      subscribe
-//	dpc.RUN.nodes                  nodes                        replicas, observers
-//	dpc.RUN.contrib                nodes                        replicas
+//	dpc.RUN.nodes.NODE             node NODE only               replicas, observers (nodes.*)
+//	dpc.RUN.contrib.NODE           node NODE only               replicas (contrib.*)
 //	dpc.RUN.rounds                 replicas                     nodes
 //	dpc.RUN.params                 replicas                     nodes
 //	dpc.RUN.leader                 replicas                     nodes, observers
@@ -78,10 +86,13 @@ const SubjectPrefix = "dpc"
 // nobody to anything else (Permissions). With TLS, an embedded server
 // (StartServer) enforces this table as the NATS permissions of the user
 // each client certificate maps to; without TLS nothing is enforced. A
-// sender resends chunks only to the inbox of the RECEIVER its NACK's
-// subject names, so a node can have chunks resent only to its own inbox,
-// and only replicas receive a node's retransmissions. docs/PROTOCOL.md,
-// "Subjects", is the same table.
+// Client publishes a Join, Leave, Heartbeat, NeedParams or Contribution on
+// the subject of the node it names (Sender), whole or in chunks, and drops
+// one received on another node's subject (ErrWrongSender), so with TLS a
+// node can speak only for itself. A sender resends chunks only to the
+// inbox of the RECEIVER its NACK's subject names, so a node can have
+// chunks resent only to its own inbox, and only replicas receive a node's
+// retransmissions. docs/PROTOCOL.md, "Subjects", is the same table.
 type Subjects struct{ run string }
 
 // NewSubjects returns the subjects of run, which must be a valid subject
@@ -98,8 +109,40 @@ func (s Subjects) Run() string { return s.run }
 
 func (s Subjects) prefix() string { return SubjectPrefix + "." + s.run + "." }
 
-// Topic returns the subject of topic t.
+// Topic returns the subject of topic t. For a per-node topic (PerNode) it
+// is the prefix of the nodes' subjects, on which nothing is published: see
+// Node and Pattern.
 func (s Subjects) Topic(t Topic) string { return s.prefix() + t.String() }
+
+// Node returns the subject on which node id publishes the messages of
+// per-node topic t: Topic(t).id. It fails with ErrWrongSender if t is not
+// a per-node topic or id is not a valid node ID (pki.ValidID: one subject
+// token).
+func (s Subjects) Node(t Topic, id string) (string, error) {
+	if !t.PerNode() {
+		return "", fmt.Errorf("%w: %v is not a per-node topic", ErrWrongSender, t)
+	}
+	if !pki.ValidID(id) {
+		return "", fmt.Errorf("%w: node ID %q must be 1-64 of [A-Za-z0-9_-]", ErrWrongSender, id)
+	}
+	return s.Topic(t) + "." + id, nil
+}
+
+// Pattern returns the subject pattern that receives every message of
+// topic t: Topic(t), or Topic(t).* for a per-node topic.
+func (s Subjects) Pattern(t Topic) string {
+	if t.PerNode() {
+		return s.Topic(t) + ".*"
+	}
+	return s.Topic(t)
+}
+
+// nodeOf returns the node ID that subject, on which a message of per-node
+// topic t arrived, belongs to.
+func (s Subjects) nodeOf(t Topic, subject string) (string, bool) {
+	id, ok := strings.CutPrefix(subject, s.Topic(t)+".")
+	return id, ok && pki.ValidID(id)
+}
 
 // Nack returns the subject on which receiver asks sender (both client
 // IDs) to resend chunks; the chunks go to Inbox(receiver).
@@ -124,16 +167,22 @@ func (s Subjects) Inbox(id string) string { return s.prefix() + "inbox." + id }
 // Permissions returns the subjects a client holding a certificate for
 // role and id may publish and subscribe to (NATS subject patterns): the
 // table of Subjects, for one identity. It is the one definition of who may
-// do what; the embedded server installs it for every TLS client.
+// do what; the embedded server installs it for every TLS client. An id
+// that is not a valid ID (pki.ValidID), or an unknown role, gets nothing.
 func (s Subjects) Permissions(role pki.Role, id string) (publish, subscribe []string) {
+	if !pki.ValidID(id) {
+		return nil, nil
+	}
 	p := s.prefix()
 	switch role {
 	case pki.RoleReplica:
 		return []string{p + ">"}, []string{p + ">"}
 	case pki.RoleNode:
 		self := ClientID(role, id, "*")
+		nodes, _ := s.Node(TopicNodes, id)
+		contrib, _ := s.Node(TopicContributions, id)
 		return []string{
-				s.Topic(TopicNodes), s.Topic(TopicContributions),
+				nodes, contrib,
 				s.Nack(ClientID(pki.RoleReplica, "*", "*"), self),
 				s.Inbox(ClientID(pki.RoleReplica, "*", "*")),
 			}, []string{
@@ -145,7 +194,7 @@ func (s Subjects) Permissions(role pki.Role, id string) (publish, subscribe []st
 		return []string{
 				s.Nack(ClientID(pki.RoleReplica, "*", "*"), self),
 			}, []string{
-				s.Topic(TopicNodes), s.Topic(TopicLeader), s.Topic(TopicStatus), s.Topic(TopicControl),
+				s.Pattern(TopicNodes), s.Topic(TopicLeader), s.Topic(TopicStatus), s.Topic(TopicControl),
 				s.Inbox(self), s.Nack(self, ">"),
 			}
 	}

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -661,5 +662,138 @@ func TestTLSRoutes(t *testing.T) {
 	}
 	if n := a.NumRoutes(); n != routes {
 		t.Errorf("a has %d routes, had %d to b alone", n, routes)
+	}
+}
+
+// TestTLSNodeSpeaksOnlyForItself: node-1's certificate cannot publish on
+// node-0's subjects (nor on the bare topic subjects): the server refuses
+// it. On its own subjects, a Join, Heartbeat, NeedParams, Leave or
+// Contribution (whole or chunked) naming node-0 reaches the replica's
+// connection and is dropped there (ErrWrongSender), never delivered. node-0's
+// own messages are delivered.
+func TestTLSNodeSpeaksOnlyForItself(t *testing.T) {
+	dir := testPKI(t)
+	srv := startTLSServer(t, dir)
+	s, _ := transport.NewSubjects(tlsRun)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var wrong []error
+	cfg := transport.DefaultConfig()
+	cfg.Run, cfg.URLs, cfg.TLS = tlsRun, []string{srv.URL()}, files(dir, "r1")
+	cfg.OnError = func(err error) {
+		if errors.Is(err, transport.ErrWrongSender) {
+			mu.Lock()
+			wrong = append(wrong, err)
+			mu.Unlock()
+		}
+	}
+	replica, err := transport.Connect(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close()
+	got := make(chan transport.Message, 100)
+	for _, topic := range []transport.Topic{transport.TopicNodes, transport.TopicContributions} {
+		if _, err := replica.Subscribe(topic, func(m transport.Message) { got <- m }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := func(topic transport.Topic, id string) string {
+		t.Helper()
+		subject, err := s.Node(topic, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return subject
+	}
+	forgeries := []transport.Message{
+		transport.Join{Run: tlsRun, NodeID: "node-0", ShardSize: 10},
+		transport.Heartbeat{Run: tlsRun, NodeID: "node-0", Step: 3},
+		transport.NeedParams{Run: tlsRun, NodeID: "node-0", Version: 3},
+		transport.Leave{Run: tlsRun, NodeID: "node-0"},
+		transport.Contribution{Run: tlsRun, Step: 4, NodeID: "node-0", Count: 1, Sum: transport.Vector{1}},
+	}
+	evil := rawAs(t, srv.URL(), dir, "node-1")
+	r2 := rawAs(t, srv.URL(), dir, "r2")
+
+	// 1. On node-0's subjects, or the bare topics: refused by the server.
+	for _, subject := range []string{node(transport.TopicNodes, "node-0"), node(transport.TopicContributions, "node-0"),
+		s.Topic(transport.TopicNodes), s.Topic(transport.TopicContributions)} {
+		seen := listen(t, r2, subject)
+		evil.publish(t, subject, []byte("forged"))
+		evil.refused(t, "Publish", subject)
+		if err := r2.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if n := seen.count(); n != 0 {
+			t.Errorf("a replica received %d messages node-1 published on %s", n, subject)
+		}
+	}
+	// The same through our Client, which publishes on the subject of the
+	// node a message names: refused by the server, never delivered.
+	c1 := connect(t, srv.URL(), dir, "node-1")
+	for _, m := range forgeries {
+		if err := c1.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// 2. On its own subjects, in node-0's name: dropped by the replica.
+	for _, m := range forgeries {
+		data, err := transport.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evil.publish(t, node(m.Type().Topic(), "node-1"), data)
+	}
+	big := transport.Contribution{Run: tlsRun, Step: 4, NodeID: "node-0", Count: 1, Sum: make(transport.Vector, 50_000)} // 4 chunks
+	frames, err := transport.SplitFrames(big, transport.ClientID(pki.RoleNode, "node-1", "0123456789abcdef"), 1, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range frames {
+		evil.publish(t, node(transport.TopicContributions, "node-1"), f)
+	}
+	want := len(forgeries) + 1
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(wrong)
+		mu.Unlock()
+		if n == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica dropped %d messages in node-0's name, want %d", n, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := replica.Stats().WrongSender; n != uint64(want) {
+		t.Errorf("Stats().WrongSender = %d, want %d", n, want)
+	}
+
+	// 3. node-0's own messages, published after, are the first delivered.
+	c0 := connect(t, srv.URL(), dir, "node-0")
+	own := []transport.Message{
+		transport.Join{Run: tlsRun, NodeID: "node-0", ShardSize: 99},
+		transport.Contribution{Run: tlsRun, Step: 4, NodeID: "node-0", Count: 7, Sum: make(transport.Vector, 50_000)},
+	}
+	for _, m := range own {
+		if err := c0.Publish(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-got:
+			if !reflect.DeepEqual(got, m) {
+				t.Errorf("delivered %v %+.60v, want node-0's own", got.Type(), got)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("node-0's own message was not delivered")
+		}
+	}
+	select {
+	case m := <-got:
+		t.Errorf("a further %v was delivered", m.Type())
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +52,7 @@ func Run(t *testing.T, newHarness Factory) {
 	t.Run("OrderFromOnePublisher", func(t *testing.T) { testOrder(t, newHarness) })
 	t.Run("MalformedFrames", func(t *testing.T) { testMalformed(t, newHarness) })
 	t.Run("ChunkFaults", func(t *testing.T) { testChunkFaults(t, newHarness) })
+	t.Run("WrongSender", func(t *testing.T) { testWrongSender(t, newHarness) })
 	t.Run("NackRecovery", func(t *testing.T) { testNackRecovery(t, newHarness) })
 	t.Run("PublishErrors", func(t *testing.T) { testPublishErrors(t, newHarness) })
 	t.Run("UnsubscribeAndClose", func(t *testing.T) { testUnsubscribe(t, newHarness) })
@@ -325,22 +327,123 @@ func testMalformed(t *testing.T, newHarness Factory) {
 		{"wrong run", other, transport.ErrWrongRun},
 		{"wrong topic", status, transport.ErrUnknownType},
 	}
+	nodeSubject, err := subj.Node(transport.TopicNodes, "n")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i, tc := range cases {
-		if err := h.Inject(subj.Topic(transport.TopicNodes), tc.data); err != nil {
+		if err := h.Inject(nodeSubject, tc.data); err != nil {
 			t.Fatalf("%s: inject: %v", tc.name, err)
 		}
 		waitFor(t, tc.name+" error", func() bool { return log.count(tc.want) >= 1 })
 		// The subscription still works.
-		if err := h.Conns[0].Publish(context.Background(), transport.Join{Run: cfg.Run, NodeID: tc.name}); err != nil {
+		id := strings.ReplaceAll(tc.name, " ", "-")
+		if err := h.Conns[0].Publish(context.Background(), transport.Join{Run: cfg.Run, NodeID: id}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "valid message after "+tc.name, func() bool { return col.len() == i+1 })
-		if got := col.all()[i].(transport.Join).NodeID; got != tc.name {
-			t.Errorf("after %s: got node %q, want %q", tc.name, got, tc.name)
+		if got := col.all()[i].(transport.Join).NodeID; got != id {
+			t.Errorf("after %s: got node %q, want %q", tc.name, got, id)
 		}
 		log.mu.Lock()
 		log.errs = nil
 		log.mu.Unlock()
+	}
+}
+
+// testWrongSender: a Join, Heartbeat, NeedParams, Leave or Contribution
+// (whole or chunked) naming node n-0 but published on node n-1's subject
+// is dropped and reported as ErrWrongSender; so is a chunk of a transfer
+// begun on another node's subject (ErrCorrupt), and a resent chunk of a
+// transfer never begun (ErrCorrupt). The same messages on their own node's
+// subject are delivered, and Publish puts each on its node's subject.
+func testWrongSender(t *testing.T, newHarness Factory) {
+	cfg := Config()
+	var log errorLog
+	cfg.OnError = log.add
+	h := newHarness(t, cfg, 2)
+	defer h.Close()
+	subj, _ := transport.NewSubjects(cfg.Run)
+	nodes := subscribe(t, h.Conns[1], transport.TopicNodes)
+	contribs := subscribe(t, h.Conns[1], transport.TopicContributions)
+	on := func(topic transport.Topic, id string) string {
+		t.Helper()
+		s, err := subj.Node(topic, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	inject := func(subject string, frames ...[]byte) {
+		t.Helper()
+		for _, f := range frames {
+			if err := h.Inject(subject, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	big := transport.Contribution{Run: cfg.Run, Step: 1, RoundID: 7, NodeID: "n-0", Count: 3, Sum: vector(5, h.MaxPayload/2)}
+	split := func(m transport.Message, xfer uint64) [][]byte {
+		t.Helper()
+		fr, err := transport.SplitFrames(m, transport.ClientID(pki.RoleNode, "n-1", "00000000000000bb"), xfer, h.MaxPayload/4)
+		if err != nil || len(fr) < 3 {
+			t.Fatalf("SplitFrames: %d frames, %v", len(fr), err)
+		}
+		return fr
+	}
+
+	// Forged: n-0's messages on n-1's subjects.
+	forged := 0
+	for _, m := range []transport.Message{
+		transport.Join{Run: cfg.Run, NodeID: "n-0", ShardSize: 10},
+		transport.Heartbeat{Run: cfg.Run, NodeID: "n-0", Step: 1},
+		transport.NeedParams{Run: cfg.Run, NodeID: "n-0", Version: 1},
+		transport.Leave{Run: cfg.Run, NodeID: "n-0"},
+		transport.Contribution{Run: cfg.Run, Step: 1, RoundID: 7, NodeID: "n-0", Count: 1, Sum: transport.Vector{1}},
+	} {
+		data, err := transport.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inject(on(m.Type().Topic(), "n-1"), data)
+		forged++
+		waitFor(t, fmt.Sprintf("%v in another's name refused", m.Type()), func() bool { return log.count(transport.ErrWrongSender) == forged })
+	}
+	inject(on(transport.TopicContributions, "n-1"), split(big, 1)...)
+	forged++
+	waitFor(t, "chunked contribution in another's name refused", func() bool { return log.count(transport.ErrWrongSender) == forged })
+	// One transfer, its chunks on n-0's subject and then on n-1's: the
+	// transfer stays n-0's, the other chunks are refused.
+	fr := split(big, 2)
+	inject(on(transport.TopicContributions, "n-0"), fr[0])
+	inject(on(transport.TopicContributions, "n-1"), fr[1:]...)
+	waitFor(t, "chunks on another node's subject refused", func() bool { return log.count(transport.ErrCorrupt) == len(fr)-1 })
+	// A resent chunk of a transfer the receiver never saw: refused.
+	if rcv, ok := h.Conns[1].(interface{ ID() string }); ok {
+		inject(subj.Inbox(rcv.ID()), split(big, 3)[0])
+		waitFor(t, "resent chunk of an unknown transfer refused", func() bool { return log.count(transport.ErrCorrupt) == len(fr) })
+	}
+	if st, ok := h.Conns[1].(interface{ Stats() transport.Stats }); ok {
+		if got := st.Stats().WrongSender; got != uint64(forged) {
+			t.Errorf("Stats().WrongSender = %d, want %d", got, forged)
+		}
+	}
+
+	// Honest: the same messages, published by their node, are delivered,
+	// and arrive after the forged ones (which therefore were dropped).
+	ctx := context.Background()
+	if err := h.Conns[0].Publish(ctx, transport.Join{Run: cfg.Run, NodeID: "n-0", ShardSize: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Conns[0].Publish(ctx, big); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n-0's own messages", func() bool { return nodes.len() == 1 && contribs.len() == 1 })
+	if got := contribs.all()[0].(transport.Contribution); got.NodeID != "n-0" || !sameBits(got.Sum, big.Sum) {
+		t.Errorf("n-0's contribution: node %q, sum intact %v", got.NodeID, sameBits(got.Sum, big.Sum))
+	}
+	if err := h.Conns[0].Publish(ctx, transport.Join{Run: cfg.Run, NodeID: "n.*"}); !errors.Is(err, transport.ErrWrongSender) {
+		t.Errorf("Publish of a Join naming node %q: %v, want ErrWrongSender", "n.*", err)
 	}
 }
 
