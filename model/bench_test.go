@@ -62,29 +62,35 @@ func benchStep(b *testing.B, preset string) {
 	run("dp", dp)
 	run("naive", func() error { _, err := ws.ClippedSumNaive(dst, theta, x, y, 1); return err })
 	b.Run("paired", func(b *testing.B) {
-		timed := func(step func() error) time.Duration {
-			t0 := time.Now()
-			if err := step(); err != nil {
-				b.Fatal(err)
-			}
-			return time.Since(t0)
-		}
-		var tNP, tDP time.Duration
-		iters := 0
-		for b.Loop() {
-			if iters%2 == 0 {
-				tNP += timed(nonprivate)
-				tDP += timed(dp)
-			} else {
-				tDP += timed(dp)
-				tNP += timed(nonprivate)
-			}
-			iters++
-		}
+		tNP, tDP, iters := pairedSteps(b, nonprivate, dp)
 		b.ReportMetric(float64(B*iters)/tNP.Seconds(), "nonprivate-examples/s")
 		b.ReportMetric(float64(B*iters)/tDP.Seconds(), "dp-examples/s")
 		b.ReportMetric(tDP.Seconds()/tNP.Seconds(), "dp/nonprivate")
 	})
+}
+
+// pairedSteps runs one nonprivate and one dp step per iteration of b,
+// alternating which goes first, and returns their total times and the
+// number of iterations: the two are measured under the same load.
+func pairedSteps(b *testing.B, nonprivate, dp func() error) (tNP, tDP time.Duration, iters int) {
+	timed := func(step func() error) time.Duration {
+		t0 := time.Now()
+		if err := step(); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	for b.Loop() {
+		if iters%2 == 0 {
+			tNP += timed(nonprivate)
+			tDP += timed(dp)
+		} else {
+			tDP += timed(dp)
+			tNP += timed(nonprivate)
+		}
+		iters++
+	}
+	return tNP, tDP, iters
 }
 
 // BenchmarkMLPStep: the "mlp" preset (784-256-256-10), B = 256.

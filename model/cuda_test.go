@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"gorgonia.org/cu"
 
@@ -710,25 +709,7 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 	run("gpu-dp", dp)
 	run("gpu-nonprivate", nonprivate)
 	b.Run("gpu-paired", func(b *testing.B) {
-		timed := func(step func() error) time.Duration {
-			t0 := time.Now()
-			if err := step(); err != nil {
-				b.Fatal(err)
-			}
-			return time.Since(t0)
-		}
-		var tNP, tDP time.Duration
-		iters := 0
-		for b.Loop() {
-			if iters%2 == 0 {
-				tNP += timed(nonprivate)
-				tDP += timed(dp)
-			} else {
-				tDP += timed(dp)
-				tNP += timed(nonprivate)
-			}
-			iters++
-		}
+		tNP, tDP, iters := pairedSteps(b, nonprivate, dp)
 		b.ReportMetric(tNP.Seconds()*1e3/float64(iters), "nonprivate-ms")
 		b.ReportMetric(tDP.Seconds()*1e3/float64(iters), "dp-ms")
 		b.ReportMetric(tDP.Seconds()/tNP.Seconds(), "dp/nonprivate")
