@@ -224,13 +224,41 @@ func PLDCalibrateSigma(targetEps, q float64, steps int64, delta float64) (float6
 	if lo <= minSigma {
 		return hi, nil
 	}
-	// Invariant: eps(lo) > target ≥ eps(hi).
+	// Invariant: eps(lo) > target ≥ eps(hi). Each PLD evaluation costs an
+	// FFT, so shrink the bracket by regula falsi on log ε (smooth in σ) with
+	// the Illinois modification (Dowell and Jarratt 1971), falling back to
+	// bisection when an interpolated point lands at an end.
+	fLo, fHi := math.Log(eps(lo)/targetEps), math.Log(eps(hi)/targetEps)
+	side := 0
 	for hi-lo > 1e-6*hi {
 		mid := lo + (hi-lo)/2
-		if eps(mid) <= targetEps {
-			hi = mid
+		if fLo > fHi && !math.IsInf(fLo, 0) && !math.IsInf(fHi, 0) {
+			x := hi - fHi*(hi-lo)/(fHi-fLo)
+			if x > lo && x < hi {
+				mid = x
+			}
+		}
+		f := math.Log(eps(mid) / targetEps)
+		if f <= 0 {
+			hi, fHi = mid, f
+			if side == 1 {
+				fLo /= 2
+			}
+			side = 1
 		} else {
-			lo = mid
+			lo, fLo = mid, f
+			if side == -1 {
+				fHi /= 2
+			}
+			side = -1
+		}
+		// Step just across a converging end so the bracket itself shrinks.
+		if hi-lo > 1e-6*hi && side == 1 {
+			if x := hi * (1 - 5e-7); x > lo {
+				if f := math.Log(eps(x) / targetEps); f > 0 {
+					lo, fLo = x, f
+				}
+			}
 		}
 	}
 	return hi, nil
