@@ -20,6 +20,7 @@ type accountantVectors struct {
 		Steps           int64   `json:"steps"`
 		Delta           float64 `json:"delta"`
 		RDPEpsilon      float64 `json:"rdp_epsilon"`
+		PLDEpsilon      float64 `json:"pld_epsilon"`
 	} `json:"cases"`
 	Calibration []struct {
 		TargetEpsilon float64 `json:"target_epsilon"`

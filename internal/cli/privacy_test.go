@@ -102,3 +102,120 @@ func TestPrivacyRejects(t *testing.T) {
 		})
 	}
 }
+
+func TestPrivacyEpsilonPLD(t *testing.T) {
+	args := []string{"privacy", "epsilon", "--sample-rate", "0.04", "--noise-multiplier", "1.5",
+		"--steps", "2250", "--delta", "1e-5", "--accountant", "pld"}
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out, "ε = 6.76") || !strings.Contains(out, "PLD accountant") || !strings.Contains(out, "Gaussian") {
+		t.Errorf("output %q: want ε = 6.76…, naming the PLD accountant and the mechanism", out)
+	}
+	out, err = run(t, append(args, "--json")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got epsilonResult
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if got.Accountant != "pld" || got.Mechanism != "gaussian" || got.Order != nil {
+		t.Errorf("JSON does not name the PLD accountant and Gaussian mechanism: %+v", got)
+	}
+	// dp_accounting's PLD value from shared/conformance (0.5% tolerance).
+	if want := 6.768787376865218; got.Epsilon < want*(1-0.005) || got.Epsilon > want*(1+0.005) {
+		t.Errorf("epsilon = %v, want %v ± 0.5%%", got.Epsilon, want)
+	}
+	// The default is still RDP, which is larger here.
+	rdp, err := run(t, append(args[:len(args)-2], "--json")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r epsilonResult
+	if err := json.Unmarshal([]byte(rdp), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Accountant != "rdp" || r.Epsilon <= got.Epsilon {
+		t.Errorf("default accountant %q ε=%v, want rdp above PLD's %v", r.Accountant, r.Epsilon, got.Epsilon)
+	}
+}
+
+func TestPrivacySigmaPLD(t *testing.T) {
+	out, err := run(t, "privacy", "sigma", "--target-epsilon", "3", "--sample-rate", "0.004266666666666667",
+		"--steps", "2343", "--delta", "1e-5", "--accountant", "pld", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got sigmaResult
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if got.Accountant != "pld" || got.Epsilon > 3 {
+		t.Errorf("accountant %q, σ=%v gives ε=%v (target 3)", got.Accountant, got.NoiseMultiplier, got.Epsilon)
+	}
+	// RDP needs σ = 0.742 for this target (shared/conformance); PLD less.
+	if got.NoiseMultiplier >= 0.7420020719159987 {
+		t.Errorf("PLD σ = %v not below RDP's 0.742", got.NoiseMultiplier)
+	}
+	text, err := run(t, "privacy", "sigma", "--target-epsilon", "3", "--sample-rate", "0.004266666666666667",
+		"--steps", "2343", "--delta", "1e-5", "--accountant", "pld")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(text, "σ = ") || !strings.Contains(text, "PLD accountant") {
+		t.Errorf("output %q", text)
+	}
+}
+
+func TestPrivacyDiscreteGaussian(t *testing.T) {
+	out, err := run(t, "privacy", "epsilon", "--sample-rate", "0.04", "--noise-multiplier", "1.5",
+		"--steps", "2250", "--mechanism", "discrete-gaussian", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got epsilonResult
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Mechanism != "discrete-gaussian" || got.Accountant != "rdp" {
+		t.Errorf("JSON does not name the discrete mechanism: %+v", got)
+	}
+	// The discrete bound is the Gaussian's at integer orders and above it
+	// at fractional ones, so its ε is at least the Gaussian's.
+	if got.Epsilon < 7.3 {
+		t.Errorf("discrete Gaussian ε = %v below the Gaussian's", got.Epsilon)
+	}
+	if _, err := run(t, "privacy", "sigma", "--target-epsilon", "3", "--sample-rate", "0.01",
+		"--steps", "100", "--mechanism", "discrete-gaussian"); err != nil {
+		t.Errorf("rdp calibration for the discrete Gaussian: %v", err)
+	}
+}
+
+func TestPrivacyAccountantRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad accountant", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--accountant", "prv"}, "--accountant"},
+		{"bad mechanism", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--mechanism", "laplace"}, "--mechanism"},
+		{"pld discrete", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--accountant", "pld", "--mechanism", "discrete-gaussian"}, "continuous Gaussian"},
+		{"pld sigma discrete", []string{"sigma", "--target-epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--accountant", "pld", "--mechanism", "discrete-gaussian"}, "continuous Gaussian"},
+		{"pld q zero", []string{"epsilon", "--sample-rate", "0", "--noise-multiplier", "1", "--steps", "10", "--accountant", "pld"}, "sample rate"},
+		{"pld delta one", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1", "--accountant", "pld"}, "delta"},
+		{"pld target zero", []string{"sigma", "--target-epsilon", "0", "--sample-rate", "0.1", "--steps", "10", "--accountant", "pld"}, "target epsilon"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := run(t, append([]string{"privacy"}, tt.args...)...)
+			if err == nil {
+				t.Fatal("command succeeded, want an error")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q does not mention %q", err, tt.want)
+			}
+		})
+	}
+}
