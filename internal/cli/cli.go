@@ -17,6 +17,7 @@ func NewCoordinatorCmd() *cobra.Command {
 	}
 	root.AddCommand(newPrivacyCmd())
 	root.AddCommand(newLedgerCmd())
+	root.AddCommand(newExportCmd())
 	root.AddCommand(newLocalCmd())
 	root.AddCommand(newServeCmd())
 	root.AddCommand(newStatusCmd())

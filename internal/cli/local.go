@@ -47,7 +47,12 @@ type localResult struct {
 	NonPrivateHoldoutLoss     *float64 `json:"nonprivate_holdout_loss,omitempty"`
 	NonPrivateHoldoutExamples *int     `json:"nonprivate_holdout_examples,omitempty"`
 	Ledger                    string   `json:"ledger"`
-	Seconds                   float64  `json:"seconds"`
+	// Model is the trained model written into the data dir
+	// (ModelFile, by exportModel) and StateSHA256 the state digest
+	// (coordinator.Summary.Digest) of the replica that ran it.
+	Model       string  `json:"model"`
+	StateSHA256 string  `json:"state_sha256"`
+	Seconds     float64 `json:"seconds"`
 	// Private is false when the run used seeded (predictable) noise.
 	Private bool `json:"private"`
 	// NoiseMode is the leader's noise mechanism: discrete, float, or ""
@@ -206,13 +211,17 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if runErr != nil {
 		return runErr
 	}
+	modelPath := filepath.Join(f.dataDir, ModelFile)
+	if _, err := exportModel(f.dataDir, modelPath); err != nil {
+		return err
+	}
 
 	res := localResult{
 		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
 		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, NoiseMode: rc.NoiseMode, Stopped: sum.Stopped,
 		EvalData: evalLabel(pr.eval),
 		Ledger:   filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
-		Private: !seeded,
+		Private: !seeded, Model: modelPath, StateSHA256: sum.Digest,
 	}
 	res.setFinalEval(sum)
 	out := cmd.OutOrStdout()
@@ -230,6 +239,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		fmt.Fprintln(out, "WARNING: seeded noise (--insecure-seed): this run is NOT differentially private")
 	}
 	fmt.Fprintf(out, "ledger: %s (check it: coordinator ledger audit %s)\n", res.Ledger, f.dataDir)
+	fmt.Fprintf(out, "model: %s (θ at step %d, safetensors)\n", res.Model, res.Steps)
 	return nil
 }
 

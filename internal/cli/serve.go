@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -177,6 +178,12 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g\n",
 		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta)
 	fmt.Fprintf(cmd.OutOrStdout(), "state sha256 %s (θ and optimizer state at step %d)\n", sum.Digest, sum.Steps)
+	// The run is over: leave the model beside the ledger.
+	modelPath := filepath.Join(f.dataDir, ModelFile)
+	if _, err := exportModel(f.dataDir, modelPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "model: %s (θ at step %d, safetensors)\n", modelPath, sum.Steps)
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(cmd.OutOrStdout(), line)
 	}

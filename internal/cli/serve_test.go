@@ -88,6 +88,12 @@ func TestServeWithNodeCommands(t *testing.T) {
 	if !strings.Contains(out, "finished after 400 steps (max steps reached)") || !strings.Contains(out, "test accuracy") {
 		t.Errorf("serve output: %q", out)
 	}
+	// The finished replica left the model beside its ledger: θ of the
+	// state whose digest it printed, labelled not private (seeded noise).
+	_, _, meta := readModelFile(t, filepath.Join(dir, ModelFile))
+	if !strings.Contains(out, "state sha256 "+meta["state_sha256"]+" ") || meta["step"] != "400" || meta["private"] != "false" {
+		t.Errorf("model metadata %v; serve output %q", meta, out)
+	}
 	for range 2 {
 		select {
 		case err := <-nodeDone:

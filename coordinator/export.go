@@ -1,0 +1,433 @@
+package coordinator
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// Reading a replica's state offline (ReadCommitted), for export.
+//
+// What is "committed" offline: hashicorp/raft does not persist the commit
+// index, so the Raft log alone cannot say which of its entries were
+// committed. The ledger can: the state machine charges a step entry (and
+// fsyncs the charge) before it applies it, and it applies only committed
+// entries, so every step this replica applied has a charge record at its
+// Raft index, and every entry at or below the ledger's last charged index
+// was committed. ReadCommitted therefore takes the newest snapshot that
+// decodes and replays the log entries after it up to the ledger's last
+// charged index (or the snapshot's index, if that is later) through a
+// fresh state machine: the result is θ at the last step this replica
+// applied, which is committed. Entries the replica has not applied yet
+// (or were appended but never committed) are left out: conservative,
+// never ahead of what a replica has acknowledged.
+//
+// Read-only: ReadCommitted opens nothing in the data dir for writing and
+// takes no lock there. The Raft log (a bbolt file, which a running
+// replica holds under an exclusive flock) is copied to a temporary
+// directory, checking bbolt's meta pages so that no commit happened
+// during the copy (see copyBolt), and read from the copy; snapshots and
+// the ledger are plain files, read with os.Open. It is safe while the
+// replica runs: a read that races with the replica (a log compacted or a
+// snapshot reaped between reading the ledger and reading the log) is
+// retried.
+
+// ErrNoReplicaState is returned (wrapped, with the reason) by
+// ReadCommitted for a data dir that is missing, empty, or holds no
+// configured run.
+var ErrNoReplicaState = errors.New("coordinator: no replica state in data dir")
+
+// ErrInconsistentState is returned (wrapped) by ReadCommitted when the
+// snapshot, the Raft log and the ledger of a data dir do not agree: an
+// entry the ledger charged is missing from the log, or replaying the log
+// does not reproduce the ledger's records.
+var ErrInconsistentState = errors.New("coordinator: replica state does not agree with its ledger")
+
+// Committed is a replica's training state at its last committed step, read
+// offline by ReadCommitted. It holds only public or privatized values.
+type Committed struct {
+	Config  RunConfig
+	Step    int64     // last applied (committed) step; 0 before the first
+	Theta   []float32 // θ after Step
+	Epsilon float64   // ε spent at the run's δ, from the ledger
+	Charges uint64    // ledger charge records
+	Stopped string    // why the run stopped, "" if it had not
+	// Digest is FSM.Digest of the state: equal to Summary.Digest of the
+	// replica that ran to this step.
+	Digest string
+}
+
+// readAttempts bounds ReadCommitted's retries of a read that raced with
+// the running replica.
+const readAttempts = 5
+
+// ReadCommitted reads the replica data dir dataDir offline and returns the
+// state at its last committed step (see the comment above on what
+// committed means offline). init must be the InitFunc the replica runs
+// with (θ₀ for a log that starts with the configuration entry). It returns
+// an error wrapping ErrNoReplicaState for a dir without a configured run,
+// and ErrInconsistentState when the dir's parts disagree.
+func ReadCommitted(dataDir string, init InitFunc) (Committed, error) {
+	st, err := os.Stat(dataDir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Committed{}, fmt.Errorf("%w: %s does not exist", ErrNoReplicaState, dataDir)
+	case err != nil:
+		return Committed{}, fmt.Errorf("coordinator: %w", err)
+	case !st.IsDir():
+		return Committed{}, fmt.Errorf("%w: %s is not a directory", ErrNoReplicaState, dataDir)
+	}
+	var errs error
+	for range readAttempts {
+		c, err := readCommittedOnce(dataDir, init)
+		if err == nil || !errors.Is(err, errRaced) {
+			return c, err
+		}
+		errs = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	return Committed{}, fmt.Errorf("%w: gave up after %d reads that raced with the running replica: %w", ErrInconsistentState, readAttempts, errs)
+}
+
+// errRaced marks a read that may have raced with the running replica and
+// is worth retrying.
+var errRaced = errors.New("coordinator: read raced with the replica")
+
+func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
+	// 1. The ledger first: everything it charged is in the snapshot or
+	// still in the log (the replica keeps TrailingLogs entries after a
+	// snapshot, and a snapshot is taken after the charges it covers).
+	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, LedgerFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Committed{}, fmt.Errorf("%w: %s has no %s", ErrNoReplicaState, dataDir, LedgerFile)
+	}
+	if err != nil {
+		return Committed{}, err
+	}
+	var run *ledger.Record
+	var lastCharge uint64
+	var charges uint64
+	for i := range recs {
+		switch recs[i].Kind {
+		case ledger.RecordRun:
+			run = &recs[i]
+		case ledger.RecordCharge:
+			lastCharge = max(lastCharge, recs[i].Index)
+			charges++
+		}
+	}
+	if run == nil {
+		return Committed{}, fmt.Errorf("%w: the ledger in %s has no run record (the run was never configured)", ErrNoReplicaState, dataDir)
+	}
+
+	// 2. The newest snapshot that decodes, as Raft restores it.
+	snapIndex, snap, err := readNewestSnapshot(dataDir)
+	if err != nil {
+		return Committed{}, err
+	}
+
+	// 3. The Raft log, from a consistent copy.
+	tmp, err := os.MkdirTemp("", "dpcluster-export-")
+	if err != nil {
+		return Committed{}, fmt.Errorf("coordinator: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	logs, err := openLogCopy(filepath.Join(dataDir, "raft", "log.db"), filepath.Join(tmp, "log.db"))
+	if err != nil {
+		return Committed{}, err
+	}
+	defer logs.Close()
+
+	// 4. Replay into a fresh state machine whose ledger lives in tmp.
+	fsm, err := NewFSM(tmp, init, nil)
+	if err != nil {
+		return Committed{}, err
+	}
+	defer fsm.Close()
+	if snap != nil {
+		if err := fsm.Restore(io.NopCloser(bytes.NewReader(snap))); err != nil {
+			return Committed{}, err
+		}
+	}
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return Committed{}, err
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return Committed{}, err
+	}
+	upTo := max(lastCharge, snapIndex)
+	for i := snapIndex + 1; i <= upTo; i++ {
+		var e raft.Log
+		if err := logs.GetLog(i, &e); err != nil {
+			if errors.Is(err, raft.ErrLogNotFound) {
+				return Committed{}, fmt.Errorf("%w: %w: the ledger charged Raft index %d, the log holds %d..%d after snapshot %d",
+					errRaced, ErrInconsistentState, upTo, first, last, snapIndex)
+			}
+			return Committed{}, fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
+		}
+		if err := replayEntry(fsm, &e); err != nil {
+			return Committed{}, err
+		}
+	}
+	// A run configured but not charged yet: its configuration entry was
+	// committed (the ledger's run record is written when it is applied).
+	for i := upTo + 1; i <= last; i++ {
+		if _, ok := fsm.Config(); ok {
+			break
+		}
+		var e raft.Log
+		if err := logs.GetLog(i, &e); err != nil {
+			return Committed{}, fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
+		}
+		if e.Type != raft.LogCommand {
+			continue
+		}
+		if t, _, err := decodeEntry(e.Data); err != nil || t != entryConfig {
+			break
+		}
+		if err := replayEntry(fsm, &e); err != nil {
+			return Committed{}, err
+		}
+	}
+
+	// 5. Check the replay against the ledger: same records, same head.
+	cfg, ok := fsm.Config()
+	if !ok {
+		return Committed{}, fmt.Errorf("%w: %w: the ledger has a run record but neither the snapshot nor the log holds the configuration",
+			errRaced, ErrInconsistentState)
+	}
+	head, seq := fsm.ledger.Head()
+	if seq != uint64(len(recs)) || head.Hash != recs[len(recs)-1].Hash {
+		return Committed{}, fmt.Errorf("%w: %w: replaying the log gave %d ledger records, the ledger holds %d",
+			errRaced, ErrInconsistentState, seq, len(recs))
+	}
+	theta, step := fsm.Params(nil)
+	digest, err := fsm.Digest()
+	if err != nil {
+		return Committed{}, err
+	}
+	s := fsm.State()
+	return Committed{Config: cfg, Step: step, Theta: theta, Epsilon: s.Epsilon, Charges: s.Charges,
+		Stopped: s.Stopped, Digest: digest}, nil
+}
+
+// replayEntry applies e to fsm as Raft would, failing on what makes a
+// replica fail.
+func replayEntry(fsm *FSM, e *raft.Log) error {
+	if res, ok := fsm.Apply(e).(ApplyResult); ok && errors.Is(res.Err, ErrFatal) {
+		return fmt.Errorf("coordinator: replaying Raft entry %d: %w", e.Index, res.Err)
+	}
+	return nil
+}
+
+// snapshotMeta is the part of hashicorp/raft's FileSnapshotStore meta.json
+// that ReadCommitted needs.
+type snapshotMeta struct {
+	ID    string
+	Index uint64
+	Term  uint64
+}
+
+// readNewestSnapshot returns the index and bytes of the newest snapshot in
+// dataDir/snapshots that decodes (nil and 0 if there is none), in the
+// order hashicorp/raft's FileSnapshotStore lists them (term, index, ID,
+// newest first), skipping unfinished (.tmp) ones. It reads the files
+// directly: opening a FileSnapshotStore writes a permission probe file.
+func readNewestSnapshot(dataDir string) (uint64, []byte, error) {
+	dir := filepath.Join(dataDir, "snapshots")
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("coordinator: listing snapshots: %w", err)
+	}
+	var metas []snapshotMeta
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "meta.json"))
+		if err != nil {
+			continue // being written or reaped; Raft skips it too
+		}
+		var m snapshotMeta
+		if json.Unmarshal(b, &m) != nil || m.ID != e.Name() {
+			continue
+		}
+		metas = append(metas, m)
+	}
+	slices.SortFunc(metas, func(a, b snapshotMeta) int {
+		if c := -compareUint(a.Term, b.Term); c != 0 {
+			return c
+		}
+		if c := -compareUint(a.Index, b.Index); c != 0 {
+			return c
+		}
+		return -strings.Compare(a.ID, b.ID)
+	})
+	var errs error
+	for _, m := range metas {
+		data, err := os.ReadFile(filepath.Join(dir, m.ID, "state.bin"))
+		if err == nil {
+			_, err = decodeSnapshot(data)
+		}
+		if err != nil {
+			errs = errors.Join(errs, fmt.Errorf("snapshot %s: %w", m.ID, err))
+			continue
+		}
+		return m.Index, data, nil
+	}
+	if errs != nil {
+		return 0, nil, fmt.Errorf("%w: no snapshot decodes: %w", errRaced, errs)
+	}
+	return 0, nil, nil
+}
+
+func compareUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// openLogCopy copies the bbolt Raft log at src to dst (copyBolt) and opens
+// the copy read-only.
+func openLogCopy(src, dst string) (*LogStore, error) {
+	if err := copyBolt(src, dst); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(dst, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: opening a copy of the Raft log %s: %w", src, err)
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketLogs) == nil || tx.Bucket(bucketStable) == nil {
+			return fmt.Errorf("%w: %s has no Raft log buckets", ErrLogCorrupt, src)
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &LogStore{db: db}, nil
+}
+
+// copyBolt copies the bbolt file at src to dst without locking src, and
+// checks that the copy is a consistent state of the database: bbolt
+// commits copy-on-write (a transaction writes new pages, then its meta
+// page, one of two alternating ones; the pages reachable from the newest
+// meta are not written again while it is the newest), so if the newest
+// meta's transaction ID is the same in the copy (whose meta pages were
+// read first) and in src read again after the copy, no commit happened
+// during the copy and every page the copy's newest meta reaches is intact.
+// Otherwise it retries (errRaced after several tries).
+func copyBolt(src, dst string) error {
+	for range readAttempts {
+		if err := copyFile(src, dst); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("%w: no Raft log at %s", ErrNoReplicaState, src)
+			}
+			return fmt.Errorf("coordinator: copying the Raft log: %w", err)
+		}
+		copied, err := boltTxID(dst)
+		if err != nil {
+			return err
+		}
+		now, err := boltTxID(src)
+		if err != nil {
+			return err
+		}
+		if copied == now {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the Raft log kept changing while it was copied", errRaced)
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// boltTxID returns the transaction ID of the newest valid meta page of the
+// bbolt file at path. bbolt's layout (go.etcd.io/bbolt, page.go and
+// db.go): pages 0 and 1 are meta pages; each is a 16-byte page header,
+// then magic, version, page size and flags (uint32 each), the root bucket
+// (16 bytes), the freelist and high-water page IDs, the transaction ID and
+// an FNV-64a checksum of the meta bytes before it (uint64 each), in the
+// machine's byte order (little-endian on the platforms we build for).
+func boltTxID(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("coordinator: %w", err)
+	}
+	defer f.Close()
+	const (
+		hdr      = 16
+		metaSize = 64
+		magic    = 0xED0CDAED
+	)
+	var first [hdr + metaSize]byte
+	if _, err := io.ReadFull(f, first[:]); err != nil {
+		return 0, fmt.Errorf("%w: %s: bbolt meta page: %v", ErrLogCorrupt, path, err)
+	}
+	pageSize := int64(binary.LittleEndian.Uint32(first[hdr+8:]))
+	var best uint64
+	found := false
+	for i := int64(0); i < 2; i++ {
+		var p [hdr + metaSize]byte
+		if _, err := f.ReadAt(p[:], i*pageSize); err != nil {
+			continue
+		}
+		m := p[hdr:]
+		if binary.LittleEndian.Uint32(m[0:]) != magic {
+			continue
+		}
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if h.Sum64() != binary.LittleEndian.Uint64(m[56:]) {
+			continue
+		}
+		if txid := binary.LittleEndian.Uint64(m[48:]); !found || txid > best {
+			best, found = txid, true
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("%w: %s: no valid bbolt meta page", ErrLogCorrupt, path)
+	}
+	return best, nil
+}
