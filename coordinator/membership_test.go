@@ -73,24 +73,7 @@ func TestNodeCannotChangeMembership(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	scfg := transport.DefaultServerConfig()
-	scfg.Port, scfg.TLS, scfg.Run = -1, tlsFiles(dir, "r1"), c.Run
-	srv, err := transport.StartServer(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	dial := func(id string) *transport.Client {
-		t.Helper()
-		cfg := transport.DefaultConfig()
-		cfg.Run, cfg.URLs, cfg.TLS = c.Run, []string{srv.URL()}, tlsFiles(dir, id)
-		conn, err := transport.Connect(ctx, cfg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
+	srv, dial := tlsServer(t, ctx, dir, c.Run)
 
 	peers := []raft.Server{{ID: "r1", Address: raft.ServerAddress(freeAddr(t))}, {ID: "r2", Address: raft.ServerAddress(freeAddr(t))}}
 	open := func(id, addr string, bootstrap bool) *Replica {
@@ -227,4 +210,31 @@ func TestAddVoterChecksIdentity(t *testing.T) {
 	if !leader.hasVoter("r3", r3.Addr()) {
 		t.Error("r3 not a voter")
 	}
+}
+
+// tlsServer starts an embedded NATS server for run with mutual TLS (r1's
+// replica certificate from the test PKI in dir), shut down at the end of
+// the test, and returns it with a dial function that connects a client
+// presenting id's certificate.
+func tlsServer(t *testing.T, ctx context.Context, dir, run string) (*transport.Server, func(id string) *transport.Client) {
+	t.Helper()
+	scfg := transport.DefaultServerConfig()
+	scfg.Port, scfg.TLS, scfg.Run = -1, tlsFiles(dir, "r1"), run
+	srv, err := transport.StartServer(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	dial := func(id string) *transport.Client {
+		t.Helper()
+		cfg := transport.DefaultConfig()
+		cfg.Run, cfg.URLs, cfg.TLS = run, []string{srv.URL()}, tlsFiles(dir, id)
+		conn, err := transport.Connect(ctx, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	return srv, dial
 }

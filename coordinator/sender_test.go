@@ -27,24 +27,7 @@ func TestNodeCannotAnswerForAnother(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	scfg := transport.DefaultServerConfig()
-	scfg.Port, scfg.TLS, scfg.Run = -1, tlsFiles(dir, "r1"), c.Run
-	srv, err := transport.StartServer(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	dial := func(id string) *transport.Client {
-		t.Helper()
-		cfg := transport.DefaultConfig()
-		cfg.Run, cfg.URLs, cfg.TLS = c.Run, []string{srv.URL()}, tlsFiles(dir, id)
-		conn, err := transport.Connect(ctx, cfg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
+	srv, dial := tlsServer(t, ctx, dir, c.Run)
 	coordConn := dial("r1")
 
 	const count = 10
