@@ -77,7 +77,7 @@ func startTLSServer(t *testing.T, dir string) *transport.Server {
 // connect returns a Client of id over TLS to url.
 func connect(t *testing.T, url, dir, id string) *transport.Client {
 	t.Helper()
-	c, err := dial(url, dir, id)
+	c, err := dial(url, dir, id, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,11 +85,34 @@ func connect(t *testing.T, url, dir, id string) *transport.Client {
 	return c
 }
 
-func dial(url, dir, id string) (*transport.Client, error) {
+// connectCounting is connect, and counts the errors the client reports
+// (ClientConfig.OnError) for which match is true: the returned function
+// reads the count.
+func connectCounting(t *testing.T, url, dir, id string, match func(error) bool) (*transport.Client, func() int) {
+	t.Helper()
+	var (
+		mu sync.Mutex
+		n  int
+	)
+	c, err := dial(url, dir, id, func(err error) {
+		if match(err) {
+			mu.Lock()
+			n++
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+func dial(url, dir, id string, onError func(error)) (*transport.Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cfg := transport.DefaultConfig()
-	cfg.Run, cfg.URLs, cfg.TLS = tlsRun, []string{url}, files(dir, id)
+	cfg.Run, cfg.URLs, cfg.TLS, cfg.OnError = tlsRun, []string{url}, files(dir, id), onError
 	return transport.Connect(ctx, cfg, nil)
 }
 
@@ -414,16 +437,7 @@ func TestTLSNackCannotRedirect(t *testing.T) {
 	s, _ := transport.NewSubjects(tlsRun)
 	ctx := context.Background()
 
-	var rejected sync.Mutex
-	var rejections []error
-	cfg := transport.DefaultConfig()
-	cfg.Run, cfg.URLs, cfg.TLS = tlsRun, []string{srv.URL()}, files(dir, "r1")
-	cfg.OnError = func(err error) { rejected.Lock(); rejections = append(rejections, err); rejected.Unlock() }
-	coord, err := transport.Connect(ctx, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer coord.Close()
+	coord, rejections := connectCounting(t, srv.URL(), dir, "r1", func(error) bool { return true })
 	params := transport.Params{Run: tlsRun, Step: 1, Version: 1, Values: make(transport.Vector, 50_000)} // 200 kB: 4 chunks
 	if err := coord.Publish(ctx, params); err != nil {
 		t.Fatal(err)
@@ -459,10 +473,7 @@ func TestTLSNackCannotRedirect(t *testing.T) {
 	evil.publish(t, s.Nack(coord.ID(), self), nack(victim))
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		rejected.Lock()
-		n := len(rejections)
-		rejected.Unlock()
-		if n > 0 {
+		if rejections() > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -581,7 +592,7 @@ func TestTLSClientChecksServer(t *testing.T) {
 		t.Fatalf("control: a plain client does not reach the rogue server: %v", err)
 	}
 	a.nc.Close()
-	if _, err := dial(rogue.ClientURL(), dir, "node-0"); err == nil || !strings.Contains(err.Error(), "not a replica") {
+	if _, err := dial(rogue.ClientURL(), dir, "node-0", nil); err == nil || !strings.Contains(err.Error(), "not a replica") {
 		t.Errorf("our client connected to a server holding a node certificate: %v", err)
 	}
 }
@@ -676,22 +687,7 @@ func TestTLSNodeSpeaksOnlyForItself(t *testing.T) {
 	srv := startTLSServer(t, dir)
 	s, _ := transport.NewSubjects(tlsRun)
 	ctx := context.Background()
-	var mu sync.Mutex
-	var wrong []error
-	cfg := transport.DefaultConfig()
-	cfg.Run, cfg.URLs, cfg.TLS = tlsRun, []string{srv.URL()}, files(dir, "r1")
-	cfg.OnError = func(err error) {
-		if errors.Is(err, transport.ErrWrongSender) {
-			mu.Lock()
-			wrong = append(wrong, err)
-			mu.Unlock()
-		}
-	}
-	replica, err := transport.Connect(ctx, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer replica.Close()
+	replica, wrong := connectCounting(t, srv.URL(), dir, "r1", func(err error) bool { return errors.Is(err, transport.ErrWrongSender) })
 	got := make(chan transport.Message, 100)
 	for _, topic := range []transport.Topic{transport.TopicNodes, transport.TopicContributions} {
 		if _, err := replica.Subscribe(topic, func(m transport.Message) { got <- m }); err != nil {
@@ -757,9 +753,7 @@ func TestTLSNodeSpeaksOnlyForItself(t *testing.T) {
 	want := len(forgeries) + 1
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		mu.Lock()
-		n := len(wrong)
-		mu.Unlock()
+		n := wrong()
 		if n == want {
 			break
 		}
