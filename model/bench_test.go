@@ -20,42 +20,13 @@ func benchStep(b *testing.B, preset string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	theta := make([]float32, m.NumParams())
-	if err := m.Init(theta, 1); err != nil {
-		b.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	x := make([]float32, B*m.InputSize())
-	for i := range x {
-		x[i] = rng.Float32()
-	}
-	y := make([]int32, B)
-	for i := range y {
-		y[i] = int32(rng.IntN(m.Classes()))
-	}
+	m, theta, x, y := benchInputs(b, spec, B)
 	ws, err := m.NewWorkspace(B)
 	if err != nil {
 		b.Fatal(err)
 	}
 	dst := make([]float32, m.NumParams())
-	run := func(name string, step func() error) {
-		if err := step(); err != nil { // warm-up: first touch of every buffer
-			b.Fatal(err)
-		}
-		b.Run(name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := step(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(B*b.N)/b.Elapsed().Seconds(), "examples/s")
-		})
-	}
+	run := func(name string, step func() error) { benchRun(b, name, B, step) }
 	nonprivate := func() error { _, err := ws.MeanGrad(dst, theta, x, y); return err }
 	dp := func() error { _, err := ws.ClippedSum(dst, theta, x, y, 1); return err }
 	run("nonprivate", nonprivate)
@@ -66,6 +37,48 @@ func benchStep(b *testing.B, preset string) {
 		b.ReportMetric(float64(B*iters)/tNP.Seconds(), "nonprivate-examples/s")
 		b.ReportMetric(float64(B*iters)/tDP.Seconds(), "dp-examples/s")
 		b.ReportMetric(tDP.Seconds()/tNP.Seconds(), "dp/nonprivate")
+	})
+}
+
+// benchInputs builds spec's model with its initial parameters (seed 1)
+// and a batch of B Fashion-MNIST-shaped random examples: features uniform
+// in [0, 1), random labels.
+func benchInputs(b *testing.B, spec Spec, B int) (m *Model, theta, x []float32, y []int32) {
+	m, err := New(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	theta = make([]float32, m.NumParams())
+	if err := m.Init(theta, 1); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	x = make([]float32, B*m.InputSize())
+	for i := range x {
+		x[i] = rng.Float32()
+	}
+	y = make([]int32, B)
+	for i := range y {
+		y[i] = int32(rng.IntN(m.Classes()))
+	}
+	return m, theta, x, y
+}
+
+// benchRun runs step once (a warm-up: first touch of every buffer), then
+// as sub-benchmark name, reporting allocations and examples per second for
+// a batch of B.
+func benchRun(b *testing.B, name string, B int, step func() error) {
+	if err := step(); err != nil {
+		b.Fatal(err)
+	}
+	b.Run(name, func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := step(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(B*b.N)/b.Elapsed().Seconds(), "examples/s")
 	})
 }
 

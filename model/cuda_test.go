@@ -662,40 +662,12 @@ func TestCUDADeviceInfo(t *testing.T) {
 // nonprivate (Gonum, or OpenBLAS under -tags openblas). "paired" runs one
 // of each GPU step per iteration and reports dp/nonprivate.
 func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
-	m, err := New(spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	theta := make([]float32, m.NumParams())
-	if err := m.Init(theta, 1); err != nil {
-		b.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	x := make([]float32, B*m.InputSize())
-	for i := range x {
-		x[i] = rng.Float32()
-	}
-	y := make([]int32, B)
-	for i := range y {
-		y[i] = int32(rng.IntN(m.Classes()))
-	}
+	m, theta, x, y := benchInputs(b, spec, B)
 	e := newCUDAEngine(b, m, B)
 	dst := make([]float32, m.NumParams())
 	dp := func() error { _, err := e.ClippedSum(dst, theta, x, y, 1); return err }
 	nonprivate := func() error { _, err := e.MeanGrad(dst, theta, x, y); return err }
-	run := func(name string, step func() error) {
-		if err := step(); err != nil {
-			b.Fatal(err)
-		}
-		b.Run(name, func(b *testing.B) {
-			for b.Loop() {
-				if err := step(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(B*b.N)/b.Elapsed().Seconds(), "examples/s")
-		})
-	}
+	run := func(name string, step func() error) { benchRun(b, name, B, step) }
 	// What a step moves over PCIe: θ up, the d-vector sum down (the
 	// batch, B·784 floats, is small beside them for the wide model).
 	run("gpu-transfers", func() error {
