@@ -100,6 +100,9 @@ type FSM struct {
 	diag    dpadam.Diagnostics
 	stopped string // non-empty once the run stopped, with the reason
 	fatal   error
+
+	// changed holds one signal after any Apply or Restore (Changed).
+	changed chan struct{}
 }
 
 // NewFSM opens (or creates) the ledger under dataDir and returns a state
@@ -113,7 +116,24 @@ func NewFSM(dataDir string, init InitFunc, log *slog.Logger, opts ...ledger.Opti
 	if err != nil {
 		return nil, err
 	}
-	return &FSM{ledgerPath: path, ledgerOpts: opts, init: init, log: log, ledger: l}, nil
+	return &FSM{ledgerPath: path, ledgerOpts: opts, init: init, log: log, ledger: l,
+		changed: make(chan struct{}, 1)}, nil
+}
+
+// Changed returns a channel that holds a signal after the state changed
+// (an entry applied, a snapshot restored): one signal for any number of
+// changes since the last receive, so a reader re-reads State on each. It
+// has one reader (the replica's Server); the signal is sent without
+// blocking and carries nothing the log does not (determinism is
+// unaffected).
+func (f *FSM) Changed() <-chan struct{} { return f.changed }
+
+// notify signals Changed without blocking.
+func (f *FSM) notify() {
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
 }
 
 // LedgerFile is the ledger's file name inside a replica's data directory.
@@ -124,6 +144,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
+	defer f.notify() // after the lock is released
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fatal != nil {

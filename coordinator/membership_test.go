@@ -156,13 +156,13 @@ func TestNodeCannotChangeMembership(t *testing.T) {
 	// serve --join does) and is added. The node's requests, published
 	// before, changed nothing.
 	serve(r3, true)
-	for !leader.hasVoter("r3", r3Addr) {
+	for !leader.HasVoter("r3", r3Addr) {
 		if ctx.Err() != nil {
 			t.Fatal("r3's own join request was not honoured")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if !leader.hasVoter(follower.ID(), "") {
+	if !leader.HasVoter(follower.ID(), "") {
 		t.Errorf("%s was removed by a node's request", follower.ID())
 	}
 }
@@ -201,13 +201,13 @@ func TestAddVoterChecksIdentity(t *testing.T) {
 	if err := leader.AddVoter(ctx, "r2", r3.Addr()); !errors.Is(err, ErrPeerIdentity) {
 		t.Fatalf("AddVoter naming r2 at r3's address: %v, want ErrPeerIdentity", err)
 	}
-	if leader.hasVoter("r2", "") {
+	if leader.HasVoter("r2", "") {
 		t.Fatal("r2 added at r3's address")
 	}
 	if err := leader.AddVoter(ctx, "r3", r3.Addr()); err != nil {
 		t.Fatalf("AddVoter r3: %v", err)
 	}
-	if !leader.hasVoter("r3", r3.Addr()) {
+	if !leader.HasVoter("r3", r3.Addr()) {
 		t.Error("r3 not a voter")
 	}
 }

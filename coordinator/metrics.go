@@ -3,7 +3,6 @@ package coordinator
 import (
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/aggregation"
@@ -99,8 +98,8 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, r := range aggregation.Reasons() {
 		m.rejectedN.WithLabelValues(r.String())
 	}
-	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
-		m.raftState.WithLabelValues(s.String())
+	for _, r := range Roles() {
+		m.raftState.WithLabelValues(string(r))
 	}
 	for _, r := range blockReasons {
 		m.blocked.WithLabelValues(r)
@@ -119,8 +118,8 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	return m, nil
 }
 
-// observe records the replica's state.
-func (m *Metrics) observe(st State, r *Replica) {
+// observe records the replica's state, its Raft role and term.
+func (m *Metrics) observe(st State, c Consensus) {
 	if m == nil {
 		return
 	}
@@ -130,18 +129,18 @@ func (m *Metrics) observe(st State, r *Replica) {
 	if st.Stopped != "" {
 		m.stopped.Set(1)
 	}
-	if c, ok := r.FSM().Config(); ok {
-		m.target.Set(c.TargetEpsilon)
+	if rc, ok := c.FSM().Config(); ok {
+		m.target.Set(rc.TargetEpsilon)
 	}
-	state := r.raft.State()
-	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
+	role := c.Role()
+	for _, r := range Roles() {
 		v := 0.0
-		if s == state {
+		if r == role {
 			v = 1
 		}
-		m.raftState.WithLabelValues(s.String()).Set(v)
+		m.raftState.WithLabelValues(string(r)).Set(v)
 	}
-	m.term.Set(float64(r.raft.CurrentTerm()))
+	m.term.Set(float64(c.Term()))
 }
 
 func (m *Metrics) nodeCount(n int) {

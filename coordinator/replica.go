@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +48,12 @@ type ReplicaConfig struct {
 	TrailingLogs      uint64
 	SnapshotInterval  time.Duration
 	SnapshotsRetained int
+
+	// Transport, if not nil, is the Raft transport to use instead of a
+	// TCP listener on RaftAddr (which must then be Transport's
+	// LocalAddr): raft's in-memory transport for cluster tests
+	// (coordinatortest). TLS must be nil with it.
+	Transport raft.Transport
 
 	// TLS, if set, runs the Raft transport over mutual TLS: this replica
 	// and its peers must hold replica certificates of one CA, and a
@@ -107,6 +114,15 @@ func (c ReplicaConfig) Validate() error {
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return fmt.Errorf("coordinator: Raft address %q is advertised to peers: give a reachable host, not a wildcard", c.RaftAddr)
 	}
+	if c.Transport != nil {
+		switch {
+		case c.TLS != nil:
+			return errors.New("coordinator: a Raft transport given in the configuration cannot also use the TLS settings")
+		case string(c.Transport.LocalAddr()) != c.RaftAddr:
+			return fmt.Errorf("coordinator: Raft address %q is not the given transport's address %q", c.RaftAddr, c.Transport.LocalAddr())
+		}
+		return nil
+	}
 	if c.TLS != nil {
 		if err := c.TLS.check(c.ID); err != nil {
 			return err
@@ -122,7 +138,7 @@ type Replica struct {
 	raft      *raft.Raft
 	fsm       *FSM
 	logs      *LogStore
-	transport *raft.NetworkTransport
+	transport raft.Transport
 	tls       *tlsRaftStream // nil: plain TCP
 	log       *slog.Logger
 }
@@ -165,16 +181,18 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	stream, err := listenRaft(cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
+	if r.transport = cfg.Transport; r.transport == nil {
+		stream, err := listenRaft(cfg.RaftAddr)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+		var layer raft.StreamLayer = stream
+		if cfg.TLS != nil {
+			r.tls = newTLSRaftStream(stream, cfg.TLS, log)
+			layer = r.tls
+		}
+		r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
 	}
-	var layer raft.StreamLayer = stream
-	if cfg.TLS != nil {
-		r.tls = newTLSRaftStream(stream, cfg.TLS, log)
-		layer = r.tls
-	}
-	r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
@@ -224,8 +242,8 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 }
 
 func (r *Replica) closeStores() {
-	if r.transport != nil {
-		r.transport.Close()
+	if c, ok := r.transport.(raft.WithClose); ok {
+		c.Close()
 	}
 	if r.logs != nil {
 		r.logs.Close()
@@ -236,35 +254,105 @@ func (r *Replica) closeStores() {
 // FSM returns the replica's state machine.
 func (r *Replica) FSM() *FSM { return r.fsm }
 
-// Raft returns the underlying Raft node (for membership operations).
-func (r *Replica) Raft() *raft.Raft { return r.raft }
-
 // Addr returns the Raft address this replica advertises.
 func (r *Replica) Addr() string { return string(r.transport.LocalAddr()) }
 
-// hasVoter reports whether the configuration has voter id (at addr, unless
-// addr is empty).
-func (r *Replica) hasVoter(id, addr string) bool {
-	cf := r.raft.GetConfiguration()
-	if cf.Error() != nil {
-		return false
+// ID returns the replica's ID.
+func (r *Replica) ID() string { return r.cfg.ID }
+
+// Role is a replica's Raft role.
+type Role string
+
+// Roles, as Role reports them.
+const (
+	RoleFollower  Role = "follower"
+	RoleCandidate Role = "candidate"
+	RoleLeader    Role = "leader"
+	RoleShutdown  Role = "shutdown"
+)
+
+// Roles lists every Role (metrics register one series per role).
+func Roles() []Role { return []Role{RoleFollower, RoleCandidate, RoleLeader, RoleShutdown} }
+
+// Role returns the replica's current Raft role.
+func (r *Replica) Role() Role {
+	switch r.raft.State() {
+	case raft.Leader:
+		return RoleLeader
+	case raft.Candidate:
+		return RoleCandidate
+	case raft.Shutdown:
+		return RoleShutdown
 	}
+	return RoleFollower
+}
+
+// IsLeader reports whether this replica currently leads.
+func (r *Replica) IsLeader() bool { return r.raft.State() == raft.Leader }
+
+// Term returns the current Raft term.
+func (r *Replica) Term() uint64 { return r.raft.CurrentTerm() }
+
+// Leader returns the ID of the replica this one believes leads ("" if
+// none is known).
+func (r *Replica) Leader() string {
+	_, id := r.raft.LeaderWithID()
+	return string(id)
+}
+
+// LeadershipChanges returns a channel that receives true when this replica
+// gains leadership and false when it loses it. It holds only the latest
+// change (raft's LeaderCh): a slow reader misses intermediate ones, so a
+// reader re-reads IsLeader and Term on each signal. It has one reader,
+// the replica's Server.
+func (r *Replica) LeadershipChanges() <-chan bool { return r.raft.LeaderCh() }
+
+// Voter is a voting member of the Raft configuration.
+type Voter struct {
+	ID, Addr string
+}
+
+// Voters returns the voters of the latest Raft configuration this replica
+// knows (committed or not), in configuration order.
+func (r *Replica) Voters() ([]Voter, error) {
+	cf := r.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return nil, err
+	}
+	var vs []Voter
 	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == id && s.Suffrage == raft.Voter && (addr == "" || string(s.Address) == addr) {
-			return true
+		if s.Suffrage == raft.Voter {
+			vs = append(vs, Voter{ID: string(s.ID), Addr: string(s.Address)})
 		}
 	}
-	return false
+	return vs, nil
 }
+
+// HasVoter reports whether the configuration has voter id (at addr, unless
+// addr is empty).
+func (r *Replica) HasVoter(id, addr string) bool {
+	vs, err := r.Voters()
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(vs, func(v Voter) bool { return v.ID == id && (addr == "" || v.Addr == addr) })
+}
+
+// IsMember reports whether this replica is a voter in the configuration
+// it knows.
+func (r *Replica) IsMember() bool { return r.HasVoter(r.cfg.ID, "") }
+
+// membershipTimeout bounds a membership change.
+const membershipTimeout = 10 * time.Second
 
 // AddVoter adds replica id, reached at addr, to the Raft configuration as
 // a voter, and waits until the change is committed (bounded by ctx, at most
 // 10 s). With Raft over TLS it first dials addr and requires the replica
 // answering there to hold a replica certificate for id (else an error
 // wrapping ErrPeerIdentity, and nothing changes): a membership request
-// names the new replica by its certificate identity.
+// names the new replica by its certificate identity. Leader only.
 func (r *Replica) AddVoter(ctx context.Context, id, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
 	if r.tls != nil {
 		if err := r.tls.checkPeer(ctx, addr, id); err != nil {
@@ -274,20 +362,14 @@ func (r *Replica) AddVoter(ctx context.Context, id, addr string) error {
 	return r.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout(ctx)).Error()
 }
 
-// isMember reports whether this replica is in the configuration it knows.
-func (r *Replica) isMember() bool { return r.hasVoter(r.cfg.ID, "") }
-
-// ID returns the replica's ID.
-func (r *Replica) ID() string { return r.cfg.ID }
-
-// IsLeader reports whether this replica currently leads.
-func (r *Replica) IsLeader() bool { return r.raft.State() == raft.Leader }
-
-// LeaderCh returns raft's leadership-change channel.
-func (r *Replica) LeaderCh() <-chan bool { return r.raft.LeaderCh() }
-
-// Term returns the current Raft term.
-func (r *Replica) Term() uint64 { return r.raft.CurrentTerm() }
+// RemoveVoter removes replica id from the Raft configuration and waits
+// until the change is committed (bounded by ctx, at most 10 s). Leader
+// only.
+func (r *Replica) RemoveVoter(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
+	defer cancel()
+	return r.raft.RemoveServer(raft.ServerID(id), 0, timeout(ctx)).Error()
+}
 
 // timeout turns ctx's deadline into raft's timeout argument.
 func timeout(ctx context.Context) time.Duration {
@@ -445,3 +527,10 @@ func (s *raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (ne
 
 // Addr implements net.Listener: the advertised address.
 func (s *raftStream) Addr() net.Addr { return s.advertise }
+
+// isLeadershipLoss reports whether err is one a deposed (or deposing)
+// leader's Raft operation fails with.
+func isLeadershipLoss(err error) bool {
+	return errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
+		errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrEnqueueTimeout)
+}

@@ -3,21 +3,13 @@ package coordinator
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
-
-	"github.com/dpcluster/dpcluster/aggregation"
-	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/train"
@@ -151,6 +143,40 @@ type Summary struct {
 	Digest string
 }
 
+// Consensus is what a Server needs from its replica: the replicated state
+// machine, the replica's Raft role, and the operations that go through the
+// Raft log. *Replica implements it over hashicorp/raft; tests may wrap a
+// Replica to hold or fail an operation.
+//
+// The blocking operations (Barrier, Configure, ProposeStep, ProposeStop,
+// AddVoter, RemoveVoter) are called from goroutines the Server owns, never
+// from its loop or a transport handler, and may be called concurrently
+// with the other methods.
+type Consensus interface {
+	ID() string
+	// Addr is the Raft address this replica advertises (join requests).
+	Addr() string
+	FSM() *FSM
+	Role() Role
+	IsLeader() bool
+	Term() uint64
+	// Leader is the ID of the replica believed to lead ("" if unknown).
+	Leader() string
+	// LeadershipChanges signals gains and losses of leadership; a reader
+	// re-reads IsLeader and Term on each signal (Replica.LeadershipChanges).
+	LeadershipChanges() <-chan bool
+	Voters() ([]Voter, error)
+
+	Barrier(ctx context.Context) error
+	Configure(ctx context.Context, c RunConfig) error
+	ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error)
+	ProposeStop(ctx context.Context, reason string) error
+	AddVoter(ctx context.Context, id, addr string) error
+	RemoveVoter(ctx context.Context, id string) error
+}
+
+var _ Consensus = (*Replica)(nil)
+
 // Server is one replica's part of a training run. On every replica it
 // keeps the registry of live nodes (from Join and Heartbeat); while its
 // replica leads, it runs rounds. For step t the leader does, in order
@@ -182,56 +208,41 @@ type Summary struct {
 // Before opening a round the leader checks that one more step fits the
 // budget; if not, it proposes the end of the run (the state machine
 // refuses an over-budget step anyway). When the state machine reports the
-// run stopped, the leader evaluates the final θ, publishes Status done, and
-// Run returns on every replica.
+// run stopped, the leader evaluates the final θ, waits (at most
+// DrainTimeout) for the other voters to report the last step, publishes
+// Status done, and Run returns on every replica.
 //
 // Every replica also reports its state on the control subject
 // (Control ControlReplica) and the leader acts on the membership requests
 // there (ControlJoin, ControlRemove), which only replicas may publish.
+//
+// # Concurrency
+//
+// One goroutine, Run's loop, owns all of the protocol state: the node
+// registry, the other replicas' reports, the open round, the noise drawn
+// for it, the rate limits. The transport's handlers only forward messages
+// to it (inbox); the Raft operations, which block until a quorum answers,
+// run on goroutines the loop starts and waits for (ops), and report back
+// on a channel, so the loop never blocks on Raft and a slow membership
+// change does not hold up rounds. The files split the loop by concern:
+// this file (the loop, its inbox and its operations), round.go (the
+// leader's step, top to bottom), registry.go (nodes), membership.go
+// (join and remove) and reports.go (replica reports, announcements,
+// drain).
 type Server struct {
-	replica *Replica
+	rep     Consensus
 	conn    transport.Conn
 	run     RunConfig
 	cfg     ServerConfig
 	log     *slog.Logger
 	noise   *train.NoiseSource
 	metrics *Metrics
-	// pending is the discrete noise of the open round's release, drawn
-	// while the nodes compute (lead goroutine only).
-	pending mechanism.Noise
-
-	nodes registry
-	round atomic.Pointer[openRound] // the leader's open round, if any
-	last  Progress                  // the leader's last evaluation (lead goroutine only)
-
-	// blocked is why the leader opens no round now (nil: not blocked);
-	// set by the lead goroutine, read by the status reporter.
-	blocked atomic.Pointer[roundBlock]
-	// blockLogged and blockLoggedAt rate-limit the blocked warning (lead
-	// goroutine only).
-	blockLogged   string
-	blockLoggedAt time.Time
-
-	paramsMu   sync.Mutex
-	lastResent map[uint64]time.Time // NeedParams rate limit, by version
-
-	peersMu sync.Mutex
-	peers   map[string]transport.Control // replicas' last ControlReplica, by ID
-
-	// membership carries join and remove requests from the control
-	// handler to the goroutine of Run that acts on them (leader only).
-	membership chan transport.Control
-}
-
-type openRound struct {
-	r    *aggregation.Round
-	term uint64
 }
 
 // NewServer returns a Server for replica, training run over conn. The run
 // configuration must be the one the replica's log holds (or will hold: the
 // first leader proposes it).
-func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerConfig, log *slog.Logger) (*Server, error) {
+func NewServer(replica Consensus, conn transport.Conn, run RunConfig, cfg ServerConfig, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -261,12 +272,7 @@ func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerC
 	} else {
 		log.Warn("coordinator: noise mode " + noiseModeLabel(run.NoiseMode) + ": the floating-point Gaussian sampler is NOT protected against floating-point attacks; use noise mode discrete for new runs")
 	}
-	return &Server{
-		replica: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise,
-		metrics: cfg.Metrics, nodes: registry{nodes: make(map[string]nodeInfo)},
-		lastResent: make(map[uint64]time.Time), peers: make(map[string]transport.Control),
-		membership: make(chan transport.Control, 16),
-	}, nil
+	return &Server{rep: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise, metrics: cfg.Metrics}, nil
 }
 
 // ErrRunMismatch is returned by Run when the replica's log holds another
@@ -277,646 +283,345 @@ var ErrRunMismatch = errors.New("coordinator: the replica's log holds a differen
 // cancelled (ctx.Err()), or the replica fails (an error wrapping
 // ErrFatal). It subscribes to the node, contribution and control topics
 // and unsubscribes before returning; every goroutine it starts has exited
-// by then.
+// by then. Run is called once per Server.
 func (s *Server) Run(ctx context.Context) (Summary, error) {
+	in := newInbox()
 	var subs []transport.Subscription
 	defer func() {
+		in.close()
 		for _, sub := range subs {
 			_ = sub.Unsubscribe()
 		}
 	}()
-	for _, t := range []struct {
-		topic transport.Topic
-		h     transport.Handler
-	}{
-		{transport.TopicNodes, s.onNodeMessage},
-		{transport.TopicContributions, s.onContribution},
-		{transport.TopicControl, s.onControl},
-	} {
-		sub, err := s.conn.Subscribe(t.topic, t.h)
+	for _, topic := range []transport.Topic{transport.TopicNodes, transport.TopicContributions, transport.TopicControl} {
+		sub, err := s.conn.Subscribe(topic, in.deliver)
 		if err != nil {
 			return Summary{}, err
 		}
 		subs = append(subs, sub)
 	}
-	// The reporter announces this replica's state until Run returns, and
-	// once more on the way out (a follower that saw the run stop tells the
-	// leader it has applied the last step).
-	rctx, stopReport := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		s.report(rctx)
-	}()
-	go func() {
-		defer wg.Done()
-		s.changeMembership(rctx)
-	}()
-	defer func() {
-		stopReport()
-		wg.Wait()
-		s.publishReplicaStatus(context.WithoutCancel(ctx))
-	}()
-	poll := time.NewTicker(50 * time.Millisecond)
-	defer poll.Stop()
-	for {
-		st := s.replica.FSM().State()
-		s.observeState(st)
-		if st.Fatal != nil {
-			return s.summary(st), st.Fatal
-		}
-		if st.Stopped != "" && !s.replica.IsLeader() {
-			return s.summary(st), nil
-		}
-		if s.replica.IsLeader() {
-			done, err := s.lead(ctx)
-			if err != nil || done {
-				return s.finalSummary(ctx, err)
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return s.summary(st), ctx.Err()
-		case <-poll.C:
-		}
+	l := newLoop(s, in)
+	sum, err := l.run(ctx)
+	// Once more on the way out: a follower that saw the run stop tells the
+	// leader it has applied the last step.
+	l.publishReplicaStatus(context.WithoutCancel(ctx))
+	return sum, err
+}
+
+// inbox carries messages from the subscription handlers (goroutines owned
+// by the transport) to the loop. A handler only forwards: it blocks while
+// the loop's queue for its kind is full (back-pressure on the
+// subscription, which the transport bounds) and returns at once after
+// close. close makes every handler call return promptly and waits for
+// those in progress.
+type inbox struct {
+	nodes    chan transport.Message // Join, Heartbeat, Leave, NeedParams
+	contribs chan transport.Contribution
+	control  chan transport.Control
+	stop     chan struct{}
+
+	mu       sync.Mutex
+	closed   bool
+	inflight sync.WaitGroup
+}
+
+func newInbox() *inbox {
+	return &inbox{
+		nodes:    make(chan transport.Message, 256),
+		contribs: make(chan transport.Contribution, 64),
+		control:  make(chan transport.Control, 64),
+		stop:     make(chan struct{}),
 	}
 }
 
-// lead runs rounds for as long as this replica leads. It returns done when
-// the run has stopped, and (false, nil) when leadership was lost.
-func (s *Server) lead(ctx context.Context) (done bool, err error) {
-	term := s.replica.Term()
-	log := s.log.With("term", term)
-	if err := s.replica.Barrier(ctx); err != nil {
-		log.Warn("barrier failed; not leading", "err", err)
-		return false, ignoreLeadershipLoss(ctx, err)
-	}
-	if c, ok := s.replica.FSM().Config(); !ok {
-		if err := s.replica.Configure(ctx, s.run); err != nil {
-			return false, ignoreLeadershipLoss(ctx, err)
-		}
-	} else if !sameConfig(c, s.run) {
-		return false, fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, s.run.Run)
-	}
-	log.Info("leading", "step", s.replica.FSM().State().Applied)
-
-	// The announcer owns nothing but its ticker; lead stops it on return.
-	actx, stopAnnounce := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.announce(actx, term)
-	}()
-	defer func() {
-		stopAnnounce()
-		wg.Wait()
-		s.round.Store(nil)
-		s.setBlocked(log, nil)
-	}()
-
-	s.publishParams(ctx, term)
-	g := make([]float32, s.run.Dim)
-	for {
-		if err := ctx.Err(); err != nil {
-			return false, err
-		}
-		if !s.replica.IsLeader() || s.replica.Term() != term {
-			log.Info("lost leadership")
-			return false, nil
-		}
-		st := s.replica.FSM().State()
-		s.observeState(st)
-		if st.Fatal != nil {
-			return false, st.Fatal
-		}
-		if st.Stopped != "" {
-			return true, nil
-		}
-		exceed, err := s.replica.FSM().WouldExceed()
-		if err != nil {
-			return false, err
-		}
-		if exceed {
-			log.Info("privacy budget reached; stopping", "epsilon", st.Epsilon, "target", s.run.TargetEpsilon)
-			if err := s.replica.ProposeStop(ctx, stopBudget); err != nil {
-				return false, ignoreLeadershipLoss(ctx, err)
-			}
-			continue
-		}
-		nodes, shards, claims := s.nodes.live(time.Now(), s.cfg.NodeTimeout)
-		// The live nodes are the next round's members: their shards must
-		// be disjoint (admission.go).
-		b := checkShards(claims, s.run.TotalExamples)
-		s.setBlocked(log, b)
-		if b != nil || len(nodes) < s.cfg.MinNodes {
-			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-				return false, err
-			}
-			continue
-		}
-		if err := s.step(ctx, log, term, st.Applied+1, nodes, shards, g); err != nil {
-			return false, ignoreLeadershipLoss(ctx, err)
-		}
-	}
-}
-
-// setBlocked records why the leader opens no round (nil: it may open
-// them) for the status reports and metrics, and logs a change at once and
-// an unchanged block every 10 s.
-func (s *Server) setBlocked(log *slog.Logger, b *roundBlock) {
-	if b == nil {
-		if s.blocked.Swap(nil) != nil {
-			log.Info("rounds no longer blocked")
-		}
-		s.blockLogged = ""
-		s.metrics.roundsBlocked("")
+// deliver is the transport.Handler of every subscription.
+func (in *inbox) deliver(m transport.Message) {
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
 		return
 	}
-	s.blocked.Store(b)
-	s.metrics.roundsBlocked(b.reason)
-	now := time.Now()
-	if msg := b.String(); msg != s.blockLogged || now.Sub(s.blockLoggedAt) >= 10*time.Second {
-		s.blockLogged, s.blockLoggedAt = msg, now
-		log.Warn("not opening rounds over the live nodes", "reason", b.reason, "detail", b.detail)
+	in.inflight.Add(1)
+	in.mu.Unlock()
+	defer in.inflight.Done()
+	switch v := m.(type) {
+	case transport.Contribution:
+		send(in.contribs, v, in.stop)
+	case transport.Control:
+		send(in.control, v, in.stop)
+	case transport.Join, transport.Heartbeat, transport.Leave, transport.NeedParams:
+		send(in.nodes, m, in.stop)
 	}
 }
 
-// Stop reasons the Server writes into the log.
+func send[T any](ch chan<- T, v T, stop <-chan struct{}) {
+	select {
+	case ch <- v:
+	case <-stop:
+	}
+}
+
+func (in *inbox) close() {
+	in.mu.Lock()
+	if !in.closed {
+		in.closed = true
+		close(in.stop)
+	}
+	in.mu.Unlock()
+	in.inflight.Wait()
+}
+
+// opKind names an operation that goes through Raft.
+type opKind int
+
 const (
-	stopBudget   = "privacy budget exhausted"
-	stopMaxSteps = "max steps reached"
+	opBarrier opKind = iota
+	opConfigure
+	opStep
+	opStop
+	opMembership
 )
 
-// step runs round t (steps 2-6 of the Server doc comment).
-func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int64, nodes []string, shards map[string]int64, g []float32) error {
-	roundID, err := randomID()
-	if err != nil {
-		return err
-	}
-	started := time.Now()
-	deadline := started.Add(s.cfg.RoundTimeout)
-	r, err := aggregation.NewRound(uint64(t), nodes, s.run.Dim, s.run.Optimizer.ClipNorm, deadline,
-		aggregation.WithRoundID(roundID), aggregation.WithShardSizes(shards))
-	if err != nil {
-		return err
-	}
-	s.round.Store(&openRound{r: r, term: term})
-	err = s.conn.Publish(ctx, transport.RoundStart{
-		Run: s.run.Run, Step: uint64(t), RoundID: roundID, Term: term, Leader: s.replica.ID(),
-		ParamsVersion: uint64(t - 1), Deadline: deadline.UnixNano(),
-		SampleRate: s.run.SampleRate, ClipNorm: s.run.Optimizer.ClipNorm, ModelHash: s.run.ModelHash,
-	})
-	if err != nil {
-		r.Close()
-		s.round.Store(nil)
-		return fmt.Errorf("coordinator: publishing round %d: %w", t, err)
-	}
-	// The release's noise does not depend on the data: draw it now, while
-	// the nodes compute (contributions reach the Round through the
-	// transport's handlers meanwhile).
-	if m, ok := s.run.Discrete(); ok {
-		if err := s.noise.DrawDiscrete(&s.pending, m); err != nil {
-			r.Close()
-			s.round.Store(nil)
-			return err
-		}
-		defer s.pending.Clear() // unused noise (no release) does not linger
-	}
-	// Wait for the round, watching leadership: a deposed leader must not
-	// propose (it could not commit anyway) and should stop waiting.
-	watch := time.NewTicker(50 * time.Millisecond)
-	defer watch.Stop()
-	for waiting := true; waiting; {
-		select {
-		case <-r.Done():
-			waiting = false
-		case <-ctx.Done():
-			r.Close()
-			s.round.Store(nil)
-			return ctx.Err()
-		case <-watch.C:
-			if !s.replica.IsLeader() {
-				r.Close()
-				s.round.Store(nil)
-				return raft.ErrNotLeader
-			}
-		}
-	}
-	res := r.Close()
-	s.round.Store(nil)
-	s.metrics.roundClosed(res, time.Since(started))
-	if len(res.Accepted) == 0 {
-		// Nobody answered (all nodes died, or the deadline was too
-		// short): releasing noise over an empty sum would spend budget
-		// for nothing. Forget the silent nodes and try again.
-		log.Warn("round closed with no contribution; not releasing", "step", t, "cause", res.ClosedBy.String())
-		s.nodes.forget(res.Missing)
-		return nil
-	}
-	// 4. Noise over the sum, by the run's noise mode; then clear the sum.
-	// The Result's Sum is this round's own buffer (the Round is discarded).
-	err = privatize(s.run, s.noise, &s.pending, g, res.Sum)
-	clear(res.Sum)
-	if err != nil {
-		return err
-	}
-	// g̃ must be one the state machine will accept: the optimizer's rule,
-	// the same function the FSM applies before charging. A g̃ that fails
-	// it (a clip norm so large that g̃ overflows the optimizer's bound, or
-	// a broken noise source) is never proposed, so never released; the
-	// run stops, since drawing noise again until g̃ passes would make the
-	// release depend on the sum through the rejection.
-	if err := dpadam.CheckGradient(g); err != nil {
-		reason := fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, err)
-		log.Error("noisy gradient invalid; stopping the run", "step", t, "err", err)
-		return s.replica.ProposeStop(ctx, reason)
-	}
-	// 5. Propose and wait for commit and local apply.
-	ar, err := s.replica.ProposeStep(ctx, t, s.run.Event(), g, fmt.Sprintf("%s/%d/%016x", s.replica.ID(), term, roundID))
-	if err != nil {
-		return err
-	}
-	if !ar.Applied {
-		// Refused by the state machine (budget, stop): the next loop
-		// iteration sees the stopped state.
-		log.Info("step not applied", "step", t, "reason", ar.Err)
-		return nil
-	}
-	// 6. Release θ_t.
-	s.publishParams(ctx, term)
-	p := Progress{
-		Step: t, MaxSteps: s.run.MaxSteps, Epsilon: ar.Epsilon, TargetEpsilon: s.run.TargetEpsilon,
-		Participants: len(res.Accepted),
-	}
-	log.Debug("step committed", "step", t, "epsilon", ar.Epsilon, "participants", len(res.Accepted),
-		"missing", len(res.Missing), "rejected", len(res.Rejected), "round_ms", time.Since(started).Milliseconds())
-	if s.cfg.Evaluator != nil && s.cfg.EvalEvery > 0 && t%s.cfg.EvalEvery == 0 {
-		s.evaluate(log, &p)
-	}
-	s.metrics.stepApplied(p)
-	if s.cfg.OnStep != nil {
-		s.cfg.OnStep(p)
-	}
-	return nil
+// opResult is what an operation reports back to the loop.
+type opResult struct {
+	kind opKind
+	term uint64 // the leadership term it was started in
+	err  error
+	ar   ApplyResult
+	// g is the noisy gradient an opStep proposed, handed back to the loop
+	// (its owner while no proposal holds it).
+	g []float32
+	// step carries what the loop needs after an opStep.
+	step stepInFlight
+	// control is an opMembership's request.
+	control transport.Control
 }
 
-// privatize forms the noisy gradient g̃ of the run's mechanism from the
-// round's float64 sum (step 4 of the Server doc comment): the discrete
-// Gaussian mechanism for NoiseDiscrete (RunConfig.Discrete), with the noise
-// in pending if it is ready (drawn at the round's start; Apply zeroes it)
-// or fresh noise otherwise; the legacy floating-point sampler for
-// NoiseFloat and NoiseLegacy. It is the one place the leader's noise is
-// added; RunConfig.Event is the one place it is accounted.
-func privatize(run RunConfig, noise *train.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
-	oc := run.Optimizer
-	if run.NoiseMode == NoiseDiscrete {
-		m, ok := run.Discrete()
-		if !ok {
-			return fmt.Errorf("%w: noise mode %q cannot be built", ErrInvalidRunConfig, run.NoiseMode)
-		}
-		if pending != nil && pending.Ready() {
-			return m.Apply(g, sum, oc.ExpectedBatchSize, pending)
-		}
-		return noise.DiscreteNoisyGradient64(g, sum, m, oc.ExpectedBatchSize)
-	}
-	return noise.NoisyGradient64(g, sum, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize)
+// loop is the state of one Run, owned by the loop goroutine (the one that
+// called Run) except where noted.
+type loop struct {
+	s   *Server
+	rep Consensus
+	in  *inbox
+	log *slog.Logger
+
+	// ops are the goroutines running Raft operations; each sends one
+	// opResult on results (or gives up when opCtx ends) and exits.
+	opCtx    context.Context
+	opCancel context.CancelFunc
+	ops      sync.WaitGroup
+	results  chan opResult
+
+	nodes      registry
+	peers      map[string]transport.Control // replicas' last ControlReplica, by ID
+	lastResent map[uint64]time.Time         // NeedParams rate limit, by version
+	memberBusy bool                         // a membership operation is running
+
+	lead *leading // non-nil while this replica leads and knows it
+	last Progress // the leader's last evaluation
+
+	// blocked is why the leader opens no round now (nil: not blocked);
+	// blockLogged and blockLoggedAt rate-limit its warning.
+	blocked       *roundBlock
+	blockLogged   string
+	blockLoggedAt time.Time
+
+	// grad is the noisy-gradient buffer while no proposal holds it.
+	grad []float32
+	// pending is the discrete noise of the open round's release, drawn
+	// while the nodes compute.
+	pending mechanism.Noise
+
+	nextReport time.Time
+	exit       *exit // set when Run is to return
 }
 
-// noiseModeLabel names a noise mode for logs.
-func noiseModeLabel(mode string) string {
-	if mode == NoiseLegacy {
-		return "float (legacy: configured before noise modes)"
-	}
-	return mode
+type exit struct {
+	sum Summary
+	err error
 }
 
-// evaluate scores the committed θ on the evaluation data and records it
-// in p. The log line and the metrics are labelled by s.cfg.EvalData.
-func (s *Server) evaluate(log *slog.Logger, p *Progress) {
-	theta, step := s.replica.FSM().Params(nil)
-	m, err := s.cfg.Evaluator.Evaluate(theta)
-	if err != nil {
-		log.Warn("evaluation failed", "step", step, "err", err)
-		return
+func newLoop(s *Server, in *inbox) *loop {
+	return &loop{
+		s: s, rep: s.rep, in: in, log: s.log,
+		results:    make(chan opResult, 8),
+		nodes:      registry{nodes: make(map[string]nodeInfo)},
+		peers:      make(map[string]transport.Control),
+		lastResent: make(map[uint64]time.Time),
 	}
-	d := s.cfg.EvalData
-	p.Eval, p.EvalStep, p.EvalData = m, step, d
-	s.last = *p
-	s.metrics.evaluated(m, d)
-	log.Info(d.Label()+" evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N,
-		"eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)
 }
 
-// finalSummary ends the run on the leader: evaluate the final θ, announce
-// the end to nodes, and return.
-func (s *Server) finalSummary(ctx context.Context, err error) (Summary, error) {
-	st := s.replica.FSM().State()
-	sum := s.summary(st)
-	if err != nil {
-		return sum, err
-	}
-	if s.cfg.Evaluator != nil {
-		p := Progress{Step: st.Applied, MaxSteps: s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: s.run.TargetEpsilon}
-		if s.last.EvalStep == st.Applied && st.Applied > 0 {
-			p.Eval, p.EvalStep, p.EvalData = s.last.Eval, s.last.EvalStep, s.last.EvalData // θ has not moved since
-		} else {
-			s.evaluate(s.log, &p)
+// run is the loop. It returns when exit is set or ctx ends, after every
+// operation it started has returned.
+func (l *loop) run(ctx context.Context) (Summary, error) {
+	l.opCtx, l.opCancel = context.WithCancel(ctx)
+	defer func() {
+		l.opCancel()
+		l.ops.Wait()
+		l.pending.Clear()
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	fsm := l.rep.FSM()
+	l.onState()
+	for l.exit == nil {
+		l.checkLeadership()
+		if l.exit == nil {
+			l.advance(ctx)
 		}
-		if p.EvalStep > 0 {
-			sum.Final, sum.FinalEvaluated, sum.EvalData = p.Eval, true, p.EvalData
-			if s.cfg.OnStep != nil {
-				s.cfg.OnStep(p)
-			}
-		}
-	}
-	s.drain(ctx, st.Applied)
-	code := transport.StatusDone
-	if st.Stopped != stopBudget && st.Stopped != stopMaxSteps {
-		code = transport.StatusStopped
-	}
-	// Core NATS is at-most-once: say it a few times so nodes hear it.
-	for i := range 3 {
-		if i > 0 && sleepCtx(ctx, 100*time.Millisecond) != nil {
+		if l.exit != nil {
 			break
 		}
-		_ = s.conn.Publish(ctx, transport.Status{
-			Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: code, Detail: st.Stopped,
-		})
-	}
-	s.log.Info("run finished", "steps", st.Applied, "epsilon", st.Epsilon, "reason", st.Stopped)
-	return sum, nil
-}
-
-func (s *Server) summary(st State) Summary {
-	d, _ := s.replica.FSM().Digest()
-	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: s.run.Delta, Charges: st.Charges, Stopped: st.Stopped, Digest: d}
-}
-
-// report publishes this replica's ControlReplica now and every
-// AnnounceEvery until ctx ends, and, with ServerConfig.Join, asks to join
-// (ControlJoin) until this replica is a member.
-func (s *Server) report(ctx context.Context) {
-	t := time.NewTicker(s.cfg.AnnounceEvery)
-	defer t.Stop()
-	for {
-		s.publishReplicaStatus(ctx)
-		if s.cfg.Join && !s.replica.isMember() {
-			err := s.conn.Publish(ctx, transport.Control{Run: s.run.Run, From: s.replica.ID(),
-				Code: transport.ControlJoin, Addr: s.replica.Addr()})
-			if err != nil && ctx.Err() == nil {
-				s.log.Debug("join request failed", "err", err)
-			}
+		now := time.Now()
+		if !now.Before(l.nextReport) {
+			l.report(ctx)
+			l.nextReport = now.Add(l.s.cfg.AnnounceEvery)
+		}
+		if ls := l.lead; ls != nil && ls.announcing && !now.Before(ls.nextAnnounce) {
+			l.announce(ctx)
+			ls.nextAnnounce = now.Add(l.s.cfg.AnnounceEvery)
+		}
+		timer.Reset(time.Until(l.nextWake()))
+		var roundDone <-chan struct{}
+		if ls := l.lead; ls != nil && ls.round != nil {
+			roundDone = ls.round.r.Done()
 		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-t.C:
+			return l.summary(fsm.State()), ctx.Err()
+		case <-l.rep.LeadershipChanges():
+			// checkLeadership re-reads the role at the top of the loop.
+		case <-fsm.Changed():
+			l.onState()
+		case r := <-l.results:
+			l.onResult(ctx, r)
+		case m := <-l.in.nodes:
+			l.onNodeMessage(ctx, m)
+		case c := <-l.in.contribs:
+			l.onContribution(ctx, c)
+		case c := <-l.in.control:
+			l.onControl(ctx, c)
+		case <-roundDone:
+			l.closeRound(ctx)
+		case <-timer.C:
+			l.onTimer(ctx)
 		}
+		timer.Stop()
+	}
+	return l.exit.sum, l.exit.err
+}
+
+// nextWake is the earliest time the loop has something to do without a
+// message: the next report, the next announcement, the leader's next look
+// at the registry, the end of the drain.
+func (l *loop) nextWake() time.Time {
+	next := l.nextReport
+	if ls := l.lead; ls != nil {
+		if ls.announcing && ls.nextAnnounce.Before(next) {
+			next = ls.nextAnnounce
+		}
+		if ls.phase == phaseIdle && ls.retryAt.After(time.Now()) && ls.retryAt.Before(next) {
+			next = ls.retryAt
+		}
+		if ls.phase == phaseDraining && ls.drain.deadline.Before(next) {
+			next = ls.drain.deadline
+		}
+	}
+	return next
+}
+
+// onTimer handles the wake-ups of nextWake; reports and announcements are
+// sent at the top of the loop.
+func (l *loop) onTimer(ctx context.Context) {
+	l.onState() // a safety net: the state is read at least every AnnounceEvery
+	if ls := l.lead; ls != nil && ls.phase == phaseDraining {
+		l.checkDrain(ctx)
 	}
 }
 
-func (s *Server) publishReplicaStatus(ctx context.Context) {
-	st := s.replica.FSM().State()
-	_, leader := s.replica.raft.LeaderWithID()
-	err := s.conn.Publish(ctx, transport.Control{
-		Run: s.run.Run, From: s.replica.ID(), Step: uint64(st.Applied), Code: transport.ControlReplica,
-		Term: s.replica.Term(), Role: strings.ToLower(s.replica.raft.State().String()), Leader: string(leader),
-		Epsilon: st.Epsilon, Nodes: s.nodes.count(), Blocked: s.blocked.Load().String(), Insecure: s.cfg.Insecure,
-	})
-	if err != nil && ctx.Err() == nil {
-		s.log.Debug("replica status failed", "err", err)
+// onState reads the state machine after it changed: metrics, and the end
+// of Run on a replica that does not lead.
+func (l *loop) onState() {
+	st := l.rep.FSM().State()
+	l.s.metrics.observe(st, l.rep)
+	l.s.metrics.nodeCount(l.nodes.count())
+	switch {
+	case st.Fatal != nil:
+		l.finishWith(st, st.Fatal)
+	case st.Stopped != "" && l.lead == nil && !l.rep.IsLeader():
+		l.finishWith(st, nil)
 	}
 }
 
-// drain waits, at most DrainTimeout, until every other voter has reported
-// applying step: a leader that exits at once could leave followers that
-// never learn the final entries were committed.
-func (s *Server) drain(ctx context.Context, step int64) {
-	cf := s.replica.raft.GetConfiguration()
-	if cf.Error() != nil || s.cfg.DrainTimeout == 0 {
-		return
-	}
-	var waitFor []string
-	for _, srv := range cf.Configuration().Servers {
-		if srv.Suffrage == raft.Voter && string(srv.ID) != s.replica.ID() {
-			waitFor = append(waitFor, string(srv.ID))
-		}
-	}
-	deadline := time.Now().Add(s.cfg.DrainTimeout)
-	for len(waitFor) > 0 && time.Now().Before(deadline) {
-		s.peersMu.Lock()
-		waitFor = slices.DeleteFunc(waitFor, func(id string) bool { return s.peers[id].Step >= uint64(step) })
-		s.peersMu.Unlock()
-		if len(waitFor) == 0 || sleepCtx(ctx, 20*time.Millisecond) != nil {
-			break
-		}
-	}
-	if len(waitFor) > 0 {
-		s.log.Warn("finished before every replica reported the last step", "step", step, "waiting_for", waitFor)
+// finishWith ends Run with the state st and err.
+func (l *loop) finishWith(st State, err error) {
+	if l.exit == nil {
+		l.exit = &exit{sum: l.summary(st), err: err}
 	}
 }
 
-// announce publishes Leader{term} now and every AnnounceEvery until ctx
-// ends.
-func (s *Server) announce(ctx context.Context, term uint64) {
-	t := time.NewTicker(s.cfg.AnnounceEvery)
-	defer t.Stop()
-	for {
-		st := s.replica.FSM().State()
-		err := s.conn.Publish(ctx, transport.Leader{Run: s.run.Run, ReplicaID: s.replica.ID(), Term: term, Step: uint64(st.Applied)})
-		if err != nil && ctx.Err() == nil {
-			s.log.Debug("leader announcement failed", "err", err)
-		}
+// fail ends Run with err.
+func (l *loop) fail(err error) { l.finishWith(l.rep.FSM().State(), err) }
+
+func (l *loop) summary(st State) Summary {
+	d, _ := l.rep.FSM().Digest()
+	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: l.s.run.Delta, Charges: st.Charges, Stopped: st.Stopped, Digest: d}
+}
+
+// start runs op on a goroutine of its own and sends its result to the
+// loop. The goroutine exits after sending, or when opCtx ends (Run is
+// returning; run waits for it).
+func (l *loop) start(kind opKind, term uint64, op func(ctx context.Context) opResult) {
+	l.ops.Add(1)
+	go func() {
+		defer l.ops.Done()
+		r := op(l.opCtx)
+		r.kind, r.term = kind, term
 		select {
-		case <-ctx.Done():
+		case l.results <- r:
+		case <-l.opCtx.Done():
+		}
+	}()
+}
+
+// onResult handles an operation's result.
+func (l *loop) onResult(ctx context.Context, r opResult) {
+	switch r.kind {
+	case opStep:
+		if len(r.g) == l.s.run.Dim {
+			l.grad = r.g // the buffer is the loop's again
+		}
+	case opMembership:
+		l.memberBusy = false
+		if r.err != nil && ctx.Err() == nil {
+			c := r.control
+			l.log.Warn("membership change failed", "code", c.Code, "replica", cmp.Or(c.Replica, c.From), "err", r.err)
+		}
+		return
+	}
+	ls := l.lead
+	if ls == nil || r.term != ls.term {
+		return // started under a leadership this replica no longer holds
+	}
+	if r.err != nil {
+		if ignoreLeadershipLoss(ctx, r.err) == nil {
+			// Deposed while the operation ran. Lead again only after a
+			// new Barrier (checkLeadership), which applies whatever of
+			// this term's entries got committed.
+			l.stepDown("lost leadership during a Raft operation: " + r.err.Error())
 			return
-		case <-t.C:
 		}
-	}
-}
-
-// publishParams publishes the committed θ and its step.
-func (s *Server) publishParams(ctx context.Context, term uint64) {
-	theta, step := s.replica.FSM().Params(nil)
-	if theta == nil {
+		l.fail(r.err)
 		return
 	}
-	err := s.conn.Publish(ctx, transport.Params{
-		Run: s.run.Run, Step: uint64(step), Version: uint64(step), Term: term, Values: theta,
-	})
-	if err != nil && ctx.Err() == nil {
-		s.log.Warn("publishing parameters failed", "step", step, "err", err)
+	switch r.kind {
+	case opBarrier, opConfigure:
+		l.onLeading(ctx, r.kind)
+	case opStep:
+		l.onStepApplied(ctx, r.step, r.ar)
+	case opStop:
+		ls.phase = phaseIdle
 	}
-}
-
-// onNodeMessage keeps the node registry (on every replica, so a new leader
-// knows the nodes at once). A node admitNode refuses is dropped from the
-// registry and, by the leader, told why (at most every 5 s).
-func (s *Server) onNodeMessage(m transport.Message) {
-	if v, ok := m.(transport.NeedParams); ok {
-		s.onNeedParams(v)
-		return
-	}
-	if v, ok := m.(transport.Leave); ok {
-		s.nodes.forget([]string{v.NodeID})
-		s.log.Info("node left", "node", v.NodeID, "reason", v.Reason)
-		return
-	}
-	n, ok := reportOf(m)
-	if !ok {
-		return
-	}
-	id, c := n.id, n.shard
-	if id == "" || len(id) > 64 || c.size < 0 {
-		s.log.Debug("ignoring node message with a bad node id or shard size", "type", m.Type().String())
-		return
-	}
-	if reason := admitNode(s.run, n); reason != "" {
-		s.nodes.forget([]string{id})
-		s.metrics.nodeRefused(reason)
-		if s.replica.IsLeader() && s.nodes.shouldWarn(id, time.Now()) {
-			s.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
-				"run_seed_policy", s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count)
-			_ = s.conn.Publish(context.Background(), transport.Status{
-				Run: s.run.Run, From: s.replica.ID(), Node: id, Code: transport.StatusRejected, Detail: reason,
-			})
-		}
-		return
-	}
-	isNew := s.nodes.seen(id, c, time.Now())
-	if _, join := m.(transport.Join); join || isNew {
-		// A Join is sent at a node's start and on a new leader term: a
-		// restarted node shows up here even if it was still registered.
-		s.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
-			"shard_seed", c.seed, "seed_policy", n.seedPolicy)
-	}
-}
-
-// onContribution hands a contribution to the open round, if any.
-func (s *Server) onContribution(m transport.Message) {
-	c, ok := m.(transport.Contribution)
-	if !ok {
-		return
-	}
-	or := s.round.Load()
-	if or == nil {
-		if s.replica.IsLeader() {
-			s.metrics.rejected(aggregation.ReasonLate) // between rounds
-		}
-		return // followers do not aggregate
-	}
-	err := or.r.Add(aggregation.Contribution{
-		NodeID: c.NodeID, Step: c.Step, RoundID: c.RoundID, Count: c.Count, Sum: c.Sum,
-	})
-	if err == nil {
-		s.metrics.accepted()
-		return
-	}
-	reason := aggregation.ReasonOf(err)
-	s.metrics.rejected(reason)
-	// The reason is public; the values are not, and are never logged.
-	s.log.Info("contribution rejected", "node", c.NodeID, "step", c.Step, "reason", reason.String())
-	if reason != aggregation.ReasonWrongStep && reason != aggregation.ReasonWrongRound {
-		_ = s.conn.Publish(context.Background(), transport.Status{
-			Run: s.run.Run, From: s.replica.ID(), Node: c.NodeID, Step: c.Step,
-			Code: transport.StatusRejected, Detail: reason.String(),
-		})
-	}
-}
-
-// changeMembership acts on the join and remove requests onControl
-// forwards, while this replica leads, until ctx ends. A join request
-// names the new replica by ID; with Raft over TLS it is added only if the
-// replica answering at its address holds a replica certificate for that
-// ID (Replica.AddVoter).
-func (s *Server) changeMembership(ctx context.Context) {
-	for {
-		var c transport.Control
-		select {
-		case <-ctx.Done():
-			return
-		case c = <-s.membership:
-		}
-		if !s.replica.IsLeader() {
-			continue
-		}
-		var err error
-		switch c.Code {
-		case transport.ControlJoin:
-			if c.From == "" || c.Addr == "" || s.replica.hasVoter(c.From, c.Addr) {
-				continue
-			}
-			s.log.Info("adding replica", "replica", c.From, "addr", c.Addr)
-			err = s.replica.AddVoter(ctx, c.From, c.Addr)
-		case transport.ControlRemove:
-			if c.Replica == "" || c.Replica == s.replica.ID() || !s.replica.hasVoter(c.Replica, "") {
-				continue
-			}
-			s.log.Info("removing replica", "replica", c.Replica, "asked_by", c.From)
-			err = s.replica.raft.RemoveServer(raft.ServerID(c.Replica), 0, 10*time.Second).Error()
-		}
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("membership change failed", "code", c.Code, "replica", cmp.Or(c.Replica, c.From), "err", err)
-		}
-	}
-}
-
-// onControl records the other replicas' reports and forwards membership
-// requests to changeMembership (dropping them while it is busy: a joining
-// replica repeats its request every second).
-func (s *Server) onControl(m transport.Message) {
-	c, ok := m.(transport.Control)
-	if !ok {
-		return
-	}
-	switch c.Code {
-	case transport.ControlReplica:
-		if c.From != s.replica.ID() {
-			s.peersMu.Lock()
-			s.peers[c.From] = c
-			s.peersMu.Unlock()
-		}
-	case transport.ControlJoin, transport.ControlRemove:
-		if s.replica.IsLeader() {
-			select {
-			case s.membership <- c:
-			default:
-				s.log.Debug("membership request dropped: busy", "code", c.Code)
-			}
-		}
-	}
-}
-
-// onNeedParams answers a node's request for parameters it lacks (leader
-// only, at most every 200 ms per version).
-func (s *Server) onNeedParams(np transport.NeedParams) {
-	if !s.replica.IsLeader() {
-		return
-	}
-	_, applied := s.replica.FSM().Params(nil)
-	if np.Version != uint64(applied) {
-		return // only the committed θ is held, and published, here
-	}
-	now := time.Now()
-	s.paramsMu.Lock()
-	last := s.lastResent[np.Version]
-	resend := now.Sub(last) >= 200*time.Millisecond
-	if resend {
-		clear(s.lastResent)
-		s.lastResent[np.Version] = now
-	}
-	s.paramsMu.Unlock()
-	if resend {
-		s.publishParams(context.Background(), s.replica.Term())
-	}
-}
-
-func (s *Server) observeState(st State) {
-	s.metrics.observe(st, s.replica)
-	s.metrics.nodeCount(s.nodes.count())
 }
 
 // ignoreLeadershipLoss turns the errors a deposed leader sees into nil:
@@ -927,19 +632,10 @@ func ignoreLeadershipLoss(ctx context.Context, err error) error {
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
-		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+	case isLeadershipLoss(err):
 		return nil
 	}
 	return err
-}
-
-func randomID() (uint64, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return 0, fmt.Errorf("coordinator: round id: %w", err)
-	}
-	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -951,81 +647,4 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// registry is the set of nodes heard from recently. Shard claims (a node's
-// shard and its number of examples) are public configuration, not
-// per-step data.
-type registry struct {
-	mu     sync.Mutex
-	nodes  map[string]nodeInfo
-	warned map[string]time.Time
-}
-
-type nodeInfo struct {
-	shard shardClaim
-	seen  time.Time
-}
-
-// seen records a message from id, an admitted node; it reports whether id
-// is new.
-func (r *registry) seen(id string, shard shardClaim, now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, known := r.nodes[id]
-	r.nodes[id] = nodeInfo{shard: shard, seen: now}
-	return !known
-}
-
-func (r *registry) forget(ids []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, id := range ids {
-		delete(r.nodes, id)
-	}
-}
-
-// live returns the sorted IDs of nodes heard from within timeout, their
-// shard sizes and their shard claims; it drops the others.
-func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]int64, map[string]shardClaim) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ids := make([]string, 0, len(r.nodes))
-	shards := make(map[string]int64, len(r.nodes))
-	claims := make(map[string]shardClaim, len(r.nodes))
-	for id, n := range r.nodes {
-		if now.Sub(n.seen) > timeout {
-			delete(r.nodes, id)
-			continue
-		}
-		ids = append(ids, id)
-		shards[id] = n.shard.size
-		claims[id] = n.shard
-	}
-	slices.Sort(ids)
-	return ids, shards, claims
-}
-
-func (r *registry) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.nodes)
-}
-
-// shouldWarn rate-limits refusals (model, shard identity, seed policy) to
-// one answer per node per 5 s.
-func (r *registry) shouldWarn(id string, now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.warned == nil {
-		r.warned = make(map[string]time.Time)
-	}
-	if now.Sub(r.warned[id]) < 5*time.Second {
-		return false
-	}
-	if len(r.warned) > 4096 {
-		clear(r.warned)
-	}
-	r.warned[id] = now
-	return true
 }

@@ -579,10 +579,10 @@ func TestServerLedgerFailureStopsRun(t *testing.T) {
 	}
 }
 
-// TestServerJoinAndRemove: a replica started without bootstrapping asks,
+// TestServerJoin: a replica started without bootstrapping asks,
 // over NATS, to join; the leader adds it as a voter, it catches up to the
-// same state digest, and a removal request takes it out again.
-func TestServerJoinAndRemove(t *testing.T) {
+// same state digest (removal: TestServerRoundsGoOnDuringMembershipChange).
+func TestServerJoin(t *testing.T) {
 	c := testRunConfig()
 	c.MaxSteps = 40
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -623,7 +623,7 @@ func TestServerJoinAndRemove(t *testing.T) {
 	res1, res2 := make(chan result, 1), make(chan result, 1)
 	go func() { s, err := s1.Run(ctx); res1 <- result{s, err} }()
 	go func() { s, err := s2.Run(ctx); res2 <- result{s, err} }()
-	for !r1.hasVoter("r2", r2.Addr()) {
+	for !r1.HasVoter("r2", r2.Addr()) {
 		if ctx.Err() != nil {
 			t.Fatal("r2 was never added")
 		}
@@ -636,19 +636,5 @@ func TestServerJoinAndRemove(t *testing.T) {
 	}
 	if a.sum.Digest != b.sum.Digest || a.sum.Digest == "" {
 		t.Errorf("digests differ: %s vs %s", a.sum.Digest, b.sum.Digest)
-	}
-	// Remove r2 (r1 still leads; its Server has returned, so hand the
-	// request to its membership loop directly).
-	mctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); s1.changeMembership(mctx) }()
-	s1.membership <- transport.Control{Run: c.Run, From: "r1", Code: transport.ControlRemove, Replica: "r2"}
-	for r1.hasVoter("r2", "") && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
-	stop()
-	<-done
-	if r1.hasVoter("r2", "") {
-		t.Error("r2 still a voter after removal")
 	}
 }

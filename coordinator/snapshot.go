@@ -136,6 +136,7 @@ func (s *fsmSnapshot) Release() {}
 // rather than drop another history's charges.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	defer f.notify()
 	data, err := io.ReadAll(rc)
 	if err != nil {
 		return err

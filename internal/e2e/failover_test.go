@@ -197,7 +197,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 				step = int(v)
 			}
 			for k, v := range m {
-				if v == 1 && strings.HasPrefix(k, "dpcluster_coordinator_raft_state{") && strings.Contains(k, `state="Leader"`) {
+				if v == 1 && strings.HasPrefix(k, "dpcluster_coordinator_raft_state{") && strings.Contains(k, `state="leader"`) {
 					leader = r
 				}
 			}

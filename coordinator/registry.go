@@ -1,0 +1,165 @@
+package coordinator
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// This file is the loop's side of the nodes: the registry of live nodes,
+// kept on every replica (so a new leader knows the nodes at once), and
+// the parameters the leader publishes to them.
+
+// onNodeMessage keeps the node registry. A node admitNode refuses is
+// dropped from the registry and, by the leader, told why (at most every
+// 5 s). A NeedParams goes to onNeedParams.
+func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
+	switch v := m.(type) {
+	case transport.NeedParams:
+		l.onNeedParams(ctx, v)
+		return
+	case transport.Leave:
+		l.nodes.forget([]string{v.NodeID})
+		l.log.Info("node left", "node", v.NodeID, "reason", v.Reason)
+		return
+	}
+	n, ok := reportOf(m)
+	if !ok {
+		return
+	}
+	id, c := n.id, n.shard
+	if id == "" || len(id) > 64 || c.size < 0 {
+		l.log.Debug("ignoring node message with a bad node id or shard size", "type", m.Type().String())
+		return
+	}
+	if reason := admitNode(l.s.run, n); reason != "" {
+		l.nodes.forget([]string{id})
+		l.s.metrics.nodeRefused(reason)
+		if l.lead != nil && l.nodes.shouldWarn(id, time.Now()) {
+			l.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
+				"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count)
+			l.publish(ctx, transport.Status{
+				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: reason,
+			})
+		}
+		return
+	}
+	isNew := l.nodes.seen(id, c, time.Now())
+	if _, join := m.(transport.Join); join || isNew {
+		// A Join is sent at a node's start and on a new leader term: a
+		// restarted node shows up here even if it was still registered.
+		l.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
+			"shard_seed", c.seed, "seed_policy", n.seedPolicy)
+	}
+	if ls := l.lead; ls != nil && ls.phase == phaseIdle {
+		ls.retryAt = time.Time{} // a new node may make a round possible
+	}
+}
+
+// onNeedParams answers a node's request for parameters it lacks (leader
+// only, at most every 200 ms per version).
+func (l *loop) onNeedParams(ctx context.Context, np transport.NeedParams) {
+	ls := l.lead
+	if ls == nil || !ls.announcing {
+		return
+	}
+	_, applied := l.rep.FSM().Params(nil)
+	if np.Version != uint64(applied) {
+		return // only the committed θ is held, and published, here
+	}
+	now := time.Now()
+	if now.Sub(l.lastResent[np.Version]) < 200*time.Millisecond {
+		return
+	}
+	clear(l.lastResent)
+	l.lastResent[np.Version] = now
+	l.publishParams(ctx, ls.term)
+}
+
+// publishParams publishes the committed θ and its step.
+func (l *loop) publishParams(ctx context.Context, term uint64) {
+	theta, step := l.rep.FSM().Params(nil)
+	if theta == nil {
+		return
+	}
+	err := l.s.conn.Publish(ctx, transport.Params{
+		Run: l.s.run.Run, Step: uint64(step), Version: uint64(step), Term: term, Values: theta,
+	})
+	if err != nil && ctx.Err() == nil {
+		l.log.Warn("publishing parameters failed", "step", step, "err", err)
+	}
+}
+
+// publish sends m, logging a failure (at debug level: core NATS is
+// at-most-once anyway, and the callers repeat what matters).
+func (l *loop) publish(ctx context.Context, m transport.Message) {
+	if err := l.s.conn.Publish(ctx, m); err != nil && ctx.Err() == nil {
+		l.log.Debug("publish failed", "type", m.Type().String(), "err", err)
+	}
+}
+
+// registry is the set of nodes heard from recently. Shard claims (a node's
+// shard and its number of examples) are public configuration, not
+// per-step data. It belongs to the loop.
+type registry struct {
+	nodes  map[string]nodeInfo
+	warned map[string]time.Time
+}
+
+type nodeInfo struct {
+	shard shardClaim
+	seen  time.Time
+}
+
+// seen records a message from id, an admitted node; it reports whether id
+// is new.
+func (r *registry) seen(id string, shard shardClaim, now time.Time) bool {
+	_, known := r.nodes[id]
+	r.nodes[id] = nodeInfo{shard: shard, seen: now}
+	return !known
+}
+
+func (r *registry) forget(ids []string) {
+	for _, id := range ids {
+		delete(r.nodes, id)
+	}
+}
+
+// live returns the sorted IDs of nodes heard from within timeout, their
+// shard sizes and their shard claims; it drops the others.
+func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]int64, map[string]shardClaim) {
+	ids := make([]string, 0, len(r.nodes))
+	shards := make(map[string]int64, len(r.nodes))
+	claims := make(map[string]shardClaim, len(r.nodes))
+	for id, n := range r.nodes {
+		if now.Sub(n.seen) > timeout {
+			delete(r.nodes, id)
+			continue
+		}
+		ids = append(ids, id)
+		shards[id] = n.shard.size
+		claims[id] = n.shard
+	}
+	slices.Sort(ids)
+	return ids, shards, claims
+}
+
+func (r *registry) count() int { return len(r.nodes) }
+
+// shouldWarn rate-limits refusals (model, shard identity, seed policy) to
+// one answer per node per 5 s.
+func (r *registry) shouldWarn(id string, now time.Time) bool {
+	if r.warned == nil {
+		r.warned = make(map[string]time.Time)
+	}
+	if now.Sub(r.warned[id]) < 5*time.Second {
+		return false
+	}
+	if len(r.warned) > 4096 {
+		clear(r.warned)
+	}
+	r.warned[id] = now
+	return true
+}

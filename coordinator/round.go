@@ -1,0 +1,431 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dpcluster/dpcluster/aggregation"
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// This file is the leader's side of the loop: one step's data path, top to
+// bottom (steps 1-6 of the Server doc comment).
+
+// leadPhase is where the leader is in its cycle.
+type leadPhase int
+
+const (
+	phaseBarrier   leadPhase = iota // 1. Barrier in flight
+	phaseConfigure                  // 1. the run configuration's proposal in flight
+	phaseIdle                       // no round open, no proposal in flight: advance decides
+	phaseRound                      // 2-3. a round is open
+	phaseProposing                  // 5. a step's (or the stop's) proposal in flight
+	phaseDraining                   // the run stopped: waiting for the voters' reports
+)
+
+// leading is the state of one leadership term, as the loop sees it.
+type leading struct {
+	term  uint64
+	log   *slog.Logger
+	phase leadPhase
+	round *openRound // phaseRound only
+	// retryAt is when an idle leader that found no round to open looks
+	// again (the registry changes with every heartbeat).
+	retryAt time.Time
+	// announcing is set once the leader has caught up (after step 1);
+	// it announces Leader{term} every AnnounceEvery from then on.
+	announcing   bool
+	nextAnnounce time.Time
+	drain        draining // phaseDraining only
+}
+
+type openRound struct {
+	r       *aggregation.Round
+	id      uint64
+	step    int64
+	started time.Time
+}
+
+// stepInFlight is what the loop keeps of a step while its proposal runs.
+type stepInFlight struct {
+	step         int64
+	participants int
+	started      time.Time
+}
+
+// Stop reasons the Server writes into the log.
+const (
+	stopBudget   = "privacy budget exhausted"
+	stopMaxSteps = "max steps reached"
+)
+
+// checkLeadership follows the replica's Raft role: a replica that became
+// leader starts step 1 (Barrier); one that lost leadership, or whose term
+// moved on, abandons its round. A leader that is draining finishes the run
+// whatever happens to its leadership: the run has stopped in the log.
+func (l *loop) checkLeadership() {
+	isLeader, term := l.rep.IsLeader(), l.rep.Term()
+	if ls := l.lead; ls != nil && ls.phase != phaseDraining && (!isLeader || term != ls.term) {
+		l.stepDown("lost leadership")
+	}
+	if l.lead != nil || !isLeader {
+		return
+	}
+	ls := &leading{term: term, log: l.log.With("term", term), phase: phaseBarrier}
+	l.lead = ls
+	l.start(opBarrier, term, func(ctx context.Context) opResult {
+		return opResult{err: l.rep.Barrier(ctx)}
+	})
+}
+
+// stepDown forgets the leadership: the open round is discarded unreleased
+// with its noise; operations still running report to nobody.
+func (l *loop) stepDown(why string) {
+	ls := l.lead
+	if ls == nil {
+		return
+	}
+	if ls.round != nil {
+		ls.round.r.Close()
+		ls.round = nil
+	}
+	l.pending.Clear()
+	l.setBlocked(nil)
+	l.lead = nil
+	ls.log.Info(why)
+}
+
+// onLeading continues step 1 after the Barrier (or the configuration's
+// proposal) returned: propose the run configuration if the log has none,
+// refuse another run's log, then announce and publish the committed θ.
+func (l *loop) onLeading(ctx context.Context, done opKind) {
+	ls := l.lead
+	c, ok := l.rep.FSM().Config()
+	switch {
+	case !ok && done == opBarrier:
+		ls.phase = phaseConfigure
+		run := l.s.run
+		l.start(opConfigure, ls.term, func(ctx context.Context) opResult {
+			return opResult{err: l.rep.Configure(ctx, run)}
+		})
+		return
+	case !ok:
+		l.fail(fmt.Errorf("coordinator: the run configuration was committed but is not applied"))
+		return
+	case !sameConfig(c, l.s.run):
+		l.fail(fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, l.s.run.Run))
+		return
+	}
+	ls.log.Info("leading", "step", l.rep.FSM().State().Applied)
+	ls.phase = phaseIdle
+	ls.announcing, ls.nextAnnounce = true, time.Now() // at once, at the top of the loop
+	l.publishParams(ctx, ls.term)
+}
+
+// advance lets an idle leader decide what comes next: the end of the run,
+// the stop at the budget, or round t (step 2); or nothing yet, if the live
+// nodes cannot make a round.
+func (l *loop) advance(ctx context.Context) {
+	ls := l.lead
+	if ls == nil || ls.phase != phaseIdle || time.Now().Before(ls.retryAt) {
+		return
+	}
+	fsm := l.rep.FSM()
+	st := fsm.State()
+	l.s.metrics.observe(st, l.rep)
+	switch {
+	case st.Fatal != nil:
+		l.finishWith(st, st.Fatal)
+		return
+	case st.Stopped != "":
+		l.finish(ctx, st)
+		return
+	}
+	exceed, err := fsm.WouldExceed()
+	if err != nil {
+		l.fail(err)
+		return
+	}
+	if exceed {
+		ls.log.Info("privacy budget reached; stopping", "epsilon", st.Epsilon, "target", l.s.run.TargetEpsilon)
+		l.proposeStop(stopBudget)
+		return
+	}
+	nodes, shards, claims := l.nodes.live(time.Now(), l.s.cfg.NodeTimeout)
+	// The live nodes are the next round's members: their shards must be
+	// disjoint (admission.go).
+	b := checkShards(claims, l.s.run.TotalExamples)
+	l.setBlocked(b)
+	if b != nil || len(nodes) < l.s.cfg.MinNodes {
+		ls.retryAt = time.Now().Add(50 * time.Millisecond)
+		return
+	}
+	l.openRound(ctx, st.Applied+1, nodes, shards)
+}
+
+// proposeStop proposes the end of the run.
+func (l *loop) proposeStop(reason string) {
+	ls := l.lead
+	ls.phase = phaseProposing
+	l.start(opStop, ls.term, func(ctx context.Context) opResult {
+		return opResult{err: l.rep.ProposeStop(ctx, reason)}
+	})
+}
+
+// setBlocked records why the leader opens no round (nil: it may open
+// them) for the status reports and metrics, and logs a change at once and
+// an unchanged block every 10 s.
+func (l *loop) setBlocked(b *roundBlock) {
+	if b == nil {
+		if l.blocked != nil {
+			l.log.Info("rounds no longer blocked")
+		}
+		l.blocked, l.blockLogged = nil, ""
+		l.s.metrics.roundsBlocked("")
+		return
+	}
+	l.blocked = b
+	l.s.metrics.roundsBlocked(b.reason)
+	now := time.Now()
+	if msg := b.String(); msg != l.blockLogged || now.Sub(l.blockLoggedAt) >= 10*time.Second {
+		l.blockLogged, l.blockLoggedAt = msg, now
+		l.log.Warn("not opening rounds over the live nodes", "reason", b.reason, "detail", b.detail)
+	}
+}
+
+// openRound opens round t over nodes (step 2) and draws the release's
+// noise while the nodes compute: it does not depend on the data.
+func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards map[string]int64) {
+	ls := l.lead
+	id, err := randomID()
+	if err != nil {
+		l.fail(err)
+		return
+	}
+	started := time.Now()
+	deadline := started.Add(l.s.cfg.RoundTimeout)
+	run := l.s.run
+	r, err := aggregation.NewRound(uint64(t), nodes, run.Dim, run.Optimizer.ClipNorm, deadline,
+		aggregation.WithRoundID(id), aggregation.WithShardSizes(shards))
+	if err != nil {
+		l.fail(err)
+		return
+	}
+	err = l.s.conn.Publish(ctx, transport.RoundStart{
+		Run: run.Run, Step: uint64(t), RoundID: id, Term: ls.term, Leader: l.rep.ID(),
+		ParamsVersion: uint64(t - 1), Deadline: deadline.UnixNano(),
+		SampleRate: run.SampleRate, ClipNorm: run.Optimizer.ClipNorm, ModelHash: run.ModelHash,
+	})
+	if err != nil {
+		r.Close()
+		l.fail(fmt.Errorf("coordinator: publishing round %d: %w", t, err))
+		return
+	}
+	if m, ok := run.Discrete(); ok {
+		if err := l.s.noise.DrawDiscrete(&l.pending, m); err != nil {
+			r.Close()
+			l.fail(err)
+			return
+		}
+	}
+	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started}
+}
+
+// onContribution hands a contribution to the open round (step 3), if any.
+func (l *loop) onContribution(ctx context.Context, c transport.Contribution) {
+	ls := l.lead
+	if ls == nil || ls.round == nil {
+		if l.rep.IsLeader() {
+			l.s.metrics.rejected(aggregation.ReasonLate) // between rounds
+		}
+		return // followers do not aggregate
+	}
+	err := ls.round.r.Add(aggregation.Contribution{
+		NodeID: c.NodeID, Step: c.Step, RoundID: c.RoundID, Count: c.Count, Sum: c.Sum,
+	})
+	if err == nil {
+		l.s.metrics.accepted()
+		return
+	}
+	reason := aggregation.ReasonOf(err)
+	l.s.metrics.rejected(reason)
+	// The reason is public; the values are not, and are never logged.
+	l.log.Info("contribution rejected", "node", c.NodeID, "step", c.Step, "reason", reason.String())
+	if reason != aggregation.ReasonWrongStep && reason != aggregation.ReasonWrongRound {
+		l.publish(ctx, transport.Status{
+			Run: l.s.run.Run, From: l.rep.ID(), Node: c.NodeID, Step: c.Step,
+			Code: transport.StatusRejected, Detail: reason.String(),
+		})
+	}
+}
+
+// closeRound closes the round (every node answered, or the deadline
+// passed), privatizes its sum (step 4) and proposes the step (step 5).
+func (l *loop) closeRound(ctx context.Context) {
+	ls := l.lead
+	or := ls.round
+	res := or.r.Close()
+	ls.round, ls.phase = nil, phaseIdle
+	t := or.step
+	l.s.metrics.roundClosed(res, time.Since(or.started))
+	if len(res.Accepted) == 0 {
+		// Nobody answered (all nodes died, or the deadline was too
+		// short): releasing noise over an empty sum would spend budget
+		// for nothing. Forget the silent nodes and try again.
+		ls.log.Warn("round closed with no contribution; not releasing", "step", t, "cause", res.ClosedBy.String())
+		l.nodes.forget(res.Missing)
+		l.pending.Clear()
+		return
+	}
+	// 4. Noise over the sum, by the run's noise mode; then clear the sum
+	// and the noise. The Result's Sum is this round's own buffer.
+	g := l.grad
+	l.grad = nil
+	if g == nil {
+		g = make([]float32, l.s.run.Dim) // the previous buffer is held by a deposed term's proposal
+	}
+	err := privatize(l.s.run, l.s.noise, &l.pending, g, res.Sum)
+	clear(res.Sum)
+	l.pending.Clear()
+	if err != nil {
+		l.fail(err)
+		return
+	}
+	// g̃ must be one the state machine will accept: the optimizer's rule,
+	// the same function the FSM applies before charging. A g̃ that fails
+	// it (a clip norm so large that g̃ overflows the optimizer's bound, or
+	// a broken noise source) is never proposed, so never released; the
+	// run stops, since drawing noise again until g̃ passes would make the
+	// release depend on the sum through the rejection.
+	if err := dpadam.CheckGradient(g); err != nil {
+		l.grad = g
+		ls.log.Error("noisy gradient invalid; stopping the run", "step", t, "err", err)
+		l.proposeStop(fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, err))
+		return
+	}
+	ls.log.Debug("round closed", "step", t, "participants", len(res.Accepted), "missing", len(res.Missing),
+		"rejected", len(res.Rejected), "round_ms", time.Since(or.started).Milliseconds())
+	// 5. Propose, and wait (on the operation's goroutine) for commit and
+	// local apply. The proposal owns g until its result hands it back.
+	ls.phase = phaseProposing
+	event, round := l.s.run.Event(), fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, or.id)
+	inFlight := stepInFlight{step: t, participants: len(res.Accepted), started: or.started}
+	l.start(opStep, ls.term, func(ctx context.Context) opResult {
+		ar, err := l.rep.ProposeStep(ctx, t, event, g, round)
+		return opResult{ar: ar, err: err, g: g, step: inFlight}
+	})
+}
+
+// onStepApplied releases θ_t once its step is committed and applied here
+// (step 6), then evaluates and reports progress.
+func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult) {
+	ls := l.lead
+	ls.phase = phaseIdle
+	if !ar.Applied {
+		// Refused by the state machine (budget, stop): advance sees the
+		// stopped state.
+		ls.log.Info("step not applied", "step", s.step, "reason", ar.Err)
+		return
+	}
+	// 6. Release θ_t.
+	l.publishParams(ctx, ls.term)
+	p := Progress{
+		Step: s.step, MaxSteps: l.s.run.MaxSteps, Epsilon: ar.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon,
+		Participants: s.participants,
+	}
+	ls.log.Debug("step committed", "step", s.step, "epsilon", ar.Epsilon, "participants", s.participants,
+		"step_ms", time.Since(s.started).Milliseconds())
+	cfg := l.s.cfg
+	if cfg.Evaluator != nil && cfg.EvalEvery > 0 && s.step%cfg.EvalEvery == 0 {
+		l.evaluate(&p)
+	}
+	l.s.metrics.stepApplied(p)
+	if cfg.OnStep != nil {
+		cfg.OnStep(p)
+	}
+}
+
+// privatize forms the noisy gradient g̃ of the run's mechanism from the
+// round's float64 sum (step 4 of the Server doc comment): the discrete
+// Gaussian mechanism for NoiseDiscrete (RunConfig.Discrete), with the noise
+// in pending if it is ready (drawn at the round's start; Apply zeroes it)
+// or fresh noise otherwise; the legacy floating-point sampler for
+// NoiseFloat and NoiseLegacy. It is the one place the leader's noise is
+// added; RunConfig.Event is the one place it is accounted.
+func privatize(run RunConfig, noise *train.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
+	oc := run.Optimizer
+	if run.NoiseMode == NoiseDiscrete {
+		m, ok := run.Discrete()
+		if !ok {
+			return fmt.Errorf("%w: noise mode %q cannot be built", ErrInvalidRunConfig, run.NoiseMode)
+		}
+		if pending != nil && pending.Ready() {
+			return m.Apply(g, sum, oc.ExpectedBatchSize, pending)
+		}
+		return noise.DiscreteNoisyGradient64(g, sum, m, oc.ExpectedBatchSize)
+	}
+	return noise.NoisyGradient64(g, sum, oc.NoiseMultiplier, oc.ClipNorm, oc.ExpectedBatchSize)
+}
+
+// noiseModeLabel names a noise mode for logs.
+func noiseModeLabel(mode string) string {
+	if mode == NoiseLegacy {
+		return "float (legacy: configured before noise modes)"
+	}
+	return mode
+}
+
+// evaluate scores the committed θ on the evaluation data and records it
+// in p. The log line and the metrics are labelled by ServerConfig.EvalData.
+func (l *loop) evaluate(p *Progress) {
+	theta, step := l.rep.FSM().Params(nil)
+	m, err := l.s.cfg.Evaluator.Evaluate(theta)
+	if err != nil {
+		l.log.Warn("evaluation failed", "step", step, "err", err)
+		return
+	}
+	d := l.s.cfg.EvalData
+	p.Eval, p.EvalStep, p.EvalData = m, step, d
+	l.last = *p
+	l.s.metrics.evaluated(m, d)
+	l.log.Info(d.Label()+" evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N,
+		"eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)
+}
+
+// finish ends the run on the leader once the log says it stopped:
+// evaluate the final θ, then drain (reports.go) before announcing the end.
+func (l *loop) finish(ctx context.Context, st State) {
+	ls := l.lead
+	sum := l.summary(st)
+	if cfg := l.s.cfg; cfg.Evaluator != nil {
+		p := Progress{Step: st.Applied, MaxSteps: l.s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon}
+		if l.last.EvalStep == st.Applied && st.Applied > 0 {
+			p.Eval, p.EvalStep, p.EvalData = l.last.Eval, l.last.EvalStep, l.last.EvalData // θ has not moved since
+		} else {
+			l.evaluate(&p)
+		}
+		if p.EvalStep > 0 {
+			sum.Final, sum.FinalEvaluated, sum.EvalData = p.Eval, true, p.EvalData
+			if cfg.OnStep != nil {
+				cfg.OnStep(p)
+			}
+		}
+	}
+	ls.phase = phaseDraining
+	l.startDrain(ctx, st, sum)
+}
+
+func randomID() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("coordinator: round id: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
