@@ -1,8 +1,9 @@
 // Package coordinator runs the replicated side of a dpcluster training run:
 // a Raft state machine (FSM) that applies committed noisy gradients with
 // the DP-AdamBC optimizer and charges every release to the privacy ledger,
-// a Replica that runs it over hashicorp/raft with durable stores (raft-wal
-// log, file snapshots), and the Server, whose leader aggregates node
+// a Replica that runs it over hashicorp/raft with durable stores (LogStore:
+// the Raft log and stable store in one bbolt file, raft/log.db, each entry
+// CRC-checked; file snapshots), and the Server, whose leader aggregates node
 // contributions, adds Gaussian noise exactly once, proposes the step and
 // only then releases θ_t.
 //

@@ -10,7 +10,7 @@ import (
 	"github.com/dpcluster/dpcluster/internal/conformance"
 )
 
-// conformanceFile is the shared reference-vector file: float64 trajectories
+// conformanceFile is the reference-vector file: float64 trajectories
 // of Algorithm 1 and the baselines, produced independently of this package.
 type conformanceFile struct {
 	About string            `json:"about"`
@@ -63,9 +63,9 @@ func (c *conformanceCase) config() Config {
 	return cfg
 }
 
-// TestConformance runs every case of the shared vector file (its committed
-// copy without ../shared; see package internal/conformance) and of the file
-// named by $DPADAM_VECTORS, if set. A missing or unreadable file is a
+// TestConformance runs every case of the committed vector file
+// (testdata/conformance/dpadam_vectors.json; see its README.md) and of the
+// file named by $DPADAM_VECTORS, if set. A missing or unreadable file is a
 // failure, never a skip.
 func TestConformance(t *testing.T) {
 	files := []string{conformance.Path(t, "dpadam_vectors.json")}

@@ -4,7 +4,12 @@
 // (train.Run, model, sampling, ledger) and optimizers (dpadam), in one
 // process, and writes CSV files, markdown tables and PNG plots.
 //
-//	go run -tags openblas ./experiments -exp all -out docs/results
+//	cd experiments && go run -tags openblas . -exp all -out ../docs/results
+//
+// experiments/ is a Go module of its own (github.com/dpcluster/dpcluster/experiments,
+// with a replace directive to the product in ../), so that the product's go.mod
+// does not require gonum/plot and its font, LaTeX and PDF packages. Build, vet
+// and test it from this directory; `go test ./...` at the root skips it.
 //
 // Experiments (-exp, comma-separated, or "all"):
 //

@@ -10,7 +10,7 @@ import (
 	"github.com/dpcluster/dpcluster/internal/conformance"
 )
 
-// accountantVectors is the format of shared/conformance/accountant_vectors.json.
+// accountantVectors is the format of testdata/conformance/accountant_vectors.json.
 type accountantVectors struct {
 	About string `json:"about"`
 	Cases []struct {
@@ -31,9 +31,10 @@ type accountantVectors struct {
 	} `json:"calibration"`
 }
 
-// vectorFiles returns the reference files to check: the shared one beside
-// the checkout, and the file named by ACCOUNTANT_VECTORS if set. A named
-// file that cannot be read fails the test rather than skipping it.
+// vectorFiles returns the reference files to check: the committed one
+// (testdata/conformance, see its README.md), and the file named by
+// ACCOUNTANT_VECTORS if set. A named file that cannot be read fails the
+// test rather than skipping it.
 func vectorFiles(t *testing.T) []string {
 	t.Helper()
 	files := []string{conformance.Path(t, "accountant_vectors.json")}

@@ -66,7 +66,7 @@ func TestPLDExactGaussian(t *testing.T) {
 	}
 }
 
-// The shared vectors' pld_epsilon (Google dp_accounting's PLDAccountant,
+// The reference vectors' pld_epsilon (Google dp_accounting's PLDAccountant,
 // value_discretization_interval 1e-4): within 0.5%, never below by more than
 // 0.5% (the vectors' about field).
 func TestPLDConformance(t *testing.T) {

@@ -43,7 +43,7 @@ func TestPrivacyEpsilonJSON(t *testing.T) {
 	if got.SampleRate != 0.04 || got.NoiseMultiplier != 1.5 || got.Steps != 2250 || got.Delta != 1e-5 || got.Orders != "opacus" {
 		t.Errorf("inputs not echoed: %+v", got)
 	}
-	// Opacus 1.4 reference from shared/conformance/accountant_vectors.json.
+	// Opacus 1.4 reference from testdata/conformance/accountant_vectors.json.
 	if want := 7.3291111714386545; got.Epsilon < want*(1-1e-6) || got.Epsilon > want*(1+1e-6) {
 		t.Errorf("epsilon = %v, want %v", got.Epsilon, want)
 	}
@@ -124,7 +124,7 @@ func TestPrivacyEpsilonPLD(t *testing.T) {
 	if got.Accountant != "pld" || got.Mechanism != "gaussian" || got.Order != nil {
 		t.Errorf("JSON does not name the PLD accountant and Gaussian mechanism: %+v", got)
 	}
-	// dp_accounting's PLD value from shared/conformance (0.5% tolerance).
+	// dp_accounting's PLD value from testdata/conformance (0.5% tolerance).
 	if want := 6.768787376865218; got.Epsilon < want*(1-0.005) || got.Epsilon > want*(1+0.005) {
 		t.Errorf("epsilon = %v, want %v ± 0.5%%", got.Epsilon, want)
 	}
@@ -155,7 +155,7 @@ func TestPrivacySigmaPLD(t *testing.T) {
 	if got.Accountant != "pld" || got.Epsilon > 3 {
 		t.Errorf("accountant %q, σ=%v gives ε=%v (target 3)", got.Accountant, got.NoiseMultiplier, got.Epsilon)
 	}
-	// RDP needs σ = 0.742 for this target (shared/conformance); PLD less.
+	// RDP needs σ = 0.742 for this target (testdata/conformance); PLD less.
 	if got.NoiseMultiplier >= 0.7420020719159987 {
 		t.Errorf("PLD σ = %v not below RDP's 0.742", got.NoiseMultiplier)
 	}

@@ -1,47 +1,34 @@
 // Package conformance locates the reference vectors that the conformance
-// tests of dpadam and ledger read. The vectors' source of truth is
-// ../shared/conformance beside the checkout; a copy is committed under
-// internal/conformance/vectors so that a clone without ../shared runs the
-// same tests on the same data. When both are present they must be equal,
-// byte for byte, so the copy cannot silently go stale.
+// tests of dpadam and ledger read: the files under testdata/conformance at
+// the repository root (their provenance, checksums and readers are listed
+// in testdata/conformance/README.md). A clone therefore runs the same tests
+// on the same data wherever it is. Tests that also honour an environment
+// variable naming another vector file (DPADAM_VECTORS, ACCOUNTANT_VECTORS)
+// check that file in addition to the committed one.
 package conformance
 
 import (
-	"bytes"
-	"errors"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
 )
 
-// Path returns the path of the reference-vector file name (for example
-// "accountant_vectors.json"): the shared file when it is beside the
-// checkout, else the committed copy. It fails t if the copy is missing,
-// the shared file is unreadable, or the two differ.
-func Path(t testing.TB, name string) string {
+// Dir returns the directory that holds the committed reference vectors,
+// testdata/conformance at the repository root. It fails t if the package's
+// source directory cannot be located.
+func Dir(t testing.TB) string {
 	t.Helper()
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		t.Fatal("conformance: cannot locate the package's source directory")
 	}
-	here := filepath.Dir(file)
-	committed := filepath.Join(here, "vectors", name)
-	shared := filepath.Join(here, "..", "..", "..", "shared", "conformance", name)
-	want, err := os.ReadFile(committed)
-	if err != nil {
-		t.Fatalf("conformance: reading the committed copy: %v", err)
-	}
-	got, err := os.ReadFile(shared)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		t.Logf("conformance: %s is not beside the checkout; using the committed copy %s", shared, committed)
-		return committed
-	case err != nil:
-		t.Fatalf("conformance: reading %s: %v", shared, err)
-	case !bytes.Equal(got, want):
-		t.Fatalf("conformance: the committed copy %s differs from %s: copy the shared file over it", committed, shared)
-	}
-	return shared
+	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "conformance")
+}
+
+// Path returns the path of the committed reference-vector file name (for
+// example "accountant_vectors.json"). The caller reads it and fails if it
+// is missing: a missing vector file is a failure, never a skip.
+func Path(t testing.TB, name string) string {
+	t.Helper()
+	return filepath.Join(Dir(t), name)
 }
