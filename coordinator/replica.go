@@ -23,6 +23,7 @@ type ReplicaConfig struct {
 	// ID is the replica's Raft server ID, unique in the cluster.
 	ID string
 	// RaftAddr is the TCP address Raft binds and advertises, host:port.
+	// Ignored (and may be empty) when Transport is set.
 	RaftAddr string
 	// DataDir holds the Raft log (raft/log.db, see LogStore), snapshots and the
 	// ledger.
@@ -54,6 +55,14 @@ type ReplicaConfig struct {
 	// another CA's, plaintext) is refused before Raft reads it. Nil: plain
 	// TCP (a single machine, or a trusted network).
 	TLS *ReplicaTLS
+
+	// Transport, if not nil, carries this replica's Raft traffic instead
+	// of the TCP listener on RaftAddr: tests run a cluster in one process
+	// over raft.NewInmemTransport (package coordinatortest). The replica
+	// advertises Transport.LocalAddr() and closes the transport on Close
+	// if it implements raft.WithClose. It excludes TLS. Nil: TCP on
+	// RaftAddr (with TLS if set), what every binary uses.
+	Transport raft.Transport
 
 	// LedgerOptions are passed to the ledger when it is opened (fault
 	// injection in tests: ledger.WithSyncHook).
@@ -89,7 +98,9 @@ func (c ReplicaConfig) Validate() error {
 	switch {
 	case c.ID == "":
 		return errors.New("coordinator: replica ID is empty")
-	case c.RaftAddr == "":
+	case c.Transport != nil && c.TLS != nil:
+		return errors.New("coordinator: a Raft transport given in the config cannot also use the replica's TLS")
+	case c.Transport == nil && c.RaftAddr == "":
 		return errors.New("coordinator: Raft address is empty")
 	case c.DataDir == "":
 		return errors.New("coordinator: data dir is empty")
@@ -99,6 +110,9 @@ func (c ReplicaConfig) Validate() error {
 		return errors.New("coordinator: snapshot threshold must be positive")
 	case c.SnapshotsRetained < 1:
 		return errors.New("coordinator: must retain at least one snapshot")
+	}
+	if c.Transport != nil {
+		return nil
 	}
 	host, _, err := net.SplitHostPort(c.RaftAddr)
 	if err != nil {
@@ -122,7 +136,7 @@ type Replica struct {
 	raft      *raft.Raft
 	fsm       *FSM
 	logs      *LogStore
-	transport *raft.NetworkTransport
+	transport raft.Transport
 	tls       *tlsRaftStream // nil: plain TCP
 	log       *slog.Logger
 }
@@ -165,16 +179,18 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	stream, err := listenRaft(cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
+	if r.transport = cfg.Transport; r.transport == nil {
+		stream, err := listenRaft(cfg.RaftAddr)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
+		}
+		var layer raft.StreamLayer = stream
+		if cfg.TLS != nil {
+			r.tls = newTLSRaftStream(stream, cfg.TLS, log)
+			layer = r.tls
+		}
+		r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
 	}
-	var layer raft.StreamLayer = stream
-	if cfg.TLS != nil {
-		r.tls = newTLSRaftStream(stream, cfg.TLS, log)
-		layer = r.tls
-	}
-	r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
@@ -224,8 +240,8 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 }
 
 func (r *Replica) closeStores() {
-	if r.transport != nil {
-		r.transport.Close()
+	if c, ok := r.transport.(raft.WithClose); ok {
+		c.Close()
 	}
 	if r.logs != nil {
 		r.logs.Close()

@@ -137,6 +137,35 @@ func TestRaftAddrAdvertised(t *testing.T) {
 	}
 }
 
+// TestReplicaInjectedTransport: a replica given a Raft transport (the
+// in-memory one) needs no Raft address, advertises the transport's
+// address, elects itself and commits; TLS with an injected transport is
+// refused, since the TLS listener would not carry the traffic.
+func TestReplicaInjectedTransport(t *testing.T) {
+	addr, trans := raft.NewInmemTransport("")
+	cfg := DefaultReplicaConfig()
+	cfg.ID, cfg.DataDir, cfg.Bootstrap, cfg.Transport = "r1", t.TempDir(), true, trans
+	cfg.TLS = &ReplicaTLS{}
+	if err := cfg.Validate(); err == nil {
+		t.Error("Transport with TLS accepted")
+	}
+	cfg.TLS = nil
+	r, err := OpenReplica(cfg, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got := r.Addr(); got != string(addr) {
+		t.Errorf("Addr() = %q, want the transport's %q", got, addr)
+	}
+	waitLeader(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.Configure(ctx, testRunConfig()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestReplicaCloseTransfersLeadership: closing the leader of three
 // replicas hands leadership over at once. The election timeouts are 20 s,
 // so without the transfer no new leader could appear before the test's
