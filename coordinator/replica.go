@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -298,6 +299,33 @@ func (r *Replica) ID() string { return r.cfg.ID }
 
 // IsLeader reports whether this replica currently leads.
 func (r *Replica) IsLeader() bool { return r.raft.State() == raft.Leader }
+
+// Leader returns the ID of the leader this replica knows of, or "" if it
+// knows none (during an election, or cut off from the leader for longer
+// than the heartbeat timeout). A deposed leader that has not yet noticed
+// still names itself.
+func (r *Replica) Leader() (id string) {
+	_, lid := r.raft.LeaderWithID()
+	return string(lid)
+}
+
+// Voters returns the sorted IDs of the voters in the latest Raft
+// configuration this replica knows (committed or not), or nil if it
+// cannot read it (Raft shut down).
+func (r *Replica) Voters() []string {
+	cf := r.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return nil
+	}
+	var ids []string
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			ids = append(ids, string(s.ID))
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
 
 // LeaderCh returns raft's leadership-change channel.
 func (r *Replica) LeaderCh() <-chan bool { return r.raft.LeaderCh() }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -163,6 +164,12 @@ func TestReplicaInjectedTransport(t *testing.T) {
 	defer cancel()
 	if err := r.Configure(ctx, testRunConfig()); err != nil {
 		t.Fatal(err)
+	}
+	if got := r.Leader(); got != "r1" {
+		t.Errorf("Leader() = %q, want r1", got)
+	}
+	if got := r.Voters(); !slices.Equal(got, []string{"r1"}) {
+		t.Errorf("Voters() = %q, want [r1]", got)
 	}
 }
 
