@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -105,6 +106,7 @@ func (o Options) Validate() error {
 type Cluster struct {
 	t    testing.TB
 	opts Options
+	base string // the replicas' data dirs are base/ID
 	// Run is the run's configuration (SeedSeeded, discrete noise).
 	Run coordinator.RunConfig
 
@@ -176,8 +178,10 @@ func NewCluster(t testing.TB, opts Options) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Made before the shutdown is registered, so removed after it.
+	base := t.TempDir()
 	ctx, stop := context.WithCancel(context.Background())
-	c := &Cluster{
+	c := &Cluster{base: base,
 		t: t, opts: opts, Run: runConfig(m, int64(data.Len()), opts.MaxSteps),
 		net: fake.NewNetwork(opts.Seed, fake.Options{}), model: m, ctx: ctx, stop: stop, log: log,
 		replicas: make(map[string]*member), cut: make(map[[2]string]bool),
@@ -236,7 +240,7 @@ func (c *Cluster) clientConfig(role pki.Role, name string) transport.ClientConfi
 // (ServerConfig.Join).
 func (c *Cluster) startReplica(id string, peers []raft.Server) error {
 	addr, trans := raft.NewInmemTransport(raft.ServerAddress(id))
-	m := &member{id: id, addr: addr, trans: trans, dir: c.t.TempDir(), done: make(chan struct{})}
+	m := &member{id: id, addr: addr, trans: trans, dir: filepath.Join(c.base, id), done: make(chan struct{})}
 	c.mu.Lock()
 	if _, dup := c.replicas[id]; dup {
 		c.mu.Unlock()
@@ -263,7 +267,9 @@ func (c *Cluster) startReplica(id string, peers []raft.Server) error {
 	if err != nil {
 		return err
 	}
-	m.replica = rep
+	c.mu.Lock()
+	m.replica = rep // live() lists it from now on
+	c.mu.Unlock()
 	if m.conn, err = transport.NewClient(c.net.Link(id), c.clientConfig(pki.RoleReplica, id), c.log); err != nil {
 		return err
 	}

@@ -214,7 +214,7 @@ func TestNodesCutFromLeader(t *testing.T) {
 	for _, n := range c.Nodes() {
 		c.Cut(leader, n)
 	}
-	time.Sleep(300 * time.Millisecond) // the round in flight closes
+	time.Sleep(800 * time.Millisecond) // the round in flight closes
 	at := c.Applied()
 	time.Sleep(time.Second)
 	if got := c.Applied(); got != at {
