@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -134,6 +135,41 @@ func TestRaftAddrAdvertised(t *testing.T) {
 		if err := cfg.Validate(); err == nil {
 			t.Errorf("Raft address %q accepted", bad)
 		}
+	}
+}
+
+// TestReplicaInjectedTransport: a replica given a Raft transport (the
+// in-memory one) needs no Raft address, advertises the transport's
+// address, elects itself and commits; TLS with an injected transport is
+// refused, since the TLS listener would not carry the traffic.
+func TestReplicaInjectedTransport(t *testing.T) {
+	addr, trans := raft.NewInmemTransport("")
+	cfg := DefaultReplicaConfig()
+	cfg.ID, cfg.DataDir, cfg.Bootstrap, cfg.Transport = "r1", t.TempDir(), true, trans
+	cfg.TLS = &ReplicaTLS{}
+	if err := cfg.Validate(); err == nil {
+		t.Error("Transport with TLS accepted")
+	}
+	cfg.TLS = nil
+	r, err := OpenReplica(cfg, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got := r.Addr(); got != string(addr) {
+		t.Errorf("Addr() = %q, want the transport's %q", got, addr)
+	}
+	waitLeader(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.Configure(ctx, testRunConfig()); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Leader(); got != "r1" {
+		t.Errorf("Leader() = %q, want r1", got)
+	}
+	if got, err := r.Voters(); err != nil || !slices.Equal(got, []Voter{{ID: "r1", Addr: r.Addr()}}) {
+		t.Errorf("Voters() = %+v, %v; want [r1 at %s]", got, err, r.Addr())
 	}
 }
 
