@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/ledger"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -234,7 +234,7 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 			waitLeader(t, r)
 			scfg := DefaultServerConfig()
 			scfg.MinNodes, scfg.AnnounceEvery = 2, 100*time.Millisecond
-			scfg.Noise = train.NewSeededNoiseSource(1)
+			scfg.Noise = mechanism.NewSeededNoiseSource(1)
 			reg := prometheus.NewRegistry()
 			var err error
 			if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
@@ -349,7 +349,7 @@ func TestServerSeedPolicy(t *testing.T) {
 			scfg := DefaultServerConfig()
 			scfg.MinNodes, scfg.RoundTimeout = tc.members, 2*time.Second
 			if tc.policy == SeedSeeded {
-				scfg.Noise = train.NewSeededNoiseSource(1)
+				scfg.Noise = mechanism.NewSeededNoiseSource(1)
 			}
 			reg := prometheus.NewRegistry()
 			var err error

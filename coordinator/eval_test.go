@@ -12,8 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
-	"github.com/dpcluster/dpcluster/train"
 )
 
 func TestEvalDataLabels(t *testing.T) {
@@ -81,7 +81,7 @@ func TestServerConfigNeedsEvalData(t *testing.T) {
 		}
 	}
 	if _, err := NewServer(nil, nil, testRunConfig(), ServerConfig{Evaluator: &thetaEvaluator{}, RoundTimeout: 1,
-		MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1, Noise: train.NewSeededNoiseSource(1)}, nil); !errors.Is(err, ErrEvalDataUnset) {
+		MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1, Noise: mechanism.NewSeededNoiseSource(1)}, nil); !errors.Is(err, ErrEvalDataUnset) {
 		t.Errorf("NewServer with an undeclared Evaluator: %v", err)
 	}
 }
@@ -108,7 +108,7 @@ func TestServerLabelsEvaluations(t *testing.T) {
 			waitLeader(t, r)
 
 			scfg := DefaultServerConfig()
-			scfg.Noise = train.NewSeededNoiseSource(5)
+			scfg.Noise = mechanism.NewSeededNoiseSource(5)
 			ev := &thetaEvaluator{}
 			scfg.Evaluator, scfg.EvalData, scfg.EvalEvery = ev, d, 3
 			var progress []Progress

@@ -16,8 +16,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/nats-io/nats.go"
 
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/pki"
-	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -98,7 +98,7 @@ func TestNodeCannotChangeMembership(t *testing.T) {
 	serve := func(r *Replica, join bool) {
 		t.Helper()
 		cfg := DefaultServerConfig()
-		cfg.Noise, cfg.AnnounceEvery, cfg.Join = train.NewSeededNoiseSource(1), 100*time.Millisecond, join
+		cfg.Noise, cfg.AnnounceEvery, cfg.Join = mechanism.NewSeededNoiseSource(1), 100*time.Millisecond, join
 		s, err := NewServer(r, dial(r.ID()), c, cfg, nil)
 		if err != nil {
 			t.Fatal(err)

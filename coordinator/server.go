@@ -20,7 +20,6 @@ import (
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
-	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -72,10 +71,10 @@ type ServerConfig struct {
 	Join bool
 	// Noise is the leader's noise source (its mechanism is the run's
 	// NoiseMode). Nil means a fresh
-	// crypto-keyed one (train.NewNoiseSource). A seeded source makes the
+	// crypto-keyed one (mechanism.NewNoiseSource). A seeded source makes the
 	// run NOT private; the Server refuses one unless the run's SeedPolicy
 	// is SeedSeeded, and logs it loudly.
-	Noise *train.NoiseSource
+	Noise *mechanism.NoiseSource
 	// Insecure says the replica's transport is not protected: it was
 	// started with --insecure, without TLS. Its StatusReplica reports say
 	// so (transport.Control.Insecure), for coordinator status to show.
@@ -194,7 +193,7 @@ type Server struct {
 	run     RunConfig
 	cfg     ServerConfig
 	log     *slog.Logger
-	noise   *train.NoiseSource
+	noise   *mechanism.NoiseSource
 	metrics *Metrics
 	// pending is the discrete noise of the open round's release, drawn
 	// while the nodes compute (lead goroutine only).
@@ -244,7 +243,7 @@ func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerC
 	noise := cfg.Noise
 	if noise == nil {
 		var err error
-		if noise, err = train.NewNoiseSource(); err != nil {
+		if noise, err = mechanism.NewNoiseSource(); err != nil {
 			return nil, err
 		}
 	}
@@ -570,7 +569,7 @@ func (s *Server) step(ctx context.Context, log *slog.Logger, term uint64, t int6
 // or fresh noise otherwise; the legacy floating-point sampler for
 // NoiseFloat and NoiseLegacy. It is the one place the leader's noise is
 // added; RunConfig.Event is the one place it is accounted.
-func privatize(run RunConfig, noise *train.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
+func privatize(run RunConfig, noise *mechanism.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
 	oc := run.Optimizer
 	if run.NoiseMode == NoiseDiscrete {
 		m, ok := run.Discrete()

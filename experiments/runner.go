@@ -11,6 +11,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 	"github.com/dpcluster/dpcluster/train"
@@ -33,7 +34,7 @@ func seededSources(q float64, seed uint64) (train.Sources, error) {
 	if err != nil {
 		return train.Sources{}, err
 	}
-	return train.Sources{Noise: train.NewSeededNoiseSource(2000 + seed), Sampler: s}, nil
+	return train.Sources{Noise: mechanism.NewSeededNoiseSource(2000 + seed), Sampler: s}, nil
 }
 
 // runResult is one training run through train.Run.

@@ -19,8 +19,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/pki"
-	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -354,7 +354,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		scfg.EvalData = pr.eval.Kind
 	}
 	if seeded {
-		scfg.Noise = train.NewSeededNoiseSource(opts.insecureSeed)
+		scfg.Noise = mechanism.NewSeededNoiseSource(opts.insecureSeed)
 	}
 	// Under a progress bar, the round loop's info logs would tear the
 	// bar; warnings still show.
