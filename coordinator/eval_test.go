@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/mechanism"
-	"github.com/dpcluster/dpcluster/model"
 )
 
 func TestEvalDataLabels(t *testing.T) {
@@ -49,7 +48,7 @@ type thetaEvaluator struct {
 	calls int
 }
 
-func (e *thetaEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
+func (e *thetaEvaluator) Evaluate(theta []float32) (Evaluation, error) {
 	e.mu.Lock()
 	e.calls++
 	e.mu.Unlock()
@@ -59,7 +58,7 @@ func (e *thetaEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
 			pos++
 		}
 	}
-	return model.Metrics{Accuracy: float64(pos) / float64(len(theta)), Loss: 1, N: len(theta)}, nil
+	return Evaluation{Accuracy: float64(pos) / float64(len(theta)), Loss: 1, N: len(theta)}, nil
 }
 
 // TestServerConfigNeedsEvalData: an Evaluator without declared data is

@@ -19,7 +19,6 @@ import (
 	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/mechanism"
-	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -28,7 +27,7 @@ import (
 // private training data. Implementations need not be safe for concurrent
 // use; the Server calls Evaluate from one goroutine.
 type Evaluator interface {
-	Evaluate(theta []float32) (model.Metrics, error)
+	Evaluate(theta []float32) (Evaluation, error)
 }
 
 // ServerConfig configures a replica's Server: the rounds its replica runs
@@ -127,7 +126,7 @@ type Progress struct {
 	Participants int
 	// Eval is the last evaluation, at step EvalStep (EvalStep 0: none
 	// yet), on data EvalData: label it with EvalData.Label.
-	Eval     model.Metrics
+	Eval     Evaluation
 	EvalStep int64
 	EvalData EvalData
 }
@@ -142,7 +141,7 @@ type Summary struct {
 	// Final is the evaluation of the final θ (leader with an Evaluator
 	// only; FinalEvaluated says whether it is set) on data EvalData:
 	// label it with EvalData.Label.
-	Final          model.Metrics
+	Final          Evaluation
 	FinalEvaluated bool
 	EvalData       EvalData
 	// Digest is FSM.Digest at the end: equal on replicas that agree bit

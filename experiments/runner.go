@@ -39,7 +39,7 @@ func seededSources(q float64, seed uint64) (train.Sources, error) {
 
 // runResult is one training run through train.Run.
 type runResult struct {
-	Val, Test model.Metrics
+	Val, Test model.Evaluation
 	History   []train.Point
 	Diag      dpadam.Diagnostics
 	Wall      time.Duration
@@ -70,7 +70,7 @@ func trainRun(ctx context.Context, t *Task, cfg dpadam.Config, seed uint64, eval
 	res.Test, res.History, res.Diag = out.Final, out.History, out.LastDiagnostics
 	if err != nil {
 		res.Err = err
-		res.Test = model.Metrics{}
+		res.Test = model.Evaluation{}
 	} else {
 		ws, err := m.NewWorkspace(1024)
 		if err == nil {

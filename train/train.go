@@ -94,7 +94,7 @@ type Sources struct {
 // Point is an evaluation after a step.
 type Point struct {
 	Step int
-	Eval model.Metrics
+	Eval model.Evaluation
 }
 
 // Result summarizes a run.
@@ -104,7 +104,7 @@ type Result struct {
 	// SampleRate is q = B/N.
 	SampleRate float64
 	// Final is the evaluation after the last step (zero without an eval set).
-	Final model.Metrics
+	Final model.Evaluation
 	// History holds every evaluation, Final included.
 	History []Point
 	// LastDiagnostics are the optimizer's diagnostics of the last step.

@@ -168,7 +168,7 @@ func TestProgressBar(t *testing.T) {
 	p.update(coordinator.Progress{Step: 1, MaxSteps: 10, Epsilon: 0.5, TargetEpsilon: 3})
 	now = now.Add(time.Second)
 	p.update(coordinator.Progress{Step: 5, MaxSteps: 10, Epsilon: 1.25, TargetEpsilon: 3,
-		EvalStep: 5, Eval: model.Metrics{Loss: 0.7, Accuracy: 0.8125, N: 100}, EvalData: coordinator.EvalPublic})
+		EvalStep: 5, Eval: coordinator.Evaluation{Loss: 0.7, Accuracy: 0.8125, N: 100}, EvalData: coordinator.EvalPublic})
 	p.finish()
 	got := buf.String()
 	for _, want := range []string{"[############............] step 5/10", "ε 1.250/3", "test acc 81.2% (step 5)", "5.0 steps/s"} {

@@ -326,8 +326,13 @@ func newModelEvaluator(m *model.Model, test *dataset.Dataset) (*modelEvaluator, 
 	return &modelEvaluator{ws: ws, test: test}, nil
 }
 
-func (e *modelEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
-	return e.ws.EvaluateDataset(theta, e.test)
+// Evaluate adapts the model's evaluation to the coordinator's type.
+func (e *modelEvaluator) Evaluate(theta []float32) (coordinator.Evaluation, error) {
+	ev, err := e.ws.EvaluateDataset(theta, e.test)
+	if err != nil {
+		return coordinator.Evaluation{}, err
+	}
+	return coordinator.Evaluation{Loss: ev.Loss, Accuracy: ev.Accuracy, N: ev.N}, nil
 }
 
 // evalLabel is eval's label (coordinator.EvalData.Label), or "none".
