@@ -133,7 +133,7 @@ func TestNodeFlagErrors(t *testing.T) {
 		{"csv without path", with("--dataset", "csv"), "--data-path"},
 		{"gaussian with a path", with("--data-path", csv), "neither"},
 		{"csv that does not fit the model", with("--dataset", "csv", "--data-path", csv, "--model-spec", spec), "does not fit the model"},
-		{"batch larger than N", with("--batch-size", "20000"), "--batch-size 20000 must be in (0, N = 10000]"},
+		{"batch larger than N", with("--batch-size", "20000"), "batch_size 20000 must be in (0, N = 10000]"},
 		{"clip too large to bound", with("--clip", "1e25"), "--clip 1e+25: must be in"},
 		{"clip too small to bound", with("--clip", "1e-30"), "--clip 1e-30: must be in"},
 		{"bad id", with("--id", "a b"), "--id"},

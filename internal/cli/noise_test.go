@@ -48,7 +48,7 @@ func TestRunConfigNoise(t *testing.T) {
 		t.Errorf("discrete σ %v, float σ %v", s, f)
 	}
 	spec.Noise = "gaussian"
-	if _, err := spec.runConfig(m, n, false); err == nil || !strings.Contains(err.Error(), "--noise") {
+	if _, err := spec.runConfig(m, n, false); err == nil || !strings.Contains(err.Error(), "noise \"gaussian\"") {
 		t.Errorf("unknown noise: %v", err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -170,38 +169,15 @@ func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger
 	return LoadData(ctx, s.dataOptions(m, log))
 }
 
-// runConfig turns the spec into the replicated run configuration: N from
-// the data (or TotalExamples), q = B/N, and σ calibrated when not given.
+// runConfig turns the spec into the replicated run configuration
+// (coordinator.RunPlan.RunConfig derives N, q = B/N, σ and the seed
+// policy); n is the loaded data's size (0: none).
 func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.RunConfig, error) {
-	if s.TotalExamples > 0 {
-		if n > 0 && n != s.TotalExamples {
-			return coordinator.RunConfig{}, fmt.Errorf("--total-examples %d but the dataset has %d", s.TotalExamples, n)
-		}
-		n = s.TotalExamples
-	}
-	if n <= 0 {
-		return coordinator.RunConfig{}, errors.New("the number of training examples N is unknown: give --total-examples or a dataset")
-	}
-	if !(s.BatchSize > 0 && s.BatchSize <= float64(n)) {
-		return coordinator.RunConfig{}, fmt.Errorf("--batch-size %v must be in (0, N = %d]", s.BatchSize, n)
-	}
-	q := s.BatchSize / float64(n)
 	// Nodes clip only within model.CheckClipNorm's range (outside it the
 	// float error analysis no longer holds), so they would skip every
 	// round of a run configured outside it: refuse it here, at start.
 	if err := model.CheckClipNorm(s.Clip); err != nil {
 		return coordinator.RunConfig{}, fmt.Errorf("--clip %v: must be in [%g, %g]: %w", s.Clip, model.MinClipNorm, model.MaxClipNorm, err)
-	}
-	sigma := s.Sigma
-	if sigma < 0 {
-		return coordinator.RunConfig{}, fmt.Errorf("--sigma %v must not be negative", sigma)
-	}
-	mode := s.Noise
-	switch {
-	case s.legacyNoise:
-		mode = coordinator.NoiseLegacy
-	case mode != coordinator.NoiseDiscrete && mode != coordinator.NoiseFloat:
-		return coordinator.RunConfig{}, fmt.Errorf("--noise %q must be %s or %s", mode, coordinator.NoiseDiscrete, coordinator.NoiseFloat)
 	}
 	specJSON, err := m.Spec().CanonicalJSON()
 	if err != nil {
@@ -210,41 +186,13 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 	opt := dpadam.DefaultConfig()
 	opt.Algorithm = dpadam.Algorithm(s.Algorithm)
 	opt.LearningRate, opt.Beta1, opt.Beta2, opt.AdamEps = s.LR, s.Beta1, s.Beta2, s.AdamEps
-	opt.GammaPrime, opt.Momentum = s.GammaPrime, s.Momentum
-	opt.NoiseMultiplier, opt.ClipNorm, opt.ExpectedBatchSize = sigma, s.Clip, s.BatchSize
-	policy := coordinator.SeedCrypto
-	if seeded {
-		policy = coordinator.SeedSeeded
-	}
-	c := coordinator.RunConfig{
+	opt.GammaPrime, opt.Momentum, opt.ClipNorm = s.GammaPrime, s.Momentum, s.Clip
+	return coordinator.RunPlan{
 		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
-		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: s.TargetEpsilon, Delta: s.Delta,
-		MaxSteps: s.MaxSteps, SeedPolicy: policy, NoiseMode: mode,
-	}
-	if sigma == 0 {
-		if s.MaxSteps <= 0 {
-			return coordinator.RunConfig{}, errors.New("calibrating σ needs --max-steps (or give --sigma)")
-		}
-		// Calibrate with the event the ledger will charge for this run
-		// (RunConfig.Event: the discrete mechanism's effective σ, or the
-		// Gaussian's), against a target a hair below the budget: the ledger
-		// composes step by step, and float rounding must not push the last
-		// step a few ulps past the target.
-		event := func(sigma float64) ledger.Event {
-			c := c
-			c.Optimizer.NoiseMultiplier = sigma
-			return c.Event()
-		}
-		if c.Optimizer.NoiseMultiplier, err = ledger.Calibrate(nil, s.TargetEpsilon*(1-1e-9), s.MaxSteps, s.Delta, event); err != nil {
-			return coordinator.RunConfig{}, fmt.Errorf("calibrating σ: %w", err)
-		}
-	}
-	// B = q·N must hold exactly enough for Validate.
-	c.Optimizer.ExpectedBatchSize = q * float64(n)
-	if math.Abs(c.Optimizer.ExpectedBatchSize-s.BatchSize) > 1e-9*s.BatchSize {
-		return coordinator.RunConfig{}, fmt.Errorf("expected batch size %v does not survive q·N", s.BatchSize)
-	}
-	return c, c.Validate()
+		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
+		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
+		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
+	}.RunConfig()
 }
 
 // keepLegacyNoise makes a run that was configured before noise modes
