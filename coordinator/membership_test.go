@@ -218,7 +218,7 @@ func TestAddVoterChecksIdentity(t *testing.T) {
 // presenting id's certificate.
 func tlsServer(t *testing.T, ctx context.Context, dir, run string) (*transport.Server, func(id string) *transport.Client) {
 	t.Helper()
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port, scfg.TLS, scfg.Run = -1, tlsFiles(dir, "r1"), run
 	srv, err := transport.StartServer(scfg)
 	if err != nil {

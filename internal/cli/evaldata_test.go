@@ -318,7 +318,7 @@ func TestServeCSVHoldoutIsLabelledNonPrivate(t *testing.T) {
 	dir := t.TempDir()
 	spec, _ := writeSpec(t)
 	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {

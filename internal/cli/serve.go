@@ -243,8 +243,8 @@ func parsePeers(s string) ([]raft.Server, error) {
 
 // embeddedServerConfig is the embedded NATS server listening on addr and,
 // with cluster set, accepting routes there and dialing routes.
-func embeddedServerConfig(addr, cluster, routes string) (transport.ServerConfig, error) {
-	sc := transport.DefaultServerConfig()
+func embeddedServerConfig(addr, cluster, routes string) (transport.EmbeddedServerConfig, error) {
+	sc := transport.DefaultEmbeddedServerConfig()
 	host, port, err := splitHostPort(addr)
 	if err != nil {
 		return sc, fmt.Errorf("--nats-listen: %w", err)

@@ -27,7 +27,7 @@ import (
 // status, and the ledger audits clean with one charge per step and, the
 // noise and sampling being seeded, says the run is not private.
 func TestServeWithNodeCommands(t *testing.T) {
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {
@@ -129,7 +129,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 // round, and `coordinator status` says why and shows the nodes' shards
 // (issue 11, item 6).
 func TestServeBlocksOverlappingNodes(t *testing.T) {
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {
@@ -202,7 +202,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{}, "--data-dir"},
 		{[]string{"--data-dir", t.TempDir(), "--peers", "r1"}, "--peers"},
 		{[]string{"--data-dir", t.TempDir(), "--peers", "r1=a:1,r1=b:2"}, "twice"},
-		{[]string{"--data-dir", t.TempDir(), "--dataset", "none"}, "total-examples"},
+		{[]string{"--data-dir", t.TempDir(), "--dataset", "none"}, "total_examples"},
 		{[]string{"--data-dir", t.TempDir(), "--nats-listen", "localhost"}, "--nats-listen"},
 		{[]string{"--data-dir", t.TempDir(), "--log-format", "xml"}, "--log-format"},
 		{[]string{"--data-dir", t.TempDir(), "--nats-routes", "nats-route://127.0.0.1:1"}, "--nats-cluster"},
