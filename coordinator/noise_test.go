@@ -200,7 +200,7 @@ func TestLegacyConfigKeepsItsMeaning(t *testing.T) {
 	c.NoiseMode = NoiseLegacy
 	old, err := msgpack.Marshal(legacyRunConfig{
 		Run: c.Run, ModelHash: c.ModelHash, Dim: c.Dim, InitSeed: c.InitSeed, TotalExamples: c.TotalExamples,
-		SampleRate: c.SampleRate, Optimizer: c.Optimizer, TargetEpsilon: c.TargetEpsilon, Delta: c.Delta, SeedPolicy: c.SeedPolicy,
+		SampleRate: c.SampleRate, Optimizer: c.Optimizer, TargetEpsilon: c.TargetEpsilon, Delta: c.Delta, SeedPolicy: string(c.SeedPolicy),
 	})
 	if err != nil {
 		t.Fatal(err)

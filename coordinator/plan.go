@@ -7,6 +7,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // ErrInvalidPlan is returned (wrapped, naming the quantity by its run-file
@@ -61,8 +62,8 @@ type RunPlan struct {
 	NoiseMode       string
 	KeepLegacyNoise bool
 	// Seeded says the leader's noise comes from a seeded, predictable
-	// source: the run's SeedPolicy is then SeedSeeded, and it is NOT
-	// private. Otherwise SeedCrypto.
+	// source: the run's SeedPolicy is then seed.Seeded, and it is NOT
+	// private. Otherwise seed.Crypto.
 	Seeded bool
 }
 
@@ -73,7 +74,7 @@ type RunPlan struct {
 //  2. B must be in (0, N], and q = B/N;
 //  3. the noise mode is NoiseLegacy if KeepLegacyNoise, else NoiseMode,
 //     which must be NoiseDiscrete or NoiseFloat;
-//  4. the seed policy is SeedSeeded if Seeded, else SeedCrypto;
+//  4. the seed policy is seed.Seeded if Seeded, else seed.Crypto;
 //  5. if Sigma is 0, σ is calibrated with the event the ledger will charge
 //     (RunConfig.Event) to TargetEpsilon·(1 − CalibrationMargin) at
 //     MaxSteps (which must then be positive);
@@ -110,9 +111,9 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 	case mode != NoiseDiscrete && mode != NoiseFloat:
 		return bad("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
 	}
-	policy := SeedCrypto
+	policy := seed.Crypto
 	if p.Seeded {
-		policy = SeedSeeded
+		policy = seed.Seeded
 	}
 	opt := p.Optimizer
 	opt.NoiseMultiplier, opt.ExpectedBatchSize = p.Sigma, p.BatchSize

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // testPlan is a small valid plan: N = 10000, B = 100, σ calibrated to
@@ -65,17 +66,17 @@ func TestRunPlanDerives(t *testing.T) {
 		wantQ      float64
 		wantSigma  float64 // 0: calibrated
 		wantMode   string
-		wantPolicy string
+		wantPolicy seed.Policy
 	}{
-		{"N from the data", func(*RunPlan) {}, 10000, 0.01, 0, NoiseDiscrete, SeedCrypto},
-		{"N declared, no data", func(p *RunPlan) { p.DataExamples, p.TotalExamples = 0, 20000 }, 20000, 0.005, 0, NoiseDiscrete, SeedCrypto},
-		{"N declared and equal to the data", func(p *RunPlan) { p.TotalExamples = 10000 }, 10000, 0.01, 0, NoiseDiscrete, SeedCrypto},
-		{"B = N", func(p *RunPlan) { p.BatchSize = 10000; p.Sigma = 5 }, 10000, 1, 5, NoiseDiscrete, SeedCrypto},
-		{"σ given", func(p *RunPlan) { p.Sigma = 1.5 }, 10000, 0.01, 1.5, NoiseDiscrete, SeedCrypto},
-		{"σ given, no step limit", func(p *RunPlan) { p.Sigma, p.MaxSteps = 1.5, 0 }, 10000, 0.01, 1.5, NoiseDiscrete, SeedCrypto},
-		{"float noise", func(p *RunPlan) { p.NoiseMode = NoiseFloat }, 10000, 0.01, 0, NoiseFloat, SeedCrypto},
-		{"legacy kept whatever the mode says", func(p *RunPlan) { p.KeepLegacyNoise, p.NoiseMode = true, "bogus" }, 10000, 0.01, 0, NoiseLegacy, SeedCrypto},
-		{"seeded", func(p *RunPlan) { p.Seeded = true }, 10000, 0.01, 0, NoiseDiscrete, SeedSeeded},
+		{"N from the data", func(*RunPlan) {}, 10000, 0.01, 0, NoiseDiscrete, seed.Crypto},
+		{"N declared, no data", func(p *RunPlan) { p.DataExamples, p.TotalExamples = 0, 20000 }, 20000, 0.005, 0, NoiseDiscrete, seed.Crypto},
+		{"N declared and equal to the data", func(p *RunPlan) { p.TotalExamples = 10000 }, 10000, 0.01, 0, NoiseDiscrete, seed.Crypto},
+		{"B = N", func(p *RunPlan) { p.BatchSize = 10000; p.Sigma = 5 }, 10000, 1, 5, NoiseDiscrete, seed.Crypto},
+		{"σ given", func(p *RunPlan) { p.Sigma = 1.5 }, 10000, 0.01, 1.5, NoiseDiscrete, seed.Crypto},
+		{"σ given, no step limit", func(p *RunPlan) { p.Sigma, p.MaxSteps = 1.5, 0 }, 10000, 0.01, 1.5, NoiseDiscrete, seed.Crypto},
+		{"float noise", func(p *RunPlan) { p.NoiseMode = NoiseFloat }, 10000, 0.01, 0, NoiseFloat, seed.Crypto},
+		{"legacy kept whatever the mode says", func(p *RunPlan) { p.KeepLegacyNoise, p.NoiseMode = true, "bogus" }, 10000, 0.01, 0, NoiseLegacy, seed.Crypto},
+		{"seeded", func(p *RunPlan) { p.Seeded = true }, 10000, 0.01, 0, NoiseDiscrete, seed.Seeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := testPlan()

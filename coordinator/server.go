@@ -19,6 +19,7 @@ import (
 	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -72,7 +73,7 @@ type ServerConfig struct {
 	// NoiseMode). Nil means a fresh
 	// crypto-keyed one (mechanism.NewNoiseSource). A seeded source makes the
 	// run NOT private; the Server refuses one unless the run's SeedPolicy
-	// is SeedSeeded, and logs it loudly.
+	// is seed.Seeded, and logs it loudly.
 	Noise *mechanism.NoiseSource
 	// Insecure says the replica's transport is not protected: it was
 	// started with --insecure, without TLS. Its StatusReplica reports say
@@ -247,11 +248,11 @@ func NewServer(replica *Replica, conn transport.Conn, run RunConfig, cfg ServerC
 		}
 	}
 	if noise.Seeded() {
-		if run.SeedPolicy != SeedSeeded {
-			return nil, fmt.Errorf("%w: a seeded noise source needs seed policy %q", ErrInvalidRunConfig, SeedSeeded)
+		if run.SeedPolicy != seed.Seeded {
+			return nil, fmt.Errorf("%w: a seeded noise source needs seed policy %q", ErrInvalidRunConfig, seed.Seeded)
 		}
 		log.Warn("coordinator: SEEDED noise source: this run is NOT differentially private")
-	} else if run.SeedPolicy != SeedCrypto {
+	} else if run.SeedPolicy != seed.Crypto {
 		return nil, fmt.Errorf("%w: seed policy %q but a crypto noise source", ErrInvalidRunConfig, run.SeedPolicy)
 	}
 	if m, ok := run.Discrete(); ok {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -48,13 +49,13 @@ type identity struct {
 	index, count int
 	seed         uint64
 	size         int64
-	policy       string
+	policy       seed.Policy
 }
 
 // shardOf is shard i of 8 (seed 1, 1000 examples: 8 of them fit in the
 // test run's N = 10000), sampled from the CSPRNG.
 func shardOf(i int) identity {
-	return identity{index: i, count: 8, seed: 1, size: 1000, policy: transport.SeedPolicyCrypto}
+	return identity{index: i, count: 8, seed: 1, size: 1000, policy: seed.Crypto}
 }
 
 // scriptNode is a test node: it joins, heartbeats (reporting id), and
@@ -482,11 +483,11 @@ func TestServerRunCancel(t *testing.T) {
 // and the crypto policy a crypto source.
 func TestNewServerSeedPolicy(t *testing.T) {
 	c := testRunConfig()
-	c.SeedPolicy = SeedCrypto
+	c.SeedPolicy = seed.Crypto
 	if _, err := NewServer(nil, nil, c, ServerConfig{Noise: mechanism.NewSeededNoiseSource(1), RoundTimeout: 1, MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1}, nil); !errors.Is(err, ErrInvalidRunConfig) {
 		t.Errorf("seeded source with crypto policy: %v", err)
 	}
-	c.SeedPolicy = SeedSeeded
+	c.SeedPolicy = seed.Seeded
 	if _, err := NewServer(nil, nil, c, DefaultServerConfig(), nil); !errors.Is(err, ErrInvalidRunConfig) {
 		t.Errorf("crypto source with seeded policy: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/pki"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -75,7 +76,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 	}
 	for i, n := range st.NodeShards {
 		want := nodeShard{ID: "n" + string(rune('0'+i)), ShardIndex: i, ShardCount: 2, ShardSeed: 1, ShardSize: 5000,
-			SeedPolicy: transport.SeedPolicySeeded}
+			SeedPolicy: seed.Seeded}
 		if n != want {
 			t.Errorf("status node %d: %+v, want %+v", i, n, want)
 		}
@@ -112,8 +113,8 @@ func TestServeWithNodeCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(aout), &rep); err != nil || rep.Run != runName {
 		t.Errorf("audit report %+v, %v", rep, err)
 	}
-	if rep.Private || rep.Noise != ledger.NoiseSeeded {
-		t.Errorf("audit of a seeded run: private %v, noise %q; want false, %q", rep.Private, rep.Noise, ledger.NoiseSeeded)
+	if rep.Private || rep.Noise != seed.Seeded {
+		t.Errorf("audit of a seeded run: private %v, noise %q; want false, %q", rep.Private, rep.Noise, seed.Seeded)
 	}
 	if text, _ := run(t, "ledger", "audit", dir); !strings.Contains(text, "NOT differentially private") {
 		t.Errorf("the audit of a seeded run does not say it is not private:\n%s", text)
