@@ -15,6 +15,7 @@ import (
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // localArgs is a small, fast local run: logistic regression on the
@@ -60,7 +61,7 @@ func TestLocalTrainsAndAudits(t *testing.T) {
 	}
 	var rep ledger.AuditReport
 	if err := json.Unmarshal([]byte(aout), &rep); err != nil || !rep.OK || rep.Charges != 40 ||
-		rep.Noise != ledger.NoiseCrypto || !rep.Private || rep.Mechanism != ledger.MechanismDiscrete {
+		rep.Noise != seed.Crypto || !rep.Private || rep.Mechanism != ledger.MechanismDiscrete {
 		t.Fatalf("audit report %+v, %v", rep, err)
 	}
 
@@ -137,7 +138,7 @@ func TestLocalFlagErrors(t *testing.T) {
 	cases := []flagCase{
 		{[]string{"--nodes", "0"}, "--nodes"},
 		{[]string{"--dataset", "none"}, "needs a dataset"},
-		{[]string{"--dataset", "mnist"}, "--dataset"},
+		{[]string{"--dataset", "mnist"}, "dataset must be"},
 		{[]string{"--model", "nope"}, "--model"},
 		{[]string{"--max-steps", "0"}, "max_steps"},
 		{[]string{"--batch-size", "1e9"}, "batch_size"},

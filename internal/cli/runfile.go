@@ -35,14 +35,14 @@ type runSpec struct {
 	ModelSpec string `yaml:"model_spec"`
 	// Dataset is fashion-mnist, gaussian (a fixed synthetic Gaussian
 	// mixture shaped by the model), csv, or, for serve only, none. The
-	// nodes must load the same data (the node command's loader, LoadData,
-	// is this one).
+	// nodes must load the same data (they and the coordinator both use
+	// dataset.LoadRun).
 	Dataset  string `yaml:"dataset"`
 	Data     string `yaml:"data"`      // fashion-mnist: directory searched first
 	DataPath string `yaml:"data_path"` // csv: the (private) training file
 	// EvalPath (csv) is a separate, public evaluation file; EvalHoldout
 	// (csv) instead holds that fraction of DataPath out of training for a
-	// NON-PRIVATE evaluation. See DataOptions.
+	// NON-PRIVATE evaluation. See dataset.RunOptions.
 	EvalPath    string  `yaml:"eval_path"`
 	EvalHoldout float64 `yaml:"eval_split_from_train"`
 	// TotalExamples is N, the training examples across all nodes. Derived
@@ -153,20 +153,27 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	return nil
 }
 
-// dataOptions are the spec's data choices as the node command's loader
-// takes them (one shard: the whole training set).
-func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) DataOptions {
-	return DataOptions{
+// dataOptions are the spec's data choices as dataset.LoadRun takes them.
+func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) dataset.RunOptions {
+	return dataset.RunOptions{
 		Dataset: s.Dataset, Dir: s.Data, Path: s.DataPath, EvalPath: s.EvalPath, EvalHoldout: s.EvalHoldout,
-		Count: 1, Seed: s.ShardSeed, Model: m, Log: log,
+		Model: m, Log: log,
 	}
 }
 
-// loadData loads the training set and the evaluation set with the node
-// command's loader, so that the coordinator's N is the total of the
-// nodes' shards.
-func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (*dataset.Dataset, EvalSet, error) {
-	return LoadData(ctx, s.dataOptions(m, log))
+// loadData loads the training set and the evaluation set with the loader
+// every node uses (dataset.LoadRun), so that the coordinator's N is the
+// total of the nodes' shards.
+func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (*dataset.Dataset, dataset.EvalSet, error) {
+	return dataset.LoadRun(ctx, s.dataOptions(m, log))
+}
+
+// evalKind is how the coordinator labels evaluations on eval.
+func evalKind(eval dataset.EvalSet) coordinator.EvalData {
+	if eval.Holdout {
+		return coordinator.EvalTrainHoldout
+	}
+	return coordinator.EvalPublic
 }
 
 // runConfig turns the spec into the replicated run configuration
@@ -226,7 +233,7 @@ func noiseModeName(mode string) string {
 type preparedRun struct {
 	model *model.Model
 	train *dataset.Dataset // nil with --dataset none
-	eval  EvalSet          // no Data with --dataset none or a csv run without evaluation data
+	eval  dataset.EvalSet  // no Data with --dataset none or a csv run without evaluation data
 	cfg   coordinator.RunConfig
 }
 
@@ -236,7 +243,7 @@ type preparedRun struct {
 func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (preparedRun, error) {
 	var pr preparedRun
 	var err error
-	if pr.model, err = LoadModel(s.Model, s.ModelSpec); err != nil {
+	if pr.model, err = loadModel(s.Model, s.ModelSpec); err != nil {
 		return pr, err
 	}
 	var n int64
@@ -284,17 +291,17 @@ func (e *modelEvaluator) Evaluate(theta []float32) (coordinator.Evaluation, erro
 }
 
 // evalLabel is eval's label (coordinator.EvalData.Label), or "none".
-func evalLabel(eval EvalSet) string {
+func evalLabel(eval dataset.EvalSet) string {
 	if eval.Data == nil {
 		return "none"
 	}
-	return eval.Kind.Label()
+	return evalKind(eval).Label()
 }
 
 // evalSummary is the line `local` and `serve` print about the final
 // evaluation, labelled by its data (coordinator.EvalData): empty when this
 // replica has none to report (a follower, a failed evaluation).
-func evalSummary(eval EvalSet, sum coordinator.Summary) string {
+func evalSummary(eval dataset.EvalSet, sum coordinator.Summary) string {
 	if eval.Data == nil {
 		return "no evaluation: no evaluation data (a csv run evaluates on a separate public file: --eval-path FILE)"
 	}

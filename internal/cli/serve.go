@@ -351,7 +351,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.eval.Data); err != nil {
 			return o, err
 		}
-		scfg.EvalData = pr.eval.Kind
+		scfg.EvalData = evalKind(pr.eval)
 	}
 	if seeded {
 		scfg.Noise = mechanism.NewSeededNoiseSource(opts.insecureSeed)
