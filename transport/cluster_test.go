@@ -100,7 +100,9 @@ func TestEmbeddedServerConfigClusterValidate(t *testing.T) {
 		ok   bool
 	}{
 		{"standalone", func(*transport.EmbeddedServerConfig) {}, true},
-		{"member", func(c *transport.EmbeddedServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222 }, true},
+		{"member", func(c *transport.EmbeddedServerConfig) {
+			c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222
+		}, true},
 		{"routes without port", func(c *transport.EmbeddedServerConfig) { c.Routes = []string{"nats-route://a:1"} }, false},
 		{"member without name", func(c *transport.EmbeddedServerConfig) { c.ClusterHost, c.ClusterPort = "h", 6222 }, false},
 		{"bad port", func(c *transport.EmbeddedServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "h", 70000 }, false},
