@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -41,8 +42,9 @@ const (
 // nodeReport is what a node says about itself in Join and Heartbeat: all
 // public configuration.
 type nodeReport struct {
-	id, modelHash, seedPolicy string
-	shard                     shardClaim
+	id, modelHash string
+	seedPolicy    seed.Policy
+	shard         shardClaim
 }
 
 // shardClaim is the shard a node says it holds: part index of count IID
@@ -72,8 +74,8 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 //   - it must name its shard (count ≥ 1, 0 ≤ index < count, size ≥ 0) and
 //     its seed policy: a node that does not (an older node) cannot be
 //     checked for overlap, so it is refused;
-//   - in a private run (SeedPolicy SeedCrypto) it must sample from the
-//     CSPRNG (transport.SeedPolicyCrypto). In a seeded run any node may
+//   - in a private run (SeedPolicy seed.Crypto) it must sample from the
+//     CSPRNG (seed.Crypto). In a seeded run any node may
 //     take part: the run is already recorded as not private (the ledger's
 //     run record names the seeded noise, and its audit says not private).
 func admitNode(run RunConfig, n nodeReport) string {
@@ -82,9 +84,9 @@ func admitNode(run RunConfig, n nodeReport) string {
 	case n.modelHash != run.ModelHash:
 		return rejectModelHash
 	case c.count < 1 || c.index < 0 || c.index >= c.count || c.size < 0,
-		n.seedPolicy != transport.SeedPolicyCrypto && n.seedPolicy != transport.SeedPolicySeeded:
+		n.seedPolicy.Validate() != nil:
 		return rejectShardIdentity
-	case run.SeedPolicy != SeedSeeded && n.seedPolicy != transport.SeedPolicyCrypto:
+	case run.SeedPolicy != seed.Seeded && n.seedPolicy != seed.Crypto:
 		return rejectSeedPolicy
 	}
 	return ""

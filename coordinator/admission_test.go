@@ -15,14 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/ledger"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
 func TestAdmitNode(t *testing.T) {
 	crypto, seeded := testRunConfig(), testRunConfig()
-	crypto.SeedPolicy, seeded.SeedPolicy = SeedCrypto, SeedSeeded
-	ok := nodeReport{id: "n", modelHash: crypto.ModelHash, seedPolicy: transport.SeedPolicyCrypto,
+	crypto.SeedPolicy, seeded.SeedPolicy = seed.Crypto, seed.Seeded
+	ok := nodeReport{id: "n", modelHash: crypto.ModelHash, seedPolicy: seed.Crypto,
 		shard: shardClaim{index: 1, count: 3, seed: 1, size: 100}}
 	for _, tc := range []struct {
 		name         string
@@ -32,7 +33,7 @@ func TestAdmitNode(t *testing.T) {
 		{"valid", func(*nodeReport) {}, "", ""},
 		{"empty shard", func(n *nodeReport) { n.shard.size = 0 }, "", ""},
 		{"another model", func(n *nodeReport) { n.modelHash = "other" }, rejectModelHash, rejectModelHash},
-		{"seeded node", func(n *nodeReport) { n.seedPolicy = transport.SeedPolicySeeded }, rejectSeedPolicy, ""},
+		{"seeded node", func(n *nodeReport) { n.seedPolicy = seed.Seeded }, rejectSeedPolicy, ""},
 		{"no seed policy (old node)", func(n *nodeReport) { n.seedPolicy = "" }, rejectShardIdentity, rejectShardIdentity},
 		{"unknown seed policy", func(n *nodeReport) { n.seedPolicy = "lcg" }, rejectShardIdentity, rejectShardIdentity},
 		{"no shard count (old node)", func(n *nodeReport) { n.shard = shardClaim{size: 100} }, rejectShardIdentity, rejectShardIdentity},
@@ -207,7 +208,7 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 // the missing shard joins, the run proceeds (issue 11, item 6).
 func TestServerBlocksOverlappingShards(t *testing.T) {
 	const n = 10000 // testRunConfig's N
-	crypto := transport.SeedPolicyCrypto
+	crypto := seed.Crypto
 	for _, tc := range []struct {
 		name   string
 		a, b   identity
@@ -234,7 +235,7 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 			waitLeader(t, r)
 			scfg := DefaultServerConfig()
 			scfg.MinNodes, scfg.AnnounceEvery = 2, 100*time.Millisecond
-			scfg.Noise = train.NewSeededNoiseSource(1)
+			scfg.Noise = mechanism.NewSeededNoiseSource(1)
 			reg := prometheus.NewRegistry()
 			var err error
 			if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
@@ -310,14 +311,14 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 // (issue 11, item 7).
 func TestServerSeedPolicy(t *testing.T) {
 	for _, tc := range []struct {
-		policy  string
+		policy  seed.Policy
 		members int // nodes in every round
 		private bool
 	}{
-		{SeedCrypto, 1, true},
-		{SeedSeeded, 2, false},
+		{seed.Crypto, 1, true},
+		{seed.Seeded, 2, false},
 	} {
-		t.Run(tc.policy, func(t *testing.T) {
+		t.Run(string(tc.policy), func(t *testing.T) {
 			dir := t.TempDir()
 			c := testRunConfig()
 			c.MaxSteps, c.SeedPolicy = 3, tc.policy
@@ -340,7 +341,7 @@ func TestServerSeedPolicy(t *testing.T) {
 			}
 			startScriptNode(t, ctx, dial("crypto"), "crypto", c.ModelHash, shardOf(0), sum)
 			seeded := shardOf(1)
-			seeded.policy = transport.SeedPolicySeeded
+			seeded.policy = seed.Seeded
 			startScriptNode(t, ctx, dial("seeded"), "seeded", c.ModelHash, seeded, sum)
 			startScriptNode(t, ctx, dial("old"), "old", c.ModelHash, identity{size: 1000}, sum)
 
@@ -348,8 +349,8 @@ func TestServerSeedPolicy(t *testing.T) {
 			waitLeader(t, r)
 			scfg := DefaultServerConfig()
 			scfg.MinNodes, scfg.RoundTimeout = tc.members, 2*time.Second
-			if tc.policy == SeedSeeded {
-				scfg.Noise = train.NewSeededNoiseSource(1)
+			if tc.policy == seed.Seeded {
+				scfg.Noise = mechanism.NewSeededNoiseSource(1)
 			}
 			reg := prometheus.NewRegistry()
 			var err error

@@ -27,6 +27,12 @@
 //     θ and the optimizer state.
 //  5. Only after the entry is applied on the leader is θ_t published.
 //
+// Planning a run. RunPlan.RunConfig turns what an operator asks for (N or
+// the data's size, B, σ or a target ε, the noise mode, a seeded source)
+// into the replicated RunConfig: q = B/N, σ calibrated with the event the
+// ledger will charge (less CalibrationMargin), the seed policy
+// (seed.Policy). The command line parses flags and run files and calls it.
+//
 // Typical use, one replica (see internal/cli for the commands):
 //
 //	replica, err := coordinator.OpenReplica(replicaCfg, initParams) // initParams: deterministic θ₀

@@ -2,6 +2,20 @@ package coordinator
 
 import "errors"
 
+// Evaluation is one score of θ on evaluation data, as an Evaluator reports
+// it and Progress.Eval and Summary.Final carry it. It is not one of the
+// Prometheus collectors (Metrics); those export it under names labelled by
+// EvalData.Key.
+type Evaluation struct {
+	// Loss is the mean loss per example (for the model package's
+	// classifiers, softmax cross-entropy in nats).
+	Loss float64
+	// Accuracy is the fraction of examples classified correctly.
+	Accuracy float64
+	// N is the number of examples scored.
+	N int
+}
+
 // EvalData says where an Evaluator's examples come from, which decides
 // whether the metrics it computes may be released as differentially
 // private. It is the one place that decides how an evaluation is labelled:

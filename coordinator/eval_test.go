@@ -12,8 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dpcluster/dpcluster/model"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/mechanism"
 )
 
 func TestEvalDataLabels(t *testing.T) {
@@ -49,7 +48,7 @@ type thetaEvaluator struct {
 	calls int
 }
 
-func (e *thetaEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
+func (e *thetaEvaluator) Evaluate(theta []float32) (Evaluation, error) {
 	e.mu.Lock()
 	e.calls++
 	e.mu.Unlock()
@@ -59,7 +58,7 @@ func (e *thetaEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
 			pos++
 		}
 	}
-	return model.Metrics{Accuracy: float64(pos) / float64(len(theta)), Loss: 1, N: len(theta)}, nil
+	return Evaluation{Accuracy: float64(pos) / float64(len(theta)), Loss: 1, N: len(theta)}, nil
 }
 
 // TestServerConfigNeedsEvalData: an Evaluator without declared data is
@@ -81,7 +80,7 @@ func TestServerConfigNeedsEvalData(t *testing.T) {
 		}
 	}
 	if _, err := NewServer(nil, nil, testRunConfig(), ServerConfig{Evaluator: &thetaEvaluator{}, RoundTimeout: 1,
-		MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1, Noise: train.NewSeededNoiseSource(1)}, nil); !errors.Is(err, ErrEvalDataUnset) {
+		MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1, Noise: mechanism.NewSeededNoiseSource(1)}, nil); !errors.Is(err, ErrEvalDataUnset) {
 		t.Errorf("NewServer with an undeclared Evaluator: %v", err)
 	}
 }
@@ -108,7 +107,7 @@ func TestServerLabelsEvaluations(t *testing.T) {
 			waitLeader(t, r)
 
 			scfg := DefaultServerConfig()
-			scfg.Noise = train.NewSeededNoiseSource(5)
+			scfg.Noise = mechanism.NewSeededNoiseSource(5)
 			ev := &thetaEvaluator{}
 			scfg.Evaluator, scfg.EvalData, scfg.EvalEvery = ev, d, 3
 			var progress []Progress

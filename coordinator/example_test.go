@@ -10,6 +10,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // Example runs one replica (a real Raft node with durable stores), configures
@@ -43,7 +44,7 @@ func Example() {
 	opt.NoiseMultiplier, opt.ClipNorm, opt.ExpectedBatchSize = 1, 1, 100
 	run := coordinator.RunConfig{
 		Run: "example", Dim: 4, TotalExamples: 10000, SampleRate: 0.01, Optimizer: opt,
-		TargetEpsilon: 3, Delta: 1e-5, SeedPolicy: coordinator.SeedCrypto,
+		TargetEpsilon: 3, Delta: 1e-5, SeedPolicy: seed.Crypto,
 	}
 	if err := r.Configure(ctx, run); err != nil {
 		log.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 const testDim = 64
@@ -34,7 +35,7 @@ func testRunConfig() RunConfig {
 	opt.NoiseMultiplier, opt.ClipNorm, opt.ExpectedBatchSize = 1.0, 1.0, 100
 	return RunConfig{
 		Run: "test", Dim: testDim, InitSeed: 7, TotalExamples: 10000, SampleRate: 0.01,
-		Optimizer: opt, TargetEpsilon: 5, Delta: 1e-5, SeedPolicy: SeedSeeded,
+		Optimizer: opt, TargetEpsilon: 5, Delta: 1e-5, SeedPolicy: seed.Seeded,
 		ModelHash: "test-model", NoiseMode: NoiseDiscrete,
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dpcluster/dpcluster/ledger"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -91,7 +91,7 @@ func TestServerRoundsGoOnDuringMembershipChange(t *testing.T) {
 	waitLeader(t, r)
 	held := &heldConsensus{Replica: r, release: make(chan struct{}), extra: []Voter{{ID: "r2", Addr: "10.0.0.2:7000"}}}
 	scfg := DefaultServerConfig()
-	scfg.Noise, scfg.DrainTimeout = train.NewSeededNoiseSource(3), 50*time.Millisecond
+	scfg.Noise, scfg.DrainTimeout = mechanism.NewSeededNoiseSource(3), 50*time.Millisecond
 	s, err := NewServer(held, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestServerServesWhileProposalHeld(t *testing.T) {
 	waitLeader(t, r)
 	held := &heldConsensus{Replica: r, release: make(chan struct{})}
 	scfg := DefaultServerConfig()
-	scfg.Noise, scfg.AnnounceEvery = train.NewSeededNoiseSource(4), 50*time.Millisecond
+	scfg.Noise, scfg.AnnounceEvery = mechanism.NewSeededNoiseSource(4), 50*time.Millisecond
 	s, err := NewServer(held, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +219,7 @@ func TestServerRunStopsItsGoroutines(t *testing.T) {
 	held := &heldConsensus{Replica: r, release: make(chan struct{})}
 	held.holdSteps.Store(true)
 	scfg := DefaultServerConfig()
-	scfg.Noise = train.NewSeededNoiseSource(5)
+	scfg.Noise = mechanism.NewSeededNoiseSource(5)
 	s, err := NewServer(held, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)

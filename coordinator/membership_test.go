@@ -16,8 +16,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/nats-io/nats.go"
 
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/pki"
-	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -98,7 +98,7 @@ func TestNodeCannotChangeMembership(t *testing.T) {
 	serve := func(r *Replica, join bool) {
 		t.Helper()
 		cfg := DefaultServerConfig()
-		cfg.Noise, cfg.AnnounceEvery, cfg.Join = train.NewSeededNoiseSource(1), 100*time.Millisecond, join
+		cfg.Noise, cfg.AnnounceEvery, cfg.Join = mechanism.NewSeededNoiseSource(1), 100*time.Millisecond, join
 		s, err := NewServer(r, dial(r.ID()), c, cfg, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -218,7 +218,7 @@ func TestAddVoterChecksIdentity(t *testing.T) {
 // presenting id's certificate.
 func tlsServer(t *testing.T, ctx context.Context, dir, run string) (*transport.Server, func(id string) *transport.Client) {
 	t.Helper()
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port, scfg.TLS, scfg.Run = -1, tlsFiles(dir, "r1"), run
 	srv, err := transport.StartServer(scfg)
 	if err != nil {

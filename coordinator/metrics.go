@@ -6,7 +6,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/aggregation"
-	"github.com/dpcluster/dpcluster/model"
 )
 
 // Metrics are a replica's Prometheus metrics. Every value is public: step
@@ -199,7 +198,7 @@ func (m *Metrics) rejected(r aggregation.Reason) {
 }
 
 // evaluated exports an evaluation on data d under d's names (EvalData.Key).
-func (m *Metrics) evaluated(e model.Metrics, d EvalData) {
+func (m *Metrics) evaluated(e Evaluation, d EvalData) {
 	if m == nil {
 		return
 	}

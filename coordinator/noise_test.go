@@ -11,7 +11,6 @@ import (
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
-	"github.com/dpcluster/dpcluster/train"
 )
 
 // zigguratWidths returns the strip widths wn[i] of the ziggurat normal
@@ -96,11 +95,11 @@ func TestPrivatizeHidesLowOrderBits(t *testing.T) {
 		return
 	}
 	g := make([]float32, d)
-	if err := privatize(c, train.NewSeededNoiseSource(1), nil, g, append([]float64(nil), s0...)); err != nil {
+	if err := privatize(c, mechanism.NewSeededNoiseSource(1), nil, g, append([]float64(nil), s0...)); err != nil {
 		t.Fatal(err)
 	}
 	w0, a00, a01 := refuted(g)
-	if err := privatize(c, train.NewSeededNoiseSource(2), nil, g, append([]float64(nil), s1...)); err != nil {
+	if err := privatize(c, mechanism.NewSeededNoiseSource(2), nil, g, append([]float64(nil), s1...)); err != nil {
 		t.Fatal(err)
 	}
 	w1, a10, a11 := refuted(g)
@@ -201,7 +200,7 @@ func TestLegacyConfigKeepsItsMeaning(t *testing.T) {
 	c.NoiseMode = NoiseLegacy
 	old, err := msgpack.Marshal(legacyRunConfig{
 		Run: c.Run, ModelHash: c.ModelHash, Dim: c.Dim, InitSeed: c.InitSeed, TotalExamples: c.TotalExamples,
-		SampleRate: c.SampleRate, Optimizer: c.Optimizer, TargetEpsilon: c.TargetEpsilon, Delta: c.Delta, SeedPolicy: c.SeedPolicy,
+		SampleRate: c.SampleRate, Optimizer: c.Optimizer, TargetEpsilon: c.TargetEpsilon, Delta: c.Delta, SeedPolicy: string(c.SeedPolicy),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/mechanism"
-	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -359,7 +358,7 @@ func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult
 // or fresh noise otherwise; the legacy floating-point sampler for
 // NoiseFloat and NoiseLegacy. It is the one place the leader's noise is
 // added; RunConfig.Event is the one place it is accounted.
-func privatize(run RunConfig, noise *train.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
+func privatize(run RunConfig, noise *mechanism.NoiseSource, pending *mechanism.Noise, g []float32, sum []float64) error {
 	oc := run.Optimizer
 	if run.NoiseMode == NoiseDiscrete {
 		m, ok := run.Discrete()

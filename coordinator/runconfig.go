@@ -8,6 +8,7 @@ import (
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // ErrInvalidRunConfig is returned (wrapped, naming the field) for a run
@@ -43,10 +44,10 @@ type RunConfig struct {
 	// MaxSteps ends the run after this many applied steps (0: until the
 	// budget is spent).
 	MaxSteps int64 `json:"max_steps" msgpack:"max_steps"`
-	// SeedPolicy says where the leader's noise comes from: "crypto" (the
-	// default, a CSPRNG seeded from the OS) or "seeded" for reproducible
+	// SeedPolicy says where the leader's noise comes from: seed.Crypto (the
+	// default, a CSPRNG seeded from the OS) or seed.Seeded for reproducible
 	// tests only; a seeded run is labelled as such everywhere.
-	SeedPolicy string `json:"seed_policy" msgpack:"seed_policy"`
+	SeedPolicy seed.Policy `json:"seed_policy" msgpack:"seed_policy"`
 	// NoiseMode says how the leader draws the noise: NoiseDiscrete (the
 	// secure mechanism: the sum snapped to a grid plus exact discrete
 	// Gaussian noise, package mechanism; what new runs use) or NoiseFloat
@@ -58,12 +59,6 @@ type RunConfig struct {
 	// to the same bytes.
 	NoiseMode string `json:"noise_mode,omitempty" msgpack:"noise_mode,omitempty"`
 }
-
-// Seed policies.
-const (
-	SeedCrypto = ledger.NoiseCrypto
-	SeedSeeded = ledger.NoiseSeeded
-)
 
 // Noise modes (RunConfig.NoiseMode). The ledger's run record names the
 // mode as its mechanism.
@@ -132,10 +127,11 @@ func (c RunConfig) Validate() error {
 		return bad("delta %v must be in (0, 1)", c.Delta)
 	case c.MaxSteps < 0:
 		return bad("max steps %d must not be negative", c.MaxSteps)
-	case c.SeedPolicy != SeedCrypto && c.SeedPolicy != SeedSeeded:
-		return bad("seed policy %q must be %q or %q", c.SeedPolicy, SeedCrypto, SeedSeeded)
 	case c.NoiseMode != NoiseDiscrete && c.NoiseMode != NoiseFloat && c.NoiseMode != NoiseLegacy:
 		return bad("noise mode %q must be %q or %q", c.NoiseMode, NoiseDiscrete, NoiseFloat)
+	}
+	if err := c.SeedPolicy.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)
 	}
 	if err := c.Optimizer.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -95,7 +95,7 @@ func TestNodeCannotAnswerForAnother(t *testing.T) {
 	cfg := DefaultServerConfig()
 	cfg.MinNodes = 1
 	cfg.RoundTimeout = 2 * time.Second
-	cfg.Noise = train.NewSeededNoiseSource(42)
+	cfg.Noise = mechanism.NewSeededNoiseSource(42)
 	var progress []Progress
 	cfg.OnStep = func(p Progress) { progress = append(progress, p) }
 	s, err := NewServer(r, coordConn, c, cfg, nil)
@@ -120,7 +120,7 @@ func TestNodeCannotAnswerForAnother(t *testing.T) {
 	node0.mu.Unlock()
 
 	// θ is the optimizer's on node-0's own sums.
-	noise := train.NewSeededNoiseSource(42)
+	noise := mechanism.NewSeededNoiseSource(42)
 	grads := make([][]float32, steps)
 	for st := range grads {
 		agg := make([]float64, c.Dim)

@@ -11,8 +11,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
-	"github.com/dpcluster/dpcluster/model"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -21,7 +20,7 @@ import (
 // private training data. Implementations need not be safe for concurrent
 // use; the Server calls Evaluate from one goroutine.
 type Evaluator interface {
-	Evaluate(theta []float32) (model.Metrics, error)
+	Evaluate(theta []float32) (Evaluation, error)
 }
 
 // ServerConfig configures a replica's Server: the rounds its replica runs
@@ -64,10 +63,10 @@ type ServerConfig struct {
 	Join bool
 	// Noise is the leader's noise source (its mechanism is the run's
 	// NoiseMode). Nil means a fresh
-	// crypto-keyed one (train.NewNoiseSource). A seeded source makes the
+	// crypto-keyed one (mechanism.NewNoiseSource). A seeded source makes the
 	// run NOT private; the Server refuses one unless the run's SeedPolicy
-	// is SeedSeeded, and logs it loudly.
-	Noise *train.NoiseSource
+	// is seed.Seeded, and logs it loudly.
+	Noise *mechanism.NoiseSource
 	// Insecure says the replica's transport is not protected: it was
 	// started with --insecure, without TLS. Its StatusReplica reports say
 	// so (transport.Control.Insecure), for coordinator status to show.
@@ -120,7 +119,7 @@ type Progress struct {
 	Participants int
 	// Eval is the last evaluation, at step EvalStep (EvalStep 0: none
 	// yet), on data EvalData: label it with EvalData.Label.
-	Eval     model.Metrics
+	Eval     Evaluation
 	EvalStep int64
 	EvalData EvalData
 }
@@ -135,7 +134,7 @@ type Summary struct {
 	// Final is the evaluation of the final θ (leader with an Evaluator
 	// only; FinalEvaluated says whether it is set) on data EvalData:
 	// label it with EvalData.Label.
-	Final          model.Metrics
+	Final          Evaluation
 	FinalEvaluated bool
 	EvalData       EvalData
 	// Digest is FSM.Digest at the end: equal on replicas that agree bit
@@ -235,7 +234,7 @@ type Server struct {
 	run     RunConfig
 	cfg     ServerConfig
 	log     *slog.Logger
-	noise   *train.NoiseSource
+	noise   *mechanism.NoiseSource
 	metrics *Metrics
 }
 
@@ -255,16 +254,16 @@ func NewServer(replica Consensus, conn transport.Conn, run RunConfig, cfg Server
 	noise := cfg.Noise
 	if noise == nil {
 		var err error
-		if noise, err = train.NewNoiseSource(); err != nil {
+		if noise, err = mechanism.NewNoiseSource(); err != nil {
 			return nil, err
 		}
 	}
 	if noise.Seeded() {
-		if run.SeedPolicy != SeedSeeded {
-			return nil, fmt.Errorf("%w: a seeded noise source needs seed policy %q", ErrInvalidRunConfig, SeedSeeded)
+		if run.SeedPolicy != seed.Seeded {
+			return nil, fmt.Errorf("%w: a seeded noise source needs seed policy %q", ErrInvalidRunConfig, seed.Seeded)
 		}
 		log.Warn("coordinator: SEEDED noise source: this run is NOT differentially private")
-	} else if run.SeedPolicy != SeedCrypto {
+	} else if run.SeedPolicy != seed.Crypto {
 		return nil, fmt.Errorf("%w: seed policy %q but a crypto noise source", ErrInvalidRunConfig, run.SeedPolicy)
 	}
 	if m, ok := run.Discrete(); ok {

@@ -17,7 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/ledger"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -48,13 +49,13 @@ type identity struct {
 	index, count int
 	seed         uint64
 	size         int64
-	policy       string
+	policy       seed.Policy
 }
 
 // shardOf is shard i of 8 (seed 1, 1000 examples: 8 of them fit in the
 // test run's N = 10000), sampled from the CSPRNG.
 func shardOf(i int) identity {
-	return identity{index: i, count: 8, seed: 1, size: 1000, policy: transport.SeedPolicyCrypto}
+	return identity{index: i, count: 8, seed: 1, size: 1000, policy: seed.Crypto}
 }
 
 // scriptNode is a test node: it joins, heartbeats (reporting id), and
@@ -197,7 +198,7 @@ func testServerTrainsOverNATS(t *testing.T, mode string) {
 	var err error
 	scfg := DefaultServerConfig()
 	scfg.MinNodes = 3
-	scfg.Noise = train.NewSeededNoiseSource(42)
+	scfg.Noise = mechanism.NewSeededNoiseSource(42)
 	var progress []Progress
 	scfg.OnStep = func(p Progress) { progress = append(progress, p) }
 	reg := prometheus.NewRegistry()
@@ -232,7 +233,7 @@ func testServerTrainsOverNATS(t *testing.T, mode string) {
 
 	// Reference: the same seeded noise over the float64 sum of the three
 	// contributions, in node-ID order.
-	noise := train.NewSeededNoiseSource(42)
+	noise := mechanism.NewSeededNoiseSource(42)
 	grads := make([][]float32, steps)
 	for st := range grads {
 		agg := make([]float64, c.Dim)
@@ -370,7 +371,7 @@ func TestServerRejectsBadContributions(t *testing.T) {
 	scfg := DefaultServerConfig()
 	scfg.MinNodes = 3
 	scfg.RoundTimeout = 500 * time.Millisecond
-	scfg.Noise = train.NewSeededNoiseSource(1)
+	scfg.Noise = mechanism.NewSeededNoiseSource(1)
 	s, err := NewServer(r, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -425,7 +426,7 @@ func runOneScriptedNode(t *testing.T, dir string, c RunConfig, noiseSeed uint64)
 	r := openReplicaForServer(t, dir)
 	waitLeader(t, r)
 	scfg := DefaultServerConfig()
-	scfg.Noise = train.NewSeededNoiseSource(noiseSeed)
+	scfg.Noise = mechanism.NewSeededNoiseSource(noiseSeed)
 	s, err := NewServer(r, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -466,7 +467,7 @@ func TestServerRunCancel(t *testing.T) {
 	r := openReplicaForServer(t, t.TempDir())
 	waitLeader(t, r)
 	scfg := DefaultServerConfig()
-	scfg.Noise = train.NewSeededNoiseSource(3)
+	scfg.Noise = mechanism.NewSeededNoiseSource(3)
 	s, err := NewServer(r, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -482,11 +483,11 @@ func TestServerRunCancel(t *testing.T) {
 // and the crypto policy a crypto source.
 func TestNewServerSeedPolicy(t *testing.T) {
 	c := testRunConfig()
-	c.SeedPolicy = SeedCrypto
-	if _, err := NewServer(nil, nil, c, ServerConfig{Noise: train.NewSeededNoiseSource(1), RoundTimeout: 1, MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1}, nil); !errors.Is(err, ErrInvalidRunConfig) {
+	c.SeedPolicy = seed.Crypto
+	if _, err := NewServer(nil, nil, c, ServerConfig{Noise: mechanism.NewSeededNoiseSource(1), RoundTimeout: 1, MinNodes: 1, NodeTimeout: 2, AnnounceEvery: 1}, nil); !errors.Is(err, ErrInvalidRunConfig) {
 		t.Errorf("seeded source with crypto policy: %v", err)
 	}
-	c.SeedPolicy = SeedSeeded
+	c.SeedPolicy = seed.Seeded
 	if _, err := NewServer(nil, nil, c, DefaultServerConfig(), nil); !errors.Is(err, ErrInvalidRunConfig) {
 		t.Errorf("crypto source with seeded policy: %v", err)
 	}
@@ -555,7 +556,7 @@ func TestServerLedgerFailureStopsRun(t *testing.T) {
 	}))
 	waitLeader(t, r)
 	scfg := DefaultServerConfig()
-	scfg.Noise = train.NewSeededNoiseSource(5)
+	scfg.Noise = mechanism.NewSeededNoiseSource(5)
 	s, err := NewServer(r, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -606,7 +607,7 @@ func TestServerJoin(t *testing.T) {
 	t.Cleanup(func() { r2.Close() })
 
 	scfg := DefaultServerConfig()
-	scfg.Noise, scfg.AnnounceEvery = train.NewSeededNoiseSource(8), 100*time.Millisecond
+	scfg.Noise, scfg.AnnounceEvery = mechanism.NewSeededNoiseSource(8), 100*time.Millisecond
 	s1, err := NewServer(r1, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)

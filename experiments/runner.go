@@ -11,6 +11,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 	"github.com/dpcluster/dpcluster/train"
@@ -33,12 +34,12 @@ func seededSources(q float64, seed uint64) (train.Sources, error) {
 	if err != nil {
 		return train.Sources{}, err
 	}
-	return train.Sources{Noise: train.NewSeededNoiseSource(2000 + seed), Sampler: s}, nil
+	return train.Sources{Noise: mechanism.NewSeededNoiseSource(2000 + seed), Sampler: s}, nil
 }
 
 // runResult is one training run through train.Run.
 type runResult struct {
-	Val, Test model.Metrics
+	Val, Test model.Evaluation
 	History   []train.Point
 	Diag      dpadam.Diagnostics
 	Wall      time.Duration
@@ -69,7 +70,7 @@ func trainRun(ctx context.Context, t *Task, cfg dpadam.Config, seed uint64, eval
 	res.Test, res.History, res.Diag = out.Final, out.History, out.LastDiagnostics
 	if err != nil {
 		res.Err = err
-		res.Test = model.Metrics{}
+		res.Test = model.Evaluation{}
 	} else {
 		ws, err := m.NewWorkspace(1024)
 		if err == nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // auditTolerance is the relative difference allowed between a recorded ε
@@ -34,10 +36,10 @@ type AuditReport struct {
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
 	// Noise is the run record's noise source, and Private is false when
-	// it is NoiseSeeded: such a run is reproducible and NOT differentially
+	// it is seed.Seeded: such a run is reproducible and NOT differentially
 	// private, whatever ε the ledger records.
-	Noise   string `json:"noise"`
-	Private bool   `json:"private"`
+	Noise   seed.Policy `json:"noise"`
+	Private bool        `json:"private"`
 	// Mechanism is the run record's noise mechanism (MechanismDiscrete,
 	// MechanismFloat, or "" for a run recorded before the field existed,
 	// which used the floating-point sampler).
@@ -93,7 +95,7 @@ func Audit(path string) (AuditReport, error) {
 		return rep.finish(), nil
 	}
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
-	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != NoiseSeeded, run.Mechanism
+	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != seed.Seeded, run.Mechanism
 	rep.History = run.History
 	wantKind, knownMechanism := MechanismKind(run.Mechanism)
 	if !knownMechanism {

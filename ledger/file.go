@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // The ledger file is an append-only sequence of framed records:
@@ -80,10 +82,10 @@ type Record struct {
 	Run           string  `json:"run,omitempty"`
 	TargetEpsilon float64 `json:"target_epsilon,omitempty"`
 	Delta         float64 `json:"delta,omitempty"`
-	// Noise says where the run's noise came from: NoiseCrypto, or
-	// NoiseSeeded for a reproducible run that is NOT differentially
+	// Noise says where the run's noise came from: seed.Crypto, or
+	// seed.Seeded for a reproducible run that is NOT differentially
 	// private. Empty in ledgers written before the field existed.
-	Noise string `json:"noise,omitempty"`
+	Noise seed.Policy `json:"noise,omitempty"`
 	// Mechanism names how the leader drew the noise: MechanismDiscrete or
 	// MechanismFloat. Empty in ledgers written before the field existed,
 	// whose runs all used the floating-point sampler.

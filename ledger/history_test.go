@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 const otherHistory = "fedcba9876543210fedcba9876543210"
@@ -22,7 +24,7 @@ func TestLedgerBoundToHistory(t *testing.T) {
 	before, _ := os.ReadFile(path)
 	e := SubsampledGaussian(testQ, testSigma)
 
-	if err := l.Start("test-run", 10, 1e-5, NoiseCrypto, MechanismFloat, otherHistory); !errors.Is(err, ErrHistoryMismatch) {
+	if err := l.Start("test-run", 10, 1e-5, seed.Crypto, MechanismFloat, otherHistory); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("Start from another history: %v, want ErrHistoryMismatch", err)
 	}
 	for _, idx := range []uint64{3, 15, 16, 1000} {
@@ -128,10 +130,10 @@ func TestLedgerBeforeHistory(t *testing.T) {
 	if err := l.CheckRaftState(RaftState{}); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("no Raft state: %v", err)
 	}
-	if err := l.Start("legacy-run", 3, 1e-5, NoiseCrypto, "", testHistory); !errors.Is(err, ErrHistoryMismatch) {
+	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", testHistory); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("Start with a history ID: %v", err)
 	}
-	if err := l.Start("legacy-run", 3, 1e-5, NoiseCrypto, "", ""); err != nil {
+	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", ""); err != nil {
 		t.Fatalf("Start as before: %v", err)
 	}
 	if _, err := l.Charge(6, SubsampledGaussian(0.01, 1.1), Position{Term: 2, Index: 8}, false); err != nil {
@@ -169,7 +171,7 @@ func TestAuditDetectsHistoryReuse(t *testing.T) {
 		return path
 	}
 	run := func(h string) Record {
-		return Record{Kind: RecordRun, Run: "r", TargetEpsilon: 10, Delta: 1e-5, Noise: NoiseCrypto, History: h}
+		return Record{Kind: RecordRun, Run: "r", TargetEpsilon: 10, Delta: 1e-5, Noise: seed.Crypto, History: h}
 	}
 	charge := func(h string, step int64, term, index uint64) Record {
 		return Record{Kind: RecordCharge, Step: step, History: h, Term: term, Index: index}

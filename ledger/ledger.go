@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // ErrBudgetExceeded is returned by Charge when the charge would push ε past
@@ -101,12 +103,6 @@ func replay(recs []Record) (*Ledger, error) {
 	return l, nil
 }
 
-// Noise sources a run record can name.
-const (
-	NoiseCrypto = "crypto" // a CSPRNG keyed from the OS: the run is private
-	NoiseSeeded = "seeded" // a seeded, predictable source: NOT private
-)
-
 // Position locates a release in the replicated log: the Raft history it
 // belongs to and the entry's term and index.
 //
@@ -150,16 +146,16 @@ func MechanismKind(mechanism string) (Kind, bool) {
 	return "", false
 }
 
-// Start records the run's identity, budget, noise source (NoiseCrypto or
-// NoiseSeeded), noise mechanism (MechanismDiscrete, MechanismFloat, or ""
+// Start records the run's identity, budget, noise source (seed.Crypto or
+// seed.Seeded), noise mechanism (MechanismDiscrete, MechanismFloat, or ""
 // for a run configured before mechanisms were recorded) and Raft history as
 // the ledger's first record, binding the ledger to that history. If the
 // ledger already holds a run record, Start checks that it matches
 // (ErrRunMismatch for other run parameters, ErrHistoryMismatch for another
 // history) and records nothing.
-func (l *Ledger) Start(run string, targetEps, delta float64, noise, mechanism, history string) error {
-	if noise != NoiseCrypto && noise != NoiseSeeded {
-		return fmt.Errorf("%w: noise source %q", ErrInvalidParameter, noise)
+func (l *Ledger) Start(run string, targetEps, delta float64, noise seed.Policy, mechanism, history string) error {
+	if err := noise.Validate(); err != nil {
+		return fmt.Errorf("%w: noise source: %w", ErrInvalidParameter, err)
 	}
 	if _, ok := MechanismKind(mechanism); !ok {
 		return fmt.Errorf("%w: noise mechanism %q", ErrInvalidParameter, mechanism)

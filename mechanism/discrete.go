@@ -17,7 +17,10 @@ import (
 // ErrInvalid is returned (wrapped) for mechanism parameters out of range: a
 // noise multiplier, clip norm or batch size that is not positive and
 // finite, a dimension below 1, a noise scale too large for the sampler, or
-// vectors whose length is not the mechanism's dimension.
+// vectors whose length is not the mechanism's dimension; also by
+// NoiseSource.NoisyGradient and NoisyGradient64 for a negative or non-finite
+// noise multiplier, a non-positive clip norm or batch size, or mismatched
+// lengths.
 var ErrInvalid = errors.New("mechanism: invalid parameters")
 
 // ErrSumRange is returned by Apply and Release, before anything is

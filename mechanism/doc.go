@@ -34,6 +34,13 @@
 //     exp(−δ) for a small rational δ. About three 64-bit words per
 //     deviate.
 //
+// The noise source. NoiseSource is the leader's CSPRNG (ChaCha8 keyed from
+// crypto/rand; NewSeededNoiseSource for tests and explicit insecure runs)
+// and offers both releases: DiscreteNoisyGradient64 and DrawDiscrete for
+// this package's mechanism, and NoisyGradient64, the legacy floating-point
+// Gaussian sampler kept for runs configured with noise mode "float" and for
+// train.Run.
+//
 // Randomness and concurrency. Noise for d coordinates is drawn in chunks of
 // 16384, each from its own ChaCha8 stream keyed, in chunk order, from the
 // caller's CSPRNG, on up to GOMAXPROCS goroutines that are joined before

@@ -855,14 +855,14 @@ func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, erro
 }
 
 // Evaluate is Workspace.Evaluate on the device (forward passes only).
-func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Metrics, error) {
+func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Evaluation, error) {
 	m, k := e.m, &e.d.k
 	d := m.inSize
 	if len(x) != len(y)*d {
-		return Metrics{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
+		return Evaluation{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
 	}
 	if len(y) == 0 {
-		return Metrics{}, nil
+		return Evaluation{}, nil
 	}
 	var loss float64
 	correct := 0
@@ -905,13 +905,13 @@ func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Metrics, error) {
 		return nil
 	})
 	if err != nil {
-		return Metrics{}, err
+		return Evaluation{}, err
 	}
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return Metrics{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
+		return Evaluation{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
 	}
 	n := float64(len(y))
-	return Metrics{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
+	return Evaluation{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
 }
 
 // CUDABackend returns the Backend whose Sgemm runs the CUDA engine's GEMM

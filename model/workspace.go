@@ -42,8 +42,10 @@ type Workspace struct {
 // clipShade is the relative margin under the clip norm (see ClippedSum).
 const clipShade = 1 - 1.0/(1<<16)
 
-// Metrics are a loss and accuracy over a set of examples.
-type Metrics struct {
+// Evaluation is a model's loss and accuracy over a set of examples
+// (Workspace.Evaluate). It is not a Prometheus collector: those are the
+// Metrics types of packages coordinator and node.
+type Evaluation struct {
 	// Loss is the mean softmax cross-entropy (natural log).
 	Loss float64
 	// Accuracy is the fraction of examples whose arg-max logit is the label.
@@ -506,12 +508,12 @@ func (w *Workspace) ClippedSumNaive(dst, theta, x []float32, y []int32, clip flo
 }
 
 // Evaluate returns the mean loss and accuracy of theta on the examples x
-// (len(y) of them), in batches of MaxBatch. An empty set gives zero
-// Metrics. Errors: ErrShape, ErrNonFinite.
-func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Metrics, error) {
+// (len(y) of them), in batches of MaxBatch. An empty set gives a zero
+// Evaluation. Errors: ErrShape, ErrNonFinite.
+func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Evaluation, error) {
 	d := w.m.inSize
 	if len(x) != len(y)*d {
-		return Metrics{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
+		return Evaluation{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
 	}
 	var loss float64
 	correct := 0
@@ -519,7 +521,7 @@ func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Metrics, error) {
 		hi := min(lo+w.maxB, len(y))
 		xb, yb := x[lo*d:hi*d], y[lo:hi]
 		if err := w.check(nil, theta, xb, yb); err != nil {
-			return Metrics{}, err
+			return Evaluation{}, err
 		}
 		p := w.pass(hi - lo)
 		w.forward(p, theta, xb)
@@ -528,19 +530,19 @@ func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Metrics, error) {
 		correct += c
 	}
 	if len(y) == 0 {
-		return Metrics{}, nil
+		return Evaluation{}, nil
 	}
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return Metrics{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
+		return Evaluation{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
 	}
 	n := float64(len(y))
-	return Metrics{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
+	return Evaluation{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
 }
 
 // EvaluateDataset is Evaluate on a whole dataset, after CheckDataset.
-func (w *Workspace) EvaluateDataset(theta []float32, d *dataset.Dataset) (Metrics, error) {
+func (w *Workspace) EvaluateDataset(theta []float32, d *dataset.Dataset) (Evaluation, error) {
 	if err := w.m.CheckDataset(d); err != nil {
-		return Metrics{}, err
+		return Evaluation{}, err
 	}
 	return w.Evaluate(theta, d.X, d.Y)
 }

@@ -27,8 +27,8 @@
 //     ShardIndex, ShardCount, ShardSeed, SeedPolicy} when Run starts and
 //     again whenever it follows a new leader, a Heartbeat (the same fields
 //     and the last step it contributed to) every Config.HeartbeatEvery
-//     throughout, and Leave when Run returns. SeedPolicy is "seeded" with
-//     WithSeededSampling, else "crypto"; the leader of a private run
+//     throughout, and Leave when Run returns. SeedPolicy is seed.Seeded with
+//     WithSeededSampling, else seed.Crypto; the leader of a private run
 //     refuses a seeded node, and opens no round while two live nodes
 //     claim the same shard.
 //  3. Parameters. The leader publishes Params{Version, Term, Values} after

@@ -15,6 +15,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -371,11 +372,11 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 
 // seedPolicy is how this node draws its samples, as Join and Heartbeat
 // report it: the leader of a private run refuses a seeded node.
-func (w *Worker) seedPolicy() string {
+func (w *Worker) seedPolicy() seed.Policy {
 	if w.opts.seeded {
-		return transport.SeedPolicySeeded
+		return seed.Seeded
 	}
-	return transport.SeedPolicyCrypto
+	return seed.Crypto
 }
 
 func (w *Worker) join(ctx context.Context) error {

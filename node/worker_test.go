@@ -17,6 +17,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 	"github.com/dpcluster/dpcluster/transport/fake"
 )
@@ -29,14 +30,14 @@ func TestJoinAndHeartbeat(t *testing.T) {
 
 	j := recv(t, l.joins, "join")
 	want := transport.Join{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
-		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: transport.SeedPolicyCrypto}
+		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto}
 	if j != want {
 		t.Errorf("join = %+v, want %+v", j, want)
 	}
 	for range 3 {
 		h := recv(t, l.heartbeats, "heartbeat")
 		wantH := transport.Heartbeat{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
-			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: transport.SeedPolicyCrypto}
+			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto}
 		if h != wantH {
 			t.Errorf("heartbeat = %+v, want %+v", h, wantH)
 		}
@@ -56,11 +57,11 @@ func TestJoinReportsShardAndSeedPolicy(t *testing.T) {
 	start(t, cfg, fx, nc, WithSeededSampling(5))
 	j := recv(t, l.joins, "join")
 	if j.ShardIndex != 2 || j.ShardCount != 3 || j.ShardSeed != 42 || j.ShardSize != int64(fx.shard.Len()) ||
-		j.SeedPolicy != transport.SeedPolicySeeded {
+		j.SeedPolicy != seed.Seeded {
 		t.Errorf("join = %+v, want shard 2 of 3, seed 42, %d examples, seed policy seeded", j, fx.shard.Len())
 	}
 	h := recv(t, l.heartbeats, "heartbeat")
-	if h.ShardIndex != 2 || h.ShardCount != 3 || h.ShardSeed != 42 || h.SeedPolicy != transport.SeedPolicySeeded {
+	if h.ShardIndex != 2 || h.ShardCount != 3 || h.ShardSeed != 42 || h.SeedPolicy != seed.Seeded {
 		t.Errorf("heartbeat = %+v, want shard 2 of 3, seed 42, seed policy seeded", h)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 )
@@ -78,7 +79,7 @@ func TestRunOnDevice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := Run(context.Background(), m, theta, data, nil, cfg, Sources{Noise: NewSeededNoiseSource(1), Sampler: s}, nil)
+		res, err := Run(context.Background(), m, theta, data, nil, cfg, Sources{Noise: mechanism.NewSeededNoiseSource(1), Sampler: s}, nil)
 		return theta, res, err
 	}
 	want, _, err := run(nil)

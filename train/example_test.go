@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 	"github.com/dpcluster/dpcluster/train"
@@ -37,7 +38,7 @@ func ExampleRun() {
 	cfg.Optimizer.GammaPrime = 1e-6
 	sampler, _ := sampling.NewSeededPoisson(50.0/1000, 3)
 	res, err := train.Run(context.Background(), m, theta, data, data, cfg,
-		train.Sources{Noise: train.NewSeededNoiseSource(4), Sampler: sampler}, nil)
+		train.Sources{Noise: mechanism.NewSeededNoiseSource(4), Sampler: sampler}, nil)
 	if err != nil {
 		panic(err)
 	}

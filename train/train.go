@@ -1,7 +1,7 @@
 // Package train runs differentially private training in one process: the
 // reference loop that the distributed node/coordinator pair splits across
-// machines, and the home of the Gaussian noise generator (NoiseSource) the
-// coordinator reuses.
+// machines. Its Gaussian noise comes from mechanism.NoiseSource, the source
+// the coordinator's leader uses too.
 //
 // One step (Abadi et al. 2016, Algorithm 1, with the DP-AdamBC update of
 // Tang, Shpilevskiy and Lécuyer, AAAI 2024; DESIGN.md "One training step"):
@@ -10,7 +10,7 @@
 //  2. S = Σ over the sample of per-example gradients clipped to norm C
 //     (model.Engine.ClippedSumIndexed, on the CPU or on Config.Device);
 //  3. g̃ = (S + z)/B with z ~ N(0, σ²C²I) and B the expected batch size
-//     (NoiseSource.NoisyGradient);
+//     (mechanism.NoiseSource.NoisyGradient);
 //  4. θ ← dpadam.Optimizer.Step(θ, g̃).
 //
 // Typical use:
@@ -32,6 +32,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 )
@@ -86,14 +87,14 @@ func (c Config) Validate() error {
 // secure defaults (NewNoiseSource, sampling.NewPoisson); tests inject
 // seeded ones. Sampler.Q() must equal B/N.
 type Sources struct {
-	Noise   *NoiseSource
+	Noise   *mechanism.NoiseSource
 	Sampler *sampling.Poisson
 }
 
 // Point is an evaluation after a step.
 type Point struct {
 	Step int
-	Eval model.Metrics
+	Eval model.Evaluation
 }
 
 // Result summarizes a run.
@@ -103,7 +104,7 @@ type Result struct {
 	// SampleRate is q = B/N.
 	SampleRate float64
 	// Final is the evaluation after the last step (zero without an eval set).
-	Final model.Metrics
+	Final model.Evaluation
 	// History holds every evaluation, Final included.
 	History []Point
 	// LastDiagnostics are the optimizer's diagnostics of the last step.
@@ -144,7 +145,7 @@ func Run(ctx context.Context, m *model.Model, theta []float32, data, eval *datas
 		return Result{}, fmt.Errorf("%w: expected batch size %v with %d examples gives q = %v outside (0, 1]", ErrInvalidConfig, B, N, q)
 	}
 	if src.Noise == nil {
-		if src.Noise, err = NewNoiseSource(); err != nil {
+		if src.Noise, err = mechanism.NewNoiseSource(); err != nil {
 			return Result{}, err
 		}
 	}

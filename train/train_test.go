@@ -8,6 +8,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 )
@@ -65,7 +66,7 @@ func TestRunLogRegMixture(t *testing.T) {
 	}
 	before, _ := evalOnce(t, m, theta, testSet)
 	res, err := Run(context.Background(), m, theta, trainSet, testSet, cfg,
-		Sources{Noise: NewSeededNoiseSource(5), Sampler: sampler}, nil)
+		Sources{Noise: mechanism.NewSeededNoiseSource(5), Sampler: sampler}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestRunDeterministicWithSeeds(t *testing.T) {
 		cfg.MaxBatch = maxBatch
 		cfg.Optimizer.ExpectedBatchSize = 60
 		s, _ := sampling.NewSeededPoisson(0.1, 3)
-		if _, err := Run(context.Background(), m, theta, data, nil, cfg, Sources{Noise: NewSeededNoiseSource(1), Sampler: s}, nil); err != nil {
+		if _, err := Run(context.Background(), m, theta, data, nil, cfg, Sources{Noise: mechanism.NewSeededNoiseSource(1), Sampler: s}, nil); err != nil {
 			t.Fatal(err)
 		}
 		return theta

@@ -49,7 +49,7 @@ func benchRound(b *testing.B, n int, payload int32) {
 // runs one round (broadcast n floats, collect benchNodes contributions of
 // n floats). It reports retransmits/op when the benchmark ends.
 func roundRig(b *testing.B, n int, payload int32) func() {
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	scfg.MaxPayload = payload
 	srv, err := transport.StartServer(scfg)
@@ -274,7 +274,7 @@ func benchRawNATS(b *testing.B, n int) {
 // an op that moves one round's bytes with bare nats.go, each vector in
 // messages of at most payload bytes.
 func rawRig(b *testing.B, n int, payload int32) func() {
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	scfg.MaxPayload = payload
 	srv, err := transport.StartServer(scfg)

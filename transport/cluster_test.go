@@ -17,7 +17,7 @@ import (
 func TestEmbeddedCluster(t *testing.T) {
 	start := func(routes ...string) *transport.Server {
 		t.Helper()
-		cfg := transport.DefaultServerConfig()
+		cfg := transport.DefaultEmbeddedServerConfig()
 		cfg.Port, cfg.ClusterName, cfg.ClusterHost, cfg.ClusterPort, cfg.Routes = -1, "dpc", "127.0.0.1", -1, routes
 		cfg.MaxPayload = 64 << 10
 		s, err := transport.StartServer(cfg)
@@ -93,19 +93,21 @@ func TestEmbeddedCluster(t *testing.T) {
 	recv(2)
 }
 
-func TestServerConfigClusterValidate(t *testing.T) {
+func TestEmbeddedServerConfigClusterValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		mod  func(*transport.ServerConfig)
+		mod  func(*transport.EmbeddedServerConfig)
 		ok   bool
 	}{
-		{"standalone", func(*transport.ServerConfig) {}, true},
-		{"member", func(c *transport.ServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222 }, true},
-		{"routes without port", func(c *transport.ServerConfig) { c.Routes = []string{"nats-route://a:1"} }, false},
-		{"member without name", func(c *transport.ServerConfig) { c.ClusterHost, c.ClusterPort = "h", 6222 }, false},
-		{"bad port", func(c *transport.ServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "h", 70000 }, false},
+		{"standalone", func(*transport.EmbeddedServerConfig) {}, true},
+		{"member", func(c *transport.EmbeddedServerConfig) {
+			c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222
+		}, true},
+		{"routes without port", func(c *transport.EmbeddedServerConfig) { c.Routes = []string{"nats-route://a:1"} }, false},
+		{"member without name", func(c *transport.EmbeddedServerConfig) { c.ClusterHost, c.ClusterPort = "h", 6222 }, false},
+		{"bad port", func(c *transport.EmbeddedServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "h", 70000 }, false},
 	} {
-		cfg := transport.DefaultServerConfig()
+		cfg := transport.DefaultEmbeddedServerConfig()
 		tc.mod(&cfg)
 		if err := cfg.Validate(); (err == nil) != tc.ok {
 			t.Errorf("%s: Validate() = %v", tc.name, err)
@@ -170,7 +172,7 @@ func TestConnectRetry(t *testing.T) {
 		done <- err
 	}()
 	time.Sleep(200 * time.Millisecond) // Connect is retrying now
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = port
 	srv, err := transport.StartServer(scfg)
 	if err != nil {

@@ -11,16 +11,17 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/dpcluster/dpcluster/pki"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 func samples() []Message {
 	v := Vector{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, math.MaxFloat32, -1.5, float32(math.Inf(1)), math.Float32frombits(0x7fc00001)}
 	return []Message{
 		Join{Run: "r", NodeID: "n", ShardSize: 60000, ModelHash: "h"},
-		Join{Run: "r", NodeID: "n", ShardSize: 20000, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: math.MaxUint64, SeedPolicy: SeedPolicySeeded},
+		Join{Run: "r", NodeID: "n", ShardSize: 20000, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: math.MaxUint64, SeedPolicy: seed.Seeded},
 		Leave{Run: "r", NodeID: "n", Reason: "bye"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9},
-		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: SeedPolicyCrypto},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto},
 		RoundStart{Run: "r", Step: 3, RoundID: math.MaxUint64, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: -5, SampleRate: 0.01, ClipNorm: 1},
 		RoundStart{Run: "r", Step: 3, RoundID: 1, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: 5, SampleRate: 1.0 / 3, ClipNorm: 0.1, ModelHash: "h"},
 		RoundStart{Run: "r", Step: 3, Params: v},
@@ -40,8 +41,8 @@ func samples() []Message {
 // which the receivers treat as "not given".
 func TestOptionalFields(t *testing.T) {
 	for _, m := range []Message{
-		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicySeeded},
-		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: SeedPolicyCrypto},
+		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Seeded},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Crypto},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
 		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true},
 	} {

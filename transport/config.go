@@ -131,7 +131,7 @@ type Config struct {
 	URLs []string
 
 	// Embedded configures the in-process server used when URLs is empty.
-	Embedded ServerConfig
+	Embedded EmbeddedServerConfig
 
 	// TLS secures the connection to URLs. With CertFile, the client
 	// presents that certificate, which must name a dpcluster identity
@@ -193,8 +193,10 @@ type TLSConfig struct {
 
 func (t TLSConfig) enabled() bool { return t.CAFile != "" || t.CertFile != "" || t.ServerName != "" }
 
-// ServerConfig configures an embedded NATS server.
-type ServerConfig struct {
+// EmbeddedServerConfig configures a NATS server embedded in this process
+// (StartServer); coordinator.ServerConfig, by contrast, configures the
+// coordinator's round loop.
+type EmbeddedServerConfig struct {
 	// Host and Port to listen on; Port -1 picks a free port.
 	Host string
 	Port int
@@ -233,10 +235,10 @@ type ServerConfig struct {
 	Run string
 }
 
-// DefaultServerConfig returns an embedded server on 127.0.0.1:4222 with
+// DefaultEmbeddedServerConfig returns an embedded server on 127.0.0.1:4222 with
 // NATS's 1 MiB max payload and a 256 MiB per-client outbound buffer.
-func DefaultServerConfig() ServerConfig {
-	return ServerConfig{
+func DefaultEmbeddedServerConfig() EmbeddedServerConfig {
+	return EmbeddedServerConfig{
 		Host:         "127.0.0.1",
 		Port:         4222,
 		MaxPayload:   1 << 20,
@@ -246,7 +248,7 @@ func DefaultServerConfig() ServerConfig {
 }
 
 // Validate checks the server configuration.
-func (s ServerConfig) Validate() error {
+func (s EmbeddedServerConfig) Validate() error {
 	var errs []error
 	if s.Host == "" {
 		errs = append(errs, fmt.Errorf("%w: embedded Host is empty", ErrInvalidConfig))
@@ -290,7 +292,7 @@ func (s ServerConfig) Validate() error {
 func DefaultConfig() Config {
 	return Config{
 		ClientConfig:        DefaultClientConfig(),
-		Embedded:            DefaultServerConfig(),
+		Embedded:            DefaultEmbeddedServerConfig(),
 		ConnectTimeout:      10 * time.Second,
 		ReconnectWait:       100 * time.Millisecond,
 		MaxReconnectWait:    5 * time.Second,

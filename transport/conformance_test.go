@@ -16,7 +16,7 @@ import (
 // stopped at the end of the test.
 func testServer(t testing.TB) *transport.Server {
 	t.Helper()
-	cfg := transport.DefaultServerConfig()
+	cfg := transport.DefaultEmbeddedServerConfig()
 	cfg.Port = -1
 	srv, err := transport.StartServer(cfg)
 	if err != nil {
@@ -28,7 +28,7 @@ func testServer(t testing.TB) *transport.Server {
 
 func natsHarness(t *testing.T, cfg transport.ClientConfig, n int) transporttest.Harness {
 	t.Helper()
-	cfgServer := transport.DefaultServerConfig()
+	cfgServer := transport.DefaultEmbeddedServerConfig()
 	cfgServer.Port = -1
 	srv, err := transport.StartServer(cfgServer)
 	if err != nil {

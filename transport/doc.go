@@ -34,7 +34,7 @@
 //
 // # Security
 //
-// With TLS files (ServerConfig.TLS, Config.TLS: the run's CA and a
+// With TLS files (EmbeddedServerConfig.TLS, Config.TLS: the run's CA and a
 // certificate from package pki) an embedded server requires mutual TLS,
 // maps each client certificate to a NATS user named by its identity
 // (dpcluster://ROLE/ID) whose permissions follow its role

@@ -1,6 +1,10 @@
 package transport
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/dpcluster/dpcluster/seed"
+)
 
 // Version is the envelope format version written by this build. Decoders
 // reject every other version with ErrUnknownVersion. Adding an optional
@@ -123,30 +127,21 @@ type Message interface {
 // ShardIndex, ShardCount and ShardSeed say which part of the run's training
 // set the node holds: part ShardIndex of ShardCount IID parts cut with
 // ShardSeed. SeedPolicy says how the node draws its Poisson samples:
-// SeedPolicyCrypto or SeedPolicySeeded (predictable: NOT private). All are
+// seed.Crypto (keyed from crypto/rand) or seed.Seeded (predictable: NOT
+// private), encoded as the policy's string. All are
 // public configuration. They are optional fields (added in envelope version
 // 1); the coordinator refuses a node that omits them (ShardCount 0 or an
 // empty SeedPolicy).
 type Join struct {
-	Run        string `msgpack:"run"`
-	NodeID     string `msgpack:"node"`
-	ShardSize  int64  `msgpack:"shard"`
-	ModelHash  string `msgpack:"model"`
-	ShardIndex int    `msgpack:"shard_index"`
-	ShardCount int    `msgpack:"shard_count"`
-	ShardSeed  uint64 `msgpack:"shard_seed"`
-	SeedPolicy string `msgpack:"seed_policy"`
+	Run        string      `msgpack:"run"`
+	NodeID     string      `msgpack:"node"`
+	ShardSize  int64       `msgpack:"shard"`
+	ModelHash  string      `msgpack:"model"`
+	ShardIndex int         `msgpack:"shard_index"`
+	ShardCount int         `msgpack:"shard_count"`
+	ShardSeed  uint64      `msgpack:"shard_seed"`
+	SeedPolicy seed.Policy `msgpack:"seed_policy"`
 }
-
-// Seed policies a node reports in Join and Heartbeat. The values are those
-// of the run's own seed policy (coordinator.SeedCrypto, SeedSeeded).
-const (
-	// SeedPolicyCrypto: Poisson samples keyed from crypto/rand.
-	SeedPolicyCrypto = "crypto"
-	// SeedPolicySeeded: Poisson samples from a seed, predictable by anyone
-	// who knows it; the node is NOT differentially private.
-	SeedPolicySeeded = "seeded"
-)
 
 // Leave announces that a node stops taking part. Reason is free text for
 // logs and must hold no private data.
@@ -160,15 +155,15 @@ type Leave struct {
 // node contributed to (0 if none). The other fields repeat the node's Join,
 // so that a leader that missed the Join (it started later) learns them.
 type Heartbeat struct {
-	Run        string `msgpack:"run"`
-	NodeID     string `msgpack:"node"`
-	ShardSize  int64  `msgpack:"shard"`
-	ModelHash  string `msgpack:"model"`
-	Step       uint64 `msgpack:"step"`
-	ShardIndex int    `msgpack:"shard_index"`
-	ShardCount int    `msgpack:"shard_count"`
-	ShardSeed  uint64 `msgpack:"shard_seed"`
-	SeedPolicy string `msgpack:"seed_policy"`
+	Run        string      `msgpack:"run"`
+	NodeID     string      `msgpack:"node"`
+	ShardSize  int64       `msgpack:"shard"`
+	ModelHash  string      `msgpack:"model"`
+	Step       uint64      `msgpack:"step"`
+	ShardIndex int         `msgpack:"shard_index"`
+	ShardCount int         `msgpack:"shard_count"`
+	ShardSeed  uint64      `msgpack:"shard_seed"`
+	SeedPolicy seed.Policy `msgpack:"seed_policy"`
 }
 
 // RoundStart opens round Step. RoundID is a fresh random nonce per round: a

@@ -21,10 +21,10 @@ type Server struct {
 
 // StartServer starts an embedded NATS server and waits until it accepts
 // connections. With cfg.TLS it requires mutual TLS and maps every client
-// certificate to a user with its role's permissions (see ServerConfig.TLS);
+// certificate to a user with its role's permissions (see EmbeddedServerConfig.TLS);
 // a file it cannot use is an error wrapping ErrCertificate. Stop it with
 // Shutdown.
-func StartServer(cfg ServerConfig) (*Server, error) {
+func StartServer(cfg EmbeddedServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -40,7 +40,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 
 // startServer starts the server of a validated cfg, secured with files
 // (cfg.TLS loaded) if not nil.
-func startServer(cfg ServerConfig, files *tlsFiles) (*Server, error) {
+func startServer(cfg EmbeddedServerConfig, files *tlsFiles) (*Server, error) {
 	opts := &server.Options{
 		Host:       cfg.Host,
 		Port:       cfg.Port,

@@ -64,7 +64,7 @@ func files(dir, id string) transport.TLSConfig {
 // certificate, chunking at 64 KiB.
 func startTLSServer(t *testing.T, dir string) *transport.Server {
 	t.Helper()
-	cfg := transport.DefaultServerConfig()
+	cfg := transport.DefaultEmbeddedServerConfig()
 	cfg.Port, cfg.MaxPayload, cfg.TLS, cfg.Run = -1, 64<<10, files(dir, "r1"), tlsRun
 	s, err := transport.StartServer(cfg)
 	if err != nil {
@@ -529,7 +529,7 @@ func TestTLSClientIdentity(t *testing.T) {
 		}
 		t.Errorf("a client named node-1 with node-0's certificate: %v, want ErrCertificate", err)
 	}
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port, scfg.TLS, scfg.Run = -1, files(dir, "node-0"), tlsRun
 	if s, err := transport.StartServer(scfg); !errors.Is(err, transport.ErrCertificate) {
 		if err == nil {
@@ -604,7 +604,7 @@ func TestTLSRoutes(t *testing.T) {
 	dir := testPKI(t)
 	start := func(id string, routes ...string) *transport.Server {
 		t.Helper()
-		cfg := transport.DefaultServerConfig()
+		cfg := transport.DefaultEmbeddedServerConfig()
 		cfg.Port, cfg.ClusterName, cfg.ClusterHost, cfg.ClusterPort, cfg.Routes = -1, "dpc", "127.0.0.1", -1, routes
 		cfg.TLS, cfg.Run = files(dir, id), tlsRun
 		s, err := transport.StartServer(cfg)

@@ -16,10 +16,11 @@ import (
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/node"
 	"github.com/dpcluster/dpcluster/pki"
-	"github.com/dpcluster/dpcluster/train"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 	"github.com/dpcluster/dpcluster/transport/fake"
 )
@@ -224,7 +225,7 @@ func runConfig(m *model.Model, n int64, maxSteps int64) coordinator.RunConfig {
 	return coordinator.RunConfig{
 		Run: "cluster", ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: 3, TotalExamples: n,
 		SampleRate: q, Optimizer: opt, TargetEpsilon: 1e6, Delta: 1e-5, MaxSteps: maxSteps,
-		SeedPolicy: coordinator.SeedSeeded, NoiseMode: coordinator.NoiseDiscrete,
+		SeedPolicy: seed.Seeded, NoiseMode: coordinator.NoiseDiscrete,
 	}
 }
 
@@ -279,7 +280,7 @@ func (c *Cluster) startReplica(id string, peers []raft.Server) error {
 	scfg.AnnounceEvery = 50 * time.Millisecond
 	scfg.DrainTimeout = 2 * time.Second
 	scfg.Join = peers == nil
-	scfg.Noise = train.NewSeededNoiseSource(c.opts.Seed + 1 + uint64(len(c.order)))
+	scfg.Noise = mechanism.NewSeededNoiseSource(c.opts.Seed + 1 + uint64(len(c.order)))
 	srv, err := coordinator.NewServer(rep, m.conn, c.Run, scfg, c.log)
 	if err != nil {
 		return err

@@ -28,6 +28,7 @@ import (
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 	"github.com/dpcluster/dpcluster/train"
@@ -94,7 +95,7 @@ func run() error {
 	var src train.Sources
 	if *insecure != 0 {
 		log.Warn("INSECURE: -insecure-seed set; noise and sampling are predictable and this run is NOT differentially private", "seed", *insecure)
-		src.Noise = train.NewSeededNoiseSource(*insecure)
+		src.Noise = mechanism.NewSeededNoiseSource(*insecure)
 		if src.Sampler, err = sampling.NewSeededPoisson(q, *insecure+1); err != nil {
 			return err
 		}

@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
+
+	"github.com/dpcluster/dpcluster/dataset"
 )
 
 // TestExampleRunFile: examples/run.yaml, the run file docker-compose.yml
@@ -22,7 +24,7 @@ func TestExampleRunFile(t *testing.T) {
 	if err := loadRunSpec(&spec, filepath.Join("..", "..", "examples", "run.yaml"), fs); err != nil {
 		t.Fatal(err)
 	}
-	m, err := LoadModel(spec.Model, spec.ModelSpec)
+	m, err := loadModel(spec.Model, spec.ModelSpec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +32,7 @@ func TestExampleRunFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc.Run != "fashion-mlp" || spec.Dataset != DatasetFashionMNIST || rc.SampleRate != 256.0/60000 ||
+	if rc.Run != "fashion-mlp" || spec.Dataset != dataset.NameFashionMNIST || rc.SampleRate != 256.0/60000 ||
 		rc.Optimizer.ClipNorm != 1 || rc.TargetEpsilon != 3 || rc.MaxSteps != 1000 || spec.MinNodes != 3 {
 		t.Errorf("examples/run.yaml: %+v, min nodes %d", rc, spec.MinNodes)
 	}

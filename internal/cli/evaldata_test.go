@@ -280,13 +280,13 @@ func TestEvalDataFlagErrors(t *testing.T) {
 		want string
 	}{
 		{"both", []string{"--eval-path", eval, "--eval-split-from-train", "0.2"}, "not both"},
-		{"negative fraction", []string{"--eval-split-from-train", "-0.1"}, "--eval-split-from-train"},
-		{"fraction 1", []string{"--eval-split-from-train", "1"}, "--eval-split-from-train"},
-		{"fraction NaN", []string{"--eval-split-from-train", "NaN"}, "--eval-split-from-train"},
+		{"negative fraction", []string{"--eval-split-from-train", "-0.1"}, "eval_split_from_train"},
+		{"fraction 1", []string{"--eval-split-from-train", "1"}, "eval_split_from_train"},
+		{"fraction NaN", []string{"--eval-split-from-train", "NaN"}, "eval_split_from_train"},
 		{"eval path is the training file", []string{"--eval-path", data}, "training file"},
 		{"eval path links to the training file", []string{"--eval-path", link}, "training file"},
-		{"missing eval file", []string{"--eval-path", filepath.Join(dir, "nope.csv")}, "--eval-path"},
-		{"eval file does not fit the model", []string{"--eval-path", wide}, "--eval-path"},
+		{"missing eval file", []string{"--eval-path", filepath.Join(dir, "nope.csv")}, "eval_path"},
+		{"eval file does not fit the model", []string{"--eval-path", wide}, "eval_path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := runCmd(t, csvLocalArgs(t, data, spec, tc.args...)...)
@@ -303,8 +303,8 @@ func TestEvalDataFlagErrors(t *testing.T) {
 		{"--dataset", "fashion-mnist", "--eval-path", eval},
 	} {
 		_, _, err := runCmd(t, append([]string{"local", "--model", "logreg", "--data-dir", t.TempDir()}, args...)...)
-		if err == nil || !strings.Contains(err.Error(), "--dataset csv") {
-			t.Errorf("%v: err = %v, want one saying the flag is for --dataset csv", args, err)
+		if err == nil || !strings.Contains(err.Error(), "for dataset csv") {
+			t.Errorf("%v: err = %v, want one saying the option is for dataset csv", args, err)
 		}
 	}
 }
@@ -318,7 +318,7 @@ func TestServeCSVHoldoutIsLabelledNonPrivate(t *testing.T) {
 	dir := t.TempDir()
 	spec, _ := writeSpec(t)
 	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // ModelFile is the file local, and a replica whose run finished, write
@@ -62,7 +63,7 @@ examples/safetensors_classify.py shows the model used from Python with numpy onl
 }
 
 func privateNote(c coordinator.RunConfig) string {
-	if c.SeedPolicy == coordinator.SeedCrypto {
+	if c.SeedPolicy == seed.Crypto {
 		return ""
 	}
 	return " (seeded noise: NOT differentially private)"
@@ -101,7 +102,7 @@ func exportModel(dataDir, out string) (coordinator.Committed, error) {
 		"accountant":     "rdp",
 		"privacy_event":  string(event),
 		"noise_mode":     c.Config.NoiseMode,
-		"private":        strconv.FormatBool(c.Config.SeedPolicy == coordinator.SeedCrypto),
+		"private":        strconv.FormatBool(c.Config.SeedPolicy == seed.Crypto),
 		"state_sha256":   c.Digest,
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-*")

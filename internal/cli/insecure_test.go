@@ -278,7 +278,7 @@ func TestNodeRefusesOpenAddressWithoutTLS(t *testing.T) {
 	// With --insecure it dials a server off the loopback interface: one
 	// listening on every interface, dialed at 0.0.0.0 (which Linux connects
 	// to this machine). It joins the run: status sees it.
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Host, scfg.Port = "0.0.0.0", -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // errAuditFailed is returned by ledger audit when the ledger fails any
@@ -59,12 +60,12 @@ func ledgerPath(arg string) (string, error) {
 
 // showResult is the --json output of ledger show.
 type showResult struct {
-	Path          string  `json:"path"`
-	Run           string  `json:"run"`
-	TargetEpsilon float64 `json:"target_epsilon"`
-	Delta         float64 `json:"delta"`
-	Noise         string  `json:"noise"`
-	Mechanism     string  `json:"mechanism"`
+	Path          string      `json:"path"`
+	Run           string      `json:"run"`
+	TargetEpsilon float64     `json:"target_epsilon"`
+	Delta         float64     `json:"delta"`
+	Noise         seed.Policy `json:"noise"`
+	Mechanism     string      `json:"mechanism"`
 	// History is the Raft history ID the run record binds the ledger to
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
@@ -310,14 +311,14 @@ func historyLabel(h string) string {
 }
 
 // noiseLabel describes a run record's noise source.
-func noiseLabel(noise string) string {
+func noiseLabel(noise seed.Policy) string {
 	switch noise {
-	case ledger.NoiseCrypto:
+	case seed.Crypto:
 		return "crypto (CSPRNG)"
-	case ledger.NoiseSeeded:
+	case seed.Seeded:
 		return "SEEDED: reproducible, NOT differentially private"
 	case "":
 		return "- (not recorded)"
 	}
-	return noise
+	return string(noise)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // testLedger is a ledger written through the real ledger package.
@@ -40,7 +41,7 @@ func newTestLedger(t *testing.T) testLedger {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("cli-test", 10, 1e-5, ledger.NoiseCrypto, ledger.MechanismFloat, cliHistory); err != nil {
+	if err := l.Start("cli-test", 10, 1e-5, seed.Crypto, ledger.MechanismFloat, cliHistory); err != nil {
 		t.Fatal(err)
 	}
 	e := ledger.SubsampledGaussian(0.01, 1.1)

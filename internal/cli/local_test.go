@@ -15,6 +15,7 @@ import (
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // localArgs is a small, fast local run: logistic regression on the
@@ -60,7 +61,7 @@ func TestLocalTrainsAndAudits(t *testing.T) {
 	}
 	var rep ledger.AuditReport
 	if err := json.Unmarshal([]byte(aout), &rep); err != nil || !rep.OK || rep.Charges != 40 ||
-		rep.Noise != ledger.NoiseCrypto || !rep.Private || rep.Mechanism != ledger.MechanismDiscrete {
+		rep.Noise != seed.Crypto || !rep.Private || rep.Mechanism != ledger.MechanismDiscrete {
 		t.Fatalf("audit report %+v, %v", rep, err)
 	}
 
@@ -137,10 +138,10 @@ func TestLocalFlagErrors(t *testing.T) {
 	cases := []flagCase{
 		{[]string{"--nodes", "0"}, "--nodes"},
 		{[]string{"--dataset", "none"}, "needs a dataset"},
-		{[]string{"--dataset", "mnist"}, "--dataset"},
+		{[]string{"--dataset", "mnist"}, "dataset must be"},
 		{[]string{"--model", "nope"}, "--model"},
-		{[]string{"--max-steps", "0"}, "--max-steps"},
-		{[]string{"--batch-size", "1e9"}, "--batch-size"},
+		{[]string{"--max-steps", "0"}, "max_steps"},
+		{[]string{"--batch-size", "1e9"}, "batch_size"},
 		{[]string{"--progress", "maybe"}, "--progress"},
 		{[]string{"--target-epsilon", "-1"}, "epsilon"},
 		{[]string{"--device", "gpu"}, `unknown device "gpu"`},
@@ -168,7 +169,7 @@ func TestProgressBar(t *testing.T) {
 	p.update(coordinator.Progress{Step: 1, MaxSteps: 10, Epsilon: 0.5, TargetEpsilon: 3})
 	now = now.Add(time.Second)
 	p.update(coordinator.Progress{Step: 5, MaxSteps: 10, Epsilon: 1.25, TargetEpsilon: 3,
-		EvalStep: 5, Eval: model.Metrics{Loss: 0.7, Accuracy: 0.8125, N: 100}, EvalData: coordinator.EvalPublic})
+		EvalStep: 5, Eval: coordinator.Evaluation{Loss: 0.7, Accuracy: 0.8125, N: 100}, EvalData: coordinator.EvalPublic})
 	p.finish()
 	got := buf.String()
 	for _, want := range []string{"[############............] step 5/10", "ε 1.250/3", "test acc 81.2% (step 5)", "5.0 steps/s"} {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/node"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -128,12 +129,12 @@ func TestNodeFlagErrors(t *testing.T) {
 		{"shard count 0", with("--shard-count", "0"), "--shard-count 0"},
 		{"unknown preset", with("--model", "resnet"), `unknown preset "resnet"`},
 		{"missing spec file", with("--model-spec", "/nonexistent/spec.json"), "--model-spec"},
-		{"unknown dataset", with("--dataset", "imagenet"), `--dataset must be`},
+		{"unknown dataset", with("--dataset", "imagenet"), `dataset must be`},
 		{"no dataset", with("--dataset", "none"), "dataset none is for coordinator serve"},
-		{"csv without path", with("--dataset", "csv"), "--data-path"},
+		{"csv without path", with("--dataset", "csv"), "dataset csv needs data_path"},
 		{"gaussian with a path", with("--data-path", csv), "neither"},
 		{"csv that does not fit the model", with("--dataset", "csv", "--data-path", csv, "--model-spec", spec), "does not fit the model"},
-		{"batch larger than N", with("--batch-size", "20000"), "--batch-size 20000 must be in (0, N = 10000]"},
+		{"batch larger than N", with("--batch-size", "20000"), "batch_size 20000 must be in (0, N = 10000]"},
 		{"clip too large to bound", with("--clip", "1e25"), "--clip 1e+25: must be in"},
 		{"clip too small to bound", with("--clip", "1e-30"), "--clip 1e-30: must be in"},
 		{"bad id", with("--id", "a b"), "--id"},
@@ -247,7 +248,7 @@ func TestNodeEndToEnd(t *testing.T) {
 	j := recvWithin(t, h.joins, "join")
 	// 12000 gaussian rows, 2000 held out, 10000 in two shards.
 	want := transport.Join{Run: run, NodeID: "n1", ShardSize: 5000, ModelHash: m.Hash(),
-		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: transport.SeedPolicySeeded}
+		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: seed.Seeded}
 	if j != want {
 		t.Fatalf("join = %+v, want %+v", j, want)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // TestRunConfigNoise: new runs get the discrete mechanism and a σ
@@ -15,7 +16,7 @@ import (
 // spend the budget and no more; --noise float keeps the Gaussian
 // calibration; other values are refused.
 func TestRunConfigNoise(t *testing.T) {
-	m, err := LoadModel("mlp", "")
+	m, err := loadModel("mlp", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestRunConfigNoise(t *testing.T) {
 		t.Errorf("discrete σ %v, float σ %v", s, f)
 	}
 	spec.Noise = "gaussian"
-	if _, err := spec.runConfig(m, n, false); err == nil || !strings.Contains(err.Error(), "--noise") {
+	if _, err := spec.runConfig(m, n, false); err == nil || !strings.Contains(err.Error(), "noise \"gaussian\"") {
 		t.Errorf("unknown noise: %v", err)
 	}
 }
@@ -58,7 +59,7 @@ func TestRunConfigNoise(t *testing.T) {
 // --noise says; a ledger that names its mechanism, or none at all, leaves
 // the spec alone.
 func TestKeepLegacyNoise(t *testing.T) {
-	m, err := LoadModel("logreg", "")
+	m, err := loadModel("logreg", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		if err := l.Start("old", 3, 1e-5, ledger.NoiseCrypto, mechanism, ""); err != nil {
+		if err := l.Start("old", 3, 1e-5, seed.Crypto, mechanism, ""); err != nil {
 			t.Fatal(err)
 		}
 		return dir

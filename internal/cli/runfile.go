@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,14 +35,14 @@ type runSpec struct {
 	ModelSpec string `yaml:"model_spec"`
 	// Dataset is fashion-mnist, gaussian (a fixed synthetic Gaussian
 	// mixture shaped by the model), csv, or, for serve only, none. The
-	// nodes must load the same data (the node command's loader, LoadData,
-	// is this one).
+	// nodes must load the same data (they and the coordinator both use
+	// dataset.LoadRun).
 	Dataset  string `yaml:"dataset"`
 	Data     string `yaml:"data"`      // fashion-mnist: directory searched first
 	DataPath string `yaml:"data_path"` // csv: the (private) training file
 	// EvalPath (csv) is a separate, public evaluation file; EvalHoldout
 	// (csv) instead holds that fraction of DataPath out of training for a
-	// NON-PRIVATE evaluation. See DataOptions.
+	// NON-PRIVATE evaluation. See dataset.RunOptions.
 	EvalPath    string  `yaml:"eval_path"`
 	EvalHoldout float64 `yaml:"eval_split_from_train"`
 	// TotalExamples is N, the training examples across all nodes. Derived
@@ -154,54 +153,38 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	return nil
 }
 
-// dataOptions are the spec's data choices as the node command's loader
-// takes them (one shard: the whole training set).
-func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) DataOptions {
-	return DataOptions{
+// dataOptions are the spec's data choices as dataset.LoadRun takes them.
+func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) dataset.RunOptions {
+	return dataset.RunOptions{
 		Dataset: s.Dataset, Dir: s.Data, Path: s.DataPath, EvalPath: s.EvalPath, EvalHoldout: s.EvalHoldout,
-		Count: 1, Seed: s.ShardSeed, Model: m, Log: log,
+		Model: m, Log: log,
 	}
 }
 
-// loadData loads the training set and the evaluation set with the node
-// command's loader, so that the coordinator's N is the total of the
-// nodes' shards.
-func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (*dataset.Dataset, EvalSet, error) {
-	return LoadData(ctx, s.dataOptions(m, log))
+// loadData loads the training set and the evaluation set with the loader
+// every node uses (dataset.LoadRun), so that the coordinator's N is the
+// total of the nodes' shards.
+func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (*dataset.Dataset, dataset.EvalSet, error) {
+	return dataset.LoadRun(ctx, s.dataOptions(m, log))
 }
 
-// runConfig turns the spec into the replicated run configuration: N from
-// the data (or TotalExamples), q = B/N, and σ calibrated when not given.
+// evalKind is how the coordinator labels evaluations on eval.
+func evalKind(eval dataset.EvalSet) coordinator.EvalData {
+	if eval.Holdout {
+		return coordinator.EvalTrainHoldout
+	}
+	return coordinator.EvalPublic
+}
+
+// runConfig turns the spec into the replicated run configuration
+// (coordinator.RunPlan.RunConfig derives N, q = B/N, σ and the seed
+// policy); n is the loaded data's size (0: none).
 func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.RunConfig, error) {
-	if s.TotalExamples > 0 {
-		if n > 0 && n != s.TotalExamples {
-			return coordinator.RunConfig{}, fmt.Errorf("--total-examples %d but the dataset has %d", s.TotalExamples, n)
-		}
-		n = s.TotalExamples
-	}
-	if n <= 0 {
-		return coordinator.RunConfig{}, errors.New("the number of training examples N is unknown: give --total-examples or a dataset")
-	}
-	if !(s.BatchSize > 0 && s.BatchSize <= float64(n)) {
-		return coordinator.RunConfig{}, fmt.Errorf("--batch-size %v must be in (0, N = %d]", s.BatchSize, n)
-	}
-	q := s.BatchSize / float64(n)
 	// Nodes clip only within model.CheckClipNorm's range (outside it the
 	// float error analysis no longer holds), so they would skip every
 	// round of a run configured outside it: refuse it here, at start.
 	if err := model.CheckClipNorm(s.Clip); err != nil {
 		return coordinator.RunConfig{}, fmt.Errorf("--clip %v: must be in [%g, %g]: %w", s.Clip, model.MinClipNorm, model.MaxClipNorm, err)
-	}
-	sigma := s.Sigma
-	if sigma < 0 {
-		return coordinator.RunConfig{}, fmt.Errorf("--sigma %v must not be negative", sigma)
-	}
-	mode := s.Noise
-	switch {
-	case s.legacyNoise:
-		mode = coordinator.NoiseLegacy
-	case mode != coordinator.NoiseDiscrete && mode != coordinator.NoiseFloat:
-		return coordinator.RunConfig{}, fmt.Errorf("--noise %q must be %s or %s", mode, coordinator.NoiseDiscrete, coordinator.NoiseFloat)
 	}
 	specJSON, err := m.Spec().CanonicalJSON()
 	if err != nil {
@@ -210,41 +193,13 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 	opt := dpadam.DefaultConfig()
 	opt.Algorithm = dpadam.Algorithm(s.Algorithm)
 	opt.LearningRate, opt.Beta1, opt.Beta2, opt.AdamEps = s.LR, s.Beta1, s.Beta2, s.AdamEps
-	opt.GammaPrime, opt.Momentum = s.GammaPrime, s.Momentum
-	opt.NoiseMultiplier, opt.ClipNorm, opt.ExpectedBatchSize = sigma, s.Clip, s.BatchSize
-	policy := coordinator.SeedCrypto
-	if seeded {
-		policy = coordinator.SeedSeeded
-	}
-	c := coordinator.RunConfig{
+	opt.GammaPrime, opt.Momentum, opt.ClipNorm = s.GammaPrime, s.Momentum, s.Clip
+	return coordinator.RunPlan{
 		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
-		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: s.TargetEpsilon, Delta: s.Delta,
-		MaxSteps: s.MaxSteps, SeedPolicy: policy, NoiseMode: mode,
-	}
-	if sigma == 0 {
-		if s.MaxSteps <= 0 {
-			return coordinator.RunConfig{}, errors.New("calibrating σ needs --max-steps (or give --sigma)")
-		}
-		// Calibrate with the event the ledger will charge for this run
-		// (RunConfig.Event: the discrete mechanism's effective σ, or the
-		// Gaussian's), against a target a hair below the budget: the ledger
-		// composes step by step, and float rounding must not push the last
-		// step a few ulps past the target.
-		event := func(sigma float64) ledger.Event {
-			c := c
-			c.Optimizer.NoiseMultiplier = sigma
-			return c.Event()
-		}
-		if c.Optimizer.NoiseMultiplier, err = ledger.Calibrate(nil, s.TargetEpsilon*(1-1e-9), s.MaxSteps, s.Delta, event); err != nil {
-			return coordinator.RunConfig{}, fmt.Errorf("calibrating σ: %w", err)
-		}
-	}
-	// B = q·N must hold exactly enough for Validate.
-	c.Optimizer.ExpectedBatchSize = q * float64(n)
-	if math.Abs(c.Optimizer.ExpectedBatchSize-s.BatchSize) > 1e-9*s.BatchSize {
-		return coordinator.RunConfig{}, fmt.Errorf("expected batch size %v does not survive q·N", s.BatchSize)
-	}
-	return c, c.Validate()
+		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
+		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
+		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
+	}.RunConfig()
 }
 
 // keepLegacyNoise makes a run that was configured before noise modes
@@ -278,7 +233,7 @@ func noiseModeName(mode string) string {
 type preparedRun struct {
 	model *model.Model
 	train *dataset.Dataset // nil with --dataset none
-	eval  EvalSet          // no Data with --dataset none or a csv run without evaluation data
+	eval  dataset.EvalSet  // no Data with --dataset none or a csv run without evaluation data
 	cfg   coordinator.RunConfig
 }
 
@@ -288,7 +243,7 @@ type preparedRun struct {
 func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (preparedRun, error) {
 	var pr preparedRun
 	var err error
-	if pr.model, err = LoadModel(s.Model, s.ModelSpec); err != nil {
+	if pr.model, err = loadModel(s.Model, s.ModelSpec); err != nil {
 		return pr, err
 	}
 	var n int64
@@ -326,22 +281,27 @@ func newModelEvaluator(m *model.Model, test *dataset.Dataset) (*modelEvaluator, 
 	return &modelEvaluator{ws: ws, test: test}, nil
 }
 
-func (e *modelEvaluator) Evaluate(theta []float32) (model.Metrics, error) {
-	return e.ws.EvaluateDataset(theta, e.test)
+// Evaluate adapts the model's evaluation to the coordinator's type.
+func (e *modelEvaluator) Evaluate(theta []float32) (coordinator.Evaluation, error) {
+	ev, err := e.ws.EvaluateDataset(theta, e.test)
+	if err != nil {
+		return coordinator.Evaluation{}, err
+	}
+	return coordinator.Evaluation{Loss: ev.Loss, Accuracy: ev.Accuracy, N: ev.N}, nil
 }
 
 // evalLabel is eval's label (coordinator.EvalData.Label), or "none".
-func evalLabel(eval EvalSet) string {
+func evalLabel(eval dataset.EvalSet) string {
 	if eval.Data == nil {
 		return "none"
 	}
-	return eval.Kind.Label()
+	return evalKind(eval).Label()
 }
 
 // evalSummary is the line `local` and `serve` print about the final
 // evaluation, labelled by its data (coordinator.EvalData): empty when this
 // replica has none to report (a follower, a failed evaluation).
-func evalSummary(eval EvalSet, sum coordinator.Summary) string {
+func evalSummary(eval dataset.EvalSet, sum coordinator.Summary) string {
 	if eval.Data == nil {
 		return "no evaluation: no evaluation data (a csv run evaluates on a separate public file: --eval-path FILE)"
 	}

@@ -19,8 +19,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/pki"
-	"github.com/dpcluster/dpcluster/train"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -243,8 +243,8 @@ func parsePeers(s string) ([]raft.Server, error) {
 
 // embeddedServerConfig is the embedded NATS server listening on addr and,
 // with cluster set, accepting routes there and dialing routes.
-func embeddedServerConfig(addr, cluster, routes string) (transport.ServerConfig, error) {
-	sc := transport.DefaultServerConfig()
+func embeddedServerConfig(addr, cluster, routes string) (transport.EmbeddedServerConfig, error) {
+	sc := transport.DefaultEmbeddedServerConfig()
 	host, port, err := splitHostPort(addr)
 	if err != nil {
 		return sc, fmt.Errorf("--nats-listen: %w", err)
@@ -351,10 +351,10 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.eval.Data); err != nil {
 			return o, err
 		}
-		scfg.EvalData = pr.eval.Kind
+		scfg.EvalData = evalKind(pr.eval)
 	}
 	if seeded {
-		scfg.Noise = train.NewSeededNoiseSource(opts.insecureSeed)
+		scfg.Noise = mechanism.NewSeededNoiseSource(opts.insecureSeed)
 	}
 	// Under a progress bar, the round loop's info logs would tear the
 	// bar; warnings still show.

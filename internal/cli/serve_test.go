@@ -14,6 +14,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/pki"
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -27,7 +28,7 @@ import (
 // status, and the ledger audits clean with one charge per step and, the
 // noise and sampling being seeded, says the run is not private.
 func TestServeWithNodeCommands(t *testing.T) {
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {
@@ -75,7 +76,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 	}
 	for i, n := range st.NodeShards {
 		want := nodeShard{ID: "n" + string(rune('0'+i)), ShardIndex: i, ShardCount: 2, ShardSeed: 1, ShardSize: 5000,
-			SeedPolicy: transport.SeedPolicySeeded}
+			SeedPolicy: seed.Seeded}
 		if n != want {
 			t.Errorf("status node %d: %+v, want %+v", i, n, want)
 		}
@@ -112,8 +113,8 @@ func TestServeWithNodeCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(aout), &rep); err != nil || rep.Run != runName {
 		t.Errorf("audit report %+v, %v", rep, err)
 	}
-	if rep.Private || rep.Noise != ledger.NoiseSeeded {
-		t.Errorf("audit of a seeded run: private %v, noise %q; want false, %q", rep.Private, rep.Noise, ledger.NoiseSeeded)
+	if rep.Private || rep.Noise != seed.Seeded {
+		t.Errorf("audit of a seeded run: private %v, noise %q; want false, %q", rep.Private, rep.Noise, seed.Seeded)
 	}
 	if text, _ := run(t, "ledger", "audit", dir); !strings.Contains(text, "NOT differentially private") {
 		t.Errorf("the audit of a seeded run does not say it is not private:\n%s", text)
@@ -129,7 +130,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 // round, and `coordinator status` says why and shows the nodes' shards
 // (issue 11, item 6).
 func TestServeBlocksOverlappingNodes(t *testing.T) {
-	scfg := transport.DefaultServerConfig()
+	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	srv, err := transport.StartServer(scfg)
 	if err != nil {
@@ -202,7 +203,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{}, "--data-dir"},
 		{[]string{"--data-dir", t.TempDir(), "--peers", "r1"}, "--peers"},
 		{[]string{"--data-dir", t.TempDir(), "--peers", "r1=a:1,r1=b:2"}, "twice"},
-		{[]string{"--data-dir", t.TempDir(), "--dataset", "none"}, "total-examples"},
+		{[]string{"--data-dir", t.TempDir(), "--dataset", "none"}, "total_examples"},
 		{[]string{"--data-dir", t.TempDir(), "--nats-listen", "localhost"}, "--nats-listen"},
 		{[]string{"--data-dir", t.TempDir(), "--log-format", "xml"}, "--log-format"},
 		{[]string{"--data-dir", t.TempDir(), "--nats-routes", "nats-route://127.0.0.1:1"}, "--nats-cluster"},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -32,12 +33,12 @@ type statusReport struct {
 // nodeShard is a node's shard identity and seed policy, from its last
 // Join or Heartbeat.
 type nodeShard struct {
-	ID         string `json:"id"`
-	ShardIndex int    `json:"shard_index"`
-	ShardCount int    `json:"shard_count"`
-	ShardSeed  uint64 `json:"shard_seed"`
-	ShardSize  int64  `json:"shard_size"`
-	SeedPolicy string `json:"seed_policy"`
+	ID         string      `json:"id"`
+	ShardIndex int         `json:"shard_index"`
+	ShardCount int         `json:"shard_count"`
+	ShardSeed  uint64      `json:"shard_seed"`
+	ShardSize  int64       `json:"shard_size"`
+	SeedPolicy seed.Policy `json:"seed_policy"`
 }
 
 type replicaStatus struct {
@@ -225,11 +226,11 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 	fmt.Fprintf(w, "nodes seen (%d): %s\n", len(rep.Nodes), strings.Join(rep.Nodes, " "))
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, n := range rep.NodeShards {
-		policy := n.SeedPolicy
-		switch policy {
+		policy := string(n.SeedPolicy)
+		switch n.SeedPolicy {
 		case "":
 			policy = "- (not reported)"
-		case transport.SeedPolicySeeded:
+		case seed.Seeded:
 			policy = "SEEDED: NOT private"
 		}
 		fmt.Fprintf(tw, "  %s\tshard %d/%d\tseed %d\t%d examples\t%s\n", n.ID, n.ShardIndex, n.ShardCount, n.ShardSeed, n.ShardSize, policy)

@@ -10,7 +10,7 @@
 // With the TLS flags (a replica certificate, as coordinator serve's
 // embedded server uses) it requires mutual TLS and gives every client
 // certificate its role's permissions on run RUN's subjects
-// (transport.ServerConfig.TLS).
+// (transport.EmbeddedServerConfig.TLS).
 //
 // It logs one line, "nats server ready url=nats://...", once it accepts
 // connections, and shuts down cleanly on SIGINT or SIGTERM (exit 0).
@@ -59,7 +59,7 @@ func run(args []string) error {
 		return fmt.Errorf("--listen: bad port %q", p)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg := transport.DefaultServerConfig()
+	cfg := transport.DefaultEmbeddedServerConfig()
 	cfg.Host, cfg.Port, cfg.TLS, cfg.Run = host, port, files, *runName
 	// Catch the signals before the server accepts clients, so that a
 	// SIGTERM sent right after the ready line is never lost.

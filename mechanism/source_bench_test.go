@@ -1,11 +1,9 @@
-package train
+package mechanism
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/dpcluster/dpcluster/mechanism"
 )
 
 // BenchmarkLeaderNoise is the leader's noise per step (coordinator
@@ -30,7 +28,7 @@ func BenchmarkLeaderNoise(b *testing.B) {
 			}
 		})
 		b.Run(fmt.Sprintf("d=%d/discrete", d), func(b *testing.B) {
-			m, err := mechanism.NewDiscreteGaussian(1, 1, d)
+			m, err := NewDiscreteGaussian(1, 1, d)
 			if err != nil {
 				b.Fatal(err)
 			}

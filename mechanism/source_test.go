@@ -1,4 +1,4 @@
-package train
+package mechanism
 
 import (
 	"errors"
@@ -63,7 +63,7 @@ func TestNoiseSources(t *testing.T) {
 		{dst[:2], 1, 1, 1}, {dst, -1, 1, 1}, {dst, math.NaN(), 1, 1}, {dst, 1, 0, 1},
 		{dst, 1, 1, 0}, {dst, 1, 1, math.Inf(1)}, {dst, math.Inf(1), 1, 1},
 	} {
-		if err := s1.NoisyGradient(tc.dst, sum, tc.sigma, tc.clip, tc.batch); !errors.Is(err, ErrNoise) {
+		if err := s1.NoisyGradient(tc.dst, sum, tc.sigma, tc.clip, tc.batch); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v: err = %v", tc, err)
 		}
 	}
@@ -89,7 +89,7 @@ func TestNoisyGradient64MatchesFloat32(t *testing.T) {
 			t.Errorf("[%d] = %v, want %v", i, got[i], want[i])
 		}
 	}
-	if err := NewSeededNoiseSource(9).NoisyGradient64(got[:2], sum64, 1, 1, 1); !errors.Is(err, ErrNoise) {
+	if err := NewSeededNoiseSource(9).NoisyGradient64(got[:2], sum64, 1, 1, 1); !errors.Is(err, ErrInvalid) {
 		t.Errorf("length mismatch: err = %v", err)
 	}
 }

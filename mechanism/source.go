@@ -1,22 +1,14 @@
-package train
+package mechanism
 
 import (
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
 	"sync"
-
-	"github.com/dpcluster/dpcluster/mechanism"
 )
 
-// ErrNoise is returned (wrapped) for bad noise parameters: a negative or
-// non-finite standard deviation, a non-positive batch size, or mismatched
-// lengths.
-var ErrNoise = errors.New("train: invalid noise parameters")
-
-// NoiseSource draws the Gaussian noise of the Gaussian mechanism. In
+// NoiseSource draws the Gaussian noise of the Gaussian  In
 // production it is a ChaCha8 stream (math/rand/v2) keyed with 32 bytes from
 // crypto/rand, a cryptographically secure generator, as differential
 // privacy requires (cf. google/differential-privacy go/rand, which reads
@@ -26,7 +18,7 @@ var ErrNoise = errors.New("train: invalid noise parameters")
 //
 //   - DiscreteNoisyGradient64, the secure one the coordinator's leader uses
 //     by default: the sum snapped to a grid plus exactly sampled discrete
-//     Gaussian noise (package mechanism). Its output is a function of
+//     Gaussian noise (DiscreteGaussian). Its output is a function of
 //     integers only, so it carries no floating-point artifacts.
 //   - NoisyGradient and NoisyGradient64, the legacy floating-point
 //     sampler: normal deviates from rand.NormFloat64 (the ziggurat method of
@@ -46,14 +38,14 @@ type NoiseSource struct {
 	seeded bool
 	// scratch is DiscreteNoisyGradient64's noise buffer and sampler table,
 	// kept between calls.
-	scratch mechanism.Noise
+	scratch Noise
 }
 
 // NewNoiseSource returns a NoiseSource keyed from crypto/rand.
 func NewNoiseSource() (*NoiseSource, error) {
 	var key [32]byte
 	if _, err := rand.Read(key[:]); err != nil {
-		return nil, fmt.Errorf("train: reading crypto/rand: %w", err)
+		return nil, fmt.Errorf("mechanism: reading crypto/rand: %w", err)
 	}
 	return &NoiseSource{rng: mrand.New(mrand.NewChaCha8(key))}, nil
 }
@@ -81,23 +73,23 @@ func (n *NoiseSource) Normal() float64 {
 }
 
 // DiscreteNoisyGradient64 forms the privatized gradient with the secure
-// discrete Gaussian mechanism m (mechanism.DiscreteGaussian.Release):
+// discrete Gaussian mechanism m (DiscreteGaussian.Release):
 //
 //	dst = Λ(round(sum/Λ) + z)/expectedBatch,  z_j ~ N_Z(0, m.Scale²) i.i.d.,
 //
 // keying m's per-chunk streams from this source. Errors wrap
-// mechanism.ErrInvalid or mechanism.ErrSumRange; nothing is drawn then.
-func (n *NoiseSource) DiscreteNoisyGradient64(dst []float32, sum []float64, m mechanism.DiscreteGaussian, expectedBatch float64) error {
+// ErrInvalid or ErrSumRange; nothing is drawn then.
+func (n *NoiseSource) DiscreteNoisyGradient64(dst []float32, sum []float64, m DiscreteGaussian, expectedBatch float64) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return m.Release(dst, sum, expectedBatch, n.rng, &n.scratch)
 }
 
 // DrawDiscrete draws the noise of m's next release into dst, keyed from
-// this source (mechanism.DiscreteGaussian.Draw), for a later
+// this source (DiscreteGaussian.Draw), for a later
 // m.Apply. The noise does not depend on the data, so the leader draws it
 // while the nodes compute.
-func (n *NoiseSource) DrawDiscrete(dst *mechanism.Noise, m mechanism.DiscreteGaussian) error {
+func (n *NoiseSource) DrawDiscrete(dst *Noise, m DiscreteGaussian) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return m.Draw(dst, n.rng)
@@ -127,14 +119,14 @@ func (n *NoiseSource) NoisyGradient64(dst []float32, sum []float64, sigma, clip,
 
 func noisyGradient[F float32 | float64](n *NoiseSource, dst []float32, sum []F, sigma, clip, expectedBatch float64) error {
 	if len(dst) != len(sum) {
-		return fmt.Errorf("%w: dst has %d values, sum %d", ErrNoise, len(dst), len(sum))
+		return fmt.Errorf("%w: dst has %d values, sum %d", ErrInvalid, len(dst), len(sum))
 	}
 	std := sigma * clip
 	if !(sigma >= 0) || !(clip > 0) || math.IsInf(std, 0) {
-		return fmt.Errorf("%w: sigma %v, clip %v", ErrNoise, sigma, clip)
+		return fmt.Errorf("%w: sigma %v, clip %v", ErrInvalid, sigma, clip)
 	}
 	if !(expectedBatch > 0) || math.IsInf(expectedBatch, 0) {
-		return fmt.Errorf("%w: expected batch size %v", ErrNoise, expectedBatch)
+		return fmt.Errorf("%w: expected batch size %v", ErrInvalid, expectedBatch)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

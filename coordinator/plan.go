@@ -1,0 +1,149 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
+)
+
+// ErrInvalidPlan is returned (wrapped, naming the quantity by its run-file
+// key) by RunPlan.RunConfig for a plan that cannot become a run: N unknown
+// or contradicted by the data, a batch size outside (0, N], a negative σ,
+// an unknown noise mode, or σ to calibrate without a step count.
+// Calibration failures wrap the ledger's errors (ledger.ErrUnreachable,
+// ledger.ErrInvalidParameter) instead, and a plan that yields an invalid
+// configuration wraps ErrInvalidRunConfig.
+var ErrInvalidPlan = errors.New("coordinator: invalid run plan")
+
+// CalibrationMargin is the relative safety margin of σ calibration: σ is
+// calibrated to reach ε = TargetEpsilon·(1 − CalibrationMargin) after
+// MaxSteps, a hair below the budget, because the ledger composes step by
+// step and float rounding must not push the last step a few ulps past the
+// target. RunPlan.RunConfig applies it, once; nothing else does.
+const CalibrationMargin = 1e-9
+
+// RunPlan is a training run as an operator asks for it: the quantities a
+// run file and flags give, before the derived ones (q = B/N, a calibrated
+// σ, the seed policy) are worked out. RunConfig turns it into the
+// replicated RunConfig; it is the one place those derivations live.
+type RunPlan struct {
+	// Run names the run.
+	Run string
+	// ModelSpec, ModelHash and Dim describe the model (RunConfig's fields
+	// of the same names); InitSeed seeds θ₀.
+	ModelSpec []byte
+	ModelHash string
+	Dim       int
+	InitSeed  uint64
+	// DataExamples is the number of training examples in the loaded data
+	// (0: no data loaded), TotalExamples the N the operator declared (0:
+	// take it from the data). If both are set they must agree.
+	DataExamples  int64
+	TotalExamples int64
+	// BatchSize is the expected batch size B; q = B/N.
+	BatchSize float64
+	// Sigma is the noise multiplier σ; 0 calibrates it so that MaxSteps
+	// steps spend TargetEpsilon at Delta (less CalibrationMargin).
+	Sigma         float64
+	TargetEpsilon float64
+	Delta         float64
+	MaxSteps      int64
+	// Optimizer is the update rule and its hyperparameters; its
+	// NoiseMultiplier and ExpectedBatchSize are ignored (the plan sets
+	// them), its ClipNorm is C.
+	Optimizer dpadam.Config
+	// NoiseMode is NoiseDiscrete or NoiseFloat. KeepLegacyNoise overrides
+	// it with NoiseLegacy, for a run resumed from a ledger that predates
+	// noise modes (a run cannot change mechanism midway).
+	NoiseMode       string
+	KeepLegacyNoise bool
+	// Seeded says the leader's noise comes from a seeded, predictable
+	// source: the run's SeedPolicy is then seed.Seeded, and it is NOT
+	// private. Otherwise seed.Crypto.
+	Seeded bool
+}
+
+// RunConfig derives the replicated run configuration from the plan:
+//
+//  1. N is TotalExamples or DataExamples (which must agree when both are
+//     set), and must be positive;
+//  2. B must be in (0, N], and q = B/N;
+//  3. the noise mode is NoiseLegacy if KeepLegacyNoise, else NoiseMode,
+//     which must be NoiseDiscrete or NoiseFloat;
+//  4. the seed policy is seed.Seeded if Seeded, else seed.Crypto;
+//  5. if Sigma is 0, σ is calibrated with the event the ledger will charge
+//     (RunConfig.Event) to TargetEpsilon·(1 − CalibrationMargin) at
+//     MaxSteps (which must then be positive);
+//  6. B is stored as q·N, which must reproduce B (to 1e-9), and the result
+//     passes RunConfig.Validate.
+//
+// On error it returns the zero RunConfig. It reads no clock and draws no
+// randomness: the same plan gives the same configuration.
+func (p RunPlan) RunConfig() (RunConfig, error) {
+	bad := func(format string, args ...any) (RunConfig, error) {
+		return RunConfig{}, fmt.Errorf("%w: %s", ErrInvalidPlan, fmt.Sprintf(format, args...))
+	}
+	n := p.DataExamples
+	if p.TotalExamples > 0 {
+		if n > 0 && n != p.TotalExamples {
+			return bad("total_examples %d but the dataset has %d", p.TotalExamples, n)
+		}
+		n = p.TotalExamples
+	}
+	if n <= 0 {
+		return bad("the number of training examples N is unknown: give total_examples or a dataset")
+	}
+	if !(p.BatchSize > 0 && p.BatchSize <= float64(n)) {
+		return bad("batch_size %v must be in (0, N = %d]", p.BatchSize, n)
+	}
+	q := p.BatchSize / float64(n)
+	if !(p.Sigma >= 0) {
+		return bad("sigma %v must not be negative", p.Sigma)
+	}
+	mode := p.NoiseMode
+	switch {
+	case p.KeepLegacyNoise:
+		mode = NoiseLegacy
+	case mode != NoiseDiscrete && mode != NoiseFloat:
+		return bad("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
+	}
+	policy := seed.Crypto
+	if p.Seeded {
+		policy = seed.Seeded
+	}
+	opt := p.Optimizer
+	opt.NoiseMultiplier, opt.ExpectedBatchSize = p.Sigma, p.BatchSize
+	c := RunConfig{
+		Run: p.Run, ModelSpec: p.ModelSpec, ModelHash: p.ModelHash, Dim: p.Dim, InitSeed: p.InitSeed,
+		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: p.TargetEpsilon, Delta: p.Delta,
+		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode,
+	}
+	if p.Sigma == 0 {
+		if p.MaxSteps <= 0 {
+			return bad("calibrating sigma needs max_steps (or give sigma)")
+		}
+		event := func(sigma float64) ledger.Event {
+			c := c
+			c.Optimizer.NoiseMultiplier = sigma
+			return c.Event()
+		}
+		sigma, err := ledger.Calibrate(nil, p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, event)
+		if err != nil {
+			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
+		}
+		c.Optimizer.NoiseMultiplier = sigma
+	}
+	// B = q·N must hold exactly enough for Validate.
+	c.Optimizer.ExpectedBatchSize = q * float64(n)
+	if math.Abs(c.Optimizer.ExpectedBatchSize-p.BatchSize) > 1e-9*p.BatchSize {
+		return bad("batch_size %v does not survive q·N", p.BatchSize)
+	}
+	if err := c.Validate(); err != nil {
+		return RunConfig{}, err
+	}
+	return c, nil
+}

@@ -1,0 +1,150 @@
+package coordinator
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
+)
+
+// testPlan is a small valid plan: N = 10000, B = 100, σ calibrated to
+// ε = 2 at δ = 1e-5 over 50 steps.
+func testPlan() RunPlan {
+	opt := dpadam.DefaultConfig()
+	opt.ClipNorm = 1
+	return RunPlan{
+		Run: "plan", ModelSpec: []byte(`{}`), ModelHash: "h", Dim: 100, InitSeed: 1,
+		DataExamples: 10000, BatchSize: 100, TargetEpsilon: 2, Delta: 1e-5, MaxSteps: 50,
+		Optimizer: opt, NoiseMode: NoiseDiscrete,
+	}
+}
+
+func TestRunPlanErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*RunPlan)
+		want error
+	}{
+		{"N unknown", func(p *RunPlan) { p.DataExamples = 0 }, ErrInvalidPlan},
+		{"N negative", func(p *RunPlan) { p.DataExamples, p.TotalExamples = 0, -5 }, ErrInvalidPlan},
+		{"N contradicts the data", func(p *RunPlan) { p.TotalExamples = 9999 }, ErrInvalidPlan},
+		{"B > N", func(p *RunPlan) { p.BatchSize = 10001 }, ErrInvalidPlan},
+		{"B = 0", func(p *RunPlan) { p.BatchSize = 0 }, ErrInvalidPlan},
+		{"B NaN", func(p *RunPlan) { p.BatchSize = math.NaN() }, ErrInvalidPlan},
+		{"σ negative", func(p *RunPlan) { p.Sigma = -1 }, ErrInvalidPlan},
+		{"σ NaN", func(p *RunPlan) { p.Sigma = math.NaN() }, ErrInvalidPlan},
+		{"unknown noise mode", func(p *RunPlan) { p.NoiseMode = "gaussian" }, ErrInvalidPlan},
+		{"legacy mode asked for by name", func(p *RunPlan) { p.NoiseMode = NoiseLegacy }, ErrInvalidPlan},
+		{"calibration without steps", func(p *RunPlan) { p.MaxSteps = 0 }, ErrInvalidPlan},
+		{"target ε unreachable", func(p *RunPlan) { p.TargetEpsilon = 1e-6 }, ledger.ErrUnreachable},
+		{"target ε negative", func(p *RunPlan) { p.TargetEpsilon = -1 }, ledger.ErrInvalidParameter},
+		{"δ out of range", func(p *RunPlan) { p.Sigma, p.Delta = 1, 1 }, ErrInvalidRunConfig},
+		{"empty run name", func(p *RunPlan) { p.Run = "" }, ErrInvalidRunConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPlan()
+			tc.edit(&p)
+			c, err := p.RunConfig()
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if c.Run != "" || c.Optimizer.NoiseMultiplier != 0 {
+				t.Errorf("a refused plan returned a configuration: %+v", c)
+			}
+		})
+	}
+}
+
+func TestRunPlanDerives(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		edit       func(*RunPlan)
+		wantN      int64
+		wantQ      float64
+		wantSigma  float64 // 0: calibrated
+		wantMode   string
+		wantPolicy seed.Policy
+	}{
+		{"N from the data", func(*RunPlan) {}, 10000, 0.01, 0, NoiseDiscrete, seed.Crypto},
+		{"N declared, no data", func(p *RunPlan) { p.DataExamples, p.TotalExamples = 0, 20000 }, 20000, 0.005, 0, NoiseDiscrete, seed.Crypto},
+		{"N declared and equal to the data", func(p *RunPlan) { p.TotalExamples = 10000 }, 10000, 0.01, 0, NoiseDiscrete, seed.Crypto},
+		{"B = N", func(p *RunPlan) { p.BatchSize = 10000; p.Sigma = 5 }, 10000, 1, 5, NoiseDiscrete, seed.Crypto},
+		{"σ given", func(p *RunPlan) { p.Sigma = 1.5 }, 10000, 0.01, 1.5, NoiseDiscrete, seed.Crypto},
+		{"σ given, no step limit", func(p *RunPlan) { p.Sigma, p.MaxSteps = 1.5, 0 }, 10000, 0.01, 1.5, NoiseDiscrete, seed.Crypto},
+		{"float noise", func(p *RunPlan) { p.NoiseMode = NoiseFloat }, 10000, 0.01, 0, NoiseFloat, seed.Crypto},
+		{"legacy kept whatever the mode says", func(p *RunPlan) { p.KeepLegacyNoise, p.NoiseMode = true, "bogus" }, 10000, 0.01, 0, NoiseLegacy, seed.Crypto},
+		{"seeded", func(p *RunPlan) { p.Seeded = true }, 10000, 0.01, 0, NoiseDiscrete, seed.Seeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPlan()
+			tc.edit(&p)
+			c, err := p.RunConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.TotalExamples != tc.wantN || c.SampleRate != tc.wantQ || c.NoiseMode != tc.wantMode || c.SeedPolicy != tc.wantPolicy {
+				t.Errorf("N %d q %v mode %q policy %q, want %d %v %q %q",
+					c.TotalExamples, c.SampleRate, c.NoiseMode, c.SeedPolicy, tc.wantN, tc.wantQ, tc.wantMode, tc.wantPolicy)
+			}
+			if got, want := c.Optimizer.ExpectedBatchSize, c.SampleRate*float64(c.TotalExamples); got != want {
+				t.Errorf("B = %v, want q·N = %v", got, want)
+			}
+			if tc.wantSigma != 0 && c.Optimizer.NoiseMultiplier != tc.wantSigma {
+				t.Errorf("σ = %v, want %v", c.Optimizer.NoiseMultiplier, tc.wantSigma)
+			}
+			if tc.wantSigma == 0 && !(c.Optimizer.NoiseMultiplier > 0) {
+				t.Errorf("σ = %v was not calibrated", c.Optimizer.NoiseMultiplier)
+			}
+		})
+	}
+}
+
+// TestRunPlanMarginOnce: the calibrated σ spends at most
+// TargetEpsilon·(1 − CalibrationMargin) over MaxSteps, and it is the σ that
+// ledger.Calibrate gives for exactly that target with the run's own event:
+// the margin is applied once, and the calibration charges what the ledger
+// will charge.
+func TestRunPlanMarginOnce(t *testing.T) {
+	for _, mode := range []string{NoiseDiscrete, NoiseFloat} {
+		p := testPlan()
+		p.NoiseMode = mode
+		c, err := p.RunConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps, _, err := ledger.EventEpsilon(nil, c.Event(), p.MaxSteps, p.Delta)
+		if err != nil || eps > p.TargetEpsilon*(1-CalibrationMargin) {
+			t.Errorf("%s: ε after %d steps = %v (%v), above the target less the margin %v", mode, p.MaxSteps, eps, err, p.TargetEpsilon*(1-CalibrationMargin))
+		}
+		event := func(sigma float64) ledger.Event {
+			c := c
+			c.Optimizer.NoiseMultiplier = sigma
+			return c.Event()
+		}
+		once, err := ledger.Calibrate(nil, p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, event)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Optimizer.NoiseMultiplier; got != once {
+			t.Errorf("%s: σ = %v, want %v (the margin applied once)", mode, got, once)
+		}
+	}
+}
+
+// TestRunPlanDeterministic: the same plan gives the same configuration.
+func TestRunPlanDeterministic(t *testing.T) {
+	a, err := testPlan().RunConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := testPlan().RunConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Optimizer != b.Optimizer || a.SampleRate != b.SampleRate {
+		t.Errorf("two derivations differ: %+v, %+v", a.Optimizer, b.Optimizer)
+	}
+}
