@@ -27,6 +27,31 @@
 //     θ and the optimizer state.
 //  5. Only after the entry is applied on the leader is θ_t published.
 //
+// Structure. One concern per file, one owner per piece of state:
+//
+//   - fsm.go, snapshot.go: the deterministic state machine (no clock, no
+//     randomness, no network); entry.go its log entries.
+//   - replica.go: Replica, the only code that touches the raft handle. It
+//     gives the Server what it needs (Role, Term, Leader, Voters,
+//     LeadershipChanges, Barrier, Configure, ProposeStep, ProposeStop,
+//     AddVoter, RemoveVoter); logstore.go and raft_tls.go are its stores
+//     and transport.
+//   - server.go: the Server and its loop. The loop goroutine owns all of
+//     the protocol state; transport handlers only forward messages to its
+//     inbox; each Raft operation runs on a goroutine the loop starts,
+//     waits for, and hears back from on a channel, so no handler and no
+//     step of the loop blocks on a quorum. The Server sees its replica
+//     through the Consensus interface (tests wrap a Replica to hold an
+//     operation; coordinatortest runs whole clusters in memory).
+//   - round.go: the leader's step, steps 1-6 above in order; registry.go:
+//     the nodes; membership.go: join and remove requests; reports.go:
+//     replica reports, leader announcements and the drain at the end.
+//   - admission.go: which nodes a round may include; plan.go: run planning;
+//     runconfig.go: the replicated run configuration; metrics.go and
+//     eval.go: what is exported about the run; export.go and history.go:
+//     reading a data dir offline and binding the ledger to its Raft
+//     history.
+//
 // Planning a run. RunPlan.RunConfig turns what an operator asks for (N or
 // the data's size, B, σ or a target ε, the noise mode, a seeded source)
 // into the replicated RunConfig: q = B/N, σ calibrated with the event the
