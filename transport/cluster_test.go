@@ -104,6 +104,12 @@ func TestServerConfigClusterValidate(t *testing.T) {
 		{"routes without port", func(c *transport.ServerConfig) { c.Routes = []string{"nats-route://a:1"} }, false},
 		{"member without name", func(c *transport.ServerConfig) { c.ClusterHost, c.ClusterPort = "h", 6222 }, false},
 		{"bad port", func(c *transport.ServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "h", 70000 }, false},
+		{"advertised", func(c *transport.ServerConfig) {
+			c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222
+			c.ClientAdvertise, c.ClusterAdvertise = "127.0.0.1:5000", "127.0.0.1:5001"
+		}, true},
+		{"cluster advertise without port", func(c *transport.ServerConfig) { c.ClusterAdvertise = "127.0.0.1:5001" }, false},
+		{"client advertise without port number", func(c *transport.ServerConfig) { c.ClientAdvertise = "127.0.0.1" }, false},
 	} {
 		cfg := transport.DefaultServerConfig()
 		tc.mod(&cfg)
