@@ -35,6 +35,12 @@ type ReplicaConfig struct {
 	// Peers are the initial voters when bootstrapping, this replica
 	// included.
 	Peers []raft.Server
+	// DialAddrs, if set, map peer IDs to the address this replica dials
+	// them at instead of their address in the Raft configuration (which
+	// stays what every replica advertises and stores): a proxy between
+	// this replica and that peer (the network soak's fault injection).
+	// Peers not in the map are dialed at their configured address.
+	DialAddrs map[string]string
 
 	// Raft timing. Defaults favour fast failover on a LAN.
 	HeartbeatTimeout   time.Duration
@@ -190,7 +196,11 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			r.tls = newTLSRaftStream(stream, cfg.TLS, log)
 			layer = r.tls
 		}
-		r.transport = raft.NewNetworkTransportWithLogger(layer, 4, 10*time.Second, hlog)
+		tc := &raft.NetworkTransportConfig{Stream: layer, MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog}
+		if len(cfg.DialAddrs) > 0 {
+			tc.ServerAddressProvider = dialAddrs(cfg.DialAddrs)
+		}
+		r.transport = raft.NewNetworkTransportWithConfig(tc)
 	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
@@ -486,6 +496,23 @@ func (w raftLogWriter) Write(p []byte) (int, error) {
 	}
 	w.log.Log(context.Background(), level, "raft", "line", line)
 	return len(p), nil
+}
+
+// dialAddrs is ReplicaConfig.DialAddrs as Raft's ServerAddressProvider:
+// an ID it does not hold is an error, on which Raft logs a warning and
+// dials the configured address.
+type dialAddrs map[string]string
+
+// errNoDialAddr is dialAddrs' answer for an ID it does not map; Raft then
+// dials the address in its configuration.
+var errNoDialAddr = errors.New("coordinator: no dial address for this peer")
+
+// ServerAddr implements raft.ServerAddressProvider.
+func (d dialAddrs) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := d[string(id)]; ok {
+		return raft.ServerAddress(a), nil
+	}
+	return "", errNoDialAddr
 }
 
 // raftStream is Raft's TCP stream layer. Unlike raft's own TCP transport,

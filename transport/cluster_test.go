@@ -106,6 +106,12 @@ func TestEmbeddedServerConfigClusterValidate(t *testing.T) {
 		{"routes without port", func(c *transport.EmbeddedServerConfig) { c.Routes = []string{"nats-route://a:1"} }, false},
 		{"member without name", func(c *transport.EmbeddedServerConfig) { c.ClusterHost, c.ClusterPort = "h", 6222 }, false},
 		{"bad port", func(c *transport.EmbeddedServerConfig) { c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "h", 70000 }, false},
+		{"advertised", func(c *transport.EmbeddedServerConfig) {
+			c.ClusterName, c.ClusterHost, c.ClusterPort = "x", "127.0.0.1", 6222
+			c.ClientAdvertise, c.ClusterAdvertise = "127.0.0.1:5000", "127.0.0.1:5001"
+		}, true},
+		{"cluster advertise without port", func(c *transport.EmbeddedServerConfig) { c.ClusterAdvertise = "127.0.0.1:5001" }, false},
+		{"client advertise without port number", func(c *transport.EmbeddedServerConfig) { c.ClientAdvertise = "127.0.0.1" }, false},
 	} {
 		cfg := transport.DefaultEmbeddedServerConfig()
 		tc.mod(&cfg)

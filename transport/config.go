@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/dpcluster/dpcluster/pki"
@@ -220,6 +221,14 @@ type EmbeddedServerConfig struct {
 	ClusterPort int
 	Routes      []string
 
+	// ClientAdvertise and ClusterAdvertise, if set (host:port), are the
+	// client and route addresses the server tells clients and the other
+	// members to use instead of the ones it listens on: the address of a
+	// proxy or NAT in front of it (the network soak puts fault-injecting
+	// proxies there). Empty: the listen addresses.
+	ClientAdvertise  string
+	ClusterAdvertise string
+
 	// TLS, with CAFile, CertFile and KeyFile all set, secures the server
 	// (issue 12; see docs/SECURITY.md): clients and routes must present a
 	// certificate issued by the CA, each client certificate is mapped to
@@ -270,6 +279,14 @@ func (s EmbeddedServerConfig) Validate() error {
 	}
 	if s.ClusterPort == 0 && (len(s.Routes) > 0 || s.ClusterName != "") {
 		errs = append(errs, fmt.Errorf("%w: embedded Routes and ClusterName need a ClusterPort", ErrInvalidConfig))
+	}
+	if s.ClusterPort == 0 && s.ClusterAdvertise != "" {
+		errs = append(errs, fmt.Errorf("%w: embedded ClusterAdvertise needs a ClusterPort", ErrInvalidConfig))
+	}
+	for _, a := range []string{s.ClientAdvertise, s.ClusterAdvertise} {
+		if _, _, err := net.SplitHostPort(a); a != "" && err != nil {
+			errs = append(errs, fmt.Errorf("%w: embedded advertise address %q: %v", ErrInvalidConfig, a, err))
+		}
 	}
 	if s.ClusterPort != 0 && (s.ClusterName == "" || s.ClusterHost == "") {
 		errs = append(errs, fmt.Errorf("%w: a cluster member needs ClusterName and ClusterHost", ErrInvalidConfig))

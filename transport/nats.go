@@ -48,9 +48,12 @@ func startServer(cfg EmbeddedServerConfig, files *tlsFiles) (*Server, error) {
 		MaxPending: cfg.MaxPending,
 		NoLog:      true,
 		NoSigs:     true,
+
+		ClientAdvertise: cfg.ClientAdvertise,
 	}
 	if cfg.ClusterPort != 0 {
-		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.ClusterHost, Port: cfg.ClusterPort}
+		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.ClusterHost, Port: cfg.ClusterPort,
+			Advertise: cfg.ClusterAdvertise}
 		if len(cfg.Routes) > 0 {
 			opts.Routes = server.RoutesFromStr(strings.Join(cfg.Routes, ","))
 			if len(opts.Routes) != len(cfg.Routes) {

@@ -32,10 +32,13 @@ type serveFlags struct {
 	bootstrap    bool
 	join         bool
 	peers        string
+	raftDial     string
 	nats         string
 	natsListen   string
 	natsCluster  string
 	natsRoutes   string
+	natsAdv      string
+	clusterAdv   string
 	insecureSeed uint64
 	progress     string
 	logFormat    string
@@ -90,10 +93,13 @@ replica presents its certificate to those servers (docs/SECURITY.md).`,
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "bootstrap a new cluster (a no-op on a data dir with state)")
 	fs.BoolVar(&f.join, "join", false, "ask the cluster's leader, over NATS, to add this replica as a voter")
 	fs.StringVar(&f.peers, "peers", "", "initial voters when bootstrapping, id=host:port,... (default: this replica alone)")
+	fs.StringVar(&f.raftDial, "raft-dial", "", "dial these peers at these addresses instead of their Raft addresses, id=host:port,... (a proxy in between)")
 	fs.StringVar(&f.nats, "nats", "", "NATS server URLs, comma-separated (empty: embed a server on --nats-listen)")
 	fs.StringVar(&f.natsListen, "nats-listen", f.natsListen, "address of the embedded NATS server when --nats is empty")
 	fs.StringVar(&f.natsCluster, "nats-cluster", "", "make the embedded NATS server a cluster member accepting routes on host:port")
 	fs.StringVar(&f.natsRoutes, "nats-routes", "", "the other members' route URLs, comma-separated (nats-route://host:port)")
+	fs.StringVar(&f.natsAdv, "nats-advertise", "", "client address the embedded NATS server tells clients to use instead of --nats-listen (a proxy in front)")
+	fs.StringVar(&f.clusterAdv, "nats-cluster-advertise", "", "route address the embedded NATS server tells the other members instead of --nats-cluster")
 	fs.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "if non-zero, seed the noise: reproducible and NOT private")
 	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
 	fs.StringVar(&f.logFormat, "log-format", f.logFormat, "log format: text or json")
@@ -123,6 +129,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	rcfg := coordinator.DefaultReplicaConfig()
 	rcfg.ID, rcfg.RaftAddr, rcfg.DataDir, rcfg.Bootstrap, rcfg.Peers = f.id, f.raftAddr, f.dataDir, f.bootstrap, peers
+	if rcfg.DialAddrs, err = parseRaftDial(f.raftDial); err != nil {
+		return err
+	}
 	if rcfg.TLS, err = loadRaftTLS(f.tlsCA, f.tlsCert, f.tlsKey); err != nil {
 		return err
 	}
@@ -143,8 +152,8 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	tcfg := transport.DefaultConfig()
 	if f.nats != "" {
-		if f.natsCluster != "" || f.natsRoutes != "" {
-			return errors.New("--nats-cluster and --nats-routes configure the embedded server; they do not go with --nats")
+		if f.natsCluster != "" || f.natsRoutes != "" || f.natsAdv != "" || f.clusterAdv != "" {
+			return errors.New("--nats-cluster, --nats-routes and the --nats-*advertise flags configure the embedded server; they do not go with --nats")
 		}
 		tcfg.URLs = strings.Split(f.nats, ",")
 		tcfg.RetryConnect = true // the NATS servers may start after us
@@ -153,6 +162,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 		return err
 	} else {
 		tcfg.Embedded.TLS = natsTLS
+		tcfg.Embedded.ClientAdvertise, tcfg.Embedded.ClusterAdvertise = f.natsAdv, f.clusterAdv
 	}
 	srv, err := openServer(ctx, cmd, spec, pr, serverOptions{
 		replica: rcfg, nats: tcfg, metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
@@ -197,12 +207,23 @@ func (f serveFlags) endpoints(peers []raft.Server) []endpoint {
 	for _, p := range peers {
 		eps = append(eps, endpoints("--peers", string(p.Address))...)
 	}
+	if dial, err := parseRaftDial(f.raftDial); err == nil {
+		for _, a := range dial {
+			eps = append(eps, endpoints("--raft-dial", a)...)
+		}
+	}
 	if f.nats != "" {
 		return append(eps, endpoints("--nats", strings.Split(f.nats, ",")...)...)
 	}
 	eps = append(eps, endpoints("--nats-listen", f.natsListen)...)
 	if f.natsCluster != "" {
 		eps = append(eps, endpoints("--nats-cluster", f.natsCluster)...)
+	}
+	if f.natsAdv != "" {
+		eps = append(eps, endpoints("--nats-advertise", f.natsAdv)...)
+	}
+	if f.clusterAdv != "" {
+		eps = append(eps, endpoints("--nats-cluster-advertise", f.clusterAdv)...)
 	}
 	if f.natsRoutes != "" {
 		eps = append(eps, endpoints("--nats-routes", strings.Split(f.natsRoutes, ",")...)...)
@@ -239,6 +260,23 @@ func parsePeers(s string) ([]raft.Server, error) {
 		out = append(out, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(addr)})
 	}
 	return out, nil
+}
+
+// parseRaftDial parses --raft-dial, id=host:port,..., into
+// ReplicaConfig.DialAddrs (nil when empty).
+func parseRaftDial(s string) (map[string]string, error) {
+	servers, err := parsePeers(s)
+	if err != nil {
+		return nil, fmt.Errorf("--raft-dial: %w", err)
+	}
+	if len(servers) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(servers))
+	for _, sv := range servers {
+		m[string(sv.ID)] = string(sv.Address)
+	}
+	return m, nil
 }
 
 // embeddedServerConfig is the embedded NATS server listening on addr and,

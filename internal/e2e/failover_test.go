@@ -182,28 +182,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	}
 
 	paused := map[*replicaProc]bool{}
-	// observe scrapes the running, unpaused replicas: the highest applied
-	// step and the leader, if one reports it.
-	observe := func() (step int, leader *replicaProc) {
-		for _, r := range reps {
-			if paused[r] || !r.p.Running() {
-				continue
-			}
-			m, err := Scrape(r.metricsAddr)
-			if err != nil {
-				continue
-			}
-			if v, ok := m.Value("dpcluster_coordinator_step"); ok && int(v) > step {
-				step = int(v)
-			}
-			for k, v := range m {
-				if v == 1 && strings.HasPrefix(k, "dpcluster_coordinator_raft_state{") && strings.Contains(k, `state="leader"`) {
-					leader = r
-				}
-			}
-		}
-		return step, leader
-	}
+	observe := func() (int, *replicaProc) { return observeReplicas(reps, paused) }
 	waitStep := func(at int, needLeader bool) (int, *replicaProc) {
 		var (
 			step   int
@@ -282,6 +261,47 @@ func runFailover(t *testing.T, plan failoverPlan) {
 		}
 	}
 
+	checkRunEnd(h, cfg, reps, nodes)
+	if len(failovers) > 0 {
+		sorted := slices.Sorted(slices.Values(failovers))
+		t.Logf("failovers: %d, median %v, max %v", len(sorted), sorted[len(sorted)/2].Round(time.Millisecond),
+			sorted[len(sorted)-1].Round(time.Millisecond))
+	}
+	t.Logf("%d steps with %d faults in %v", cfg.maxSteps, len(plan.faults), time.Since(start).Round(time.Millisecond))
+}
+
+// observeReplicas scrapes the running replicas not in paused: the highest
+// applied step and the leader, if one reports it.
+func observeReplicas(reps []*replicaProc, paused map[*replicaProc]bool) (step int, leader *replicaProc) {
+	for _, r := range reps {
+		if paused[r] || !r.p.Running() {
+			continue
+		}
+		m, err := Scrape(r.metricsAddr)
+		if err != nil {
+			continue
+		}
+		if v, ok := m.Value("dpcluster_coordinator_step"); ok && int(v) > step {
+			step = int(v)
+		}
+		for k, v := range m {
+			if v == 1 && strings.HasPrefix(k, "dpcluster_coordinator_raft_state{") && strings.Contains(k, `state="leader"`) {
+				leader = r
+			}
+		}
+	}
+	return step, leader
+}
+
+// checkRunEnd waits for the run to end and checks its invariants: every
+// replica exits 0 having applied cfg.maxSteps steps, every node exits 0,
+// the replicas' state digests (θ and optimizer state) are identical, their
+// ledgers are byte-identical, and each ledger passes `coordinator ledger
+// audit --expect-steps` (steps 1..maxSteps applied once each, in order,
+// each charged and committed) with charges ≥ applied.
+func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) {
+	h.t.Helper()
+	t := h.t
 	// The run completes on every replica: each serve exits 0 and prints
 	// the final state digest.
 	digests := map[string]string{}
@@ -327,12 +347,6 @@ func runFailover(t *testing.T, plan failoverPlan) {
 				r.id, code, rep.OK, rep.Charges, rep.Applied, rep.Problems, out)
 		}
 	}
-	if len(failovers) > 0 {
-		sorted := slices.Sorted(slices.Values(failovers))
-		t.Logf("failovers: %d, median %v, max %v", len(sorted), sorted[len(sorted)/2].Round(time.Millisecond),
-			sorted[len(sorted)-1].Round(time.Millisecond))
-	}
-	t.Logf("%d steps with %d faults in %v", cfg.maxSteps, len(plan.faults), time.Since(start).Round(time.Millisecond))
 }
 
 // runFlags are the run definition every replica is given: the run file,
