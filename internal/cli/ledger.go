@@ -87,7 +87,22 @@ func newLedgerShowCmd() *cobra.Command {
 		Use:   "show DIR",
 		Short: "Print a ledger's run and every record",
 		Long: `Print a ledger's run and every record. A corrupt ledger prints the records that
-verified before the damage and exits non-zero.`,
+verified before the damage and exits non-zero.
+
+With --json the output is ONE indented JSON object (not JSON lines):
+  path, run, target_epsilon, delta, noise, mechanism, history  the run record's
+  epsilon     ε recorded by the last charge (0 before any)
+  count       number of records; head_hash: the last record's hash
+  torn_bytes  bytes of a torn tail after the last complete record
+  error       only when the file is corrupt
+  records     array of every record, with the ledger file's own field names:
+              format, seq, kind ("run" or "charge"), prev_hash, hash; run
+              records: run, target_epsilon, delta, noise, mechanism, history;
+              charge records: history, step, event (kind, sample_rate,
+              noise_multiplier, event), term, index, replay, epsilon.
+              A field that is empty, zero or false is left out, as in the
+              file (replay appears only when true).
+These names are stable: they are the names the records' hashes cover.`,
 		Example: `  coordinator ledger show /var/lib/dpcluster/coord-1
   coordinator ledger show /var/lib/dpcluster/coord-1/ledger.log --json`,
 		Args: cobra.ExactArgs(1),
@@ -130,7 +145,7 @@ verified before the damage and exits non-zero.`,
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run and the full records as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run and every record as one JSON object (see above)")
 	return cmd
 }
 
