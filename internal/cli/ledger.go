@@ -199,13 +199,14 @@ func printRecords(w io.Writer, recs []ledger.Record) {
 }
 
 // eventParams returns the sampling rate and noise multiplier of a
-// (Poisson-subsampled) Gaussian event, and the event kind in the σ column
-// for any other event.
+// (Poisson-subsampled) Gaussian or discrete Gaussian event, and the event
+// kind in the σ column for any other event.
 func eventParams(e ledger.Event) (q, sigma string) {
+	gaussian := func(k ledger.Kind) bool { return k == ledger.KindGaussian || k == ledger.KindDiscreteGaussian }
 	switch {
-	case e.Kind == ledger.KindGaussian:
+	case gaussian(e.Kind):
 		return "1", strconv.FormatFloat(e.NoiseMultiplier, 'g', -1, 64)
-	case e.Kind == ledger.KindPoissonSampled && e.Event != nil && e.Event.Kind == ledger.KindGaussian:
+	case e.Kind == ledger.KindPoissonSampled && e.Event != nil && gaussian(e.Event.Kind):
 		return strconv.FormatFloat(e.SampleRate, 'g', -1, 64), strconv.FormatFloat(e.Event.NoiseMultiplier, 'g', -1, 64)
 	}
 	return "-", string(e.Kind)

@@ -12,7 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/internal/ledgerreport"
+	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
 // TestLedgerAuditReport: --report draws the audited ledger in the format
@@ -130,5 +133,29 @@ func wantKeys(t *testing.T, what string, m map[string]json.RawMessage, want ...s
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("%s: fields %v, want %v", what, got, want)
+	}
+}
+
+// TestLedgerShowDiscreteParams: ledger show prints q and σ of a run with
+// discrete Gaussian noise (the main job's), not the event's kind.
+func TestLedgerShowDiscreteParams(t *testing.T) {
+	dir := t.TempDir()
+	l, err := ledger.Open(filepath.Join(dir, coordinator.LedgerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Start("discrete", 3, 1e-5, seed.Crypto, ledger.MechanismDiscrete, cliHistory); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Charge(1, ledger.SubsampledDiscreteGaussian(0.0042, 0.7), ledger.Position{History: cliHistory, Term: 2, Index: 5}, false); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	out, err := run(t, "ledger", "show", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, " 0.0042 ") || !strings.Contains(out, " 0.7 ") || strings.Contains(out, "poisson_sampled") {
+		t.Errorf("show does not print q = 0.0042 and σ = 0.7 for a discrete Gaussian charge:\n%s", out)
 	}
 }
