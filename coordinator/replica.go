@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -164,8 +165,9 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			return nil, err
 		}
 	}
+	raftLog := newRaftLogWriter(log, cfg.ID)
 	hlog := hclog.New(&hclog.LoggerOptions{
-		Name: "raft", Level: hclog.Warn, Output: raftLogWriter{log}, DisableTime: true,
+		Name: "raft", Level: hclog.Warn, Output: raftLog, DisableTime: true,
 	})
 
 	fsm, err := NewFSM(cfg.DataDir, init, log, cfg.LedgerOptions...)
@@ -246,6 +248,14 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: starting Raft: %w", err)
 	}
+	rf := r.raft
+	raftLog.setConfiguration(func() raft.Configuration {
+		f := rf.GetConfiguration()
+		if f.Error() != nil {
+			return raft.Configuration{}
+		}
+		return f.Configuration()
+	})
 	ok = true
 	return r, nil
 }
@@ -485,17 +495,76 @@ func (r *Replica) Close() error {
 
 // raftLogWriter forwards hashicorp/raft's log lines (hclog writes one
 // whole line per Write) to the replica's slog logger, so every log line of
-// the process goes through one handler, in one format.
-type raftLogWriter struct{ log *slog.Logger }
+// the process goes through one handler, in one format. Raft logs at WARN
+// and above only; lines keep their level (ERROR, else WARN), with one
+// exception.
+//
+// The exception: hashicorp/raft logs "heartbeat timeout reached, starting
+// election" at WARN whenever a follower's heartbeat timer fires, including
+// the first election of a replica that is the only voter of its
+// configuration. Every single replica (coordinator local, serve
+// --bootstrap, and their restarts) becomes leader exactly that way, so
+// that line is no fault there, and a warning on every normal start teaches
+// operators to ignore warnings. The writer logs it at INFO when it is the
+// first election line of this Raft instance and the latest configuration
+// has this replica as its only voter; any later election, and every
+// election in a configuration with other voters (where it means a leader
+// was lost), stays a WARN. The match is on the message text, which
+// hashicorp/raft has used unchanged since v1.0; if it changes, the line
+// comes through at WARN again, never lost.
+type raftLogWriter struct {
+	log *slog.Logger
+	id  raft.ServerID
+	// configuration returns Raft's latest configuration; nil until Raft
+	// has been created (a line before then keeps its level).
+	configuration atomic.Pointer[func() raft.Configuration]
+	// elections counts the election lines written so far.
+	elections atomic.Int64
+}
 
-func (w raftLogWriter) Write(p []byte) (int, error) {
+// electionLine is the message hashicorp/raft logs at WARN when a
+// follower's heartbeat timer fires and it starts an election.
+const electionLine = "raft: heartbeat timeout reached, starting election"
+
+func newRaftLogWriter(log *slog.Logger, id string) *raftLogWriter {
+	return &raftLogWriter{log: log, id: raft.ServerID(id)}
+}
+
+// setConfiguration gives the writer Raft's configuration once Raft
+// exists. raft.Raft.GetConfiguration reads a copy without the main loop,
+// so it is safe to call from a log line the main loop writes.
+func (w *raftLogWriter) setConfiguration(fn func() raft.Configuration) { w.configuration.Store(&fn) }
+
+func (w *raftLogWriter) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
 	level := slog.LevelWarn
-	if strings.HasPrefix(line, "[ERROR]") {
+	switch {
+	case strings.HasPrefix(line, "[ERROR]"):
 		level = slog.LevelError
+	case strings.Contains(line, electionLine) && w.elections.Add(1) == 1 && w.soleVoter():
+		level = slog.LevelInfo
+		line = strings.Replace(line, "[WARN] ", "[INFO] ", 1)
 	}
 	w.log.Log(context.Background(), level, "raft", "line", line)
 	return len(p), nil
+}
+
+// soleVoter reports whether Raft's latest configuration has this replica
+// as its only voter (false before Raft exists).
+func (w *raftLogWriter) soleVoter() bool {
+	fn := w.configuration.Load()
+	if fn == nil {
+		return false
+	}
+	voters := 0
+	self := false
+	for _, s := range (*fn)().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			self = self || s.ID == w.id
+		}
+	}
+	return voters == 1 && self
 }
 
 // dialAddrs is ReplicaConfig.DialAddrs as Raft's ServerAddressProvider:

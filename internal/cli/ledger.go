@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/internal/ledgerreport"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
 )
@@ -86,7 +87,22 @@ func newLedgerShowCmd() *cobra.Command {
 		Use:   "show DIR",
 		Short: "Print a ledger's run and every record",
 		Long: `Print a ledger's run and every record. A corrupt ledger prints the records that
-verified before the damage and exits non-zero.`,
+verified before the damage and exits non-zero.
+
+With --json the output is ONE indented JSON object (not JSON lines):
+  path, run, target_epsilon, delta, noise, mechanism, history  the run record's
+  epsilon     ε recorded by the last charge (0 before any)
+  count       number of records; head_hash: the last record's hash
+  torn_bytes  bytes of a torn tail after the last complete record
+  error       only when the file is corrupt
+  records     array of every record, with the ledger file's own field names:
+              format, seq, kind ("run" or "charge"), prev_hash, hash; run
+              records: run, target_epsilon, delta, noise, mechanism, history;
+              charge records: history, step, event (kind, sample_rate,
+              noise_multiplier, event), term, index, replay, epsilon.
+              A field that is empty, zero or false is left out, as in the
+              file (replay appears only when true).
+These names are stable: they are the names the records' hashes cover.`,
 		Example: `  coordinator ledger show /var/lib/dpcluster/coord-1
   coordinator ledger show /var/lib/dpcluster/coord-1/ledger.log --json`,
 		Args: cobra.ExactArgs(1),
@@ -129,7 +145,7 @@ verified before the damage and exits non-zero.`,
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run and the full records as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run and every record as one JSON object (see above)")
 	return cmd
 }
 
@@ -183,13 +199,14 @@ func printRecords(w io.Writer, recs []ledger.Record) {
 }
 
 // eventParams returns the sampling rate and noise multiplier of a
-// (Poisson-subsampled) Gaussian event, and the event kind in the σ column
-// for any other event.
+// (Poisson-subsampled) Gaussian or discrete Gaussian event, and the event
+// kind in the σ column for any other event.
 func eventParams(e ledger.Event) (q, sigma string) {
+	gaussian := func(k ledger.Kind) bool { return k == ledger.KindGaussian || k == ledger.KindDiscreteGaussian }
 	switch {
-	case e.Kind == ledger.KindGaussian:
+	case gaussian(e.Kind):
 		return "1", strconv.FormatFloat(e.NoiseMultiplier, 'g', -1, 64)
-	case e.Kind == ledger.KindPoissonSampled && e.Event != nil && e.Event.Kind == ledger.KindGaussian:
+	case e.Kind == ledger.KindPoissonSampled && e.Event != nil && gaussian(e.Event.Kind):
 		return strconv.FormatFloat(e.SampleRate, 'g', -1, 64), strconv.FormatFloat(e.Event.NoiseMultiplier, 'g', -1, 64)
 	}
 	return "-", string(e.Kind)
@@ -213,6 +230,7 @@ func newLedgerAuditCmd() *cobra.Command {
 	var (
 		asJSON      bool
 		expectSteps int
+		report      string
 	)
 	cmd := &cobra.Command{
 		Use:   "audit DIR",
@@ -224,14 +242,28 @@ step applied twice, and no reuse across Raft histories (every charge from the
 run record's history, Raft terms never decreasing). A torn tail is reported,
 not a failure.
 
+With --report FILE it also draws ε over the steps against the target, with
+the replays and the new Raft terms (a leader change or a restart: the ledger
+records the term, not the leader) marked: FILE.html is a self-contained page
+(inline SVG, the audit's figures and problems, no scripts), FILE.png the
+chart alone. The format follows the extension (.html, .htm or .png; any
+other is an error, checked before anything is read). The report is written
+whether the audit passes or not.
+
 Exits 0 exactly when the audit passes; with --json the report is printed
 either way.`,
 		Example: `  coordinator ledger audit /var/lib/dpcluster/coord-1
-  coordinator ledger audit /var/lib/dpcluster/coord-1 --json --expect-steps 2343`,
+  coordinator ledger audit /var/lib/dpcluster/coord-1 --json --expect-steps 2343
+  coordinator ledger audit /var/lib/dpcluster/coord-1 --report audit.html`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("expect-steps") && expectSteps < 0 {
 				return fmt.Errorf("--expect-steps must be at least 0, not %d", expectSteps)
+			}
+			if report != "" {
+				if _, err := ledgerreport.FormatOf(report); err != nil {
+					return fmt.Errorf("--report: %w", err)
+				}
 			}
 			path, err := ledgerPath(args[0])
 			if err != nil {
@@ -244,6 +276,11 @@ either way.`,
 			if cmd.Flags().Changed("expect-steps") && rep.Applied != expectSteps {
 				rep.Problems = append(rep.Problems, fmt.Sprintf("%d applied steps, --expect-steps %d", rep.Applied, expectSteps))
 				rep.OK = false
+			}
+			if report != "" {
+				if err := writeAuditReport(report, path, rep); err != nil {
+					return err
+				}
 			}
 			if asJSON {
 				err = writeJSON(cmd.OutOrStdout(), rep)
@@ -261,7 +298,23 @@ either way.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the audit report as JSON")
 	cmd.Flags().IntVar(&expectSteps, "expect-steps", 0, "also fail unless exactly this many steps were applied (non-replay charges)")
+	cmd.Flags().StringVar(&report, "report", "", "also write a report drawing ε over steps to FILE (.html: page with inline SVG; .png: chart image)")
 	return cmd
+}
+
+// writeAuditReport draws the ledger at path, whose audit is rep, into
+// file. A ledger corrupt part-way is drawn up to the damage (the records
+// ReadFile verified); one with no run record cannot be drawn.
+func writeAuditReport(file, path string, rep ledger.AuditReport) error {
+	recs, _, err := ledger.ReadFile(path)
+	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
+		return err
+	}
+	tl, err := ledger.NewTimeline(recs)
+	if err != nil {
+		return fmt.Errorf("--report: cannot draw %s: %w", path, err)
+	}
+	return ledgerreport.WriteFile(file, tl, rep)
 }
 
 func printAudit(out io.Writer, rep ledger.AuditReport) error {

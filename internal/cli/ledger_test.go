@@ -295,6 +295,15 @@ func TestLedgerForgedEpsilon(t *testing.T) {
 	if rep.RecordedEpsilon != tl.spent/2 || rep.RecomputedEpsilon != tl.spent {
 		t.Errorf("recorded ε %v, recomputed %v; want %v and %v", rep.RecordedEpsilon, rep.RecomputedEpsilon, tl.spent/2, tl.spent)
 	}
+
+	// The report of a failed audit is written, and says so.
+	report := filepath.Join(t.TempDir(), "forged.html")
+	if _, err := run(t, "ledger", "audit", tl.path, "--report", report); !errors.Is(err, errAuditFailed) {
+		t.Errorf("audit --report: err = %v, want errAuditFailed", err)
+	}
+	if page, err := os.ReadFile(report); err != nil || !strings.Contains(string(page), "FAILED") || !strings.Contains(string(page), "record 7 (step 5): recorded ε=") {
+		t.Errorf("report of the failed audit: %v, want the verdict and the problem:\n%s", err, page)
+	}
 }
 
 // TestLedgerAuditHistoryReuse: the test ledger (history cliHistory, steps
