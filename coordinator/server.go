@@ -462,7 +462,7 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 		l.opCancel()
 		l.ops.Wait()
 		l.pending.Clear()
-		l.publishStatus()
+		l.publishStatus(true)
 	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -511,7 +511,7 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 			l.onTimer(ctx)
 		}
 		timer.Stop()
-		l.publishStatus()
+		l.publishStatus(false)
 	}
 	return l.exit.sum, l.exit.err
 }

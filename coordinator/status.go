@@ -122,6 +122,10 @@ const HistoryLimit = 10000
 // The loop is the only writer; readers are any goroutine.
 type board struct {
 	status atomic.Pointer[Status]
+	// builtAt and builtStep are when, and at which step, the loop built
+	// status (the loop's alone).
+	builtAt   time.Time
+	builtStep int64
 
 	mu         sync.Mutex
 	steps      []StepPoint
@@ -235,13 +239,32 @@ func (s *Server) Status() Status {
 // to call from any goroutine.
 func (s *Server) History() History { return s.board.history() }
 
-// publishStatus builds a new Status from the loop's state and publishes
-// it, and records the applied step in the history. Only the loop calls
-// it, after each event it handled.
-func (l *loop) publishStatus() {
+// statusEvery bounds how often the loop rebuilds its Status while the
+// step does not move: building it costs time linear in the nodes
+// (BenchmarkPublishStatus), and heartbeats and contributions come often.
+const statusEvery = 200 * time.Millisecond
+
+// publishStatus records the applied step in the history and publishes a
+// new Status built from the loop's state, if the step moved, statusEvery
+// has passed since the last one, or final is set. Only the loop calls it:
+// after each event it handled (so a Status is at most statusEvery, or the
+// loop's longest wait, AnnounceEvery, old), and once with final when Run
+// returns.
+func (l *loop) publishStatus(final bool) {
 	st := l.rep.FSM().State()
-	run := l.s.run
+	b := l.s.board
+	if st.Applied > 0 {
+		b.addStep(StepPoint{Step: st.Applied, Epsilon: st.Epsilon})
+	}
+	if l.last.EvalStep > 0 {
+		b.addEval(evalPoint(l.last))
+	}
 	now := time.Now()
+	if !final && st.Applied == b.builtStep && now.Sub(b.builtAt) < statusEvery && b.status.Load() != nil {
+		return
+	}
+	b.builtAt, b.builtStep = now, st.Applied
+	run := l.s.run
 	out := &Status{
 		Run: run.Run, Replica: l.rep.ID(), Role: l.rep.Role(), Term: l.rep.Term(), Leader: l.rep.Leader(),
 		Step: st.Applied, MaxSteps: run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: run.TargetEpsilon,
@@ -252,7 +275,6 @@ func (l *loop) publishStatus() {
 	if l.last.EvalStep > 0 {
 		e := evalPoint(l.last)
 		out.Eval = &e
-		l.s.board.addEval(e)
 	}
 	for id, n := range l.nodes.nodes {
 		out.Nodes = append(out.Nodes, NodeStatus{
@@ -268,10 +290,7 @@ func (l *loop) publishStatus() {
 			Step: int64(c.Step), Leader: c.Leader, Reported: l.peerSeen[id]})
 	}
 	slices.SortFunc(out.Replicas, func(a, b ReplicaStatus) int { return cmp.Compare(a.ID, b.ID) })
-	l.s.board.status.Store(out)
-	if st.Applied > 0 {
-		l.s.board.addStep(StepPoint{Step: st.Applied, Epsilon: st.Epsilon})
-	}
+	b.status.Store(out)
 }
 
 // recordStep adds what the leader knows of a step it led to the history.

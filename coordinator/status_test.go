@@ -3,6 +3,8 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -217,5 +219,42 @@ func assertNotIn(t *testing.T, js string, v float64) {
 		if s := strconv.FormatFloat(v, 'g', -1, bits); len(s) > 4 && strings.Contains(js, s) {
 			t.Errorf("status JSON holds the un-noised value %s", s)
 		}
+	}
+}
+
+// BenchmarkPublishStatus measures what the loop spends publishing its
+// snapshot after an event, by number of registered nodes.
+func BenchmarkPublishStatus(b *testing.B) {
+	for _, nodes := range []int{10, 1000} {
+		b.Run(strconv.Itoa(nodes)+"nodes", func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			ln.Close()
+			cfg := DefaultReplicaConfig()
+			cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", addr, b.TempDir(), true
+			r, err := OpenReplica(cfg, testInit)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			scfg := DefaultServerConfig()
+			scfg.Noise = mechanism.NewSeededNoiseSource(1)
+			s, err := NewServer(r, nil, testRunConfig(), scfg, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l := newLoop(s, newInbox())
+			now := time.Now()
+			for i := range nodes {
+				l.nodes.seen(fmt.Sprintf("node-%04d", i), shardClaim{index: i, count: nodes, size: 100}, now)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				l.publishStatus(true) // a rebuild, as when the step moved
+			}
+		})
 	}
 }
