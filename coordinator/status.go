@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"cmp"
+	"encoding/json"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -32,11 +34,11 @@ type Status struct {
 	MaxSteps int64 `json:"max_steps"`
 	// Epsilon is the ε spent at the run's Delta, by the ledger's
 	// accountant; TargetEpsilon is the run's budget.
-	Epsilon       float64 `json:"epsilon"`
-	TargetEpsilon float64 `json:"target_epsilon"`
-	Delta         float64 `json:"delta"`
-	Accountant    string  `json:"accountant"`
-	NoiseMode     string  `json:"noise_mode"`
+	Epsilon       Float  `json:"epsilon"`
+	TargetEpsilon Float  `json:"target_epsilon"`
+	Delta         Float  `json:"delta"`
+	Accountant    string `json:"accountant"`
+	NoiseMode     string `json:"noise_mode"`
 	// Private is false when the noise is seeded (seed.Seeded): such a run
 	// is NOT differentially private.
 	Private bool `json:"private"`
@@ -84,24 +86,24 @@ type ReplicaStatus struct {
 // it, the round's latency (RoundStart until the step was applied here)
 // and how many nodes' contributions it accepted (0: not known here).
 type StepPoint struct {
-	Step         int64   `json:"step"`
-	Epsilon      float64 `json:"epsilon"`
-	RoundSeconds float64 `json:"round_seconds,omitempty"`
-	Participants int     `json:"participants,omitempty"`
+	Step         int64 `json:"step"`
+	Epsilon      Float `json:"epsilon"`
+	RoundSeconds Float `json:"round_seconds,omitempty"`
+	Participants int   `json:"participants,omitempty"`
 }
 
 // EvalPoint is one evaluation of θ at Step on evaluation data Data
 // (EvalData.Key: "test" or "nonprivate_holdout"), labelled Label
 // (EvalData.Label); Private is EvalData.Private.
 type EvalPoint struct {
-	Step     int64   `json:"step"`
-	Epsilon  float64 `json:"epsilon"`
-	Accuracy float64 `json:"accuracy"`
-	Loss     float64 `json:"loss"`
-	N        int     `json:"n"`
-	Data     string  `json:"data"`
-	Label    string  `json:"label"`
-	Private  bool    `json:"private"`
+	Step     int64  `json:"step"`
+	Epsilon  Float  `json:"epsilon"`
+	Accuracy Float  `json:"accuracy"`
+	Loss     Float  `json:"loss"`
+	N        int    `json:"n"`
+	Data     string `json:"data"`
+	Label    string `json:"label"`
+	Private  bool   `json:"private"`
 }
 
 // History is the run's series as one replica recorded them since its Run
@@ -113,6 +115,34 @@ type History struct {
 	Steps  []StepPoint `json:"steps"`
 	Evals  []EvalPoint `json:"evals"`
 	Stride int64       `json:"stride"`
+}
+
+// Float is a float64 that encodes in JSON as a number, or as null when
+// it is not finite (a diverged model's loss), which encoding/json
+// refuses; null decodes as NaN.
+type Float float64
+
+// MarshalJSON encodes f as a number, or null if f is NaN or infinite.
+func (f Float) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON decodes a number, or null as NaN.
+func (f *Float) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = Float(math.NaN())
+		return nil
+	}
+	var v float64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*f = Float(v)
+	return nil
 }
 
 // HistoryLimit bounds each series of a History.
@@ -254,7 +284,7 @@ func (l *loop) publishStatus(final bool) {
 	st := l.rep.FSM().State()
 	b := l.s.board
 	if st.Applied > 0 {
-		b.addStep(StepPoint{Step: st.Applied, Epsilon: st.Epsilon})
+		b.addStep(StepPoint{Step: st.Applied, Epsilon: Float(st.Epsilon)})
 	}
 	if l.last.EvalStep > 0 {
 		b.addEval(evalPoint(l.last))
@@ -267,8 +297,8 @@ func (l *loop) publishStatus(final bool) {
 	run := l.s.run
 	out := &Status{
 		Run: run.Run, Replica: l.rep.ID(), Role: l.rep.Role(), Term: l.rep.Term(), Leader: l.rep.Leader(),
-		Step: st.Applied, MaxSteps: run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: run.TargetEpsilon,
-		Delta: run.Delta, Accountant: "rdp", NoiseMode: noiseModeLabel(run.NoiseMode),
+		Step: st.Applied, MaxSteps: run.MaxSteps, Epsilon: Float(st.Epsilon), TargetEpsilon: Float(run.TargetEpsilon),
+		Delta: Float(run.Delta), Accountant: "rdp", NoiseMode: noiseModeLabel(run.NoiseMode),
 		Private: run.SeedPolicy == seed.Crypto, Stopped: st.Stopped, Blocked: l.blocked.String(),
 		Nodes: make([]NodeStatus, 0, len(l.nodes.nodes)), Updated: now,
 	}
@@ -295,11 +325,11 @@ func (l *loop) publishStatus(final bool) {
 
 // recordStep adds what the leader knows of a step it led to the history.
 func (l *loop) recordStep(p Progress, started time.Time) {
-	l.s.board.addStep(StepPoint{Step: p.Step, Epsilon: p.Epsilon,
-		RoundSeconds: time.Since(started).Seconds(), Participants: p.Participants})
+	l.s.board.addStep(StepPoint{Step: p.Step, Epsilon: Float(p.Epsilon),
+		RoundSeconds: Float(time.Since(started).Seconds()), Participants: p.Participants})
 }
 
 func evalPoint(p Progress) EvalPoint {
-	return EvalPoint{Step: p.EvalStep, Epsilon: p.Epsilon, Accuracy: p.Eval.Accuracy, Loss: p.Eval.Loss,
+	return EvalPoint{Step: p.EvalStep, Epsilon: Float(p.Epsilon), Accuracy: Float(p.Eval.Accuracy), Loss: Float(p.Eval.Loss),
 		N: p.Eval.N, Data: p.EvalData.Key(), Label: p.EvalData.Label(), Private: p.EvalData.Private()}
 }

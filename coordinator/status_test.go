@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -21,10 +22,10 @@ func TestHistoryDownsample(t *testing.T) {
 	const limit = 16
 	b := newBoard(limit)
 	for step := int64(1); step <= 1000; step++ {
-		b.addStep(StepPoint{Step: step, Epsilon: float64(step) / 1000})
+		b.addStep(StepPoint{Step: step, Epsilon: Float(step) / 1000})
 		// The leader's round details arrive for the same step after the
 		// state machine's ε: one point, with both.
-		b.addStep(StepPoint{Step: step, Epsilon: float64(step) / 1000, RoundSeconds: 0.5, Participants: 3})
+		b.addStep(StepPoint{Step: step, Epsilon: Float(step) / 1000, RoundSeconds: 0.5, Participants: 3})
 		if step%3 == 0 {
 			b.addEval(EvalPoint{Step: step, Accuracy: 0.5})
 		}
@@ -57,6 +58,29 @@ func TestHistoryDownsample(t *testing.T) {
 	}
 	if last := h.Evals[len(h.Evals)-1].Step; last != 999 {
 		t.Errorf("last evaluation at step %d, want 999", last)
+	}
+}
+
+// TestFloatJSON: a non-finite value (a diverged model's loss) encodes as
+// null instead of failing the whole document, and decodes as NaN; finite
+// values round-trip exactly.
+func TestFloatJSON(t *testing.T) {
+	for _, v := range []float64{0, -1.5, 0.1, math.MaxFloat64, math.SmallestNonzeroFloat64, math.NaN(), math.Inf(1), math.Inf(-1)} {
+		b, err := json.Marshal(EvalPoint{Loss: Float(v)})
+		if err != nil {
+			t.Fatalf("%v: %v", v, err)
+		}
+		var back EvalPoint
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatalf("%v: %s: %v", v, b, err)
+		}
+		finite := !math.IsNaN(v) && !math.IsInf(v, 0)
+		if got := float64(back.Loss); finite && got != v || !finite && !math.IsNaN(got) {
+			t.Errorf("%v → %s → %v", v, b, got)
+		}
+		if !finite && !strings.Contains(string(b), `"loss":null`) {
+			t.Errorf("%v → %s, want loss null", v, b)
+		}
 	}
 }
 
@@ -146,11 +170,11 @@ func TestServerStatus(t *testing.T) {
 	}
 
 	st, h := s.Status(), s.History()
-	if st.Step != steps || st.Epsilon != sum.Epsilon || st.TargetEpsilon != c.TargetEpsilon || st.Delta != c.Delta ||
+	if st.Step != steps || float64(st.Epsilon) != sum.Epsilon || float64(st.TargetEpsilon) != c.TargetEpsilon || float64(st.Delta) != c.Delta ||
 		st.MaxSteps != steps || st.Stopped != stopMaxSteps || st.Private || st.Accountant != "rdp" || st.NoiseMode != NoiseDiscrete {
 		t.Errorf("status %+v, summary %+v", st, sum)
 	}
-	if st.Eval == nil || st.Eval.Step != steps || st.Eval.Data != "test" || !st.Eval.Private || st.Eval.Accuracy != sum.Final.Accuracy {
+	if st.Eval == nil || st.Eval.Step != steps || st.Eval.Data != "test" || !st.Eval.Private || float64(st.Eval.Accuracy) != sum.Final.Accuracy {
 		t.Errorf("status evaluation %+v, final %+v", st.Eval, sum.Final)
 	}
 	if len(st.Replicas) != 1 || st.Replicas[0].ID != r.ID() || st.Replicas[0].Role != RoleLeader || !st.Replicas[0].Self ||
@@ -180,7 +204,7 @@ func TestServerStatus(t *testing.T) {
 			t.Errorf("history point %d: %+v (want %d participants)", i, p, wantP)
 		}
 	}
-	if h.Steps[steps-1].Epsilon != sum.Epsilon {
+	if float64(h.Steps[steps-1].Epsilon) != sum.Epsilon {
 		t.Errorf("last history ε %v, spent %v", h.Steps[steps-1].Epsilon, sum.Epsilon)
 	}
 	if got := evalStepsOf(h.Evals); len(got) != 2 || got[0] != 4 || got[1] != 8 {

@@ -3,6 +3,7 @@ package dashboard_test
 import (
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -166,4 +167,17 @@ func TestAssetsSelfContained(t *testing.T) {
 
 func TestSourceIsServer(t *testing.T) {
 	var _ dashboard.Source = (*coordinator.Server)(nil)
+}
+
+// TestNonFiniteEvaluation: a diverged model's loss (NaN, +Inf) does not
+// break /api/status; it reads null.
+func TestNonFiniteEvaluation(t *testing.T) {
+	src := fullSource()
+	src.st.Eval.Loss = coordinator.Float(math.NaN())
+	src.st.Eval.Accuracy = coordinator.Float(math.Inf(1))
+	res := get(t, dashboard.New(src), "GET", "/api/status")
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 200 || !strings.Contains(string(b), `"accuracy":null,"loss":null`) {
+		t.Errorf("%d %s", res.StatusCode, b)
+	}
 }

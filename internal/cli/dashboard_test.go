@@ -129,7 +129,7 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Errorf("rendered step %q, /api/status said %d before the load", text("step"), before.Step)
 	}
 	eps, err := strconv.ParseFloat(text("epsilon"), 64)
-	if err != nil || eps < before.Epsilon-0.0005 || eps > before.TargetEpsilon {
+	if err != nil || eps < float64(before.Epsilon)-0.0005 || eps > float64(before.TargetEpsilon) {
 		t.Errorf("rendered ε %q, /api/status said %.4f before the load (target %v)", text("epsilon"), before.Epsilon, before.TargetEpsilon)
 	}
 	if got, want := text("target-epsilon"), fmt.Sprintf("%.3f", before.TargetEpsilon); got != want {

@@ -11,7 +11,7 @@ let status = null;
 function set(id, text) { $(id).textContent = text; }
 
 function fmt(x, digits) {
-  if (x === null || x === undefined || !isFinite(x)) return "–";
+  if (x === null || x === undefined || !Number.isFinite(x)) return "–";
   return Number(x).toFixed(digits);
 }
 
@@ -42,10 +42,10 @@ function renderStatus(st) {
   $("step-bar").style.width = (st.max_steps > 0 ? Math.min(100, 100 * st.step / st.max_steps) : 0) + "%";
   set("epsilon", fmt(st.epsilon, 3));
   set("target-epsilon", fmt(st.target_epsilon, 3));
-  const used = st.target_epsilon > 0 ? st.epsilon / st.target_epsilon : 0;
+  const used = st.target_epsilon > 0 && Number.isFinite(st.epsilon) ? st.epsilon / st.target_epsilon : 1;
   $("budget-bar").style.width = Math.min(100, 100 * used) + "%";
   $("budget-bar").parentElement.className = "bar budget" + (used >= 0.9 ? " high" : "");
-  set("delta", st.delta.toExponential(1));
+  set("delta", Number.isFinite(st.delta) ? st.delta.toExponential(1) : "–");
   set("accountant", st.accountant);
   set("noise", st.noise_mode);
   set("blocked", st.blocked ? "blocked: " + st.blocked : "");
@@ -116,7 +116,7 @@ function drawChart(canvas, series, opt) {
   let n = 0, x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
   for (const s of series) {
     for (const [x, y] of s.pts) {
-      if (!isFinite(x) || !isFinite(y)) continue;
+      if (!Number.isFinite(x) || !Number.isFinite(y)) continue;
       n++; x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
     }
   }
@@ -159,12 +159,13 @@ function drawChart(canvas, series, opt) {
     g.beginPath();
     let first = true;
     for (const [x, y] of s.pts) {
-      if (!isFinite(y)) continue;
+      if (!Number.isFinite(y)) continue;
       if (first) { g.moveTo(X(x), Y(y)); first = false; } else { g.lineTo(X(x), Y(y)); }
     }
     g.stroke();
     if (s.dots && s.pts.length <= 200) {
       for (const [x, y] of s.pts) {
+        if (!Number.isFinite(y)) continue;
         g.beginPath(); g.arc(X(x), Y(y), 2.5, 0, 2 * Math.PI); g.fill();
       }
     }
