@@ -5,6 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 let lastHistoryStep = -1;
+let lastHistoryAt = 0;
 let history = { steps: [], evals: [] };
 let status = null;
 
@@ -188,9 +189,14 @@ async function tick() {
   try {
     status = await getJSON("api/status");
     renderStatus(status);
-    if (status.step !== lastHistoryStep) {
+    // The history is fetched again when the step moved; a long one (up
+    // to 10,000 points, about 1 MB) at most every 5 s.
+    const now = Date.now();
+    const long = (history.steps || []).length > 2000;
+    if (status.step !== lastHistoryStep && (!long || now - lastHistoryAt >= 5000)) {
       history = await getJSON("api/history");
       lastHistoryStep = status.step;
+      lastHistoryAt = now;
       renderHistory(history, status);
     }
     set("error", "");
