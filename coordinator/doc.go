@@ -48,7 +48,9 @@
 //     replica reports, leader announcements and the drain at the end.
 //   - admission.go: which nodes a round may include; plan.go: run planning;
 //     runconfig.go: the replicated run configuration; metrics.go and
-//     eval.go: what is exported about the run; export.go and history.go:
+//     eval.go: what is exported about the run, and status.go what the loop
+//     publishes for dashboards (Server.Status, a snapshot replaced after
+//     each event, and Server.History); export.go and history.go:
 //     reading a data dir offline and binding the ledger to its Raft
 //     history.
 //

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/dpcluster/dpcluster/transport"
 )
@@ -17,7 +18,7 @@ func (l *loop) onControl(ctx context.Context, c transport.Control) {
 	switch c.Code {
 	case transport.ControlReplica:
 		if c.From != l.rep.ID() {
-			l.peers[c.From] = c
+			l.peers[c.From], l.peerSeen[c.From] = c, time.Now()
 			if ls := l.lead; ls != nil && ls.phase == phaseDraining {
 				l.checkDrain(ctx)
 			}

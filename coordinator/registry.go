@@ -111,14 +111,35 @@ type registry struct {
 type nodeInfo struct {
 	shard shardClaim
 	seen  time.Time
+	// answered and skipped count the rounds led here since the node
+	// registered that accepted a contribution from it, or did not.
+	answered, skipped int64
 }
 
 // seen records a message from id, an admitted node; it reports whether id
 // is new.
 func (r *registry) seen(id string, shard shardClaim, now time.Time) bool {
-	_, known := r.nodes[id]
-	r.nodes[id] = nodeInfo{shard: shard, seen: now}
+	n, known := r.nodes[id]
+	n.shard, n.seen = shard, now
+	r.nodes[id] = n
 	return !known
+}
+
+// counted records a closed round: the nodes it accepted a contribution
+// from, and the members it did not.
+func (r *registry) counted(accepted, missing []string) {
+	for _, id := range accepted {
+		if n, ok := r.nodes[id]; ok {
+			n.answered++
+			r.nodes[id] = n
+		}
+	}
+	for _, id := range missing {
+		if n, ok := r.nodes[id]; ok {
+			n.skipped++
+			r.nodes[id] = n
+		}
+	}
 }
 
 func (r *registry) forget(ids []string) {

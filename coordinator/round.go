@@ -274,6 +274,7 @@ func (l *loop) closeRound(ctx context.Context) {
 	ls.round, ls.phase = nil, phaseIdle
 	t := or.step
 	l.s.metrics.roundClosed(res, time.Since(or.started))
+	l.nodes.counted(res.Accepted, res.Missing)
 	if len(res.Accepted) == 0 {
 		// Nobody answered (all nodes died, or the deadline was too
 		// short): releasing noise over an empty sum would spend budget
@@ -346,6 +347,7 @@ func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult
 		l.evaluate(&p)
 	}
 	l.s.metrics.stepApplied(p)
+	l.recordStep(p, s.started)
 	if cfg.OnStep != nil {
 		cfg.OnStep(p)
 	}

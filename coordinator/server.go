@@ -236,6 +236,7 @@ type Server struct {
 	log     *slog.Logger
 	noise   *mechanism.NoiseSource
 	metrics *Metrics
+	board   *board // what the loop publishes for Status and History (status.go)
 }
 
 // NewServer returns a Server for replica, training run over conn. The run
@@ -271,7 +272,8 @@ func NewServer(replica Consensus, conn transport.Conn, run RunConfig, cfg Server
 	} else {
 		log.Warn("coordinator: noise mode " + noiseModeLabel(run.NoiseMode) + ": the floating-point Gaussian sampler is NOT protected against floating-point attacks; use noise mode discrete for new runs")
 	}
-	return &Server{rep: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise, metrics: cfg.Metrics}, nil
+	return &Server{rep: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise, metrics: cfg.Metrics,
+		board: newBoard(HistoryLimit)}, nil
 }
 
 // ErrRunMismatch is returned by Run when the replica's log holds another
@@ -413,6 +415,7 @@ type loop struct {
 
 	nodes      registry
 	peers      map[string]transport.Control // replicas' last ControlReplica, by ID
+	peerSeen   map[string]time.Time         // when each of peers was received
 	lastResent map[uint64]time.Time         // NeedParams rate limit, by version
 	memberBusy bool                         // a membership operation is running
 
@@ -446,6 +449,7 @@ func newLoop(s *Server, in *inbox) *loop {
 		results:    make(chan opResult, 8),
 		nodes:      registry{nodes: make(map[string]nodeInfo)},
 		peers:      make(map[string]transport.Control),
+		peerSeen:   make(map[string]time.Time),
 		lastResent: make(map[uint64]time.Time),
 	}
 }
@@ -458,6 +462,7 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 		l.opCancel()
 		l.ops.Wait()
 		l.pending.Clear()
+		l.publishStatus(true)
 	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -506,6 +511,7 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 			l.onTimer(ctx)
 		}
 		timer.Stop()
+		l.publishStatus(false)
 	}
 	return l.exit.sum, l.exit.err
 }

@@ -638,4 +638,52 @@ func TestServerJoin(t *testing.T) {
 	if a.sum.Digest != b.sum.Digest || a.sum.Digest == "" {
 		t.Errorf("digests differ: %s vs %s", a.sum.Digest, b.sum.Digest)
 	}
+	checkReplicaViews(t, s1, s2)
+}
+
+// checkReplicaViews checks what the leader s1 and the follower s2 of
+// TestServerJoin publish for dashboards (Status, History) after the run:
+// each shows itself and the other from its last report;
+// the follower records the steps it applied, without the round details
+// only the leader knows.
+func checkReplicaViews(t *testing.T, s1, s2 *Server) {
+	t.Helper()
+	for _, tc := range []struct {
+		s              *Server
+		self, peer     string
+		role, peerRole Role
+	}{{s1, "r1", "r2", RoleLeader, RoleFollower}, {s2, "r2", "r1", RoleFollower, RoleLeader}} {
+		st := tc.s.Status()
+		if st.Replica != tc.self || st.Step != 40 || st.Stopped != stopMaxSteps || len(st.Replicas) != 2 {
+			t.Fatalf("%s: status %+v", tc.self, st)
+		}
+		for _, r := range st.Replicas {
+			want := ReplicaStatus{ID: tc.peer, Role: tc.peerRole, Step: 40, Leader: "r1"}
+			if r.Self {
+				want = ReplicaStatus{ID: tc.self, Role: tc.role, Step: 40, Leader: "r1", Self: true}
+			}
+			if tc.s == s2 && !r.Self {
+				// The leader's last report may predate its last
+				// steps: it reports every AnnounceEvery. (The leader's
+				// view of the follower is exact: its drain waited for
+				// the follower's report of step 40.)
+				want.Step = min(r.Step, 40)
+			}
+			if r.ID != want.ID || r.Role != want.Role || r.Step != want.Step || r.Step == 0 || r.Leader != want.Leader ||
+				r.Self != want.Self || r.Term == 0 || r.Reported.IsZero() {
+				t.Errorf("%s's view of %s: %+v, want %+v", tc.self, r.ID, r, want)
+			}
+		}
+		h := tc.s.History()
+		if n := len(h.Steps); n == 0 || h.Steps[n-1].Step != 40 || h.Steps[n-1].Epsilon != st.Epsilon {
+			t.Fatalf("%s: history %+v", tc.self, h.Steps)
+		}
+		if tc.s == s2 {
+			for _, p := range h.Steps {
+				if p.Participants != 0 || p.RoundSeconds != 0 {
+					t.Errorf("follower's history has round details: %+v", p)
+				}
+			}
+		}
+	}
 }

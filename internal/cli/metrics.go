@@ -18,14 +18,16 @@ import (
 const metricsShutdownTimeout = 2 * time.Second
 
 // serveMetrics serves g's metrics in the Prometheus text format on
-// http://addr/metrics until ctx ends. It listens before returning, so the
+// http://addr/metrics, and dash (if not nil: a coordinator replica's
+// dashboard, package coordinator/dashboard) on every other path, until
+// ctx ends. It listens before returning, so the
 // returned bound address (useful with port 0) already accepts scrapes; a
 // listen error is returned at once. The server's goroutines are owned by
 // this call and stop when ctx ends: the server shuts down (waiting up to
 // 2 s for scrapes in flight), then the serve error, nil after a clean
 // shutdown, is sent on done, which is then closed. Callers that must know
 // the server stopped receive from done after ctx ends.
-func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, log *slog.Logger) (bound string, done <-chan error, err error) {
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, dash http.Handler, log *slog.Logger) (bound string, done <-chan error, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -36,6 +38,9 @@ func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, log *
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slogPromLogger{log}}))
+	if dash != nil {
+		mux.Handle("/", dash)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -66,7 +71,11 @@ func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, log *
 		out <- err
 	}()
 	bound = ln.Addr().String()
-	log.Info("serving metrics", "url", "http://"+bound+"/metrics")
+	if dash != nil {
+		log.Info("serving the dashboard and metrics", "dashboard", "http://"+bound+"/", "metrics", "http://"+bound+"/metrics")
+	} else {
+		log.Info("serving metrics", "url", "http://"+bound+"/metrics")
+	}
 	return bound, out, nil
 }
 

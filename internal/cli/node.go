@@ -262,7 +262,7 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		cfg.Registerer = reg
-		if _, metricsDone, err = serveMetrics(runCtx, f.metricsAddr, reg, log); err != nil {
+		if _, metricsDone, err = serveMetrics(runCtx, f.metricsAddr, reg, nil, log); err != nil {
 			return err
 		}
 		defer func() {

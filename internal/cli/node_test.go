@@ -388,7 +388,7 @@ func TestServeMetrics(t *testing.T) {
 	reg.MustRegister(c)
 	c.Add(3)
 	ctx, cancel := context.WithCancel(context.Background())
-	bound, done, err := serveMetrics(ctx, "127.0.0.1:0", reg, nil)
+	bound, done, err := serveMetrics(ctx, "127.0.0.1:0", reg, nil, nil)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -418,11 +418,11 @@ func TestServeMetrics(t *testing.T) {
 	// A busy address is an error at once.
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
-	b2, done2, err := serveMetrics(ctx2, "127.0.0.1:0", reg, nil)
+	b2, done2, err := serveMetrics(ctx2, "127.0.0.1:0", reg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := serveMetrics(ctx2, b2, reg, nil); err == nil {
+	if _, _, err := serveMetrics(ctx2, b2, reg, nil, nil); err == nil {
 		t.Error("second server on a bound address: no error")
 	}
 	cancel2()

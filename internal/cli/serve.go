@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/coordinator/dashboard"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/transport"
@@ -352,11 +353,6 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
 		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir, "eval_data", evalLabel(pr.eval))
-	if opts.metricsAddr != "" {
-		if _, _, err := serveMetrics(ctx, opts.metricsAddr, o.registry, log); err != nil {
-			return o, err
-		}
-	}
 	// With a certificate, the client's name is the certificate's ID (for
 	// serve, --id: ReplicaConfig.Validate checks the Raft certificate;
 	// local's single replica is "local" whatever certificate it serves).
@@ -400,8 +396,16 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	if o.progress.bar {
 		serverLog = quietLogger(log)
 	}
-	o.server, err = coordinator.NewServer(o.replica, o.conn, rc, scfg, serverLog)
-	return o, err
+	if o.server, err = coordinator.NewServer(o.replica, o.conn, rc, scfg, serverLog); err != nil {
+		return o, err
+	}
+	if opts.metricsAddr != "" {
+		// Every replica serves its own view: followers too.
+		if _, _, err := serveMetrics(ctx, opts.metricsAddr, o.registry, dashboard.New(o.server), log); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
 }
 
 // splitHostPort splits host:port with a numeric port (-1: any free port).

@@ -22,8 +22,9 @@ MAIN_JOB_PACKAGES=(dataset-fashion-mnist)
 # /usr/lib/<multiarch>/stubs (libcuda.so) for compiling the -tags cuda build
 # (47 packages beyond a base system, 1.4 GB to download, 4.9 GB unpacked);
 # python3-numpy: examples/safetensors_classify.py, which
-# TestPythonExampleMatchesEvaluation runs.
-TEST_PACKAGES=(gcc libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy)
+# TestPythonExampleMatchesEvaluation runs; chromium: the headless browser
+# in which TestDashboardInChromium renders the coordinator's dashboard.
+TEST_PACKAGES=(gcc libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium)
 
 # NON_FREE_PACKAGES are in Debian's contrib or non-free components, which
 # ensure_packages enables before installing one of them.
