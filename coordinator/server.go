@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dpcluster/dpcluster/internal/handoff"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/seed"
@@ -319,11 +320,7 @@ type inbox struct {
 	nodes    chan transport.Message // Join, Heartbeat, Leave, NeedParams
 	contribs chan transport.Contribution
 	control  chan transport.Control
-	stop     chan struct{}
-
-	mu       sync.Mutex
-	closed   bool
-	inflight sync.WaitGroup
+	gate     *handoff.Gate
 }
 
 func newInbox() *inbox {
@@ -331,46 +328,27 @@ func newInbox() *inbox {
 		nodes:    make(chan transport.Message, 256),
 		contribs: make(chan transport.Contribution, 64),
 		control:  make(chan transport.Control, 64),
-		stop:     make(chan struct{}),
+		gate:     handoff.NewGate(),
 	}
 }
 
 // deliver is the transport.Handler of every subscription.
 func (in *inbox) deliver(m transport.Message) {
-	in.mu.Lock()
-	if in.closed {
-		in.mu.Unlock()
+	if !in.gate.Enter() {
 		return
 	}
-	in.inflight.Add(1)
-	in.mu.Unlock()
-	defer in.inflight.Done()
+	defer in.gate.Leave()
 	switch v := m.(type) {
 	case transport.Contribution:
-		send(in.contribs, v, in.stop)
+		handoff.Send(in.gate, in.contribs, v)
 	case transport.Control:
-		send(in.control, v, in.stop)
+		handoff.Send(in.gate, in.control, v)
 	case transport.Join, transport.Heartbeat, transport.Leave, transport.NeedParams:
-		send(in.nodes, m, in.stop)
+		handoff.Send(in.gate, in.nodes, m)
 	}
 }
 
-func send[T any](ch chan<- T, v T, stop <-chan struct{}) {
-	select {
-	case ch <- v:
-	case <-stop:
-	}
-}
-
-func (in *inbox) close() {
-	in.mu.Lock()
-	if !in.closed {
-		in.closed = true
-		close(in.stop)
-	}
-	in.mu.Unlock()
-	in.inflight.Wait()
-}
+func (in *inbox) close() { in.gate.Close() }
 
 // opKind names an operation that goes through Raft.
 type opKind int

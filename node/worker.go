@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/internal/handoff"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
 	"github.com/dpcluster/dpcluster/seed"
@@ -402,17 +403,13 @@ func (w *Worker) leave(ctx context.Context, reason string) {
 
 // inbox carries messages from the subscription handlers (one goroutine per
 // topic, owned by the transport) to the Run loop. close makes every handler
-// call return promptly and waits for those in progress.
+// call return promptly and waits for those in progress (handoff.Gate).
 type inbox struct {
 	leaders chan transport.Leader
 	rounds  chan transport.RoundStart
 	params  chan transport.Params
 	status  chan transport.Status
-	stop    chan struct{}
-
-	mu       sync.Mutex
-	closed   bool
-	inflight sync.WaitGroup
+	gate    *handoff.Gate
 }
 
 func newInbox() *inbox {
@@ -421,48 +418,29 @@ func newInbox() *inbox {
 		rounds:  make(chan transport.RoundStart, 16),
 		params:  make(chan transport.Params, 4),
 		status:  make(chan transport.Status, 16),
-		stop:    make(chan struct{}),
+		gate:    handoff.NewGate(),
 	}
 }
 
 // deliver is the transport.Handler of every subscription.
 func (in *inbox) deliver(m transport.Message) {
-	in.mu.Lock()
-	if in.closed {
-		in.mu.Unlock()
+	if !in.gate.Enter() {
 		return
 	}
-	in.inflight.Add(1)
-	in.mu.Unlock()
-	defer in.inflight.Done()
+	defer in.gate.Leave()
 	switch v := m.(type) {
 	case transport.Leader:
-		send(in.leaders, v, in.stop)
+		handoff.Send(in.gate, in.leaders, v)
 	case transport.RoundStart:
-		send(in.rounds, v, in.stop)
+		handoff.Send(in.gate, in.rounds, v)
 	case transport.Params:
-		send(in.params, v, in.stop)
+		handoff.Send(in.gate, in.params, v)
 	case transport.Status:
-		send(in.status, v, in.stop)
+		handoff.Send(in.gate, in.status, v)
 	}
 }
 
-func send[T any](ch chan<- T, v T, stop <-chan struct{}) {
-	select {
-	case ch <- v:
-	case <-stop:
-	}
-}
-
-func (in *inbox) close() {
-	in.mu.Lock()
-	if !in.closed {
-		in.closed = true
-		close(in.stop)
-	}
-	in.mu.Unlock()
-	in.inflight.Wait()
-}
+func (in *inbox) close() { in.gate.Close() }
 
 // roundWindow is how many steps below the newest step seen a RoundStart may
 // be and still be considered; older ones are ignored (SkipStaleStep), which
