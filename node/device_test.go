@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -60,15 +62,26 @@ func TestCPUDeviceAnswersRounds(t *testing.T) {
 		}
 	}
 
-	rec := httptest.NewRecorder()
-	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	body := rec.Body.String()
 	info := dev.Info()
-	for _, want := range []string{
+	wants := []string{
 		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node=%q} 1`, info.Name, testNode),
 		fmt.Sprintf(`dpcluster_node_device_memory_bytes{node=%q} 0`, testNode),
 		fmt.Sprintf(`dpcluster_node_rounds_total{node=%q,result="answered"} 2`, testNode),
-	} {
+	}
+	// The node counts a round as answered just after publishing its
+	// contribution, so the second count may land after recv returned:
+	// scrape until every line is there, for at most 5 s.
+	var body string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		rec := httptest.NewRecorder()
+		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		body = rec.Body.String()
+		missing := slices.ContainsFunc(wants, func(w string) bool { return !strings.Contains(body, w) })
+		if !missing || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range wants {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
 		}
