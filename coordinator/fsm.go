@@ -202,7 +202,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	}
 	// Bind the ledger to this history (or check that it is bound to it: a
 	// ledger of another history makes this replica fail closed).
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, ce.History); err != nil {
+	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, c.Accountant, ce.History); err != nil {
 		return f.fail(err)
 	}
 	theta, err := f.init(c)

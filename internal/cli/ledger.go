@@ -278,8 +278,14 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
-	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g\n",
-		rep.RecordedEpsilon, rep.RecomputedEpsilon, rep.TargetEpsilon)
+	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g (%s accountant, enforced)\n",
+		rep.RecordedEpsilon, rep.RecomputedEpsilon, rep.TargetEpsilon, rep.Accountant)
+	fmt.Fprintf(w, "ε rdp    %.12g%s\n", rep.RDPEpsilon, enforcedMark(rep.Accountant, ledger.AccountantRDP))
+	if rep.PLDEpsilon != nil {
+		fmt.Fprintf(w, "ε pld    %.12g%s\n", *rep.PLDEpsilon, enforcedMark(rep.Accountant, ledger.AccountantPLD))
+	} else {
+		fmt.Fprintf(w, "ε pld    - (%s)\n", rep.PLDNote)
+	}
 	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
 	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)
 	for _, p := range rep.Problems {
@@ -287,6 +293,14 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// enforcedMark flags the accountant line of the one the run enforced.
+func enforcedMark(enforced, accountant string) string {
+	if enforced == accountant {
+		return " (enforced)"
+	}
+	return ""
 }
 
 // mechanismLabel describes a run record's noise mechanism.

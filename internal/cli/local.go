@@ -164,6 +164,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	started := time.Now()
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
+	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, log)
 	if err != nil {
 		return err

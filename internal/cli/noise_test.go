@@ -70,7 +70,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		if err := l.Start("old", 3, 1e-5, seed.Crypto, mechanism, ""); err != nil {
+		if err := l.Start("old", 3, 1e-5, seed.Crypto, mechanism, "", ""); err != nil {
 			t.Fatal(err)
 		}
 		return dir

@@ -142,6 +142,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	defer stop()
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
+	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, log)
 	if err != nil {
 		return err
