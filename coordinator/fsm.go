@@ -219,7 +219,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	f.cfg, f.history, f.theta, f.opt, f.grad = &c, ce.History, theta, opt, make([]float32, c.Dim)
 	f.log.Info("run configured", "run", c.Run, "history", ce.History, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
-		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode))
+		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode), "accountant", f.ledger.Accountant())
 	return ApplyResult{}
 }
 

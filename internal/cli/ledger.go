@@ -66,6 +66,9 @@ type showResult struct {
 	Delta         float64     `json:"delta"`
 	Noise         seed.Policy `json:"noise"`
 	Mechanism     string      `json:"mechanism"`
+	// Accountant is the accountant the run enforces its budget with (rdp
+	// for a run record from before the field).
+	Accountant string `json:"accountant"`
 	// History is the Raft history ID the run record binds the ledger to
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
@@ -107,7 +110,7 @@ verified before the damage and exits non-zero.`,
 				res.HeadHash = recs[len(recs)-1].Hash
 				if r := recs[0]; r.Kind == ledger.RecordRun {
 					res.Run, res.TargetEpsilon, res.Delta, res.Noise, res.History = r.Run, r.TargetEpsilon, r.Delta, r.Noise, r.History
-					res.Mechanism = r.Mechanism
+					res.Mechanism, res.Accountant = r.Mechanism, accountantName(r.Accountant)
 				}
 			}
 			for _, r := range recs {
@@ -143,7 +146,7 @@ func printShow(out io.Writer, res showResult) error {
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(res.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(res.History))
-	fmt.Fprintf(w, "records  %d, ε spent %.6g\n", res.Count, res.Epsilon)
+	fmt.Fprintf(w, "records  %d, ε spent %.6g (%s accountant)\n", res.Count, res.Epsilon, orDash(res.Accountant))
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
 	if res.TornBytes > 0 {
 		fmt.Fprintf(w, "torn     %d bytes after the last complete record (repaired on the next open)\n", res.TornBytes)

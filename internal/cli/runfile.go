@@ -250,6 +250,15 @@ func (s *runSpec) keepLegacyAccountant(dataDir string, log *slog.Logger) {
 	s.legacyAccountant = true
 }
 
+// accountantName names a run's accountant for output (RDP for a run
+// configured before accountants were recorded).
+func accountantName(a string) string {
+	if a == coordinator.AccountantLegacy {
+		return coordinator.AccountantRDP
+	}
+	return a
+}
+
 // noiseModeName names a run's noise mode for output.
 func noiseModeName(mode string) string {
 	if mode == coordinator.NoiseLegacy {

@@ -349,7 +349,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		log.Warn("--insecure-seed: the noise is SEEDED; this run is NOT differentially private")
 	}
 	log.Info("run", "run", rc.Run, "model", spec.Model, "params", rc.Dim, "examples", rc.TotalExamples,
-		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm, "noise", noiseModeName(rc.NoiseMode),
+		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm, "noise", noiseModeName(rc.NoiseMode), "accountant", accountantName(rc.Accountant),
 		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
 		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir, "eval_data", evalLabel(pr.eval))
