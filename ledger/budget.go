@@ -3,7 +3,6 @@ package ledger
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 )
 
@@ -68,7 +67,8 @@ func newBudget(accountant string, delta, target float64) (budget, error) {
 		}
 		return &rdpBudget{acc: acc, delta: delta}, nil
 	case AccountantPLD:
-		return &pldBudget{delta: delta, target: target, limit: map[pldKey]int64{}, eps: map[pldKey]map[int64]float64{}}, nil
+		return &pldBudget{delta: delta, target: target, limit: map[pldKey]int64{},
+			eps: map[pldKey]map[int64]float64{}, rdp: map[pldKey][]float64{}}, nil
 	}
 	return nil, fmt.Errorf("%w: accountant %q must be %q or %q", ErrInvalidParameter, accountant, AccountantRDP, AccountantPLD)
 }
@@ -118,18 +118,21 @@ type pldKey struct{ q, sigma float64 }
 //     count, which the PLD one is rarely below), and the check is
 //     n + 1 > T*, O(1). Steps with different (q, σ) fall back to composing
 //     them all (PLDEpsilonEvents).
-//   - epsilon: for n identical steps it is the PLD ε at the grid count
-//     g(n) ≥ n, capped at T* (g keeps the top 3 significant bits of n,
-//     rounding up: counts 1..8 exactly, then at most 25% above n), cached
-//     per count. PLD ε is non-decreasing in the count (composition never
-//     lowers the privacy loss), so ε(g(n)) is an upper bound on ε(n); it
-//     costs O(log n) evaluations over a whole run, and it is exact at T*,
-//     the last step a run can take. Mixed steps compose all events.
+//   - epsilon: for n identical steps it is the smaller of two upper bounds
+//     on the exact ε: the RDP accountant's ε of the n steps (O(orders)),
+//     and the PLD ε at the smallest count m ≥ n that the step-limit search
+//     evaluated (PLD ε is non-decreasing in the count: composition never
+//     lowers the privacy loss, so ε(m) bounds ε(n)). The search evaluates
+//     T* itself, so a run that ends at T* (a calibrated run ending at
+//     MaxSteps) records its exact PLD ε, and every recorded ε is within
+//     the target. No PLD evaluation happens after the first check. Mixed
+//     steps compose all events.
 type pldBudget struct {
 	delta, target float64
 	events        []PLDEvent // in first-charged order, one per (q, σ)
 	limit         map[pldKey]int64
-	eps           map[pldKey]map[int64]float64
+	eps           map[pldKey]map[int64]float64 // PLD ε at the counts stepLimit evaluated
+	rdp           map[pldKey][]float64         // per-step RDP curves
 }
 
 // pldStepOf returns the PLD event of one step of e: a Poisson-sampled
@@ -205,24 +208,50 @@ func (b *pldBudget) epsilon() (float64, error) {
 	case 1:
 		ev := b.events[0]
 		k := pldKey{ev.SampleRate, ev.NoiseMultiplier}
-		g := pldGrid(ev.Count)
-		if limit, err := b.stepLimit(k); err != nil {
+		if _, err := b.stepLimit(k); err != nil {
 			return 0, err
-		} else if ev.Count <= limit {
-			g = min(g, limit)
 		}
-		return b.at(k, g)
+		eps := math.Inf(1)
+		// The PLD ε at the smallest count m ≥ n the step-limit search
+		// evaluated (one exists for n ≤ T*: T* itself).
+		m := int64(math.MaxInt64)
+		for c := range b.eps[k] {
+			if c >= ev.Count && c < m {
+				m = c
+			}
+		}
+		if e, ok := b.eps[k][m]; ok {
+			eps = e
+		}
+		// The RDP accountant's ε of the n steps, O(len(orders)).
+		rdp := b.curve(k)
+		scaled := make([]float64, len(rdp))
+		for i := range rdp {
+			scaled[i] = float64(ev.Count) * rdp[i]
+		}
+		if e, _, err := RDPToEpsilon(DefaultOrders(), scaled, b.delta); err == nil {
+			eps = math.Min(eps, e)
+		}
+		if math.IsInf(eps, 1) {
+			return PLDEpsilonEvents(b.events, b.delta)
+		}
+		return eps, nil
 	}
 	return PLDEpsilonEvents(b.events, b.delta)
 }
 
-// pldGrid rounds n up to its top 3 significant bits.
-func pldGrid(n int64) int64 {
-	if n <= 8 {
-		return n
+// curve returns the per-step RDP of k over DefaultOrders, cached.
+func (b *pldBudget) curve(k pldKey) []float64 {
+	if c, ok := b.rdp[k]; ok {
+		return c
 	}
-	shift := bits.Len64(uint64(n)) - 3
-	return ((n-1)>>shift + 1) << shift
+	orders := DefaultOrders()
+	c := make([]float64, len(orders))
+	for i, o := range orders {
+		c[i] = SubsampledGaussianRDP(k.q, k.sigma, o)
+	}
+	b.rdp[k] = c
+	return c
 }
 
 // at returns the PLD ε of n steps of k, cached.
@@ -248,58 +277,76 @@ func (b *pldBudget) at(k pldKey, n int64) (float64, error) {
 const pldMaxLimit = int64(1) << 40
 
 // stepLimit returns T*, the largest count of steps of k whose PLD ε is at
-// most the target (0 if one step exceeds it), computed once.
+// most the target (0 if one step exceeds it), computed once and cached.
+//
+// Each PLD evaluation costs an FFT, so the search is a bracketing secant
+// on log ε against log T (smooth, close to ε ∝ √T): it starts at the RDP
+// accountant's step count for the same budget (PLD allows at least about
+// as many), extrapolates with ε ∝ √T until the limit is bracketed, then
+// interpolates; every guess x is followed by its neighbour on the far side
+// (x+1 after an x within the target, x−1 after one above it), which closes
+// the bracket when the guess is right, as it usually is within one or two
+// rounds. After four rounds it bisects, so it always terminates. It
+// assumes PLD ε is non-decreasing in T, which composition guarantees.
 func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
 	if t, ok := b.limit[k]; ok {
 		return t, nil
 	}
-	ok := func(n int64) (bool, error) {
-		eps, err := b.at(k, n)
-		return eps <= b.target, err
+	eval := func(n int64) (float64, error) { return b.at(k, n) }
+	// lo is within the target (or 0), hi above it (or 0: not found yet).
+	var lo, hi int64
+	var epsLo, epsHi float64
+	try := func(n int64) (bool, error) {
+		eps, err := eval(n)
+		if err != nil {
+			return false, err
+		}
+		if eps <= b.target {
+			lo, epsLo = n, eps
+			return true, nil
+		}
+		hi, epsHi = n, eps
+		return false, nil
 	}
-	// Start from the RDP accountant's step count for the same budget.
 	start := int64(1)
-	if acc, err := NewAccountant(nil); err == nil {
-		if err := acc.Compose(SubsampledGaussian(k.q, k.sigma), 1); err == nil {
-			if e1, _, err := acc.Epsilon(b.delta); err == nil && e1 < b.target {
-				start = rdpStepLimit(acc.RDP(), b.delta, b.target)
-			}
-		}
+	if e1, _, err := RDPToEpsilon(DefaultOrders(), b.curve(k), b.delta); err == nil && e1 < b.target {
+		start = rdpStepLimit(b.curve(k), b.delta, b.target)
 	}
-	lo, hi := int64(0), int64(0) // ok(lo) (or lo = 0), !ok(hi) (or hi = 0: unknown)
-	if good, err := ok(start); err != nil {
+	if _, err := try(start); err != nil {
 		return 0, err
-	} else if good {
-		lo = start
-		for n := start; hi == 0; {
-			if n >= pldMaxLimit {
-				b.limit[k] = pldMaxLimit
-				return pldMaxLimit, nil
-			}
-			n = min(n+max(n/4, 1), pldMaxLimit)
-			good, err := ok(n)
-			if err != nil {
-				return 0, err
-			}
-			if good {
-				lo = n
-			} else {
-				hi = n
-			}
-		}
-	} else {
-		hi = start
 	}
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		good, err := ok(mid)
+	for round := 0; hi == 0 || hi-lo > 1; round++ {
+		var x int64
+		switch {
+		case hi == 0 && lo >= pldMaxLimit:
+			b.limit[k] = pldMaxLimit
+			return pldMaxLimit, nil
+		case hi == 0: // extrapolate up with ε ∝ √T, a little beyond
+			r := b.target / epsLo
+			x = int64(math.Min(math.Ceil(float64(lo)*r*r*1.01)+1, float64(pldMaxLimit)))
+			x = max(x, lo+1)
+		case round >= 4 || lo == 0 || !(epsLo > 0):
+			x = lo + (hi-lo)/2
+		default: // secant on (log T, log ε)
+			slope := math.Log(epsHi/epsLo) / math.Log(float64(hi)/float64(lo))
+			f := float64(lo) * math.Exp(math.Log(b.target/epsLo)/slope)
+			if math.IsNaN(f) {
+				f = float64(lo + (hi-lo)/2)
+			}
+			x = int64(math.Min(math.Max(math.Floor(f), float64(lo+1)), float64(hi-1)))
+		}
+		ok, err := try(x)
 		if err != nil {
 			return 0, err
 		}
-		if good {
-			lo = mid
-		} else {
-			hi = mid
+		// The neighbour on the far side closes the bracket if x was right.
+		if ok && (hi == 0 || hi > x+1) && x < pldMaxLimit {
+			_, err = try(x + 1)
+		} else if !ok && x-1 > lo {
+			_, err = try(x - 1)
+		}
+		if err != nil {
+			return 0, err
 		}
 	}
 	b.limit[k] = lo
@@ -307,7 +354,8 @@ func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
 }
 
 // rdpStepLimit returns the largest T with RDP ε(T·rdp) ≤ target at δ
-// (at least 1), by doubling and bisection on the cheap RDP conversion.
+// (at least 1), by doubling and bisection on the cheap RDP conversion;
+// rdp is one step's RDP over DefaultOrders.
 func rdpStepLimit(rdp []float64, delta, target float64) int64 {
 	orders := DefaultOrders()
 	scaled := make([]float64, len(rdp))

@@ -224,8 +224,8 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
 		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, NoiseMode: rc.NoiseMode, Stopped: sum.Stopped,
 		Accountant: accountantName(rc.Accountant),
-		EvalData: evalLabel(pr.eval),
-		Ledger:   filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
+		EvalData:   evalLabel(pr.eval),
+		Ledger:     filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
 		Private: !seeded, Model: modelPath, StateSHA256: sum.Digest,
 	}
 	res.setFinalEval(sum)
