@@ -202,7 +202,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	}
 	// Bind the ledger to this history (or check that it is bound to it: a
 	// ledger of another history makes this replica fail closed).
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, ce.History); err != nil {
+	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, c.Accountant, ce.History); err != nil {
 		return f.fail(err)
 	}
 	theta, err := f.init(c)
@@ -219,7 +219,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	f.cfg, f.history, f.theta, f.opt, f.grad = &c, ce.History, theta, opt, make([]float32, c.Dim)
 	f.log.Info("run configured", "run", c.Run, "history", ce.History, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
-		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode))
+		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode), "accountant", f.ledger.Accountant())
 	return ApplyResult{}
 }
 

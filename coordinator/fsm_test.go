@@ -216,6 +216,51 @@ func TestFSMBudgetRefusal(t *testing.T) {
 	}
 }
 
+// TestFSMBudgetRefusalPLD: a run whose configuration names the PLD
+// accountant is held to PLD's ε: with the target at the PLD ε of 5 steps
+// (which RDP puts above it), the state machine applies exactly 5, refuses
+// the sixth, and its ledger names PLD; its reported ε is PLD's.
+func TestFSMBudgetRefusalPLD(t *testing.T) {
+	dir := t.TempDir()
+	f := newTestFSM(t, dir)
+	c := testRunConfig()
+	c.NoiseMode, c.Accountant = NoiseFloat, AccountantPLD
+	q, sigma := c.SampleRate, c.Optimizer.NoiseMultiplier
+	pld5, err := ledger.PLDEpsilon(q, sigma, 5, c.Delta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdp5, _, _ := ledger.Epsilon(q, sigma, 5, c.Delta)
+	if !(rdp5 > pld5) {
+		t.Fatalf("precondition: RDP ε %v not above PLD ε %v", rdp5, pld5)
+	}
+	c.TargetEpsilon = pld5
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	grads := noisyGrads(6, 3)
+	for i := range 5 {
+		if over, err := f.WouldExceed(); over || err != nil {
+			t.Fatalf("before step %d: WouldExceed = %v, %v", i+1, over, err)
+		}
+		if res := mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, grads[i])); !res.Applied {
+			t.Fatalf("step %d refused: %+v", i+1, res)
+		}
+	}
+	if over, _ := f.WouldExceed(); !over {
+		t.Error("WouldExceed = false with the budget spent")
+	}
+	res := mustApply(t, f, stepLog(t, 7, 6, c, grads[5]))
+	if !errors.Is(res.Err, ledger.ErrBudgetExceeded) || res.Applied || res.Charged {
+		t.Fatalf("step 6: %+v, want refused with ErrBudgetExceeded", res)
+	}
+	if s := f.State(); s.Charges != 5 || s.Epsilon != pld5 {
+		t.Errorf("state: %+v, want 5 charges and ε = PLD's %v", s, pld5)
+	}
+	rep, _ := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if !rep.OK || rep.Charges != 5 || rep.Accountant != AccountantPLD || rep.RDPEpsilon != rdp5 {
+		t.Errorf("audit: %+v", rep)
+	}
+}
+
 func TestFSMLedgerFailureFailsClosed(t *testing.T) {
 	dir := t.TempDir()
 	fail := false

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -209,7 +210,7 @@ func TestLegacyConfigKeepsItsMeaning(t *testing.T) {
 	if err := msgpack.Unmarshal(old, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.NoiseMode != NoiseLegacy || got.Validate() != nil {
+	if got.NoiseMode != NoiseLegacy || got.Accountant != AccountantLegacy || got.Validate() != nil {
 		t.Fatalf("decoded %+v (validate %v)", got, got.Validate())
 	}
 	if e := got.Event(); e.Event == nil || e.Event.Kind != ledger.KindGaussian || e.Event.NoiseMultiplier != c.Optimizer.NoiseMultiplier {
@@ -221,5 +222,55 @@ func TestLegacyConfigKeepsItsMeaning(t *testing.T) {
 	}
 	if string(again) != string(old) || !sameConfig(got, c) {
 		t.Errorf("legacy config re-encodes differently:\n%x\n%x", again, old)
+	}
+}
+
+// TestLegacyConfigKeepsItsAccountant: a configuration written before
+// accountants were recorded (here with the discrete noise mode, which
+// predates them) decodes to AccountantLegacy, re-encodes to the same bytes,
+// and its ledger enforces the budget with RDP, as it did when it ran: the
+// ledger's Spent after a charge is the RDP accountant's ε of that event.
+func TestLegacyConfigKeepsItsAccountant(t *testing.T) {
+	c := testRunConfig()
+	c.NoiseMode = NoiseDiscrete
+	type preAccountant struct {
+		legacyRunConfig
+		NoiseMode string `msgpack:"noise_mode,omitempty"`
+	}
+	old, err := msgpack.Marshal(preAccountant{legacyRunConfig{
+		Run: c.Run, ModelHash: c.ModelHash, Dim: c.Dim, InitSeed: c.InitSeed, TotalExamples: c.TotalExamples,
+		SampleRate: c.SampleRate, Optimizer: c.Optimizer, TargetEpsilon: c.TargetEpsilon, Delta: c.Delta, SeedPolicy: string(c.SeedPolicy),
+	}, c.NoiseMode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got RunConfig
+	if err := msgpack.Unmarshal(old, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Accountant != AccountantLegacy || got.NoiseMode != NoiseDiscrete || got.Validate() != nil {
+		t.Fatalf("decoded %+v (validate %v)", got, got.Validate())
+	}
+	again, err := msgpack.Marshal(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again) != string(old) {
+		t.Errorf("pre-accountant config re-encodes differently:\n%x\n%x", again, old)
+	}
+	l, err := ledger.Open(filepath.Join(t.TempDir(), "ledger.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Start(got.Run, got.TargetEpsilon, got.Delta, got.SeedPolicy, got.NoiseMode, got.Accountant, "h"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Charge(1, got.Event(), ledger.Position{History: "h", Term: 1, Index: 2}, false); err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := ledger.EventEpsilon(nil, got.Event(), 1, got.Delta)
+	if err != nil || l.Spent() != want || l.Accountant() != AccountantRDP {
+		t.Errorf("legacy run spent ε=%v with %q, want RDP's %v (%v)", l.Spent(), l.Accountant(), want, err)
 	}
 }

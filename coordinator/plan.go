@@ -61,6 +61,13 @@ type RunPlan struct {
 	// noise modes (a run cannot change mechanism midway).
 	NoiseMode       string
 	KeepLegacyNoise bool
+	// Accountant is AccountantPLD or AccountantRDP, or "" for the default
+	// of the noise mode (DefaultAccountantFor). KeepLegacyAccountant
+	// overrides it with AccountantLegacy (RDP), for a run resumed from a
+	// ledger that predates accountants (a run cannot change accountant
+	// midway).
+	Accountant           string
+	KeepLegacyAccountant bool
 	// Seeded says the leader's noise comes from a seeded, predictable
 	// source: the run's SeedPolicy is then seed.Seeded, and it is NOT
 	// private. Otherwise seed.Crypto.
@@ -74,11 +81,16 @@ type RunPlan struct {
 //  2. B must be in (0, N], and q = B/N;
 //  3. the noise mode is NoiseLegacy if KeepLegacyNoise, else NoiseMode,
 //     which must be NoiseDiscrete or NoiseFloat;
-//  4. the seed policy is seed.Seeded if Seeded, else seed.Crypto;
-//  5. if Sigma is 0, σ is calibrated with the event the ledger will charge
-//     (RunConfig.Event) to TargetEpsilon·(1 − CalibrationMargin) at
-//     MaxSteps (which must then be positive);
-//  6. B is stored as q·N, which must reproduce B (to 1e-9), and the result
+//  4. the accountant is AccountantLegacy if KeepLegacyAccountant, else
+//     Accountant, or DefaultAccountantFor(mode) if that is empty; it must
+//     be able to charge the mode's mechanism (RunConfig.Validate);
+//  5. the seed policy is seed.Seeded if Seeded, else seed.Crypto;
+//  6. if Sigma is 0, σ is calibrated with the run's accountant and the
+//     event the ledger will charge (RunConfig.Event) to
+//     TargetEpsilon·(1 − CalibrationMargin) at MaxSteps (which must then
+//     be positive): ledger.Calibrate for RDP, ledger.PLDCalibrateSigma for
+//     PLD;
+//  7. B is stored as q·N, which must reproduce B (to 1e-9), and the result
 //     passes RunConfig.Validate.
 //
 // On error it returns the zero RunConfig. It reads no clock and draws no
@@ -111,6 +123,19 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 	case mode != NoiseDiscrete && mode != NoiseFloat:
 		return bad("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
 	}
+	accountant := p.Accountant
+	switch {
+	case p.KeepLegacyAccountant:
+		accountant = AccountantLegacy
+	case accountant == "":
+		accountant = DefaultAccountantFor(mode)
+	case accountant != AccountantPLD && accountant != AccountantRDP:
+		return bad("accountant %q must be %s or %s", accountant, AccountantPLD, AccountantRDP)
+	}
+	if !ledger.AccountantSupports(accountant, mode) {
+		return bad("accountant %s cannot charge noise %s: the PLD accountant accounts for the continuous Gaussian only (use accountant %s, or noise %s)",
+			accountant, noiseModeLabel(mode), AccountantRDP, NoiseFloat)
+	}
 	policy := seed.Crypto
 	if p.Seeded {
 		policy = seed.Seeded
@@ -120,18 +145,26 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 	c := RunConfig{
 		Run: p.Run, ModelSpec: p.ModelSpec, ModelHash: p.ModelHash, Dim: p.Dim, InitSeed: p.InitSeed,
 		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: p.TargetEpsilon, Delta: p.Delta,
-		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode,
+		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode, Accountant: accountant,
 	}
 	if p.Sigma == 0 {
 		if p.MaxSteps <= 0 {
 			return bad("calibrating sigma needs max_steps (or give sigma)")
 		}
-		event := func(sigma float64) ledger.Event {
-			c := c
-			c.Optimizer.NoiseMultiplier = sigma
-			return c.Event()
+		target := p.TargetEpsilon * (1 - CalibrationMargin)
+		var sigma float64
+		var err error
+		if accountant == AccountantPLD {
+			// AccountantSupports: the mode charges the Gaussian at σ itself.
+			sigma, err = ledger.PLDCalibrateSigma(target, q, p.MaxSteps, p.Delta)
+		} else {
+			event := func(sigma float64) ledger.Event {
+				c := c
+				c.Optimizer.NoiseMultiplier = sigma
+				return c.Event()
+			}
+			sigma, err = ledger.Calibrate(nil, target, p.MaxSteps, p.Delta, event)
 		}
-		sigma, err := ledger.Calibrate(nil, p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, event)
 		if err != nil {
 			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
 		}

@@ -110,7 +110,7 @@ func TestRunPlanDerives(t *testing.T) {
 func TestRunPlanMarginOnce(t *testing.T) {
 	for _, mode := range []string{NoiseDiscrete, NoiseFloat} {
 		p := testPlan()
-		p.NoiseMode = mode
+		p.NoiseMode, p.Accountant = mode, AccountantRDP
 		c, err := p.RunConfig()
 		if err != nil {
 			t.Fatal(err)
@@ -131,6 +131,61 @@ func TestRunPlanMarginOnce(t *testing.T) {
 		if got := c.Optimizer.NoiseMultiplier; got != once {
 			t.Errorf("%s: σ = %v, want %v (the margin applied once)", mode, got, once)
 		}
+	}
+}
+
+// TestRunPlanPLD: a new run whose noise mode the PLD accountant charges
+// (float) gets PLD by default, and its σ is ledger.PLDCalibrateSigma's for
+// TargetEpsilon·(1 − CalibrationMargin) (the margin applied once): its PLD
+// ε over MaxSteps is within that, and it is below the RDP-calibrated σ
+// (PLD is tighter). A discrete run defaults to RDP, and asking for PLD
+// with discrete noise is a clear error, not a silent switch.
+func TestRunPlanPLD(t *testing.T) {
+	p := testPlan()
+	p.NoiseMode = NoiseFloat
+	c, err := p.RunConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Accountant != AccountantPLD {
+		t.Fatalf("float run's default accountant = %q, want %q", c.Accountant, AccountantPLD)
+	}
+	sigma := c.Optimizer.NoiseMultiplier
+	once, err := ledger.PLDCalibrateSigma(p.TargetEpsilon*(1-CalibrationMargin), c.SampleRate, p.MaxSteps, p.Delta)
+	if err != nil || sigma != once {
+		t.Errorf("σ = %v, want PLDCalibrateSigma's %v (%v)", sigma, once, err)
+	}
+	eps, err := ledger.PLDEpsilon(c.SampleRate, sigma, p.MaxSteps, p.Delta)
+	if err != nil || eps > p.TargetEpsilon*(1-CalibrationMargin) {
+		t.Errorf("PLD ε after %d steps = %v (%v), above the target less the margin", p.MaxSteps, eps, err)
+	}
+	p.Accountant = AccountantRDP
+	r, err := p.RunConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Accountant != AccountantRDP || !(sigma < r.Optimizer.NoiseMultiplier) {
+		t.Errorf("RDP run: accountant %q, σ %v; want rdp and σ above PLD's %v", r.Accountant, r.Optimizer.NoiseMultiplier, sigma)
+	}
+
+	d := testPlan() // discrete noise
+	dc, err := d.RunConfig()
+	if err != nil || dc.Accountant != AccountantRDP {
+		t.Fatalf("discrete run: accountant %q (%v), want %q", dc.Accountant, err, AccountantRDP)
+	}
+	d.Accountant = AccountantPLD
+	if _, err := d.RunConfig(); !errors.Is(err, ErrInvalidPlan) {
+		t.Errorf("PLD with discrete noise: %v, want ErrInvalidPlan", err)
+	}
+	d.Accountant = "moments"
+	if _, err := d.RunConfig(); !errors.Is(err, ErrInvalidPlan) {
+		t.Errorf("unknown accountant: %v, want ErrInvalidPlan", err)
+	}
+	l := testPlan()
+	l.NoiseMode, l.Accountant, l.KeepLegacyAccountant = NoiseFloat, AccountantPLD, true
+	lc, err := l.RunConfig()
+	if err != nil || lc.Accountant != AccountantLegacy {
+		t.Errorf("legacy accountant kept: %q (%v), want %q", lc.Accountant, err, AccountantLegacy)
 	}
 }
 

@@ -58,6 +58,36 @@ type RunConfig struct {
 	// The field is omitted when empty, so such a configuration re-encodes
 	// to the same bytes.
 	NoiseMode string `json:"noise_mode,omitempty" msgpack:"noise_mode,omitempty"`
+	// Accountant names the accountant the state machine enforces the budget
+	// with and σ is calibrated with: AccountantPLD (what new runs with a
+	// noise mode it supports get, ledger.AccountantSupports) or
+	// AccountantRDP. AccountantLegacy, the empty string, is what
+	// configurations written before the field existed decode to; it means
+	// what they meant then: RDP. Omitted when empty, so such a
+	// configuration re-encodes to the same bytes.
+	Accountant string `json:"accountant,omitempty" msgpack:"accountant,omitempty"`
+}
+
+// Accountants (RunConfig.Accountant). The ledger's run record names the
+// run's accountant.
+const (
+	AccountantPLD    = ledger.AccountantPLD
+	AccountantRDP    = ledger.AccountantRDP
+	AccountantLegacy = ""
+	// DefaultAccountant is the accountant new runs get unless told
+	// otherwise, where their noise mode allows it (DefaultAccountantFor).
+	DefaultAccountant = AccountantPLD
+)
+
+// DefaultAccountantFor returns the accountant a new run with the given
+// noise mode gets when none is asked for: DefaultAccountant (PLD) if the
+// ledger's PLD accountant can charge that mode's mechanism, else RDP (the
+// discrete Gaussian: see docs/PRIVACY.md, "Accountants").
+func DefaultAccountantFor(noiseMode string) string {
+	if ledger.AccountantSupports(DefaultAccountant, noiseMode) {
+		return DefaultAccountant
+	}
+	return AccountantRDP
 }
 
 // Noise modes (RunConfig.NoiseMode). The ledger's run record names the
@@ -129,6 +159,10 @@ func (c RunConfig) Validate() error {
 		return bad("max steps %d must not be negative", c.MaxSteps)
 	case c.NoiseMode != NoiseDiscrete && c.NoiseMode != NoiseFloat && c.NoiseMode != NoiseLegacy:
 		return bad("noise mode %q must be %q or %q", c.NoiseMode, NoiseDiscrete, NoiseFloat)
+	case c.Accountant != AccountantPLD && c.Accountant != AccountantRDP && c.Accountant != AccountantLegacy:
+		return bad("accountant %q must be %q or %q", c.Accountant, AccountantPLD, AccountantRDP)
+	case !ledger.AccountantSupports(c.Accountant, c.NoiseMode):
+		return bad("accountant %q cannot charge noise mode %q: the PLD accountant accounts for the continuous Gaussian only; use accountant %q", c.Accountant, c.NoiseMode, AccountantRDP)
 	}
 	if err := c.SeedPolicy.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)

@@ -43,19 +43,31 @@ type AuditReport struct {
 	// Mechanism is the run record's noise mechanism (MechanismDiscrete,
 	// MechanismFloat, or "" for a run recorded before the field existed,
 	// which used the floating-point sampler).
-	Mechanism         string  `json:"mechanism"`
+	Mechanism string `json:"mechanism"`
+	// Accountant is the accountant the run enforced its budget with, as
+	// the run record names it (AccountantRDP for a record from before the
+	// field). RecordedEpsilon and RecomputedEpsilon are that accountant's.
+	Accountant        string  `json:"accountant"`
 	TargetEpsilon     float64 `json:"target_epsilon"`
 	Delta             float64 `json:"delta"`
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
 	RecomputedEpsilon float64 `json:"recomputed_epsilon"`
-	HeadHash          string  `json:"head_hash"`
+	// RDPEpsilon and PLDEpsilon are the ε of all the charges, composed
+	// afresh by each accountant (RDP over DefaultOrders; PLD by
+	// PLDEpsilonEvents, not the enforced budget's grid bound). PLDEpsilon
+	// is nil when the PLD accountant cannot charge the events (the discrete
+	// Gaussian) or there are none; PLDNote then says why.
+	RDPEpsilon float64  `json:"rdp_epsilon"`
+	PLDEpsilon *float64 `json:"pld_epsilon"`
+	PLDNote    string   `json:"pld_note,omitempty"`
+	HeadHash   string   `json:"head_hash"`
 }
 
 // Audit reads the ledger file at path without modifying it and checks, in
 // order: every frame's CRC, the format and sequence of every record, the
 // SHA-256 hash chain; that the file opens with one run record; that every
-// charge's recorded ε equals the accountant's recomputation from the events
-// recorded so far (within relative 1e-9); that every charge is for the
+// charge's recorded ε equals the run accountant's recomputation from the
+// events recorded so far (within relative 1e-9); that every charge is for the
 // mechanism the run record names (MechanismKind); that no recorded ε
 // exceeds the target; that Raft indexes strictly increase; that applied
 // (non-replay) steps strictly increase, so no step was applied twice; and
@@ -63,6 +75,9 @@ type AuditReport struct {
 // the run record's history, and Raft terms never decrease from one charge
 // to the next (they cannot along one Raft log; this also catches some
 // reuse in ledgers written before history IDs, whose records carry none).
+//
+// It also composes all the charges with both accountants, RDP and PLD,
+// and reports both ε beside the one the run enforced.
 //
 // It returns a report with OK false and the problems found for a ledger
 // that fails any check; the error is non-nil only if the file cannot be
@@ -97,6 +112,17 @@ func Audit(path string) (AuditReport, error) {
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
 	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != seed.Seeded, run.Mechanism
 	rep.History = run.History
+	rep.Accountant = run.Accountant
+	if rep.Accountant == "" {
+		rep.Accountant = AccountantRDP
+	}
+	enforced, berr := newBudget(run.Accountant, run.Delta, run.TargetEpsilon)
+	if berr != nil {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: %v", berr))
+		enforced, _ = newBudget(AccountantRDP, run.Delta, run.TargetEpsilon)
+	}
+	var pldEvents []PLDEvent
+	var pldErr error
 	wantKind, knownMechanism := MechanismKind(run.Mechanism)
 	if !knownMechanism {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: unknown noise mechanism %q", run.Mechanism))
@@ -116,7 +142,16 @@ func Audit(path string) (AuditReport, error) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
 			continue
 		}
-		eps, _, err := acc.Epsilon(run.Delta)
+		if s, err := pldStepOf(*r.Event); err != nil {
+			pldErr = err
+		} else {
+			pldEvents = addPLDStep(pldEvents, s)
+		}
+		if err := enforced.add(*r.Event); err != nil {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
+			continue
+		}
+		eps, err := enforced.epsilon()
 		if err != nil {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
 			continue
@@ -152,6 +187,23 @@ func Audit(path string) (AuditReport, error) {
 		rep.LastStep = max(rep.LastStep, r.Step)
 		rep.RecordedEpsilon = r.Epsilon
 		rep.RecomputedEpsilon = eps
+	}
+	if rep.Charges > 0 {
+		if e, _, err := acc.Epsilon(run.Delta); err == nil {
+			rep.RDPEpsilon = e
+		}
+	}
+	switch {
+	case pldErr != nil:
+		rep.PLDNote = pldErr.Error()
+	case len(pldEvents) == 0:
+		rep.PLDNote = "no charges"
+	default:
+		if e, err := PLDEpsilonEvents(pldEvents, run.Delta); err != nil {
+			rep.PLDNote = err.Error()
+		} else {
+			rep.PLDEpsilon = &e
+		}
 	}
 	return rep.finish(), nil
 }

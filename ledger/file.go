@@ -90,6 +90,11 @@ type Record struct {
 	// MechanismFloat. Empty in ledgers written before the field existed,
 	// whose runs all used the floating-point sampler.
 	Mechanism string `json:"mechanism,omitempty"`
+	// Accountant names the accountant the run's budget is enforced with
+	// and its charges' Epsilon computed by: AccountantPLD or AccountantRDP.
+	// Empty in ledgers written before the field existed, whose runs all
+	// used RDP; omitted when empty, so their records hash as before.
+	Accountant string `json:"accountant,omitempty"`
 	// History identifies the Raft history (a random ID chosen when the run
 	// configuration is first proposed, see Position): in the run record,
 	// the one history the ledger is bound to; in a charge record, the
@@ -108,8 +113,9 @@ type Record struct {
 	// release happened (it was committed), so it is charged, but the
 	// update was not applied again.
 	Replay bool `json:"replay,omitempty"`
-	// Epsilon is ε spent so far, at the run's δ, by the RDP accountant over
-	// DefaultOrders, including this record.
+	// Epsilon is ε spent so far, at the run's δ, by the run record's
+	// accountant (RDP over DefaultOrders, or PLD: see pldBudget.epsilon),
+	// including this record.
 	Epsilon float64 `json:"epsilon,omitempty"`
 	// PrevHash chains this record to the one before it (hex SHA-256; all
 	// zeros for the first record). Hash is SHA-256 over the record's JSON

@@ -33,7 +33,7 @@ func newLedger(t *testing.T, target float64) (*Ledger, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	if err := l.Start("test-run", target, 1e-5, seed.Crypto, MechanismFloat, testHistory); err != nil {
+	if err := l.Start("test-run", target, 1e-5, seed.Crypto, MechanismFloat, "", testHistory); err != nil {
 		t.Fatal(err)
 	}
 	return l, path
@@ -69,10 +69,10 @@ func TestLedgerReopen(t *testing.T) {
 	if got, want := l2.LastIndex(), uint64(30); got != want {
 		t.Errorf("LastIndex = %d, want %d", got, want)
 	}
-	if err := l2.Start("test-run", 10, 1e-5, seed.Crypto, MechanismFloat, testHistory); err != nil {
+	if err := l2.Start("test-run", 10, 1e-5, seed.Crypto, MechanismFloat, "", testHistory); err != nil {
 		t.Errorf("Start with the same run: %v", err)
 	}
-	if err := l2.Start("other-run", 10, 1e-5, seed.Crypto, MechanismFloat, testHistory); !errors.Is(err, ErrRunMismatch) {
+	if err := l2.Start("other-run", 10, 1e-5, seed.Crypto, MechanismFloat, "", testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("Start with another run: %v, want ErrRunMismatch", err)
 	}
 	// ε recorded in the head equals what a fresh accountant computes.
@@ -325,7 +325,7 @@ func FuzzReadLedger(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l.Start("fuzz", 10, 1e-5, seed.Crypto, MechanismFloat, testHistory)
+	l.Start("fuzz", 10, 1e-5, seed.Crypto, MechanismFloat, "", testHistory)
 	l.Charge(1, SubsampledGaussian(0.01, 1), at(1, 2), false)
 	l.Charge(2, SubsampledGaussian(0.01, 1), at(1, 3), false)
 	l.Close()
@@ -357,13 +357,13 @@ func TestRunRecordNoise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 3, 1e-5, "maybe", MechanismDiscrete, testHistory); !errors.Is(err, ErrInvalidParameter) {
+	if err := l.Start("r", 3, 1e-5, "maybe", MechanismDiscrete, "", testHistory); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("unknown noise source: %v", err)
 	}
-	if err := l.Start("r", 3, 1e-5, seed.Seeded, MechanismDiscrete, testHistory); err != nil {
+	if err := l.Start("r", 3, 1e-5, seed.Seeded, MechanismDiscrete, "", testHistory); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismDiscrete, testHistory); !errors.Is(err, ErrRunMismatch) {
+	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismDiscrete, "", testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("restart with another noise source: %v", err)
 	}
 	l.Close()
@@ -383,13 +383,13 @@ func TestRunRecordMechanism(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("r", 30, 1e-5, seed.Crypto, "fancy", testHistory); !errors.Is(err, ErrInvalidParameter) {
+	if err := l.Start("r", 30, 1e-5, seed.Crypto, "fancy", "", testHistory); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("unknown mechanism: %v", err)
 	}
-	if err := l.Start("r", 30, 1e-5, seed.Crypto, MechanismDiscrete, testHistory); err != nil {
+	if err := l.Start("r", 30, 1e-5, seed.Crypto, MechanismDiscrete, "", testHistory); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("r", 30, 1e-5, seed.Crypto, MechanismFloat, testHistory); !errors.Is(err, ErrRunMismatch) {
+	if err := l.Start("r", 30, 1e-5, seed.Crypto, MechanismFloat, "", testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("restart with another mechanism: %v", err)
 	}
 	if _, err := l.Charge(1, SubsampledDiscreteGaussian(0.01, 1), at(1, 2), false); err != nil {

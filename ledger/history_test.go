@@ -24,7 +24,7 @@ func TestLedgerBoundToHistory(t *testing.T) {
 	before, _ := os.ReadFile(path)
 	e := SubsampledGaussian(testQ, testSigma)
 
-	if err := l.Start("test-run", 10, 1e-5, seed.Crypto, MechanismFloat, otherHistory); !errors.Is(err, ErrHistoryMismatch) {
+	if err := l.Start("test-run", 10, 1e-5, seed.Crypto, MechanismFloat, "", otherHistory); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("Start from another history: %v, want ErrHistoryMismatch", err)
 	}
 	for _, idx := range []uint64{3, 15, 16, 1000} {
@@ -130,10 +130,10 @@ func TestLedgerBeforeHistory(t *testing.T) {
 	if err := l.CheckRaftState(RaftState{}); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("no Raft state: %v", err)
 	}
-	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", testHistory); !errors.Is(err, ErrHistoryMismatch) {
+	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", "", testHistory); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("Start with a history ID: %v", err)
 	}
-	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", ""); err != nil {
+	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", "", ""); err != nil {
 		t.Fatalf("Start as before: %v", err)
 	}
 	if _, err := l.Charge(6, SubsampledGaussian(0.01, 1.1), Position{Term: 2, Index: 8}, false); err != nil {

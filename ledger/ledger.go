@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/dpcluster/dpcluster/seed"
 )
@@ -33,16 +32,17 @@ var ErrHistoryMismatch = errors.New("ledger: ledger and Raft state belong to dif
 
 // Ledger is the durable privacy ledger of one coordinator replica: a File of
 // records and the accountant state those records imply. Charges are
-// accounted with the RDP accountant over DefaultOrders, one Compose per
-// record in file order, so an auditor who replays the file gets the same ε
-// bit for bit.
+// accounted with the accountant the run record names (AccountantRDP over
+// DefaultOrders, or AccountantPLD; "" in ledgers from before the field
+// means RDP), one charge per record in file order, so an auditor who
+// replays the file gets the same ε bit for bit.
 //
 // Ledger is not safe for concurrent use; the coordinator's state machine
 // owns it.
 type Ledger struct {
 	file      *File
-	acc       *Accountant
-	run       *Record // the run record, nil before Start
+	budget    budget  // the run's accountant state, nil before Start
+	run       *Record // the run record, nil before Start // the run record, nil before Start
 	lastIndex uint64  // Raft index of the last charge
 	lastStep  int64   // highest step charged
 	charges   uint64
@@ -71,11 +71,7 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 
 // replay rebuilds ledger state from verified records.
 func replay(recs []Record) (*Ledger, error) {
-	acc, err := NewAccountant(nil)
-	if err != nil {
-		return nil, err
-	}
-	l := &Ledger{acc: acc}
+	l := &Ledger{}
 	for i := range recs {
 		r := recs[i]
 		switch r.Kind {
@@ -83,7 +79,11 @@ func replay(recs []Record) (*Ledger, error) {
 			if l.run != nil {
 				return nil, fmt.Errorf("%w: second run record at seq %d", ErrCorrupt, r.Seq)
 			}
-			l.run = &r
+			b, err := newBudget(r.Accountant, r.Delta, r.TargetEpsilon)
+			if err != nil {
+				return nil, fmt.Errorf("%w: run record: %v", ErrCorrupt, err)
+			}
+			l.run, l.budget = &r, b
 		case RecordCharge:
 			if l.run == nil {
 				return nil, fmt.Errorf("%w: charge at seq %d before the run record", ErrCorrupt, r.Seq)
@@ -92,7 +92,7 @@ func replay(recs []Record) (*Ledger, error) {
 				return nil, fmt.Errorf("%w: charge at seq %d is from Raft history %s, the run record's is %s",
 					ErrCorrupt, r.Seq, historyName(r.History), historyName(l.run.History))
 			}
-			if err := l.acc.Compose(*r.Event, 1); err != nil {
+			if err := l.budget.add(*r.Event); err != nil {
 				return nil, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, r.Seq, err)
 			}
 			l.lastIndex = max(l.lastIndex, r.Index)
@@ -148,17 +148,26 @@ func MechanismKind(mechanism string) (Kind, bool) {
 
 // Start records the run's identity, budget, noise source (seed.Crypto or
 // seed.Seeded), noise mechanism (MechanismDiscrete, MechanismFloat, or ""
-// for a run configured before mechanisms were recorded) and Raft history as
+// for a run configured before mechanisms were recorded), accountant
+// (AccountantPLD, AccountantRDP, or "" for a run configured before
+// accountants were recorded, which means RDP; PLD only for a mechanism it
+// supports, AccountantSupports) and Raft history as
 // the ledger's first record, binding the ledger to that history. If the
 // ledger already holds a run record, Start checks that it matches
 // (ErrRunMismatch for other run parameters, ErrHistoryMismatch for another
 // history) and records nothing.
-func (l *Ledger) Start(run string, targetEps, delta float64, noise seed.Policy, mechanism, history string) error {
+func (l *Ledger) Start(run string, targetEps, delta float64, noise seed.Policy, mechanism, accountant, history string) error {
 	if err := noise.Validate(); err != nil {
 		return fmt.Errorf("%w: noise source: %w", ErrInvalidParameter, err)
 	}
 	if _, ok := MechanismKind(mechanism); !ok {
 		return fmt.Errorf("%w: noise mechanism %q", ErrInvalidParameter, mechanism)
+	}
+	if !knownAccountant(accountant) {
+		return fmt.Errorf("%w: accountant %q must be %q or %q", ErrInvalidParameter, accountant, AccountantPLD, AccountantRDP)
+	}
+	if !AccountantSupports(accountant, mechanism) {
+		return fmt.Errorf("%w: the %s accountant cannot charge noise mechanism %q", ErrInvalidParameter, accountant, mechanism)
 	}
 	if !(targetEps > 0) || math.IsInf(targetEps, 0) {
 		return fmt.Errorf("%w: target epsilon %v", ErrInvalidParameter, targetEps)
@@ -167,18 +176,24 @@ func (l *Ledger) Start(run string, targetEps, delta float64, noise seed.Policy, 
 		return fmt.Errorf("%w: delta %v", ErrInvalidParameter, delta)
 	}
 	if l.run != nil {
-		if l.run.Run != run || l.run.TargetEpsilon != targetEps || l.run.Delta != delta || l.run.Noise != noise || l.run.Mechanism != mechanism {
-			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v, noise %q, mechanism %q), asked for %q (ε=%v, δ=%v, noise %q, mechanism %q)",
-				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, l.run.Mechanism, run, targetEps, delta, noise, mechanism)
+		if l.run.Run != run || l.run.TargetEpsilon != targetEps || l.run.Delta != delta || l.run.Noise != noise || l.run.Mechanism != mechanism ||
+			l.run.Accountant != accountant {
+			return fmt.Errorf("%w: ledger has run %q (ε=%v, δ=%v, noise %q, mechanism %q, accountant %q), asked for %q (ε=%v, δ=%v, noise %q, mechanism %q, accountant %q)",
+				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, l.run.Mechanism, l.run.Accountant,
+				run, targetEps, delta, noise, mechanism, accountant)
 		}
 		return l.CheckHistory(history)
 	}
-	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise,
-		Mechanism: mechanism, History: history})
+	b, err := newBudget(accountant, delta, targetEps)
 	if err != nil {
 		return err
 	}
-	l.run = &r
+	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise,
+		Mechanism: mechanism, Accountant: accountant, History: history})
+	if err != nil {
+		return err
+	}
+	l.run, l.budget = &r, b
 	return nil
 }
 
@@ -293,30 +308,37 @@ func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record,
 	if err := e.Validate(); err != nil {
 		return Record{}, err
 	}
-	// Account on a copy first: a refused charge leaves the state untouched.
-	saved := slices.Clone(l.acc.rdp)
-	if err := l.acc.Compose(e, 1); err != nil {
+	// Check first: a refused charge leaves the state untouched.
+	exceed, err := l.budget.exceeds(e, l.run.TargetEpsilon)
+	if err != nil {
 		return Record{}, err
 	}
-	eps, _, err := l.acc.Epsilon(l.run.Delta)
+	if exceed {
+		return Record{}, fmt.Errorf("%w: step %d would spend more than the target ε=%.6g (%s accountant)", ErrBudgetExceeded, step, l.run.TargetEpsilon, l.Accountant())
+	}
+	next, err := l.after(e)
+	if err != nil {
+		return Record{}, err
+	}
+	eps, err := next.epsilon()
 	if err == nil && eps > l.run.TargetEpsilon {
 		err = fmt.Errorf("%w: step %d would spend ε=%.6g > target %.6g", ErrBudgetExceeded, step, eps, l.run.TargetEpsilon)
 	}
-	if err == nil {
-		var r Record
-		r, err = l.file.Append(Record{
-			Kind: RecordCharge, Step: step, Event: &e, History: pos.History, Term: pos.Term, Index: pos.Index,
-			Replay: replay, Epsilon: eps,
-		})
-		if err == nil {
-			l.lastIndex = max(l.lastIndex, pos.Index)
-			l.lastStep = max(l.lastStep, step)
-			l.charges++
-			return r, nil
-		}
+	if err != nil {
+		return Record{}, err
 	}
-	copy(l.acc.rdp, saved)
-	return Record{}, err
+	r, err := l.file.Append(Record{
+		Kind: RecordCharge, Step: step, Event: &e, History: pos.History, Term: pos.Term, Index: pos.Index,
+		Replay: replay, Epsilon: eps,
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	l.budget = next
+	l.lastIndex = max(l.lastIndex, pos.Index)
+	l.lastStep = max(l.lastStep, step)
+	l.charges++
+	return r, nil
 }
 
 // WouldExceed reports whether charging e now would take ε past the target,
@@ -326,28 +348,34 @@ func (l *Ledger) WouldExceed(e Event) (bool, error) {
 	if l.run == nil {
 		return false, errors.New("ledger: WouldExceed before Start")
 	}
-	saved := slices.Clone(l.acc.rdp)
-	defer copy(l.acc.rdp, saved)
-	if err := l.acc.Compose(e, 1); err != nil {
-		return false, err
-	}
-	eps, _, err := l.acc.Epsilon(l.run.Delta)
-	if err != nil {
-		return false, err
-	}
-	return eps > l.run.TargetEpsilon, nil
+	return l.budget.exceeds(e, l.run.TargetEpsilon)
 }
 
-// Spent returns ε spent so far at the run's δ (0 before the first charge).
+// Spent returns ε spent so far at the run's δ by the run's accountant (0
+// before the first charge): the ε the last charge record holds. With the
+// PLD accountant it is the upper bound pldBudget.epsilon describes, cached,
+// so calling it on every status report is cheap.
 func (l *Ledger) Spent() float64 {
 	if l.run == nil || l.charges == 0 {
 		return 0
 	}
-	eps, _, err := l.acc.Epsilon(l.run.Delta)
+	eps, err := l.budget.epsilon()
 	if err != nil || math.IsInf(eps, 1) {
 		return 0
 	}
 	return eps
+}
+
+// Accountant returns the accountant the run enforces its budget with
+// (AccountantRDP for a run record from before the field), "" before Start.
+func (l *Ledger) Accountant() string {
+	if l.run == nil {
+		return ""
+	}
+	if l.run.Accountant == "" {
+		return AccountantRDP
+	}
+	return l.run.Accountant
 }
 
 // LastIndex returns the Raft index of the last charge (0 if none). Whether
@@ -377,4 +405,14 @@ func (l *Ledger) Run() (Record, bool) {
 		return Record{}, false
 	}
 	return *l.run, true
+}
+
+// after returns the budget with e charged once more, leaving the ledger's
+// own untouched.
+func (l *Ledger) after(e Event) (budget, error) {
+	next := l.budget.clone()
+	if err := next.add(e); err != nil {
+		return nil, err
+	}
+	return next, nil
 }

@@ -67,6 +67,9 @@ type showResult struct {
 	Delta         float64     `json:"delta"`
 	Noise         seed.Policy `json:"noise"`
 	Mechanism     string      `json:"mechanism"`
+	// Accountant is the accountant the run enforces its budget with (rdp
+	// for a run record from before the field).
+	Accountant string `json:"accountant"`
 	// History is the Raft history ID the run record binds the ledger to
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
@@ -123,7 +126,7 @@ These names are stable: they are the names the records' hashes cover.`,
 				res.HeadHash = recs[len(recs)-1].Hash
 				if r := recs[0]; r.Kind == ledger.RecordRun {
 					res.Run, res.TargetEpsilon, res.Delta, res.Noise, res.History = r.Run, r.TargetEpsilon, r.Delta, r.Noise, r.History
-					res.Mechanism = r.Mechanism
+					res.Mechanism, res.Accountant = r.Mechanism, accountantName(r.Accountant)
 				}
 			}
 			for _, r := range recs {
@@ -159,7 +162,7 @@ func printShow(out io.Writer, res showResult) error {
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(res.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(res.History))
-	fmt.Fprintf(w, "records  %d, ε spent %.6g\n", res.Count, res.Epsilon)
+	fmt.Fprintf(w, "records  %d, ε spent %.6g (%s accountant)\n", res.Count, res.Epsilon, orDash(res.Accountant))
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
 	if res.TornBytes > 0 {
 		fmt.Fprintf(w, "torn     %d bytes after the last complete record (repaired on the next open)\n", res.TornBytes)
@@ -331,8 +334,14 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
-	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g\n",
-		rep.RecordedEpsilon, rep.RecomputedEpsilon, rep.TargetEpsilon)
+	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g (%s accountant, enforced)\n",
+		rep.RecordedEpsilon, rep.RecomputedEpsilon, rep.TargetEpsilon, rep.Accountant)
+	fmt.Fprintf(w, "ε rdp    %.12g%s\n", rep.RDPEpsilon, enforcedMark(rep.Accountant, ledger.AccountantRDP))
+	if rep.PLDEpsilon != nil {
+		fmt.Fprintf(w, "ε pld    %.12g%s\n", *rep.PLDEpsilon, enforcedMark(rep.Accountant, ledger.AccountantPLD))
+	} else {
+		fmt.Fprintf(w, "ε pld    - (%s)\n", rep.PLDNote)
+	}
 	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
 	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)
 	for _, p := range rep.Problems {
@@ -340,6 +349,14 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// enforcedMark flags the accountant line of the one the run enforced.
+func enforcedMark(enforced, accountant string) string {
+	if enforced == accountant {
+		return " (enforced)"
+	}
+	return ""
 }
 
 // mechanismLabel describes a run record's noise mechanism.

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -41,7 +42,7 @@ func newTestLedger(t *testing.T) testLedger {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("cli-test", 10, 1e-5, seed.Crypto, ledger.MechanismFloat, cliHistory); err != nil {
+	if err := l.Start("cli-test", 10, 1e-5, seed.Crypto, ledger.MechanismFloat, "", cliHistory); err != nil {
 		t.Fatal(err)
 	}
 	e := ledger.SubsampledGaussian(0.01, 1.1)
@@ -142,6 +143,69 @@ func TestLedgerAudit(t *testing.T) {
 		}
 		if rep.RecordedEpsilon != tl.spent || rep.RecomputedEpsilon != tl.spent {
 			t.Errorf("audit %s --json: recorded ε %v, recomputed %v, want Spent() = %v", arg, rep.RecordedEpsilon, rep.RecomputedEpsilon, tl.spent)
+		}
+		// A run record from before accountants were recorded enforced RDP;
+		// the audit also reports PLD's (tighter) ε of the same charges.
+		if rep.Accountant != ledger.AccountantRDP || rep.RDPEpsilon != tl.spent || rep.PLDEpsilon == nil || !(*rep.PLDEpsilon < rep.RDPEpsilon) {
+			t.Errorf("audit %s --json: accountant %q, RDP ε %v (want %v), PLD ε %v (want below RDP)", arg, rep.Accountant, rep.RDPEpsilon, tl.spent, rep.PLDEpsilon)
+		}
+		if !strings.Contains(out, "rdp accountant, enforced") || !strings.Contains(out, "ε rdp") || !strings.Contains(out, "ε pld") {
+			t.Errorf("audit %s: output does not report both accountants:\n%s", arg, out)
+		}
+	}
+}
+
+// TestLedgerAuditPLD: the audit of a run that enforced PLD names it, flags
+// its line, and reports RDP's ε of the same charges beside it; for a
+// discrete-noise run, which PLD cannot charge, it says so instead of a
+// number.
+func TestLedgerAuditPLD(t *testing.T) {
+	for _, tc := range []struct {
+		mechanism, accountant string
+		event                 ledger.Event
+	}{
+		{ledger.MechanismFloat, ledger.AccountantPLD, ledger.SubsampledGaussian(0.01, 1.1)},
+		{ledger.MechanismDiscrete, ledger.AccountantRDP, ledger.SubsampledDiscreteGaussian(0.01, 1.1)},
+	} {
+		dir := t.TempDir()
+		l, err := ledger.Open(filepath.Join(dir, coordinator.LedgerFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Start("cli-pld", 10, 1e-5, seed.Crypto, tc.mechanism, tc.accountant, cliHistory); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if _, err := l.Charge(int64(i+1), tc.event, ledger.Position{History: cliHistory, Term: 1, Index: uint64(i + 3)}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		spent := l.Spent()
+		l.Close()
+		out, err := run(t, "ledger", "audit", dir)
+		if err != nil {
+			t.Fatalf("audit: %v\n%s", err, out)
+		}
+		var rep ledger.AuditReport
+		if err := runJSON(t, &rep, "ledger", "audit", dir, "--json"); err != nil {
+			t.Fatal(err)
+		}
+		if !rep.OK || rep.Accountant != tc.accountant || rep.RecomputedEpsilon != spent {
+			t.Errorf("%s: %+v, want OK, accountant %s, ε %v", tc.mechanism, rep, tc.accountant, spent)
+		}
+		switch tc.accountant {
+		case ledger.AccountantPLD:
+			// The enforced budget records an upper bound between the
+			// exact PLD ε and RDP's (ledger.pldBudget.epsilon).
+			if rep.PLDEpsilon == nil || *rep.PLDEpsilon > spent || rep.RDPEpsilon < spent || !(rep.RDPEpsilon > *rep.PLDEpsilon) ||
+				!strings.Contains(out, "pld accountant, enforced") || !regexp.MustCompile(`ε pld +[0-9.]+ \(enforced\)`).MatchString(out) {
+				t.Errorf("PLD run: PLD ε %v, RDP ε %v, spent %v; output:\n%s", rep.PLDEpsilon, rep.RDPEpsilon, spent, out)
+			}
+		default:
+			if rep.PLDEpsilon != nil || rep.PLDNote == "" || !strings.Contains(out, "ε pld    - (") ||
+				!regexp.MustCompile(`ε rdp +[0-9.]+ \(enforced\)`).MatchString(out) {
+				t.Errorf("discrete run: PLD ε %v (%q); output:\n%s", rep.PLDEpsilon, rep.PLDNote, out)
+			}
 		}
 	}
 }

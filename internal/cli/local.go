@@ -58,6 +58,9 @@ type localResult struct {
 	// NoiseMode is the leader's noise mechanism: discrete, float, or ""
 	// for a run configured before noise modes (float).
 	NoiseMode string `json:"noise_mode"`
+	// Accountant is the accountant that enforced the budget and
+	// calibrated σ: pld or rdp (rdp for a run configured before the field).
+	Accountant string `json:"accountant"`
 }
 
 // setFinalEval fills the final evaluation's fields: the test_ keys for
@@ -164,6 +167,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	started := time.Now()
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
+	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, log)
 	if err != nil {
 		return err
@@ -219,8 +223,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	res := localResult{
 		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
 		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, NoiseMode: rc.NoiseMode, Stopped: sum.Stopped,
-		EvalData: evalLabel(pr.eval),
-		Ledger:   filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
+		Accountant: accountantName(rc.Accountant),
+		EvalData:   evalLabel(pr.eval),
+		Ledger:     filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
 		Private: !seeded, Model: modelPath, StateSHA256: sum.Digest,
 	}
 	res.setFinalEval(sum)
@@ -234,7 +239,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(out, line)
 	}
-	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g; σ = %.4f, q = %.6g, noise %s)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Sigma, res.SampleRate, noiseModeName(res.NoiseMode))
+	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g, %s accountant; σ = %.4f, q = %.6g, noise %s)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Accountant, res.Sigma, res.SampleRate, noiseModeName(res.NoiseMode))
 	if !res.Private {
 		fmt.Fprintln(out, "WARNING: seeded noise (--insecure-seed): this run is NOT differentially private")
 	}

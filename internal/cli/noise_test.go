@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -34,7 +39,7 @@ func TestRunConfigNoise(t *testing.T) {
 		t.Errorf("discrete run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, eps, err, spec.TargetEpsilon)
 	}
 	floatSpec := defaultRunSpec()
-	floatSpec.Noise = coordinator.NoiseFloat
+	floatSpec.Noise, floatSpec.Accountant = coordinator.NoiseFloat, coordinator.AccountantRDP
 	fc, err := floatSpec.runConfig(m, n, false)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +75,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		if err := l.Start("old", 3, 1e-5, seed.Crypto, mechanism, ""); err != nil {
+		if err := l.Start("old", 3, 1e-5, seed.Crypto, mechanism, "", ""); err != nil {
 			t.Fatal(err)
 		}
 		return dir
@@ -86,6 +91,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 	} {
 		spec := defaultRunSpec()
 		spec.keepLegacyNoise(tc.dir, log)
+		spec.keepLegacyAccountant(tc.dir, log)
 		c, err := spec.runConfig(m, 10000, false)
 		if err != nil {
 			t.Fatal(err)
@@ -98,6 +104,89 @@ func TestKeepLegacyNoise(t *testing.T) {
 			if c.Optimizer.NoiseMultiplier != want {
 				t.Errorf("legacy σ %v, want the Gaussian calibration %v", c.Optimizer.NoiseMultiplier, want)
 			}
+		}
+	}
+}
+
+// TestRunFileAccountant: the run file's accountant key and --accountant
+// (which wins) choose the run's accountant; unset, a float run gets PLD and
+// a discrete run RDP; PLD with discrete noise and unknown names are
+// refused; a data dir whose ledger predates accountants keeps RDP
+// whatever is asked, and one that names its accountant is left alone.
+func TestRunFileAccountant(t *testing.T) {
+	m, err := loadModel("logreg", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	file := func(body string) string {
+		p := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+fmt.Sprint(len(body))+".yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	config := func(body string, args ...string) (coordinator.RunConfig, error) {
+		spec := defaultRunSpec()
+		spec.MaxSteps = 50
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		spec.bind(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := loadRunSpec(&spec, file(body), fs); err != nil {
+			return coordinator.RunConfig{}, err
+		}
+		return spec.runConfig(m, 10000, false)
+	}
+	for _, tc := range []struct {
+		body string
+		args []string
+		want string
+	}{
+		{"noise: float\n", nil, coordinator.AccountantPLD},
+		{"noise: discrete\n", nil, coordinator.AccountantRDP},
+		{"noise: float\naccountant: rdp\n", nil, coordinator.AccountantRDP},
+		{"noise: float\naccountant: rdp\n", []string{"--accountant", "pld"}, coordinator.AccountantPLD},
+	} {
+		c, err := config(tc.body, tc.args...)
+		if err != nil || c.Accountant != tc.want {
+			t.Errorf("%q %v: accountant %q (%v), want %q", tc.body, tc.args, c.Accountant, err, tc.want)
+		}
+	}
+	for _, body := range []string{"noise: discrete\naccountant: pld\n", "noise: float\naccountant: moments\n"} {
+		if _, err := config(body); !errors.Is(err, coordinator.ErrInvalidPlan) || !strings.Contains(err.Error(), "accountant") {
+			t.Errorf("%q: %v, want ErrInvalidPlan naming the accountant", body, err)
+		}
+	}
+
+	startLedger := func(accountant string) string {
+		dir := t.TempDir()
+		l, err := ledger.Open(filepath.Join(dir, coordinator.LedgerFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := l.Start("old", 3, 1e-5, seed.Crypto, ledger.MechanismFloat, accountant, "h"); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		dir  string
+		want string
+	}{
+		{startLedger(""), coordinator.AccountantLegacy},
+		{startLedger(ledger.AccountantPLD), coordinator.AccountantPLD},
+		{t.TempDir(), coordinator.AccountantPLD},
+	} {
+		spec := defaultRunSpec()
+		spec.Noise, spec.Accountant = coordinator.NoiseFloat, coordinator.AccountantPLD
+		spec.keepLegacyAccountant(tc.dir, log)
+		c, err := spec.runConfig(m, 10000, false)
+		if err != nil || c.Accountant != tc.want {
+			t.Errorf("%s: accountant %q (%v), want %q", tc.dir, c.Accountant, err, tc.want)
 		}
 	}
 }

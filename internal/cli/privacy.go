@@ -115,7 +115,7 @@ func (f *privacyFlags) common(cmd *cobra.Command) {
 	cmd.Flags().Float64Var(&f.delta, "delta", 1e-5, "δ, in (0, 1)")
 	cmd.Flags().StringVar(&f.orders, "orders", "default", "Rényi orders for --accountant rdp: default (a superset of Opacus's) or opacus")
 	cmd.Flags().StringVar(&f.accountant, "accountant", accountantRDP,
-		"rdp (Rényi DP; what runs use today) or pld (privacy loss distribution: tighter, continuous Gaussian only; runs do not use it yet)")
+		"rdp (Rényi DP; what discrete-noise runs use) or pld (privacy loss distribution: tighter, continuous Gaussian only; what float-noise runs use by default)")
 	cmd.Flags().StringVar(&f.mechanism, "mechanism", mechGaussian,
 		"gaussian (continuous) or discrete-gaussian (the runs' default noise; rdp only)")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print machine-readable JSON with the inputs echoed")
@@ -132,13 +132,14 @@ mechanism, add/remove-one adjacency.
 
 --accountant rdp (the default): the Rényi DP accountant of Mironov, Talwar and Zhang (2019),
 converted to (ε, δ) with Balle et al. (2020), Thm. 21, as Opacus and dp_accounting do. This is
-the accountant runs use today. With --mechanism discrete-gaussian it accounts for the
-discrete Gaussian noise that runs add by default (same bound at integer orders).
+the accountant runs with the default discrete noise use. With --mechanism discrete-gaussian it
+accounts for that discrete Gaussian noise (same bound at integer orders).
 
 --accountant pld: the privacy-loss-distribution accountant (connect-the-dots discretization,
 Doroshenko et al. 2022): an upper bound on ε, typically 8-20% below RDP's. It accounts for the
-continuous Gaussian mechanism only and refuses --mechanism discrete-gaussian. Runs do not use
-it yet (their budget check and calibration are RDP); pld becomes the default once they do.`,
+continuous Gaussian mechanism only and refuses --mechanism discrete-gaussian. Runs with
+--noise float use it by default (budget check and σ calibration); runs choose theirs with
+--accountant or the run file's accountant key (see coordinator local --help).`,
 	}
 	cmd.AddCommand(newEpsilonCmd(), newSigmaCmd())
 	return cmd

@@ -65,6 +65,14 @@ type runSpec struct {
 	Noise string `yaml:"noise"`
 	// legacyNoise is set by keepLegacyNoise, never by the user.
 	legacyNoise bool
+	// Accountant is the privacy accountant the budget is enforced and σ
+	// calibrated with: pld (tighter; the default where the noise mode
+	// allows it, i.e. noise float) or rdp (the default for noise discrete,
+	// which the PLD accountant does not charge). Empty: that default. A run
+	// whose ledger predates accountants keeps RDP (keepLegacyAccountant).
+	Accountant string `yaml:"accountant"`
+	// legacyAccountant is set by keepLegacyAccountant, never by the user.
+	legacyAccountant bool
 
 	Algorithm  string  `yaml:"algorithm"`
 	LR         float64 `yaml:"lr"`
@@ -111,6 +119,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
 	fs.Float64Var(&s.Sigma, "sigma", s.Sigma, "noise multiplier σ (0: calibrate to --target-epsilon at --max-steps)")
 	fs.StringVar(&s.Noise, "noise", s.Noise, "leader's noise: discrete (exact discrete Gaussian on a fine grid) or float (legacy floating-point sampler, NOT protected against floating-point attacks)")
+	fs.StringVar(&s.Accountant, "accountant", s.Accountant, "privacy accountant enforcing the budget and calibrating σ: pld or rdp (default: pld with --noise float, rdp with --noise discrete, which PLD does not charge)")
 	fs.Float64Var(&s.TargetEpsilon, "target-epsilon", s.TargetEpsilon, "privacy budget ε, enforced by the ledger")
 	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ")
 	fs.Int64Var(&s.MaxSteps, "max-steps", s.MaxSteps, "stop after this many steps (0: when the budget is spent; needs --sigma)")
@@ -199,6 +208,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
+		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant,
 	}.RunConfig()
 }
 
@@ -218,6 +228,35 @@ func (s *runSpec) keepLegacyNoise(dataDir string, log *slog.Logger) {
 	log.Warn("resuming a run configured before noise modes: it keeps the legacy floating-point sampler, which is NOT protected against floating-point attacks",
 		"run", recs[0].Run, "data_dir", dataDir)
 	s.legacyNoise = true
+}
+
+// keepLegacyAccountant makes a run that was configured before accountants
+// were recorded resume as it started: if dataDir's ledger has a run record
+// that names no accountant, that run enforced its budget with RDP and its
+// configuration entry names no accountant, so the spec gets the legacy
+// accountant (RunConfig.Accountant AccountantLegacy, RDP) whatever
+// --accountant says, since a run cannot change accountant midway, and a
+// warning says so when --accountant asked for another. Anything else
+// leaves the spec alone.
+func (s *runSpec) keepLegacyAccountant(dataDir string, log *slog.Logger) {
+	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, coordinator.LedgerFile))
+	if err != nil || len(recs) == 0 || recs[0].Kind != ledger.RecordRun || recs[0].Accountant != "" {
+		return
+	}
+	if s.Accountant != "" && s.Accountant != coordinator.AccountantRDP {
+		log.Warn("resuming a run configured before accountants were recorded: it keeps the RDP accountant it started with",
+			"run", recs[0].Run, "data_dir", dataDir, "asked_for", s.Accountant)
+	}
+	s.legacyAccountant = true
+}
+
+// accountantName names a run's accountant for output (RDP for a run
+// configured before accountants were recorded).
+func accountantName(a string) string {
+	if a == coordinator.AccountantLegacy {
+		return coordinator.AccountantRDP
+	}
+	return a
 }
 
 // noiseModeName names a run's noise mode for output.

@@ -143,6 +143,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	defer stop()
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
+	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, log)
 	if err != nil {
 		return err
@@ -349,7 +350,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		log.Warn("--insecure-seed: the noise is SEEDED; this run is NOT differentially private")
 	}
 	log.Info("run", "run", rc.Run, "model", spec.Model, "params", rc.Dim, "examples", rc.TotalExamples,
-		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm, "noise", noiseModeName(rc.NoiseMode),
+		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm, "noise", noiseModeName(rc.NoiseMode), "accountant", accountantName(rc.Accountant),
 		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
 		"replica", opts.replica.ID, "data_dir", opts.replica.DataDir, "eval_data", evalLabel(pr.eval))

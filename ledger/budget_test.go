@@ -1,0 +1,224 @@
+package ledger
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/dpcluster/dpcluster/seed"
+)
+
+// newPLDLedger opens a ledger in a temp dir and starts a float-noise run
+// that enforces its budget with the PLD accountant.
+func newPLDLedger(t *testing.T, target float64) (*Ledger, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ledger.log")
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if err := l.Start("pld-run", target, 1e-5, seed.Crypto, MechanismFloat, AccountantPLD, testHistory); err != nil {
+		t.Fatal(err)
+	}
+	return l, path
+}
+
+// TestLedgerPLDEnforcesBudget: a PLD run takes exactly the steps whose PLD
+// ε is within the target (the target here is the PLD ε of 40 steps, and
+// 41 steps exceed it), every recorded ε is an upper bound on the exact
+// PLD ε of the steps so far and within the target, the last is exact, and
+// a reopened ledger and the audit agree with it.
+func TestLedgerPLDEnforcesBudget(t *testing.T) {
+	const delta, limit = 1e-5, 40
+	target, err := PLDEpsilon(testQ, testSigma, limit, delta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next, err := PLDEpsilon(testQ, testSigma, limit+1, delta); err != nil || !(next > target) {
+		t.Fatalf("precondition: ε(%d) = %v (%v) is not above ε(%d) = %v", limit+1, next, err, limit, target)
+	}
+	l, path := newPLDLedger(t, target)
+	if l.Accountant() != AccountantPLD {
+		t.Fatalf("Accountant() = %q", l.Accountant())
+	}
+	e := SubsampledGaussian(testQ, testSigma)
+	var recs []Record
+	for step := int64(1); ; step++ {
+		exceed, err := l.WouldExceed(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.Charge(step, e, at(1, uint64(step+10)), false)
+		if exceed != (err != nil) {
+			t.Fatalf("step %d: WouldExceed %v but Charge returned %v", step, exceed, err)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrBudgetExceeded) {
+				t.Fatalf("step %d: %v, want ErrBudgetExceeded", step, err)
+			}
+			break
+		}
+		recs = append(recs, r)
+		if r.Epsilon > target || r.Epsilon != l.Spent() {
+			t.Fatalf("step %d: recorded ε=%v, Spent %v, target %v", step, r.Epsilon, l.Spent(), target)
+		}
+	}
+	if len(recs) != limit {
+		t.Fatalf("charged %d steps, want %d", len(recs), limit)
+	}
+	for _, n := range []int{1, 8, 13, 33, limit} {
+		exact, err := PLDEpsilon(testQ, testSigma, int64(n), delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdp, _, err := Epsilon(testQ, testSigma, int64(n), delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := recs[n-1].Epsilon
+		if got < exact || got > rdp || n == limit && got != exact {
+			t.Errorf("after %d steps recorded ε=%v, exact PLD ε=%v, RDP ε=%v (must be between, and exact at the limit)", n, got, exact, rdp)
+		}
+	}
+	for i := 1; i < len(recs); i++ {
+		if recs[i].Epsilon < recs[i-1].Epsilon {
+			t.Errorf("recorded ε decreased from %v to %v at step %d", recs[i-1].Epsilon, recs[i].Epsilon, i+1)
+		}
+	}
+	spent := l.Spent()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if l2.Spent() != spent || l2.Accountant() != AccountantPLD || l2.Charges() != limit {
+		t.Errorf("reopened: Spent %v (want %v), accountant %q, charges %d", l2.Spent(), spent, l2.Accountant(), l2.Charges())
+	}
+	if exceed, err := l2.WouldExceed(e); err != nil || !exceed {
+		t.Errorf("reopened WouldExceed = %v, %v; want true", exceed, err)
+	}
+	if err := l2.Start("pld-run", target, delta, seed.Crypto, MechanismFloat, AccountantRDP, testHistory); !errors.Is(err, ErrRunMismatch) {
+		t.Errorf("Start with another accountant: %v, want ErrRunMismatch", err)
+	}
+	rep, err := Audit(path)
+	if err != nil || !rep.OK {
+		t.Fatalf("audit: %v %+v", err, rep)
+	}
+	rdp, _, err := Epsilon(testQ, testSigma, limit, delta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Accountant != AccountantPLD || rep.RecomputedEpsilon != spent || rep.PLDEpsilon == nil ||
+		*rep.PLDEpsilon != target || rep.RDPEpsilon != rdp || !(rep.RDPEpsilon > target) {
+		t.Errorf("audit: accountant %q, recomputed %v (want %v), PLD %v (want %v), RDP %v (want %v > PLD)",
+			rep.Accountant, rep.RecomputedEpsilon, spent, rep.PLDEpsilon, target, rep.RDPEpsilon, rdp)
+	}
+}
+
+// TestLedgerPLDRefusesDiscrete: the PLD accountant charges the continuous
+// Gaussian only; a discrete-noise run cannot start with it, and a discrete
+// event charged to a PLD run is refused and recorded nowhere.
+func TestLedgerPLDRefusesDiscrete(t *testing.T) {
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); !errors.Is(err, ErrInvalidParameter) {
+		t.Errorf("PLD with discrete noise: %v, want ErrInvalidParameter", err)
+	}
+	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismFloat, "moments", testHistory); !errors.Is(err, ErrInvalidParameter) {
+		t.Errorf("unknown accountant: %v, want ErrInvalidParameter", err)
+	}
+	if _, n := l.Head(); n != 0 {
+		t.Fatalf("refused starts recorded %d records", n)
+	}
+	pl, _ := newPLDLedger(t, 3)
+	if _, err := pl.Charge(1, SubsampledDiscreteGaussian(testQ, testSigma), at(1, 5), false); !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("discrete event on a PLD run: %v, want ErrInvalidEvent", err)
+	}
+	if exceed, err := pl.WouldExceed(SubsampledDiscreteGaussian(testQ, testSigma)); !errors.Is(err, ErrInvalidEvent) || exceed {
+		t.Errorf("WouldExceed of a discrete event: %v, %v", exceed, err)
+	}
+	if pl.Charges() != 0 || pl.Spent() != 0 {
+		t.Errorf("refused charge left %d charges, ε=%v", pl.Charges(), pl.Spent())
+	}
+}
+
+// TestLedgerPLDMixedSteps: steps with different (q, σ) fall back to
+// composing every event, so ε is PLDEpsilonEvents' exactly, and the budget
+// check agrees with it.
+func TestLedgerPLDMixedSteps(t *testing.T) {
+	const delta = 1e-5
+	l, _ := newPLDLedger(t, 1)
+	a, b := SubsampledGaussian(testQ, testSigma), SubsampledGaussian(2*testQ, 2*testSigma)
+	for i, e := range []Event{a, a, b, a, b} {
+		if _, err := l.Charge(int64(i+1), e, at(1, uint64(i+10)), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs := []PLDEvent{{testQ, testSigma, 3}, {2 * testQ, 2 * testSigma, 2}}
+	want, err := PLDEpsilonEvents(evs, delta)
+	if err != nil || l.Spent() != want {
+		t.Errorf("Spent %v, want PLDEpsilonEvents' %v (%v)", l.Spent(), want, err)
+	}
+	big := SubsampledGaussian(0.5, 0.7)
+	next, err := PLDEpsilonEvents(append(evs, PLDEvent{0.5, 0.7, 1}), delta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exceed, err := l.WouldExceed(big)
+	if err != nil || exceed != (next > 1) || !exceed {
+		t.Errorf("WouldExceed = %v (%v); ε with it would be %v, target 1", exceed, err, next)
+	}
+}
+
+// BenchmarkLedgerWouldExceedPLD is the state machine's per-step work on
+// a PLD run of identical steps once the step limit is known: the budget
+// check (WouldExceed) and the status report (Spent). The one-time search
+// for the step limit is BenchmarkLedgerPLDStepLimit; a T-step run costs
+// this per step plus that once.
+func BenchmarkLedgerWouldExceedPLD(b *testing.B) {
+	l, err := Open(filepath.Join(b.TempDir(), "ledger.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Start("bench", 3, 1e-5, seed.Crypto, MechanismFloat, AccountantPLD, testHistory); err != nil {
+		b.Fatal(err)
+	}
+	e := SubsampledGaussian(256.0/60000, 0.8)
+	for i := range 100 {
+		if _, err := l.Charge(int64(i+1), e, at(1, uint64(i+10)), false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		if over, err := l.WouldExceed(e); err != nil || over {
+			b.Fatal(over, err)
+		}
+		if l.Spent() <= 0 {
+			b.Fatal("no ε")
+		}
+	}
+}
+
+// BenchmarkLedgerPLDStepLimit is the one-time cost of a PLD run's budget
+// check: finding the largest step count within the target (the README's
+// main job shape: q = 256/60000, ε = 3, δ = 1e-5, σ = 0.8).
+func BenchmarkLedgerPLDStepLimit(b *testing.B) {
+	for range b.N {
+		bud, err := newBudget(AccountantPLD, 1e-5, 3)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := bud.exceeds(SubsampledGaussian(256.0/60000, 0.8), 3); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
