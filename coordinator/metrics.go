@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	}
 	m := &Metrics{
 		step:    gauge("step", "Last applied training step."),
-		epsilon: gauge("epsilon_spent", "Privacy spent so far (ε at the run's δ, RDP accountant)."),
+		epsilon: gauge("epsilon_spent", "Privacy spent so far (ε at the run's δ, by the run's accountant)."),
 		target:  gauge("epsilon_target", "The run's privacy budget ε."),
 		charges: gauge("ledger_charges", "Charge records in the privacy ledger (≥ applied steps)."),
 		stopped: gauge("stopped", "1 once the run has stopped."),

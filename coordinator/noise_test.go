@@ -274,3 +274,15 @@ func TestLegacyConfigKeepsItsAccountant(t *testing.T) {
 		t.Errorf("legacy run spent ε=%v with %q, want RDP's %v (%v)", l.Spent(), l.Accountant(), want, err)
 	}
 }
+
+// TestAccountantName: what a run is charged with, as the dashboard and the
+// exported model's metadata report it; a legacy configuration means RDP.
+func TestAccountantName(t *testing.T) {
+	for _, tc := range []struct{ field, want string }{
+		{AccountantLegacy, AccountantRDP}, {AccountantRDP, AccountantRDP}, {AccountantPLD, AccountantPLD},
+	} {
+		if got := (RunConfig{Accountant: tc.field}).AccountantName(); got != tc.want {
+			t.Errorf("Accountant %q: AccountantName() = %q, want %q", tc.field, got, tc.want)
+		}
+	}
+}

@@ -79,6 +79,16 @@ const (
 	DefaultAccountant = AccountantPLD
 )
 
+// AccountantName returns the accountant the run is charged with: its
+// Accountant, or AccountantRDP for a run configured before accountants
+// were recorded (AccountantLegacy).
+func (c RunConfig) AccountantName() string {
+	if c.Accountant == AccountantLegacy {
+		return AccountantRDP
+	}
+	return c.Accountant
+}
+
 // DefaultAccountantFor returns the accountant a new run with the given
 // noise mode gets when none is asked for: DefaultAccountant (PLD) if the
 // ledger's PLD accountant can charge that mode's mechanism, else RDP (the

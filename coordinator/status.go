@@ -298,7 +298,7 @@ func (l *loop) publishStatus(final bool) {
 	out := &Status{
 		Run: run.Run, Replica: l.rep.ID(), Role: l.rep.Role(), Term: l.rep.Term(), Leader: l.rep.Leader(),
 		Step: st.Applied, MaxSteps: run.MaxSteps, Epsilon: Float(st.Epsilon), TargetEpsilon: Float(run.TargetEpsilon),
-		Delta: Float(run.Delta), Accountant: "rdp", NoiseMode: noiseModeLabel(run.NoiseMode),
+		Delta: Float(run.Delta), Accountant: run.AccountantName(), NoiseMode: noiseModeLabel(run.NoiseMode),
 		Private: run.SeedPolicy == seed.Crypto, Stopped: st.Stopped, Blocked: l.blocked.String(),
 		Nodes: make([]NodeStatus, 0, len(l.nodes.nodes)), Updated: now,
 	}

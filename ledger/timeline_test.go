@@ -19,7 +19,7 @@ func TestTimeline(t *testing.T) {
 	}
 	defer l.Close()
 	const history = "7e57ea7e57ea7e57ea7e57ea7e57ea7e"
-	if err := l.Start("timeline", 10, 1e-5, seed.Crypto, MechanismFloat, history); err != nil {
+	if err := l.Start("timeline", 10, 1e-5, seed.Crypto, MechanismFloat, AccountantRDP, history); err != nil {
 		t.Fatal(err)
 	}
 	charges := []struct {

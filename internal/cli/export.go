@@ -99,7 +99,7 @@ func exportModel(dataDir, out string) (coordinator.Committed, error) {
 		"epsilon":        strconv.FormatFloat(c.Epsilon, 'g', -1, 64),
 		"delta":          strconv.FormatFloat(c.Config.Delta, 'g', -1, 64),
 		"target_epsilon": strconv.FormatFloat(c.Config.TargetEpsilon, 'g', -1, 64),
-		"accountant":     "rdp",
+		"accountant":     c.Config.AccountantName(),
 		"privacy_event":  string(event),
 		"noise_mode":     c.Config.NoiseMode,
 		"private":        strconv.FormatBool(c.Config.SeedPolicy == seed.Crypto),

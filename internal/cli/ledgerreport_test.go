@@ -144,7 +144,7 @@ func TestLedgerShowDiscreteParams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Start("discrete", 3, 1e-5, seed.Crypto, ledger.MechanismDiscrete, cliHistory); err != nil {
+	if err := l.Start("discrete", 3, 1e-5, seed.Crypto, ledger.MechanismDiscrete, ledger.AccountantRDP, cliHistory); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Charge(1, ledger.SubsampledDiscreteGaussian(0.0042, 0.7), ledger.Position{History: cliHistory, Term: 2, Index: 5}, false); err != nil {

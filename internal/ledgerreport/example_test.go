@@ -26,7 +26,7 @@ func Example() {
 		panic(err)
 	}
 	const history = "0123456789abcdef0123456789abcdef"
-	if err := l.Start("example", 3, 1e-5, seed.Crypto, ledger.MechanismFloat, history); err != nil {
+	if err := l.Start("example", 3, 1e-5, seed.Crypto, ledger.MechanismFloat, ledger.AccountantRDP, history); err != nil {
 		panic(err)
 	}
 	for i, term := range []uint64{2, 2, 3} {

@@ -30,7 +30,7 @@ func testReport(t *testing.T) (ledger.Timeline, ledger.AuditReport) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("report-test", 8, 1e-5, seed.Crypto, ledger.MechanismFloat, testHistory); err != nil {
+	if err := l.Start("report-test", 8, 1e-5, seed.Crypto, ledger.MechanismFloat, ledger.AccountantRDP, testHistory); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
