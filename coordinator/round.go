@@ -348,6 +348,7 @@ func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult
 	}
 	l.s.metrics.stepApplied(p)
 	l.recordStep(p, s.started)
+	l.statusDirty = true
 	if cfg.OnStep != nil {
 		cfg.OnStep(p)
 	}

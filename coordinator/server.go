@@ -414,6 +414,10 @@ type loop struct {
 
 	nextReport time.Time
 	exit       *exit // set when Run is to return
+
+	// statusDirty says the state machine changed since Status was last
+	// rebuilt (status.go).
+	statusDirty bool
 }
 
 type exit struct {
@@ -525,6 +529,7 @@ func (l *loop) onTimer(ctx context.Context) {
 // onState reads the state machine after it changed: metrics, and the end
 // of Run on a replica that does not lead.
 func (l *loop) onState() {
+	l.statusDirty = true
 	st := l.rep.FSM().State()
 	l.s.metrics.observe(st, l.rep)
 	l.s.metrics.nodeCount(l.nodes.count())

@@ -281,15 +281,22 @@ const statusEvery = 200 * time.Millisecond
 // loop's longest wait, AnnounceEvery, old), and once with final when Run
 // returns.
 func (l *loop) publishStatus(final bool) {
-	st := l.rep.FSM().State()
 	b := l.s.board
+	now := time.Now()
+	// Most loop iterations (a heartbeat, a contribution) change nothing
+	// shown: they return here without reading the state machine, whose
+	// State computes ε.
+	if !final && !l.statusDirty && now.Sub(b.builtAt) < statusEvery && b.status.Load() != nil {
+		return
+	}
+	l.statusDirty = false
+	st := l.rep.FSM().State()
 	if st.Applied > 0 {
 		b.addStep(StepPoint{Step: st.Applied, Epsilon: Float(st.Epsilon)})
 	}
 	if l.last.EvalStep > 0 {
 		b.addEval(evalPoint(l.last))
 	}
-	now := time.Now()
 	if !final && st.Applied == b.builtStep && now.Sub(b.builtAt) < statusEvery && b.status.Load() != nil {
 		return
 	}
