@@ -94,13 +94,15 @@ verified before the damage and exits non-zero.
 
 With --json the output is ONE indented JSON object (not JSON lines):
   path, run, target_epsilon, delta, noise, mechanism, history  the run record's
+  accountant  the accountant the run enforces (rdp for a run record without one)
   epsilon     ε recorded by the last charge (0 before any)
   count       number of records; head_hash: the last record's hash
   torn_bytes  bytes of a torn tail after the last complete record
   error       only when the file is corrupt
   records     array of every record, with the ledger file's own field names:
               format, seq, kind ("run" or "charge"), prev_hash, hash; run
-              records: run, target_epsilon, delta, noise, mechanism, history;
+              records: run, target_epsilon, delta, noise, mechanism,
+              accountant (absent in ledgers written before it), history;
               charge records: history, step, event (kind, sample_rate,
               noise_multiplier, event), term, index, replay, epsilon.
               A field that is empty, zero or false is left out, as in the
@@ -239,9 +241,9 @@ func newLedgerAuditCmd() *cobra.Command {
 		Use:   "audit DIR",
 		Short: "Verify a ledger: CRCs, hash chain, recomputed ε, budget, step order",
 		Long: `Verify a ledger without modifying it: every record's CRC and the SHA-256 hash
-chain, one run record first, every recorded ε against the RDP accountant's
-recomputation, no ε past the target, strictly increasing Raft indexes, no
-step applied twice, and no reuse across Raft histories (every charge from the
+chain, one run record first, every recorded ε against the recomputation by
+the accountant the run enforces (ε under the other one is reported too), no
+ε past the target, strictly increasing Raft indexes, no step applied twice, and no reuse across Raft histories (every charge from the
 run record's history, Raft terms never decreasing). A torn tail is reported,
 not a failure.
 

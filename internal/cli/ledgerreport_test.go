@@ -98,7 +98,7 @@ func TestLedgerShowJSONFields(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &top); err != nil {
 		t.Fatal(err)
 	}
-	wantKeys(t, "top level", top, "path", "run", "target_epsilon", "delta", "noise", "mechanism", "history",
+	wantKeys(t, "top level", top, "path", "run", "target_epsilon", "delta", "noise", "mechanism", "accountant", "history",
 		"epsilon", "count", "head_hash", "torn_bytes", "records")
 	var recs []map[string]json.RawMessage
 	if err := json.Unmarshal(top["records"], &recs); err != nil {
