@@ -243,9 +243,10 @@ func newLedgerAuditCmd() *cobra.Command {
 		Long: `Verify a ledger without modifying it: every record's CRC and the SHA-256 hash
 chain, one run record first, every recorded ε against the recomputation by
 the accountant the run enforces (ε under the other one is reported too), no
-ε past the target, strictly increasing Raft indexes, no step applied twice, and no reuse across Raft histories (every charge from the
-run record's history, Raft terms never decreasing). A torn tail is reported,
-not a failure.
+ε past the target, strictly increasing Raft indexes, no step applied twice,
+and no reuse across Raft histories (every charge from the run record's
+history, Raft terms never decreasing). A torn tail is reported, not a
+failure.
 
 With --report FILE it also draws ε over the steps against the target, with
 the replays and the new Raft terms (a leader change or a restart: the ledger
