@@ -205,6 +205,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, c.Accountant, ce.History); err != nil {
 		return f.fail(err)
 	}
+	f.ledger.PlanSteps(c.MaxSteps) // where the budget check's one-time search starts (PLD)
 	theta, err := f.init(c)
 	if err != nil {
 		return f.fail(fmt.Errorf("initializing θ₀: %w", err))

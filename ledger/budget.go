@@ -133,6 +133,11 @@ type pldBudget struct {
 	limit         map[pldKey]int64
 	eps           map[pldKey]map[int64]float64 // PLD ε at the counts stepLimit evaluated
 	rdp           map[pldKey][]float64         // per-step RDP curves
+	// planned, if positive, is the run's planned step count (PlanSteps):
+	// the step-limit search's first guess. σ is calibrated for exactly
+	// that many steps, so T* is planned or just above it, and the search
+	// closes its bracket in two evaluations.
+	planned int64
 }
 
 // pldStepOf returns the PLD event of one step of e: a Poisson-sampled
@@ -280,7 +285,8 @@ const pldMaxLimit = int64(1) << 40
 // most the target (0 if one step exceeds it), computed once and cached.
 //
 // Each PLD evaluation costs an FFT, so the search is a bracketing secant
-// on log ε against log T (smooth, close to ε ∝ √T): it starts at the RDP
+// on log ε against log T (smooth, close to ε ∝ √T): it starts at the run's
+// planned step count if it was given (PlanSteps), else at the RDP
 // accountant's step count for the same budget (PLD allows at least about
 // as many), extrapolates with ε ∝ √T until the limit is bracketed, then
 // interpolates; every guess x is followed by its neighbour on the far side
@@ -309,11 +315,24 @@ func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
 		return false, nil
 	}
 	start := int64(1)
-	if e1, _, err := RDPToEpsilon(DefaultOrders(), b.curve(k), b.delta); err == nil && e1 < b.target {
+	if b.planned > 0 {
+		start = min(b.planned, pldMaxLimit)
+	} else if e1, _, err := RDPToEpsilon(DefaultOrders(), b.curve(k), b.delta); err == nil && e1 < b.target {
 		start = rdpStepLimit(b.curve(k), b.delta, b.target)
 	}
-	if _, err := try(start); err != nil {
+	ok, err := try(start)
+	if err != nil {
 		return 0, err
+	}
+	if b.planned > 0 { // a good guess: its neighbour may close the bracket at once
+		if ok && start < pldMaxLimit {
+			_, err = try(start + 1)
+		} else if !ok && start > 1 {
+			_, err = try(start - 1)
+		}
+		if err != nil {
+			return 0, err
+		}
 	}
 	for round := 0; hi == 0 || hi-lo > 1; round++ {
 		var x int64

@@ -222,3 +222,70 @@ func BenchmarkLedgerPLDStepLimit(b *testing.B) {
 		}
 	}
 }
+
+// TestPLDPlannedStepsSameLimit: the planned step count only moves where the
+// step-limit search starts: the limit is the same as without it, and for a
+// σ calibrated to the planned count the search takes at most three PLD
+// evaluations (the planned count, its neighbour, and nothing more when
+// the calibration's margin puts the limit there).
+func TestPLDPlannedStepsSameLimit(t *testing.T) {
+	const q, delta, target = 256.0 / 60000, 1e-5, 3.0
+	for _, planned := range []int64{300, 1000} {
+		sigma, err := PLDCalibrateSigma(target*(1-1e-9), q, planned, delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := SubsampledGaussian(q, sigma)
+		limit := func(hint int64) (int64, int) {
+			b, err := newBudget(AccountantPLD, delta, target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pb := b.(*pldBudget)
+			pb.planned = hint
+			s, err := pldStepOf(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := pldKey{s.SampleRate, s.NoiseMultiplier}
+			got, err := pb.stepLimit(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got, len(pb.eps[k])
+		}
+		plain, plainEvals := limit(0)
+		hinted, hintedEvals := limit(planned)
+		if hinted != plain {
+			t.Errorf("planned %d: limit %d with the plan, %d without", planned, hinted, plain)
+		}
+		if hinted < planned {
+			t.Errorf("planned %d: limit %d below the count σ was calibrated for", planned, hinted)
+		}
+		if hintedEvals > 3 {
+			t.Errorf("planned %d: %d PLD evaluations with the plan (%d without), want at most 3", planned, hintedEvals, plainEvals)
+		}
+		t.Logf("planned %d: T* = %d; %d evaluations with the plan, %d without", planned, hinted, hintedEvals, plainEvals)
+	}
+}
+
+// BenchmarkLedgerPLDStepLimitPlanned is BenchmarkLedgerPLDStepLimit for a
+// run that planned its steps (PlanSteps): σ calibrated for 1000 steps.
+func BenchmarkLedgerPLDStepLimitPlanned(b *testing.B) {
+	const q, delta, target, steps = 256.0 / 60000, 1e-5, 3.0, 1000
+	sigma, err := PLDCalibrateSigma(target*(1-1e-9), q, steps, delta)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		bud, err := newBudget(AccountantPLD, delta, target)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bud.(*pldBudget).planned = steps
+		if _, err := bud.exceeds(SubsampledGaussian(q, sigma), target); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

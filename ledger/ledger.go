@@ -366,6 +366,19 @@ func (l *Ledger) Spent() float64 {
 	return eps
 }
 
+// PlanSteps tells the ledger how many steps the run plans (its max
+// steps), where the PLD accountant enforces the budget: the one-time
+// search for the largest step count within the target then starts there
+// and costs two PLD evaluations instead of about five. It changes no
+// answer, only the work to find it (the search finds the same limit from
+// any start), and is not recorded. A no-op for RDP, n ≤ 0, or before
+// Start.
+func (l *Ledger) PlanSteps(n int64) {
+	if b, ok := l.budget.(*pldBudget); ok && n > 0 {
+		b.planned = n
+	}
+}
+
 // Accountant returns the accountant the run enforces its budget with
 // (AccountantRDP for a run record from before the field), "" before Start.
 func (l *Ledger) Accountant() string {
