@@ -336,18 +336,19 @@ func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult
 	}
 	// 6. Release θ_t.
 	l.publishParams(ctx, ls.term)
+	took := time.Since(s.started) // round open to θ_t released; not the evaluation below
 	p := Progress{
 		Step: s.step, MaxSteps: l.s.run.MaxSteps, Epsilon: ar.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon,
 		Participants: s.participants,
 	}
 	ls.log.Debug("step committed", "step", s.step, "epsilon", ar.Epsilon, "participants", s.participants,
-		"step_ms", time.Since(s.started).Milliseconds())
+		"step_ms", took.Milliseconds())
 	cfg := l.s.cfg
 	if cfg.Evaluator != nil && cfg.EvalEvery > 0 && s.step%cfg.EvalEvery == 0 {
 		l.evaluate(&p)
 	}
 	l.s.metrics.stepApplied(p)
-	l.recordStep(p, s.started)
+	l.recordStep(p, took)
 	l.statusDirty = true
 	if cfg.OnStep != nil {
 		cfg.OnStep(p)

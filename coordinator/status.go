@@ -331,9 +331,9 @@ func (l *loop) publishStatus(final bool) {
 }
 
 // recordStep adds what the leader knows of a step it led to the history.
-func (l *loop) recordStep(p Progress, started time.Time) {
+func (l *loop) recordStep(p Progress, took time.Duration) {
 	l.s.board.addStep(StepPoint{Step: p.Step, Epsilon: Float(p.Epsilon),
-		RoundSeconds: Float(time.Since(started).Seconds()), Participants: p.Participants})
+		RoundSeconds: Float(took.Seconds()), Participants: p.Participants})
 }
 
 func evalPoint(p Progress) EvalPoint {
