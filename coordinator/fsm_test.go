@@ -261,6 +261,48 @@ func TestFSMBudgetRefusalPLD(t *testing.T) {
 	}
 }
 
+// TestFSMPLDLedgerAudits: a PLD run, float or discrete noise, that spends
+// exactly its budget over its MaxSteps leaves a ledger whose audit
+// recomputes every recorded ε bit for bit. (The state machine used to
+// start the PLD budget's one-time step-limit search at MaxSteps, which the
+// ledger file does not record: intermediate records then held the PLD ε
+// at counts the auditor's search never evaluated, and the audit of every
+// such run failed.)
+func TestFSMPLDLedgerAudits(t *testing.T) {
+	const steps = 12
+	for _, mode := range []string{NoiseFloat, NoiseDiscrete} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			f := newTestFSM(t, dir)
+			c := testRunConfig()
+			c.NoiseMode, c.Accountant, c.MaxSteps = mode, AccountantPLD, steps
+			target, err := ledger.PLDEventEpsilon(c.Event(), steps, c.Delta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.TargetEpsilon = target
+			mustApply(t, f, logEntry(t, 1, entryConfig, c))
+			grads := noisyGrads(steps, 5)
+			for i := range steps {
+				if over, err := f.WouldExceed(); over || err != nil {
+					t.Fatalf("before step %d: WouldExceed = %v, %v", i+1, over, err)
+				}
+				if res := mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, grads[i])); !res.Applied {
+					t.Fatalf("step %d refused: %+v", i+1, res)
+				}
+			}
+			if over, _ := f.WouldExceed(); !over {
+				t.Error("WouldExceed = false with the budget spent")
+			}
+			rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+			if err != nil || !rep.OK || rep.Charges != steps || rep.Accountant != AccountantPLD || rep.RecordedEpsilon != target {
+				t.Errorf("audit: %v; OK %v, %d charges, accountant %q, last ε %v (want %v), problems %q",
+					err, rep.OK, rep.Charges, rep.Accountant, rep.RecordedEpsilon, target, rep.Problems)
+			}
+		})
+	}
+}
+
 func TestFSMLedgerFailureFailsClosed(t *testing.T) {
 	dir := t.TempDir()
 	fail := false

@@ -88,7 +88,7 @@ type RunPlan struct {
 //  6. if Sigma is 0, σ is calibrated with the run's accountant and the
 //     event the ledger will charge (RunConfig.Event) to
 //     TargetEpsilon·(1 − CalibrationMargin) at MaxSteps (which must then
-//     be positive): ledger.Calibrate for RDP, ledger.PLDCalibrateSigma for
+//     be positive): ledger.Calibrate for RDP, ledger.PLDCalibrate for
 //     PLD;
 //  7. B is stored as q·N, which must reproduce B (to 1e-9), and the result
 //     passes RunConfig.Validate.
@@ -133,8 +133,7 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		return bad("accountant %q must be %s or %s", accountant, AccountantPLD, AccountantRDP)
 	}
 	if !ledger.AccountantSupports(accountant, mode) {
-		return bad("accountant %s cannot charge noise %s: the PLD accountant accounts for the continuous Gaussian only (use accountant %s, or noise %s)",
-			accountant, noiseModeLabel(mode), AccountantRDP, NoiseFloat)
+		return bad("accountant %s cannot charge noise %s (use accountant %s)", accountant, noiseModeLabel(mode), AccountantRDP)
 	}
 	policy := seed.Crypto
 	if p.Seeded {
@@ -152,17 +151,17 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 			return bad("calibrating sigma needs max_steps (or give sigma)")
 		}
 		target := p.TargetEpsilon * (1 - CalibrationMargin)
+		// σ is calibrated for the very event the ledger will charge.
+		event := func(sigma float64) ledger.Event {
+			c := c
+			c.Optimizer.NoiseMultiplier = sigma
+			return c.Event()
+		}
 		var sigma float64
 		var err error
 		if accountant == AccountantPLD {
-			// AccountantSupports: the mode charges the Gaussian at σ itself.
-			sigma, err = ledger.PLDCalibrateSigma(target, q, p.MaxSteps, p.Delta)
+			sigma, err = ledger.PLDCalibrate(target, p.MaxSteps, p.Delta, event)
 		} else {
-			event := func(sigma float64) ledger.Event {
-				c := c
-				c.Optimizer.NoiseMultiplier = sigma
-				return c.Event()
-			}
 			sigma, err = ledger.Calibrate(nil, target, p.MaxSteps, p.Delta, event)
 		}
 		if err != nil {

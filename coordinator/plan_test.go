@@ -39,7 +39,9 @@ func TestRunPlanErrors(t *testing.T) {
 		{"unknown noise mode", func(p *RunPlan) { p.NoiseMode = "gaussian" }, ErrInvalidPlan},
 		{"legacy mode asked for by name", func(p *RunPlan) { p.NoiseMode = NoiseLegacy }, ErrInvalidPlan},
 		{"calibration without steps", func(p *RunPlan) { p.MaxSteps = 0 }, ErrInvalidPlan},
-		{"target ε unreachable", func(p *RunPlan) { p.TargetEpsilon = 1e-6 }, ledger.ErrUnreachable},
+		// Unreachable with σ ≤ 1e4 by either accountant: PLD certifies any ε
+		// once the mechanism's total variation is below δ, RDP has a floor.
+		{"target ε unreachable", func(p *RunPlan) { p.TargetEpsilon, p.Delta = 1e-6, 1e-12 }, ledger.ErrUnreachable},
 		{"target ε negative", func(p *RunPlan) { p.TargetEpsilon = -1 }, ledger.ErrInvalidParameter},
 		{"δ out of range", func(p *RunPlan) { p.Sigma, p.Delta = 1, 1 }, ErrInvalidRunConfig},
 		{"empty run name", func(p *RunPlan) { p.Run = "" }, ErrInvalidRunConfig},
@@ -134,12 +136,11 @@ func TestRunPlanMarginOnce(t *testing.T) {
 	}
 }
 
-// TestRunPlanPLD: a new run whose noise mode the PLD accountant charges
-// (float) gets PLD by default, and its σ is ledger.PLDCalibrateSigma's for
-// TargetEpsilon·(1 − CalibrationMargin) (the margin applied once): its PLD
-// ε over MaxSteps is within that, and it is below the RDP-calibrated σ
-// (PLD is tighter). A discrete run defaults to RDP, and asking for PLD
-// with discrete noise is a clear error, not a silent switch.
+// TestRunPlanPLD: a new run gets PLD by default, float or discrete noise,
+// and its σ is the PLD calibration's for TargetEpsilon·(1 −
+// CalibrationMargin) (the margin applied once) with the event the ledger
+// will charge: its PLD ε over MaxSteps is within that, and it is below the
+// RDP-calibrated σ (PLD is tighter). An unknown accountant is an error.
 func TestRunPlanPLD(t *testing.T) {
 	p := testPlan()
 	p.NoiseMode = NoiseFloat
@@ -168,14 +169,40 @@ func TestRunPlanPLD(t *testing.T) {
 		t.Errorf("RDP run: accountant %q, σ %v; want rdp and σ above PLD's %v", r.Accountant, r.Optimizer.NoiseMultiplier, sigma)
 	}
 
-	d := testPlan() // discrete noise
+	// Discrete noise (the default) gets PLD too, calibrated for the event
+	// the ledger charges: the snapped sum's σ_eff with its lattice. Its PLD
+	// ε is within the target less the margin, its σ is below the RDP
+	// run's, and an RDP discrete run keeps the event without a lattice.
+	d := testPlan()
 	dc, err := d.RunConfig()
-	if err != nil || dc.Accountant != AccountantRDP {
-		t.Fatalf("discrete run: accountant %q (%v), want %q", dc.Accountant, err, AccountantRDP)
+	if err != nil || dc.Accountant != AccountantPLD {
+		t.Fatalf("discrete run: accountant %q (%v), want %q", dc.Accountant, err, AccountantPLD)
 	}
-	d.Accountant = AccountantPLD
-	if _, err := d.RunConfig(); !errors.Is(err, ErrInvalidPlan) {
-		t.Errorf("PLD with discrete noise: %v, want ErrInvalidPlan", err)
+	ev := dc.Event()
+	if ev.Event == nil || ev.Event.Kind != ledger.KindDiscreteGaussian || ev.Event.Dimension != int64(dc.Dim) ||
+		!(ev.Event.LatticeScale >= dc.Optimizer.NoiseMultiplier*65536*math.Sqrt(float64(dc.Dim))) {
+		t.Fatalf("discrete PLD run charges %+v, want the discrete Gaussian with its lattice", ev.Event)
+	}
+	dEvent := func(sigma float64) ledger.Event {
+		c := dc
+		c.Optimizer.NoiseMultiplier = sigma
+		return c.Event()
+	}
+	once, err = ledger.PLDCalibrate(p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, dEvent)
+	if err != nil || dc.Optimizer.NoiseMultiplier != once {
+		t.Errorf("discrete σ = %v, want PLDCalibrate's %v (%v)", dc.Optimizer.NoiseMultiplier, once, err)
+	}
+	if eps, err := ledger.PLDEpsilonEvents([]ledger.PLDEvent{{SampleRate: dc.SampleRate, NoiseMultiplier: ev.Event.NoiseMultiplier,
+		Count: p.MaxSteps, Dimension: ev.Event.Dimension, LatticeScale: ev.Event.LatticeScale}}, p.Delta); err != nil || eps > p.TargetEpsilon*(1-CalibrationMargin) {
+		t.Errorf("discrete PLD ε after %d steps = %v (%v), above the target less the margin", p.MaxSteps, eps, err)
+	}
+	d.Accountant = AccountantRDP
+	dr, err := d.RunConfig()
+	if err != nil || !(dc.Optimizer.NoiseMultiplier < dr.Optimizer.NoiseMultiplier) {
+		t.Errorf("discrete RDP run: σ %v (%v), want above PLD's %v", dr.Optimizer.NoiseMultiplier, err, dc.Optimizer.NoiseMultiplier)
+	}
+	if e := dr.Event(); e.Event == nil || e.Event.Dimension != 0 || e.Event.LatticeScale != 0 {
+		t.Errorf("discrete RDP run charges %+v, want the event without a lattice", e)
 	}
 	d.Accountant = "moments"
 	if _, err := d.RunConfig(); !errors.Is(err, ErrInvalidPlan) {

@@ -91,8 +91,9 @@ func (c RunConfig) AccountantName() string {
 
 // DefaultAccountantFor returns the accountant a new run with the given
 // noise mode gets when none is asked for: DefaultAccountant (PLD) if the
-// ledger's PLD accountant can charge that mode's mechanism, else RDP (the
-// discrete Gaussian: see docs/PRIVACY.md, "Accountants").
+// ledger's PLD accountant can charge that mode's mechanism (it charges
+// both, the discrete Gaussian through its lattice: docs/PRIVACY.md item
+// 12), else RDP.
 func DefaultAccountantFor(noiseMode string) string {
 	if ledger.AccountantSupports(DefaultAccountant, noiseMode) {
 		return DefaultAccountant
@@ -128,7 +129,11 @@ func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
 //   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
 //     rate q, at the effective noise multiplier of the snapped sum,
 //     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
-//     accounted by ledger.SubsampledDiscreteGaussianRDP);
+//     accounted by ledger.SubsampledDiscreteGaussianRDP). A PLD run's
+//     event also names the lattice (d and ⌈σC/Λ⌉), which the PLD
+//     accountant needs (ledger/pld_discrete.go); runs with the RDP
+//     accountant keep the event without it, as written before PLD
+//     accounted for discrete noise, so their logs replay unchanged;
 //   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
 //     multiplier σ on a Poisson sample of rate q.
 //
@@ -139,6 +144,9 @@ func (c RunConfig) Event() ledger.Event {
 		m, ok := c.Discrete()
 		if !ok {
 			return ledger.Event{}
+		}
+		if c.Accountant == AccountantPLD {
+			return m.LatticeEvent(c.SampleRate)
 		}
 		return m.Event(c.SampleRate)
 	}
@@ -172,7 +180,7 @@ func (c RunConfig) Validate() error {
 	case c.Accountant != AccountantPLD && c.Accountant != AccountantRDP && c.Accountant != AccountantLegacy:
 		return bad("accountant %q must be %q or %q", c.Accountant, AccountantPLD, AccountantRDP)
 	case !ledger.AccountantSupports(c.Accountant, c.NoiseMode):
-		return bad("accountant %q cannot charge noise mode %q: the PLD accountant accounts for the continuous Gaussian only; use accountant %q", c.Accountant, c.NoiseMode, AccountantRDP)
+		return bad("accountant %q cannot charge noise mode %q; use accountant %q", c.Accountant, c.NoiseMode, AccountantRDP)
 	}
 	if err := c.SeedPolicy.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)

@@ -14,8 +14,10 @@ const (
 	// hold "", which means the same.
 	AccountantRDP = "rdp"
 	// AccountantPLD: the privacy-loss-distribution accountant (ledger/pld.go).
-	// It accounts for the (Poisson-subsampled) continuous Gaussian mechanism
-	// only: a charge of any other event is refused with ErrInvalidEvent.
+	// It accounts for the (Poisson-subsampled) continuous Gaussian mechanism,
+	// and the discrete Gaussian when its event names its lattice
+	// (DiscreteGaussianLattice; ledger/pld_discrete.go): a charge of any
+	// other event is refused with ErrInvalidEvent.
 	AccountantPLD = "pld"
 )
 
@@ -25,16 +27,12 @@ func knownAccountant(accountant string) bool {
 }
 
 // AccountantSupports reports whether the accountant can charge runs whose
-// noise mechanism is mechanism (see MechanismKind): RDP charges every
-// mechanism; PLD only the continuous Gaussian (MechanismFloat and the
-// legacy ""), since no bound of the discrete Gaussian's privacy loss
-// distribution by the Gaussian's is established here (see docs/PRIVACY.md).
+// noise mechanism is mechanism (see MechanismKind): both accountants charge
+// both mechanisms; PLD charges the discrete Gaussian's events only when
+// they name its lattice (pldStepOf), which runs configured for PLD do.
 func AccountantSupports(accountant, mechanism string) bool {
-	kind, ok := MechanismKind(mechanism)
-	if !ok || !knownAccountant(accountant) {
-		return false
-	}
-	return accountant != AccountantPLD || kind == KindGaussian
+	_, ok := MechanismKind(mechanism)
+	return ok && knownAccountant(accountant)
 }
 
 // budget is the accountant state of a ledger: the events charged so far,
@@ -105,8 +103,22 @@ func (b *rdpBudget) epsilon() (float64, error) {
 	return eps, err
 }
 
-// pldKey names one step mechanism of the PLD budget.
-type pldKey struct{ q, sigma float64 }
+// pldKey names one step mechanism of the PLD budget (dim and scale are
+// zero for the continuous Gaussian).
+type pldKey struct {
+	q, sigma float64
+	dim      int64
+	scale    float64
+}
+
+func keyOf(e PLDEvent) pldKey {
+	return pldKey{e.SampleRate, e.NoiseMultiplier, e.Dimension, e.LatticeScale}
+}
+
+// event returns n steps of k.
+func (k pldKey) event(n int64) PLDEvent {
+	return PLDEvent{SampleRate: k.q, NoiseMultiplier: k.sigma, Count: n, Dimension: k.dim, LatticeScale: k.scale}
+}
 
 // pldBudget composes with the PLD accountant. One PLD evaluation costs an
 // FFT of at least 2^18 points (about 0.1–0.3 s on two cores), so it is
@@ -118,15 +130,15 @@ type pldKey struct{ q, sigma float64 }
 //     count, which the PLD one is rarely below), and the check is
 //     n + 1 > T*, O(1). Steps with different (q, σ) fall back to composing
 //     them all (PLDEpsilonEvents).
-//   - epsilon: for n identical steps it is the smaller of two upper bounds
-//     on the exact ε: the RDP accountant's ε of the n steps (O(orders)),
-//     and the PLD ε at the smallest count m ≥ n that the step-limit search
-//     evaluated (PLD ε is non-decreasing in the count: composition never
-//     lowers the privacy loss, so ε(m) bounds ε(n)). The search evaluates
-//     T* itself, so a run that ends at T* (a calibrated run ending at
-//     MaxSteps) records its exact PLD ε, and every recorded ε is within
-//     the target. No PLD evaluation happens after the first check. Mixed
-//     steps compose all events.
+//   - epsilon: for n ≤ T* identical steps it is the smaller of two upper
+//     bounds on the exact ε: the RDP accountant's ε of the n steps
+//     (O(orders)), and the PLD ε at T* (PLD ε is non-decreasing in the
+//     count: composition never lowers the privacy loss, so ε(T*) bounds
+//     ε(n)). So a run that ends at T* (a calibrated run ending at
+//     MaxSteps) records its exact PLD ε, every recorded ε is within the
+//     target, and the value depends on T* alone, not on where the search
+//     started, which an auditor does not know. No PLD evaluation happens
+//     after the first check. Mixed steps compose all events.
 type pldBudget struct {
 	delta, target float64
 	events        []PLDEvent // in first-charged order, one per (q, σ)
@@ -141,18 +153,26 @@ type pldBudget struct {
 }
 
 // pldStepOf returns the PLD event of one step of e: a Poisson-sampled
-// Gaussian (or a plain Gaussian, q = 1). Other mechanisms are refused.
+// Gaussian or discrete Gaussian (or a plain one, q = 1); a discrete
+// Gaussian must name its lattice. Other mechanisms are refused.
 func pldStepOf(e Event) (PLDEvent, error) {
 	if err := e.Validate(); err != nil {
 		return PLDEvent{}, err
 	}
-	switch {
-	case e.Kind == KindGaussian:
-		return PLDEvent{SampleRate: 1, NoiseMultiplier: e.NoiseMultiplier, Count: 1}, nil
-	case e.Kind == KindPoissonSampled && e.Event.Kind == KindGaussian:
-		return PLDEvent{SampleRate: e.SampleRate, NoiseMultiplier: e.Event.NoiseMultiplier, Count: 1}, nil
+	q, inner := 1.0, e
+	if e.Kind == KindPoissonSampled {
+		q, inner = e.SampleRate, *e.Event
 	}
-	return PLDEvent{}, fmt.Errorf("%w: the PLD accountant charges only the (Poisson-sampled) Gaussian mechanism, not %s", ErrInvalidEvent, describe(e))
+	switch {
+	case inner.Kind == KindGaussian:
+		return PLDEvent{SampleRate: q, NoiseMultiplier: inner.NoiseMultiplier, Count: 1}, nil
+	case inner.Kind == KindDiscreteGaussian && inner.Dimension > 0:
+		return PLDEvent{SampleRate: q, NoiseMultiplier: inner.NoiseMultiplier, Count: 1,
+			Dimension: inner.Dimension, LatticeScale: inner.LatticeScale}, nil
+	case inner.Kind == KindDiscreteGaussian:
+		return PLDEvent{}, fmt.Errorf("%w: the PLD accountant charges a discrete Gaussian only with its lattice (dimension and scale), and %s names none (an event of a run configured for the RDP accountant)", ErrInvalidEvent, describe(e))
+	}
+	return PLDEvent{}, fmt.Errorf("%w: the PLD accountant charges only the (Poisson-sampled) Gaussian and discrete Gaussian mechanisms, not %s", ErrInvalidEvent, describe(e))
 }
 
 // with returns the budget's events plus one step of s.
@@ -163,7 +183,7 @@ func (b *pldBudget) with(s PLDEvent) []PLDEvent {
 // addPLDStep adds one step of s to evs, in place where evs has its (q, σ).
 func addPLDStep(evs []PLDEvent, s PLDEvent) []PLDEvent {
 	for i := range evs {
-		if evs[i].SampleRate == s.SampleRate && evs[i].NoiseMultiplier == s.NoiseMultiplier {
+		if keyOf(evs[i]) == keyOf(s) {
 			evs[i].Count++
 			return evs
 		}
@@ -178,7 +198,7 @@ func (b *pldBudget) exceeds(e Event, target float64) (bool, error) {
 	}
 	evs := b.with(s)
 	if len(evs) == 1 && target == b.target {
-		limit, err := b.stepLimit(pldKey{s.SampleRate, s.NoiseMultiplier})
+		limit, err := b.stepLimit(keyOf(s))
 		if err != nil {
 			return false, err
 		}
@@ -212,20 +232,18 @@ func (b *pldBudget) epsilon() (float64, error) {
 		return 0, nil
 	case 1:
 		ev := b.events[0]
-		k := pldKey{ev.SampleRate, ev.NoiseMultiplier}
-		if _, err := b.stepLimit(k); err != nil {
+		k := keyOf(ev)
+		limit, err := b.stepLimit(k)
+		if err != nil {
 			return 0, err
 		}
 		eps := math.Inf(1)
-		// The PLD ε at the smallest count m ≥ n the step-limit search
-		// evaluated (one exists for n ≤ T*: T* itself).
-		m := int64(math.MaxInt64)
-		for c := range b.eps[k] {
-			if c >= ev.Count && c < m {
-				m = c
-			}
-		}
-		if e, ok := b.eps[k][m]; ok {
+		// The PLD ε at T*, which bounds the ε of every n ≤ T* (PLD ε is
+		// non-decreasing in the count). Only T* is used, not the other
+		// counts the search evaluated: those depend on where the search
+		// started (PlanSteps, which the ledger file does not record), T*
+		// does not, so an auditor replaying the file gets the same value.
+		if e, ok := b.eps[k][limit]; ok && ev.Count <= limit {
 			eps = e
 		}
 		// The RDP accountant's ε of the n steps, O(len(orders)).
@@ -245,15 +263,20 @@ func (b *pldBudget) epsilon() (float64, error) {
 	return PLDEpsilonEvents(b.events, b.delta)
 }
 
-// curve returns the per-step RDP of k over DefaultOrders, cached.
+// curve returns the per-step RDP of k over DefaultOrders, cached (the
+// discrete Gaussian's bound for a discrete k).
 func (b *pldBudget) curve(k pldKey) []float64 {
 	if c, ok := b.rdp[k]; ok {
 		return c
 	}
 	orders := DefaultOrders()
 	c := make([]float64, len(orders))
+	rdp := SubsampledGaussianRDP
+	if k.dim > 0 {
+		rdp = SubsampledDiscreteGaussianRDP
+	}
 	for i, o := range orders {
-		c[i] = SubsampledGaussianRDP(k.q, k.sigma, o)
+		c[i] = rdp(k.q, k.sigma, o)
 	}
 	b.rdp[k] = c
 	return c
@@ -269,7 +292,7 @@ func (b *pldBudget) at(k pldKey, n int64) (float64, error) {
 	if eps, ok := m[n]; ok {
 		return eps, nil
 	}
-	eps, err := PLDEpsilon(k.q, k.sigma, n, b.delta)
+	eps, err := PLDEpsilonEvents([]PLDEvent{k.event(n)}, b.delta)
 	if err != nil {
 		return 0, err
 	}

@@ -119,33 +119,59 @@ func TestLedgerPLDEnforcesBudget(t *testing.T) {
 	}
 }
 
-// TestLedgerPLDRefusesDiscrete: the PLD accountant charges the continuous
-// Gaussian only; a discrete-noise run cannot start with it, and a discrete
-// event charged to a PLD run is refused and recorded nowhere.
-func TestLedgerPLDRefusesDiscrete(t *testing.T) {
+// TestLedgerPLDDiscrete: a discrete-noise run can start with the PLD
+// accountant and is charged with its lattice events (ε is PLDEpsilonEvents'
+// of the discrete events, above the continuous Gaussian's at the same σ);
+// a discrete event that names no lattice (what an RDP run charges) is
+// refused and recorded nowhere, and so is an unknown accountant.
+func TestLedgerPLDDiscrete(t *testing.T) {
 	l, err := Open(filepath.Join(t.TempDir(), "ledger.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); !errors.Is(err, ErrInvalidParameter) {
-		t.Errorf("PLD with discrete noise: %v, want ErrInvalidParameter", err)
-	}
 	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismFloat, "moments", testHistory); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("unknown accountant: %v, want ErrInvalidParameter", err)
 	}
 	if _, n := l.Head(); n != 0 {
-		t.Fatalf("refused starts recorded %d records", n)
+		t.Fatalf("refused start recorded %d records", n)
 	}
-	pl, _ := newPLDLedger(t, 3)
-	if _, err := pl.Charge(1, SubsampledDiscreteGaussian(testQ, testSigma), at(1, 5), false); !errors.Is(err, ErrInvalidEvent) {
-		t.Errorf("discrete event on a PLD run: %v, want ErrInvalidEvent", err)
+	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); err != nil {
+		t.Fatalf("PLD with discrete noise: %v", err)
 	}
-	if exceed, err := pl.WouldExceed(SubsampledDiscreteGaussian(testQ, testSigma)); !errors.Is(err, ErrInvalidEvent) || exceed {
-		t.Errorf("WouldExceed of a discrete event: %v, %v", exceed, err)
+	bare := SubsampledDiscreteGaussian(testQ, testSigma)
+	if _, err := l.Charge(1, bare, at(1, 5), false); !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("discrete event without a lattice on a PLD run: %v, want ErrInvalidEvent", err)
 	}
-	if pl.Charges() != 0 || pl.Spent() != 0 {
-		t.Errorf("refused charge left %d charges, ε=%v", pl.Charges(), pl.Spent())
+	if exceed, err := l.WouldExceed(bare); !errors.Is(err, ErrInvalidEvent) || exceed {
+		t.Errorf("WouldExceed of a discrete event without a lattice: %v, %v", exceed, err)
+	}
+	if l.Charges() != 0 || l.Spent() != 0 {
+		t.Fatalf("refused charge left %d charges, ε=%v", l.Charges(), l.Spent())
+	}
+	const scale, dim = 1 << 20, 1000
+	lattice := PoissonSampled(testQ, DiscreteGaussianLattice(testSigma, scale, dim))
+	for i := range 3 {
+		if _, err := l.Charge(int64(i+1), lattice, at(1, uint64(i+5)), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: testQ, NoiseMultiplier: testSigma, Count: 3, Dimension: dim, LatticeScale: scale}}, 1e-5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cont, err := PLDEpsilon(testQ, testSigma, 3, 1e-5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdp, _, err := EventEpsilon(nil, bare, 3, 1e-5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spent is the smaller of the RDP ε and the PLD ε at a count ≥ 3 the
+	// step-limit search evaluated: both upper bounds of the discrete PLD ε.
+	if got := l.Spent(); got > rdp || got < want*(1-PLDNumericError) || want < cont {
+		t.Errorf("Spent %v: want within [PLD %v, RDP %v], PLD at least the continuous Gaussian's %v", got, want, rdp, cont)
 	}
 }
 
@@ -161,13 +187,13 @@ func TestLedgerPLDMixedSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	evs := []PLDEvent{{testQ, testSigma, 3}, {2 * testQ, 2 * testSigma, 2}}
+	evs := []PLDEvent{{SampleRate: testQ, NoiseMultiplier: testSigma, Count: 3}, {SampleRate: 2 * testQ, NoiseMultiplier: 2 * testSigma, Count: 2}}
 	want, err := PLDEpsilonEvents(evs, delta)
 	if err != nil || l.Spent() != want {
 		t.Errorf("Spent %v, want PLDEpsilonEvents' %v (%v)", l.Spent(), want, err)
 	}
 	big := SubsampledGaussian(0.5, 0.7)
-	next, err := PLDEpsilonEvents(append(evs, PLDEvent{0.5, 0.7, 1}), delta)
+	next, err := PLDEpsilonEvents(append(evs, PLDEvent{SampleRate: 0.5, NoiseMultiplier: 0.7, Count: 1}), delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +273,7 @@ func TestPLDPlannedStepsSameLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			k := pldKey{s.SampleRate, s.NoiseMultiplier}
+			k := keyOf(s)
 			got, err := pb.stepLimit(k)
 			if err != nil {
 				t.Fatal(err)

@@ -51,6 +51,15 @@ type Event struct {
 	Count           int64   `json:"count,omitempty"`
 	Event           *Event  `json:"event,omitempty"`
 	Events          []Event `json:"events,omitempty"`
+	// Dimension and LatticeScale name a discrete Gaussian's lattice: the
+	// number of coordinates d and the noise scale s in lattice units (s =
+	// NoiseMultiplier × sensitivity). They are optional, and only for
+	// KindDiscreteGaussian: the RDP accountant does not need them; the PLD
+	// accountant charges a discrete Gaussian only with them
+	// (ledger/pld_discrete.go). Omitted when zero, so events written
+	// before they existed keep their bytes.
+	Dimension    int64   `json:"dimension,omitempty"`
+	LatticeScale float64 `json:"lattice_scale,omitempty"`
 }
 
 // Errors returned by Event validation and decoding.
@@ -74,6 +83,14 @@ func Gaussian(sigma float64) Event {
 // lattice units).
 func DiscreteGaussian(sigma float64) Event {
 	return Event{Kind: KindDiscreteGaussian, NoiseMultiplier: sigma}
+}
+
+// DiscreteGaussianLattice returns the event of one discrete Gaussian
+// mechanism release with noise multiplier sigma that also names its
+// lattice: dim coordinates with noise N_ℤ(0, scale²) each, scale in
+// lattice units (the PLD accountant needs them).
+func DiscreteGaussianLattice(sigma, scale float64, dim int64) Event {
+	return Event{Kind: KindDiscreteGaussian, NoiseMultiplier: sigma, Dimension: dim, LatticeScale: scale}
 }
 
 // PoissonSampled returns the event of running e on a Poisson subsample with
@@ -105,6 +122,7 @@ func SubsampledGaussian(q, sigma float64) Event {
 // event is not the run configuration's.
 func (e Event) Equal(o Event) bool {
 	if e.Kind != o.Kind || e.NoiseMultiplier != o.NoiseMultiplier || e.SampleRate != o.SampleRate ||
+		e.Dimension != o.Dimension || e.LatticeScale != o.LatticeScale ||
 		e.Count != o.Count || (e.Event == nil) != (o.Event == nil) || len(e.Events) != len(o.Events) {
 		return false
 	}
@@ -127,12 +145,24 @@ func SubsampledDiscreteGaussian(q, sigma float64) Event {
 }
 
 // Validate reports whether e is well formed: known kinds, q in (0, 1],
-// σ > 0 and finite, count ≥ 0, and the nesting the kind requires.
+// σ > 0 and finite, count ≥ 0, a discrete Gaussian's lattice (if named)
+// consistent, and the nesting the kind requires.
 func (e Event) Validate() error {
+	if e.Kind != KindDiscreteGaussian && (e.Dimension != 0 || e.LatticeScale != 0) {
+		return fmt.Errorf("%w: %s has a lattice (dimension %d, scale %v); only %s does", ErrInvalidEvent, e.Kind, e.Dimension, e.LatticeScale, KindDiscreteGaussian)
+	}
 	switch e.Kind {
 	case KindGaussian, KindDiscreteGaussian:
 		if !(e.NoiseMultiplier > 0) || math.IsInf(e.NoiseMultiplier, 0) {
 			return fmt.Errorf("%w: %s noise multiplier %v must be positive and finite", ErrInvalidEvent, e.Kind, e.NoiseMultiplier)
+		}
+		// A lattice is both fields or neither; a nonzero integer shift has
+		// norm ≥ 1, so the scale is at least the noise multiplier.
+		if e.Dimension != 0 || e.LatticeScale != 0 {
+			if e.Dimension < 1 || !(e.LatticeScale >= 1 && e.LatticeScale >= e.NoiseMultiplier) || math.IsInf(e.LatticeScale, 0) {
+				return fmt.Errorf("%w: %s lattice dimension %d and scale %v must be ≥ 1, the scale finite and ≥ the noise multiplier %v",
+					ErrInvalidEvent, e.Kind, e.Dimension, e.LatticeScale, e.NoiseMultiplier)
+			}
 		}
 	case KindPoissonSampled:
 		if !(e.SampleRate > 0 && e.SampleRate <= 1) {

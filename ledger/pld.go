@@ -120,11 +120,21 @@ const PLDNumericError = 1e-6
 // sampling rate SampleRate and noise multiplier NoiseMultiplier, the unit
 // the PLD accountant composes. Events with different parameters compose
 // (a run whose steps differ, or several runs).
+//
+// With a positive Dimension it is the discrete Gaussian mechanism instead
+// (ledger/pld_discrete.go): Dimension coordinates of N_ℤ(0, s²) noise,
+// s = LatticeScale in lattice units, at the same effective noise
+// multiplier; both are zero for the continuous Gaussian.
 type PLDEvent struct {
 	SampleRate      float64
 	NoiseMultiplier float64
 	Count           int64
+	Dimension       int64
+	LatticeScale    float64
 }
+
+// discrete reports whether e is a discrete Gaussian event.
+func (e PLDEvent) discrete() bool { return e.Dimension > 0 }
 
 // pldWindowBits sets the smallest FFT size N = 2^pldWindowBits of the
 // composition window.
@@ -169,6 +179,10 @@ func PLDEpsilonEvents(events []PLDEvent, delta float64) (float64, error) {
 			return 0, fmt.Errorf("%w: noise multiplier %v must be positive and finite", ErrInvalidParameter, e.NoiseMultiplier)
 		case e.Count < 0:
 			return 0, fmt.Errorf("%w: negative count %d", ErrInvalidParameter, e.Count)
+		case e.Dimension < 0 || (e.Dimension == 0) != (e.LatticeScale == 0) ||
+			(e.Dimension > 0 && !(e.LatticeScale >= 1 && e.LatticeScale >= e.NoiseMultiplier && !math.IsInf(e.LatticeScale, 0))):
+			return 0, fmt.Errorf("%w: discrete Gaussian dimension %d and lattice scale %v must both be zero (continuous) or a positive dimension and a finite scale ≥ max(1, σ)",
+				ErrInvalidParameter, e.Dimension, e.LatticeScale)
 		case e.Count > 0:
 			live = append(live, e)
 		}
@@ -177,12 +191,33 @@ func PLDEpsilonEvents(events []PLDEvent, delta float64) (float64, error) {
 		return 0, fmt.Errorf("%w: no steps to account", ErrInvalidParameter)
 	}
 	w := pldWindowFor(live, delta)
+	tv := latticeTV(live)
 	eps := 0.0
 	for _, dir := range []pldDirection{pldRemove, pldAdd} {
-		e := w.epsilon(live, dir, delta)
+		c := w.compose(live, dir)
+		e, ok := pldEpsilonSlack(c.solve, delta, tv)
+		if !ok {
+			// The window cannot bracket the answer (or, for discrete
+			// events, the lattice slack leaves no δ): the RDP bound, also
+			// an upper bound, and never an error.
+			e, _, _ = rdpEventsEpsilon(live, delta)
+		}
 		eps = math.Max(eps, e)
 	}
 	return eps, nil
+}
+
+// PLDEventEpsilon returns the PLD ε, at δ, of count runs of the event the
+// ledger charges for one step: a (Poisson-sampled) Gaussian, or discrete
+// Gaussian with its lattice (DiscreteGaussianLattice). It is the PLD
+// counterpart of EventEpsilon; another event is ErrInvalidEvent.
+func PLDEventEpsilon(e Event, count int64, delta float64) (float64, error) {
+	s, err := pldStepOf(e)
+	if err != nil {
+		return 0, err
+	}
+	s.Count = count
+	return PLDEpsilonEvents([]PLDEvent{s}, delta)
 }
 
 // PLDCalibrateSigma returns the smallest noise multiplier σ (to relative
@@ -195,11 +230,26 @@ func PLDCalibrateSigma(targetEps, q float64, steps int64, delta float64) (float6
 	if err := checkParams(q, steps, delta); err != nil {
 		return 0, err
 	}
+	return PLDCalibrate(targetEps, steps, delta, func(sigma float64) Event { return SubsampledGaussian(q, sigma) })
+}
+
+// PLDCalibrate is PLDCalibrateSigma for the event the ledger will charge
+// for each step of a run with noise multiplier σ: a (Poisson-sampled)
+// Gaussian or discrete Gaussian with its lattice (DiscreteGaussianLattice),
+// whose PLD ε must be non-increasing in σ, as it is when the noise grows
+// with σ. An event the PLD accountant cannot charge is ErrInvalidEvent.
+func PLDCalibrate(targetEps float64, steps int64, delta float64, event func(sigma float64) Event) (float64, error) {
+	if err := checkParams(1, steps, delta); err != nil {
+		return 0, err
+	}
 	if !(targetEps > 0) || math.IsInf(targetEps, 0) {
 		return 0, fmt.Errorf("%w: target epsilon %v must be positive and finite", ErrInvalidParameter, targetEps)
 	}
+	if _, err := pldStepOf(event(1)); err != nil {
+		return 0, err
+	}
 	eps := func(sigma float64) float64 {
-		e, err := PLDEpsilon(q, sigma, steps, delta)
+		e, err := PLDEventEpsilon(event(sigma), steps, delta)
 		if err != nil {
 			return math.Inf(1)
 		}
@@ -208,12 +258,12 @@ func PLDCalibrateSigma(targetEps, q float64, steps int64, delta float64) (float6
 	// Bracket: RDP's σ is a good upper start (RDP's ε is larger), and the
 	// PLD σ is rarely below a third of it.
 	hi := 1.0
-	if s, err := CalibrateSigma(nil, targetEps, q, steps, delta); err == nil {
+	if s, err := Calibrate(nil, targetEps, steps, delta, event); err == nil {
 		hi = s
 	}
 	for eps(hi) > targetEps {
 		if hi >= maxSigma {
-			return 0, fmt.Errorf("%w: ε=%v at δ=%v needs σ > %v for %d steps with q=%v", ErrUnreachable, targetEps, delta, maxSigma, steps, q)
+			return 0, fmt.Errorf("%w: ε=%v at δ=%v needs σ > %v for %d steps of %s", ErrUnreachable, targetEps, delta, maxSigma, steps, describe(event(hi)))
 		}
 		hi = math.Min(hi*2, maxSigma)
 	}
@@ -565,9 +615,17 @@ func (w pldWindow) stepRange(events []PLDEvent, i int, dir pldDirection) (jlo, j
 	return jlo, jhi
 }
 
-// epsilon composes events in direction dir on the window and solves (1)
-// for ε at delta. A failed bracket falls back to the RDP bound.
-func (w pldWindow) epsilon(events []PLDEvent, dir pldDirection, delta float64) float64 {
+// composedPLD is the composition of some events in one direction on a
+// window: finite masses at ℓ_i = (w.lo+i)·h and the atom at +∞ (including
+// the bound (3) on the finite mass above the window).
+type composedPLD struct {
+	w    pldWindow
+	mass []float64
+	inf  float64
+}
+
+// compose composes events in direction dir on the window.
+func (w pldWindow) compose(events []PLDEvent, dir pldDirection) composedPLD {
 	n := w.n
 	fft := fourier.NewFFT(n)
 	spec := make([]complex128, n/2+1)
@@ -613,10 +671,16 @@ func (w pldWindow) epsilon(events []PLDEvent, dir pldDirection, delta float64) f
 	inf := -math.Expm1(logFinite)
 	top := float64(w.lo+int64(n)) * w.h
 	inf += tailBound(steps, events, w.h, []float64{w.lambda, w.tTop}, top)
-	rest := delta - inf
+	return composedPLD{w: w, mass: mass, inf: inf}
+}
+
+// solve solves (1) for the smallest ε ≥ 0 with δ(ε) ≤ delta, or returns
+// ok = false if the window cannot bracket it.
+func (c composedPLD) solve(delta float64) (eps float64, ok bool) {
+	w, mass, n := c.w, c.mass, c.w.n
+	rest := delta - c.inf
 	if !(rest > 0) {
-		e, _, _ := rdpEventsEpsilon(events, delta)
-		return e
+		return 0, false
 	}
 	// δ(ℓ_i) is non-increasing in i: binary search the last grid point
 	// with δ > rest, then solve inside the cell.
@@ -631,11 +695,10 @@ func (w pldWindow) epsilon(events []PLDEvent, dir pldDirection, delta float64) f
 		return a, b
 	}
 	if a, b := deltaAt(0); a-b <= rest {
-		return math.Max(float64(w.lo)*w.h, 0)
+		return math.Max(float64(w.lo)*w.h, 0), true
 	}
 	if a, b := deltaAt(n - 1); a-b > rest {
-		e, _, _ := rdpEventsEpsilon(events, delta)
-		return e
+		return 0, false
 	}
 	lo, hi := 0, n-1 // δ(lo) > rest ≥ δ(hi)
 	for hi-lo > 1 {
@@ -653,7 +716,7 @@ func (w pldWindow) epsilon(events []PLDEvent, dir pldDirection, delta float64) f
 	if b > 0 && a-rest > 0 {
 		u = math.Min(math.Max(math.Log((a-rest)/b), 0), w.h)
 	}
-	return math.Max(float64(w.lo+int64(lo))*w.h+u, 0)
+	return math.Max(float64(w.lo+int64(lo))*w.h+u, 0), true
 }
 
 // powCount returns v^c for a Fourier coefficient v and count c, through
@@ -725,14 +788,18 @@ func (st stepPLD) tilt(dst []float64, s, h float64) float64 {
 
 // rdpEventsEpsilon is the RDP accountant's ε for the same events (the fallback
 // when the PLD window cannot bracket the answer; RDP is also an upper
-// bound).
+// bound), the discrete ones with the discrete Gaussian's RDP bound.
 func rdpEventsEpsilon(events []PLDEvent, delta float64) (float64, float64, error) {
 	acc, err := NewAccountant(nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	for _, e := range events {
-		if err := acc.Compose(SubsampledGaussian(e.SampleRate, e.NoiseMultiplier), e.Count); err != nil {
+		ev := SubsampledGaussian(e.SampleRate, e.NoiseMultiplier)
+		if e.discrete() {
+			ev = SubsampledDiscreteGaussian(e.SampleRate, e.NoiseMultiplier)
+		}
+		if err := acc.Compose(ev, e.Count); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -169,7 +169,7 @@ func TestPLDComposeEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	split, err := PLDEpsilonEvents([]PLDEvent{{q, 1, 500}, {q, 1, 1500}}, delta)
+	split, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: 1, Count: 500}, {SampleRate: q, NoiseMultiplier: 1, Count: 1500}}, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestPLDComposeEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mixed, err := PLDEpsilonEvents([]PLDEvent{{q, 1, 1000}, {q, 2, 1000}}, delta)
+	mixed, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: 1, Count: 1000}, {SampleRate: q, NoiseMultiplier: 2, Count: 1000}}, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,15 +238,15 @@ func TestPLDRejects(t *testing.T) {
 		events []PLDEvent
 		delta  float64
 	}{
-		{"q zero", []PLDEvent{{0, 1, 10}}, 1e-5},
-		{"q above one", []PLDEvent{{1.5, 1, 10}}, 1e-5},
-		{"sigma zero", []PLDEvent{{0.1, 0, 10}}, 1e-5},
-		{"sigma inf", []PLDEvent{{0.1, math.Inf(1), 10}}, 1e-5},
-		{"negative count", []PLDEvent{{0.1, 1, -1}}, 1e-5},
-		{"no steps", []PLDEvent{{0.1, 1, 0}}, 1e-5},
-		{"delta zero", []PLDEvent{{0.1, 1, 10}}, 0},
-		{"delta one", []PLDEvent{{0.1, 1, 10}}, 1},
-		{"delta NaN", []PLDEvent{{0.1, 1, 10}}, math.NaN()},
+		{"q zero", []PLDEvent{{SampleRate: 0, NoiseMultiplier: 1, Count: 10}}, 1e-5},
+		{"q above one", []PLDEvent{{SampleRate: 1.5, NoiseMultiplier: 1, Count: 10}}, 1e-5},
+		{"sigma zero", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 0, Count: 10}}, 1e-5},
+		{"sigma inf", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: math.Inf(1), Count: 10}}, 1e-5},
+		{"negative count", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: -1}}, 1e-5},
+		{"no steps", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: 0}}, 1e-5},
+		{"delta zero", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: 10}}, 0},
+		{"delta one", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: 10}}, 1},
+		{"delta NaN", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: 10}}, math.NaN()},
 	} {
 		if _, err := PLDEpsilonEvents(tc.events, tc.delta); !errors.Is(err, ErrInvalidParameter) {
 			t.Errorf("%s: err = %v, want ErrInvalidParameter", tc.name, err)

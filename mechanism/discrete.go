@@ -124,6 +124,13 @@ func (m DiscreteGaussian) Event(q float64) ledger.Event {
 	return ledger.SubsampledDiscreteGaussian(q, m.Sigma)
 }
 
+// LatticeEvent is Event naming the lattice as well (d coordinates, noise
+// scale s = Scale in grid steps), which the PLD accountant needs to charge
+// the discrete Gaussian (ledger/pld_discrete.go).
+func (m DiscreteGaussian) LatticeEvent(q float64) ledger.Event {
+	return ledger.PoissonSampled(q, ledger.DiscreteGaussianLattice(m.Sigma, float64(m.Scale), int64(m.Dim)))
+}
+
 // Source is the uniform randomness a release is keyed from: 64 uniform bits
 // per call, from a cryptographically secure generator in production.
 type Source interface {

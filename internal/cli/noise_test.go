@@ -34,9 +34,26 @@ func TestRunConfigNoise(t *testing.T) {
 	if c.NoiseMode != coordinator.NoiseDiscrete {
 		t.Fatalf("default noise mode %q", c.NoiseMode)
 	}
+	// The default accountant, PLD, charges the discrete Gaussian with its
+	// lattice: 1000 steps spend the budget and no more.
+	if c.Accountant != coordinator.AccountantPLD {
+		t.Fatalf("default accountant %q", c.Accountant)
+	}
+	pld, err := ledger.PLDEventEpsilon(c.Event(), spec.MaxSteps, spec.Delta)
+	if err != nil || pld > spec.TargetEpsilon || pld < spec.TargetEpsilon*(1-1e-5) {
+		t.Errorf("discrete PLD run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, pld, err, spec.TargetEpsilon)
+	}
+	pldSigma := c.Optimizer.NoiseMultiplier
+	spec.Accountant = coordinator.AccountantRDP
+	if c, err = spec.runConfig(m, n, false); err != nil {
+		t.Fatal(err)
+	}
 	eps, _, err := ledger.EventEpsilon(nil, c.Event(), spec.MaxSteps, spec.Delta)
 	if err != nil || eps > spec.TargetEpsilon || eps < spec.TargetEpsilon*(1-1e-6) {
-		t.Errorf("discrete run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, eps, err, spec.TargetEpsilon)
+		t.Errorf("discrete RDP run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, eps, err, spec.TargetEpsilon)
+	}
+	if !(pldSigma < c.Optimizer.NoiseMultiplier) {
+		t.Errorf("discrete PLD σ %v not below RDP σ %v", pldSigma, c.Optimizer.NoiseMultiplier)
 	}
 	floatSpec := defaultRunSpec()
 	floatSpec.Noise, floatSpec.Accountant = coordinator.NoiseFloat, coordinator.AccountantRDP
@@ -145,7 +162,9 @@ func TestRunFileAccountant(t *testing.T) {
 		want string
 	}{
 		{"noise: float\n", nil, coordinator.AccountantPLD},
-		{"noise: discrete\n", nil, coordinator.AccountantRDP},
+		{"noise: discrete\n", nil, coordinator.AccountantPLD},
+		{"noise: discrete\naccountant: rdp\n", nil, coordinator.AccountantRDP},
+		{"noise: discrete\naccountant: pld\n", nil, coordinator.AccountantPLD},
 		{"noise: float\naccountant: rdp\n", nil, coordinator.AccountantRDP},
 		{"noise: float\naccountant: rdp\n", []string{"--accountant", "pld"}, coordinator.AccountantPLD},
 	} {
@@ -154,7 +173,7 @@ func TestRunFileAccountant(t *testing.T) {
 			t.Errorf("%q %v: accountant %q (%v), want %q", tc.body, tc.args, c.Accountant, err, tc.want)
 		}
 	}
-	for _, body := range []string{"noise: discrete\naccountant: pld\n", "noise: float\naccountant: moments\n"} {
+	for _, body := range []string{"noise: discrete\naccountant: prv\n", "noise: float\naccountant: moments\n"} {
 		if _, err := config(body); !errors.Is(err, coordinator.ErrInvalidPlan) || !strings.Contains(err.Error(), "accountant") {
 			t.Errorf("%q: %v, want ErrInvalidPlan naming the accountant", body, err)
 		}

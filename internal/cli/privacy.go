@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/mechanism"
 )
 
 // orderSet maps the --orders flag to Rényi orders.
@@ -31,6 +32,8 @@ type privacyFlags struct {
 	orders     string
 	accountant string
 	mechanism  string
+	dim        int
+	clip       float64
 	json       bool
 }
 
@@ -43,8 +46,9 @@ const (
 	mechDiscreteGaussian = "discrete-gaussian"
 )
 
-// check validates --accountant and --mechanism together: the PLD accountant
-// is for the continuous Gaussian only.
+// check validates --accountant, --mechanism and the lattice flags together:
+// the PLD accountant charges the discrete Gaussian only with the leader's
+// lattice, which --dim (and --clip) determine.
 func (f *privacyFlags) check() error {
 	switch f.accountant {
 	case accountantRDP, accountantPLD:
@@ -56,25 +60,68 @@ func (f *privacyFlags) check() error {
 	default:
 		return fmt.Errorf("--mechanism must be %s or %s, not %q", mechGaussian, mechDiscreteGaussian, f.mechanism)
 	}
-	if f.accountant == accountantPLD && f.mechanism == mechDiscreteGaussian {
-		return fmt.Errorf("--accountant pld accounts for the continuous Gaussian mechanism only; use --accountant rdp for --mechanism %s", mechDiscreteGaussian)
+	switch {
+	case f.dim < 0:
+		return fmt.Errorf("--dim %d must not be negative", f.dim)
+	case f.dim > 0 && f.mechanism != mechDiscreteGaussian:
+		return fmt.Errorf("--dim is for --mechanism %s only", mechDiscreteGaussian)
+	case f.accountant == accountantPLD && f.mechanism == mechDiscreteGaussian && f.dim == 0:
+		return fmt.Errorf("--accountant pld charges --mechanism %s with the leader's lattice: give --dim (the model's parameter count) and --clip", mechDiscreteGaussian)
+	case !(f.clip > 0) || math.IsInf(f.clip, 0):
+		return fmt.Errorf("--clip %v must be positive and finite", f.clip)
 	}
 	return nil
 }
 
 // event returns the ledger event of one step of the flags' mechanism.
+// With --dim, the discrete Gaussian is the leader's (mechanism.
+// DiscreteGaussian for σ, --clip and --dim): σ is the run's noise
+// multiplier and the event charges its σ_eff, with the lattice for PLD.
+// Without, σ is the discrete Gaussian's noise multiplier itself. An
+// impossible lattice gives the zero Event, which accounting refuses.
 func (f *privacyFlags) event(sigma float64) ledger.Event {
-	if f.mechanism == mechDiscreteGaussian {
+	switch {
+	case f.mechanism == mechDiscreteGaussian && f.dim > 0:
+		m, err := mechanism.NewDiscreteGaussian(sigma, f.clip, f.dim)
+		if err != nil {
+			return ledger.Event{}
+		}
+		if f.accountant == accountantPLD {
+			return m.LatticeEvent(f.sampleRate)
+		}
+		return m.Event(f.sampleRate)
+	case f.mechanism == mechDiscreteGaussian:
 		return ledger.PoissonSampled(f.sampleRate, ledger.DiscreteGaussian(sigma))
 	}
 	return ledger.SubsampledGaussian(f.sampleRate, sigma)
+}
+
+// lattice returns v with --dim, 0 (omitted from JSON) without.
+func (f *privacyFlags) lattice(v float64) float64 {
+	if f.dim == 0 {
+		return 0
+	}
+	return v
+}
+
+// effective returns the noise multiplier the event charges for σ: σ_eff
+// for the leader's discrete Gaussian (--dim), σ otherwise.
+func (f *privacyFlags) effective(sigma float64) float64 {
+	e := f.event(sigma)
+	if e.Event != nil {
+		return e.Event.NoiseMultiplier
+	}
+	return e.NoiseMultiplier
 }
 
 // epsilon returns ε at the flags' δ for σ, and the best Rényi order (NaN
 // for the PLD accountant).
 func (f *privacyFlags) epsilon(orders []float64, sigma float64) (float64, float64, error) {
 	if f.accountant == accountantPLD {
-		eps, err := ledger.PLDEpsilon(f.sampleRate, sigma, f.steps, f.delta)
+		if _, err := ledger.PLDEpsilonEvents([]ledger.PLDEvent{{SampleRate: f.sampleRate, NoiseMultiplier: sigma, Count: f.steps}}, f.delta); err != nil {
+			return 0, 0, err // validates q, σ, steps, δ
+		}
+		eps, err := ledger.PLDEventEpsilon(f.event(sigma), f.steps, f.delta)
 		return eps, math.NaN(), err
 	}
 	if _, _, err := ledger.EpsilonOrders(orders, f.sampleRate, sigma, f.steps, f.delta); err != nil {
@@ -85,7 +132,7 @@ func (f *privacyFlags) epsilon(orders []float64, sigma float64) (float64, float6
 
 // calibrate returns the smallest σ whose ε is at most the target.
 func (f *privacyFlags) calibrate(orders []float64) (float64, error) {
-	if f.accountant == accountantPLD {
+	if f.accountant == accountantPLD && f.mechanism == mechGaussian {
 		return ledger.PLDCalibrateSigma(f.target, f.sampleRate, f.steps, f.delta)
 	}
 	if f.mechanism == mechGaussian {
@@ -93,6 +140,9 @@ func (f *privacyFlags) calibrate(orders []float64) (float64, error) {
 	}
 	if !(f.sampleRate > 0 && f.sampleRate <= 1) {
 		return 0, fmt.Errorf("%w: sample rate %v must be in (0, 1]", ledger.ErrInvalidParameter, f.sampleRate)
+	}
+	if f.accountant == accountantPLD {
+		return ledger.PLDCalibrate(f.target, f.steps, f.delta, f.event)
 	}
 	return ledger.Calibrate(orders, f.target, f.steps, f.delta, f.event)
 }
@@ -102,6 +152,9 @@ func (f *privacyFlags) describe(order float64) string {
 	mech := "Poisson-subsampled Gaussian"
 	if f.mechanism == mechDiscreteGaussian {
 		mech = "Poisson-subsampled discrete Gaussian"
+	}
+	if f.dim > 0 {
+		mech += fmt.Sprintf(" on the leader's lattice (d = %d, C = %g)", f.dim, f.clip)
 	}
 	if f.accountant == accountantPLD {
 		return "PLD accountant, " + mech
@@ -115,9 +168,12 @@ func (f *privacyFlags) common(cmd *cobra.Command) {
 	cmd.Flags().Float64Var(&f.delta, "delta", 1e-5, "δ, in (0, 1)")
 	cmd.Flags().StringVar(&f.orders, "orders", "default", "Rényi orders for --accountant rdp: default (a superset of Opacus's) or opacus")
 	cmd.Flags().StringVar(&f.accountant, "accountant", accountantRDP,
-		"rdp (Rényi DP; what discrete-noise runs use) or pld (privacy loss distribution: tighter, continuous Gaussian only; what float-noise runs use by default)")
+		"rdp (Rényi DP) or pld (privacy loss distribution: tighter; what new runs use by default)")
 	cmd.Flags().StringVar(&f.mechanism, "mechanism", mechGaussian,
-		"gaussian (continuous) or discrete-gaussian (the runs' default noise; rdp only)")
+		"gaussian (continuous) or discrete-gaussian (the runs' default noise)")
+	cmd.Flags().IntVar(&f.dim, "dim", 0,
+		"with --mechanism discrete-gaussian: the model's parameter count d; the event is then the leader's discrete Gaussian for the run's σ, --clip and d (its σ_eff, and for pld its lattice, which pld requires)")
+	cmd.Flags().Float64Var(&f.clip, "clip", 1, "with --dim: the clip norm C, which with d sets the leader's grid")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print machine-readable JSON with the inputs echoed")
 	_ = cmd.MarkFlagRequired("sample-rate")
 	_ = cmd.MarkFlagRequired("steps")
@@ -130,16 +186,21 @@ func newPrivacyCmd() *cobra.Command {
 		Long: `Privacy accounting for DP-SGD style runs: T steps of the Poisson-subsampled Gaussian
 mechanism, add/remove-one adjacency.
 
---accountant rdp (the default): the Rényi DP accountant of Mironov, Talwar and Zhang (2019),
-converted to (ε, δ) with Balle et al. (2020), Thm. 21, as Opacus and dp_accounting do. This is
-the accountant runs with the default discrete noise use. With --mechanism discrete-gaussian it
-accounts for that discrete Gaussian noise (same bound at integer orders).
+--accountant rdp (the default here): the Rényi DP accountant of Mironov, Talwar and Zhang
+(2019), converted to (ε, δ) with Balle et al. (2020), Thm. 21, as Opacus and dp_accounting do.
+With --mechanism discrete-gaussian it accounts for discrete Gaussian noise (the Gaussian's bound
+at integer orders, the chord between them).
 
 --accountant pld: the privacy-loss-distribution accountant (connect-the-dots discretization,
-Doroshenko et al. 2022): an upper bound on ε, typically 8-20% below RDP's. It accounts for the
-continuous Gaussian mechanism only and refuses --mechanism discrete-gaussian. Runs with
---noise float use it by default (budget check and σ calibration); runs choose theirs with
---accountant or the run file's accountant key (see coordinator local --help).`,
+Doroshenko et al. 2022): an upper bound on ε, typically 8-20% below RDP's. New runs use it by
+default (budget check and σ calibration); runs choose theirs with --accountant or the run
+file's accountant key (see coordinator local --help). For --mechanism discrete-gaussian it
+charges the leader's discrete Gaussian through its lattice, so it needs --dim (and --clip):
+the Gaussian's PLD at σ_eff plus the total variation between the discrete and the rounded
+Gaussian noise (docs/PRIVACY.md item 12), in practice a few tenths of a percent of ε.
+
+With --dim, --noise-multiplier (and the σ that sigma prints) is the run's configured σ, and
+the event charged is the leader's at σ_eff = ⌈σC/Λ⌉/(C/Λ + √d), as a run charges it.`,
 	}
 	cmd.AddCommand(newEpsilonCmd(), newSigmaCmd())
 	return cmd
@@ -156,6 +217,11 @@ type epsilonResult struct {
 	Order           *float64 `json:"optimal_order,omitempty"`
 	Accountant      string   `json:"accountant"`
 	Mechanism       string   `json:"mechanism"`
+	// Dim, ClipNorm and EffectiveNoiseMultiplier: with --dim, the leader's
+	// lattice and the σ_eff its event charges.
+	Dim                      int     `json:"dim,omitempty"`
+	ClipNorm                 float64 `json:"clip_norm,omitempty"`
+	EffectiveNoiseMultiplier float64 `json:"effective_noise_multiplier,omitempty"`
 }
 
 // orderPtr returns the Rényi order for JSON, nil for the PLD accountant.
@@ -198,6 +264,7 @@ func newEpsilonCmd() *cobra.Command {
 				return writeJSON(cmd.OutOrStdout(), epsilonResult{
 					SampleRate: f.sampleRate, NoiseMultiplier: f.sigma, Steps: f.steps, Delta: f.delta,
 					Orders: f.ordersName(), Epsilon: eps, Order: orderPtr(order), Accountant: f.accountant, Mechanism: f.mechanism,
+					Dim: f.dim, ClipNorm: f.lattice(f.clip), EffectiveNoiseMultiplier: f.lattice(f.effective(f.sigma)),
 				})
 			}
 			_, err = fmt.Fprintf(cmd.OutOrStdout(), "ε = %.4f at δ = %g (%s; q = %g, σ = %g, %d steps)\n",
@@ -223,6 +290,11 @@ type sigmaResult struct {
 	Order           *float64 `json:"optimal_order,omitempty"`
 	Accountant      string   `json:"accountant"`
 	Mechanism       string   `json:"mechanism"`
+	// Dim, ClipNorm and EffectiveNoiseMultiplier: with --dim, the leader's
+	// lattice and the σ_eff its event charges.
+	Dim                      int     `json:"dim,omitempty"`
+	ClipNorm                 float64 `json:"clip_norm,omitempty"`
+	EffectiveNoiseMultiplier float64 `json:"effective_noise_multiplier,omitempty"`
 }
 
 func newSigmaCmd() *cobra.Command {
@@ -253,6 +325,7 @@ func newSigmaCmd() *cobra.Command {
 				return writeJSON(cmd.OutOrStdout(), sigmaResult{
 					TargetEpsilon: f.target, SampleRate: f.sampleRate, Steps: f.steps, Delta: f.delta,
 					Orders: f.ordersName(), NoiseMultiplier: sigma, Epsilon: eps, Order: orderPtr(order), Accountant: f.accountant, Mechanism: f.mechanism,
+					Dim: f.dim, ClipNorm: f.lattice(f.clip), EffectiveNoiseMultiplier: f.lattice(f.effective(sigma)),
 				})
 			}
 			_, err = fmt.Fprintf(cmd.OutOrStdout(), "σ = %.6f gives ε = %.4f ≤ %g at δ = %g (%s; q = %g, %d steps)\n",

@@ -193,6 +193,53 @@ func TestPrivacyDiscreteGaussian(t *testing.T) {
 	}
 }
 
+// TestPrivacyDiscretePLD: with --dim, the discrete Gaussian is the
+// leader's for the run's σ: PLD accounts for it through its lattice, just
+// above the continuous Gaussian's PLD ε at the same σ and below the
+// discrete RDP ε of the same event; sigma calibrates it within the target
+// and below the RDP σ; the JSON names the lattice and σ_eff.
+func TestPrivacyDiscretePLD(t *testing.T) {
+	args := []string{"--sample-rate", "0.004266666666666667", "--steps", "1000", "--json"}
+	eps := func(extra ...string) epsilonResult {
+		t.Helper()
+		out, err := run(t, append(append([]string{"privacy", "epsilon", "--noise-multiplier", "0.7"}, args...), extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r epsilonResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	disc := eps("--accountant", "pld", "--mechanism", "discrete-gaussian", "--dim", "269322")
+	cont := eps("--accountant", "pld")
+	rdp := eps("--mechanism", "discrete-gaussian", "--dim", "269322")
+	if disc.Dim != 269322 || disc.ClipNorm != 1 || !(disc.EffectiveNoiseMultiplier < 0.7 && disc.EffectiveNoiseMultiplier > 0.7*(1-1e-4)) {
+		t.Errorf("JSON lattice: %+v", disc)
+	}
+	if !(disc.Epsilon >= cont.Epsilon && disc.Epsilon < cont.Epsilon*1.01 && disc.Epsilon < rdp.Epsilon) {
+		t.Errorf("discrete PLD ε = %v, want in [continuous PLD %v, +1%%) and below discrete RDP %v", disc.Epsilon, cont.Epsilon, rdp.Epsilon)
+	}
+	sig := func(accountant string) sigmaResult {
+		t.Helper()
+		out, err := run(t, append([]string{"privacy", "sigma", "--target-epsilon", "3", "--accountant", accountant,
+			"--mechanism", "discrete-gaussian", "--dim", "269322"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r sigmaResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	p, r := sig("pld"), sig("rdp")
+	if p.Epsilon > 3 || !(p.NoiseMultiplier < r.NoiseMultiplier) {
+		t.Errorf("PLD σ = %v (ε %v), RDP σ = %v: want ε ≤ 3 and σ below RDP's", p.NoiseMultiplier, p.Epsilon, r.NoiseMultiplier)
+	}
+}
+
 func TestPrivacyAccountantRejects(t *testing.T) {
 	tests := []struct {
 		name string
@@ -201,8 +248,11 @@ func TestPrivacyAccountantRejects(t *testing.T) {
 	}{
 		{"bad accountant", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--accountant", "prv"}, "--accountant"},
 		{"bad mechanism", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--mechanism", "laplace"}, "--mechanism"},
-		{"pld discrete", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--accountant", "pld", "--mechanism", "discrete-gaussian"}, "continuous Gaussian"},
-		{"pld sigma discrete", []string{"sigma", "--target-epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--accountant", "pld", "--mechanism", "discrete-gaussian"}, "continuous Gaussian"},
+		{"pld discrete without a lattice", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--accountant", "pld", "--mechanism", "discrete-gaussian"}, "--dim"},
+		{"pld sigma discrete without a lattice", []string{"sigma", "--target-epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--accountant", "pld", "--mechanism", "discrete-gaussian"}, "--dim"},
+		{"dim for the Gaussian", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--dim", "100"}, "--dim"},
+		{"negative dim", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--mechanism", "discrete-gaussian", "--dim", "-1"}, "--dim"},
+		{"clip zero", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--mechanism", "discrete-gaussian", "--dim", "10", "--clip", "0"}, "--clip"},
 		{"pld q zero", []string{"epsilon", "--sample-rate", "0", "--noise-multiplier", "1", "--steps", "10", "--accountant", "pld"}, "sample rate"},
 		{"pld delta one", []string{"epsilon", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1", "--accountant", "pld"}, "delta"},
 		{"pld target zero", []string{"sigma", "--target-epsilon", "0", "--sample-rate", "0.1", "--steps", "10", "--accountant", "pld"}, "target epsilon"},
