@@ -204,6 +204,14 @@ func PLDEpsilonEvents(events []PLDEvent, delta float64) (float64, error) {
 		}
 		eps = math.Max(eps, e)
 	}
+	if tv > 0 {
+		// For the discrete Gaussian the lattice slack can make the PLD
+		// bound the looser of the two; both are upper bounds, so take the
+		// smaller: never above the discrete RDP bound.
+		if r, _, err := rdpEventsEpsilon(live, delta); err == nil && r < eps {
+			eps = r
+		}
+	}
 	return eps, nil
 }
 

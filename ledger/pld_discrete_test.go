@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 )
@@ -276,5 +277,56 @@ func TestPLDCalibrateDiscrete(t *testing.T) {
 	}
 	if _, err := PLDCalibrate(target, steps, delta, func(s float64) Event { return SubsampledDiscreteGaussian(q, s) }); !errors.Is(err, ErrInvalidEvent) {
 		t.Errorf("calibrating a discrete event without a lattice: %v, want ErrInvalidEvent", err)
+	}
+}
+
+// TestPLDDiscreteRobust is TestPLDRobust for the leader's discrete
+// Gaussian on the main job's lattice (d = 269,322, s = ⌈σ·(2¹⁶+1)·√d⌉):
+// δ down to 1e-18, σ down to 0.3, T up to 10⁶, q 1e-6 and 1. ε is
+// finite, non-increasing in δ, non-decreasing in T, never above the
+// discrete RDP bound, and at least the continuous Gaussian's PLD ε. (Where
+// the lattice slack (1 + e^ε)·Tdτ is not small against δ, at δ = 1e-18 or
+// ε in the tens, the answer is the RDP bound.)
+func TestPLDDiscreteRobust(t *testing.T) {
+	const dim = 269322
+	deltas := []float64{1e-5, 1e-18}
+	for _, sigma := range []float64{0.3, 2} {
+		scale := math.Ceil(sigma * 65537 * math.Sqrt(dim))
+		for _, q := range []float64{1e-6, 1} {
+			prevT := make([]float64, len(deltas))
+			for _, steps := range []int64{1, 1000, 1000000} {
+				prevD := math.Inf(1)
+				for i, delta := range deltas {
+					name := fmt.Sprintf("σ=%v/q=%v/T=%d/δ=%v", sigma, q, steps, delta)
+					got, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: sigma, Count: steps, Dimension: dim, LatticeScale: scale}}, delta)
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					if math.IsNaN(got) || math.IsInf(got, 0) || got < 0 {
+						t.Fatalf("%s: ε = %v", name, got)
+					}
+					rdp, _, err := EventEpsilon(nil, SubsampledDiscreteGaussian(q, sigma), steps, delta)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cont, err := PLDEpsilon(q, sigma, steps, delta)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got > rdp || got < cont*(1-PLDNumericError) {
+						t.Errorf("%s: ε = %.10g, want in [continuous PLD %.10g, discrete RDP %.10g]", name, got, cont, rdp)
+					}
+					if i > 0 && got < prevD {
+						t.Errorf("%s: ε = %.10g below ε %.10g at the larger δ", name, got, prevD)
+					}
+					prevD = got
+					if got < prevT[i] {
+						t.Errorf("%s: ε = %.10g below ε %.10g at fewer steps", name, got, prevT[i])
+					}
+					prevT[i] = got
+					t.Logf("%s: ε = %.6g (continuous PLD %.6g, discrete RDP %.6g)", name, got, cont, rdp)
+				}
+			}
+		}
 	}
 }

@@ -272,3 +272,17 @@ func BenchmarkPLDCalibrateSigma(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPLDEpsilonDiscrete10kSteps is BenchmarkPLDEpsilon10kSteps for the
+// leader's discrete Gaussian on the main job's lattice (d = 269,322): the
+// Gaussian's composition plus the lattice slack's few extra solves.
+func BenchmarkPLDEpsilonDiscrete10kSteps(b *testing.B) {
+	const dim = 269322
+	ev := []PLDEvent{{SampleRate: 256.0 / 60000, NoiseMultiplier: 1.1, Count: 10000, Dimension: dim,
+		LatticeScale: math.Ceil(1.1 * 65537 * math.Sqrt(dim))}}
+	for range b.N {
+		if _, err := PLDEpsilonEvents(ev, 1e-5); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

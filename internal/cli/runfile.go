@@ -66,10 +66,10 @@ type runSpec struct {
 	// legacyNoise is set by keepLegacyNoise, never by the user.
 	legacyNoise bool
 	// Accountant is the privacy accountant the budget is enforced and σ
-	// calibrated with: pld (tighter; the default where the noise mode
-	// allows it, i.e. noise float) or rdp (the default for noise discrete,
-	// which the PLD accountant does not charge). Empty: that default. A run
-	// whose ledger predates accountants keeps RDP (keepLegacyAccountant).
+	// calibrated with: pld (tighter; the default, for either noise mode:
+	// it charges noise discrete through its lattice) or rdp. Empty: that
+	// default. A run whose ledger predates accountants keeps RDP
+	// (keepLegacyAccountant).
 	Accountant string `yaml:"accountant"`
 	// legacyAccountant is set by keepLegacyAccountant, never by the user.
 	legacyAccountant bool
@@ -119,7 +119,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
 	fs.Float64Var(&s.Sigma, "sigma", s.Sigma, "noise multiplier σ (0: calibrate to --target-epsilon at --max-steps)")
 	fs.StringVar(&s.Noise, "noise", s.Noise, "leader's noise: discrete (exact discrete Gaussian on a fine grid) or float (legacy floating-point sampler, NOT protected against floating-point attacks)")
-	fs.StringVar(&s.Accountant, "accountant", s.Accountant, "privacy accountant enforcing the budget and calibrating σ: pld or rdp (default: pld with --noise float, rdp with --noise discrete, which PLD does not charge)")
+	fs.StringVar(&s.Accountant, "accountant", s.Accountant, "privacy accountant enforcing the budget and calibrating σ: pld (the default; charges --noise discrete through its lattice) or rdp")
 	fs.Float64Var(&s.TargetEpsilon, "target-epsilon", s.TargetEpsilon, "privacy budget ε, enforced by the ledger")
 	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ")
 	fs.Int64Var(&s.MaxSteps, "max-steps", s.MaxSteps, "stop after this many steps (0: when the budget is spent; needs --sigma)")
