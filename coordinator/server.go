@@ -409,6 +409,8 @@ type loop struct {
 
 	// grad is the noisy-gradient buffer while no proposal holds it.
 	grad []float32
+	// theta is the buffer committedParams copies the committed θ into.
+	theta []float32
 	// pending is the discrete noise of the open round's release, drawn
 	// while the nodes compute.
 	pending mechanism.Noise

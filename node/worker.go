@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -787,14 +786,22 @@ func (s *session) store(version uint64, v transport.Vector) bool {
 	// A copy in a buffer of our own: the decoded values may sit at any
 	// 4-byte offset of a message buffer, and the BLAS kernels' summation
 	// order depends on alignment, so computing on the copy makes the sum
-	// reproducible bit for bit.
-	s.params[version] = slices.Clone(v)
-	for len(s.params) > maxParamsKept {
+	// reproducible bit for bit. The buffer is the evicted version's, if
+	// one is evicted (the loop owns them all; none is in use between
+	// messages): no model-sized allocation per step.
+	var buf transport.Vector
+	if len(s.params) >= maxParamsKept {
 		lowest := uint64(math.MaxUint64)
 		for k := range s.params {
 			lowest = min(lowest, k)
 		}
-		delete(s.params, lowest)
+		if version > lowest { // else v itself is the one evicted
+			buf = s.params[lowest]
+			delete(s.params, lowest)
+			s.params[version] = append(buf[:0], v...)
+		}
+	} else {
+		s.params[version] = append(buf, v...)
 	}
 	w := s.w
 	var highest uint64
