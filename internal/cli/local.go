@@ -91,11 +91,15 @@ type localFlags struct {
 	tlsCA        string
 	tlsCert      string
 	tlsKey       string
+	hooks        LocalHooks
 }
 
-func newLocalCmd() *cobra.Command {
+func newLocalCmd() *cobra.Command { return newLocalCmdHooks(LocalHooks{}) }
+
+// newLocalCmdHooks is the local command whose run reports to hooks.
+func newLocalCmdHooks(hooks LocalHooks) *cobra.Command {
 	spec := defaultRunSpec()
-	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data", device: "cpu"}
+	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data", device: "cpu", hooks: hooks}
 	cmd := &cobra.Command{
 		Use:   "local",
 		Short: "Train in one process: embedded NATS, one coordinator replica, k in-process nodes",
@@ -177,7 +181,8 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err != nil {
 		return err
 	}
-	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed}
+	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
+		registry: f.hooks.Registry, onStep: f.hooks.OnStep}
 	opts.nats.Embedded.Port = -1 // any free port: nodes are in-process
 	opts.nats.Embedded.TLS = natsTLS
 	opts.replica = coordinator.DefaultReplicaConfig()
