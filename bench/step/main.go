@@ -26,7 +26,8 @@
 // A model is a preset name (mlp, cnn, ...) or an MLP written as its layer
 // widths, 784-H1-...-10, passed to local as a --model-spec file.
 // -cpuprofile DIR writes one CPU profile per configuration, covering the
-// measured steps only.
+// measured steps only; -memprofile DIR one heap profile per configuration,
+// at the last step after a collection.
 package main
 
 import (
@@ -85,6 +86,7 @@ type flags struct {
 	evalEvery     int
 	engineIters   int
 	cpuprofile    string
+	memprofile    string
 	child         bool
 	verbose       bool
 }
@@ -100,6 +102,7 @@ func main() {
 	flag.IntVar(&f.evalEvery, "eval-every", 0, "local's --eval-every (0: evaluate only after the last step)")
 	flag.IntVar(&f.engineIters, "engine-iters", 10, "engine DP steps timed after the run")
 	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "directory for one CPU profile per configuration (measured steps only)")
+	flag.StringVar(&f.memprofile, "memprofile", "", "directory for one heap profile per configuration, written at the last step after a collection")
 	flag.BoolVar(&f.child, "child", false, "run one configuration (-models and -nodes each one value) and print its result as JSON")
 	flag.BoolVar(&f.verbose, "v", false, "pass the runs' logs through")
 	flag.Parse()
@@ -121,8 +124,11 @@ func parent(f flags) error {
 	if err != nil {
 		return err
 	}
-	if f.cpuprofile != "" {
-		if err := os.MkdirAll(f.cpuprofile, 0o755); err != nil {
+	for _, dir := range []string{f.cpuprofile, f.memprofile} {
+		if dir == "" {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
 	}
@@ -132,7 +138,7 @@ func parent(f flags) error {
 			args := []string{"-child", "-models", m, "-nodes", k,
 				"-steps", strconv.Itoa(f.steps), "-warmup", strconv.Itoa(f.warmup), "-batch", strconv.Itoa(f.batch),
 				"-noise", f.noise, "-eval-every", strconv.Itoa(f.evalEvery), "-engine-iters", strconv.Itoa(f.engineIters),
-				"-cpuprofile", f.cpuprofile, "-v=" + strconv.FormatBool(f.verbose)}
+				"-cpuprofile", f.cpuprofile, "-memprofile", f.memprofile, "-v=" + strconv.FormatBool(f.verbose)}
 			cmd := exec.Command(self, args...)
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, os.Stderr
@@ -207,6 +213,9 @@ func child(f flags) error {
 	rec := &recorder{warmup: int64(f.warmup), total: int64(total), reg: reg}
 	if f.cpuprofile != "" {
 		rec.profile = filepath.Join(f.cpuprofile, fmt.Sprintf("%s-k%d.pprof", spec.Name, k))
+	}
+	if f.memprofile != "" {
+		rec.heapProfile = filepath.Join(f.memprofile, fmt.Sprintf("%s-k%d.heap.pprof", spec.Name, k))
 	}
 	// The run's logs go to a file, not to memory, unless -v.
 	logs, err := os.Create(filepath.Join(dir, "local.log"))
@@ -286,10 +295,11 @@ func modelFlags(name, dir string) (model.Spec, []string, error) {
 // starts the profile, which stops at the last step (before the final
 // evaluation and the model's export).
 type recorder struct {
-	warmup  int64
-	total   int64 // the last step: the profile stops there
-	reg     *prometheus.Registry
-	profile string
+	warmup      int64
+	total       int64 // the last step: the profile stops there
+	reg         *prometheus.Registry
+	profile     string
+	heapProfile string
 
 	mu        sync.Mutex
 	times     map[int64]time.Time
@@ -321,6 +331,9 @@ func (r *recorder) onStep(p coordinator.Progress) {
 	if p.Step == r.total && r.profiling {
 		pprof.StopCPUProfile()
 		r.profiling = false
+	}
+	if p.Step == r.total && r.heapProfile != "" {
+		r.err = writeHeapProfile(r.heapProfile)
 	}
 	if p.Step != r.warmup {
 		return
@@ -397,6 +410,20 @@ func (r *recorder) result() (result, error) {
 	res.ComputeAvg = sum / float64(len(after))
 	res.PeakHeap = r.peakHeap
 	return res, nil
+}
+
+// writeHeapProfile collects garbage and writes the heap profile to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // computeSeconds reads every node's dpcluster_node_compute_seconds
