@@ -126,7 +126,7 @@ const (
 type Worker struct {
 	cfg   Config
 	m     *model.Model
-	shard *dataset.Dataset
+	shard dataset.View // shared read-only with other in-process Workers
 	conn  transport.Conn
 	log   *slog.Logger
 	met   *metrics
@@ -165,16 +165,33 @@ type Worker struct {
 // as model.ErrUnsupportedLayer naming the layer), or come from registering
 // metrics.
 func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
+	var v dataset.View // Data nil: refused by NewWorkerView
+	if shard != nil {
+		v = dataset.All(shard)
+	}
+	return NewWorkerView(cfg, m, v, conn, log, opts...)
+}
+
+// NewWorkerView is NewWorker on a view of a dataset: the rows shard.Rows
+// of shard.Data, which the Worker reads without copying and may share
+// with other Workers in the process (coordinator local's nodes share one
+// training set: dataset.ShardViewsIID). The node's shard, the examples it
+// samples from with probability q and the size it reports, is the view's
+// rows only. shard.Data must not be modified while the Worker exists.
+func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if m == nil || conn == nil || shard == nil {
+	if m == nil || conn == nil || shard.Data == nil {
 		return nil, fmt.Errorf("%w: model, shard and conn must not be nil", ErrInvalidConfig)
+	}
+	if err := shard.Check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if shard.Len() == 0 {
 		return nil, fmt.Errorf("%w: shard %q is empty", ErrInvalidConfig, shard.Name)
 	}
-	if err := m.CheckDataset(shard); err != nil {
+	if err := m.CheckDataset(shard.Data); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if log == nil {
@@ -945,8 +962,9 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 	if err != nil {
 		return 0, err
 	}
-	w.batch = p.Sample(w.batch[:0], w.shard.Len())
-	return w.eng.ClippedSumIndexed(w.sum, theta, w.shard, w.batch, clip)
+	// Positions in the shard, then rows of the shared dataset.
+	w.batch = w.shard.Map(p.Sample(w.batch[:0], w.shard.Len()))
+	return w.eng.ClippedSumIndexed(w.sum, theta, w.shard.Data, w.batch, clip)
 }
 
 // computeErrorClass names a compute error without its text, which could
