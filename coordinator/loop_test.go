@@ -246,8 +246,8 @@ func TestServerRunStopsItsGoroutines(t *testing.T) {
 // depends on step t goes out — no RoundStart for round t+1, no θ of
 // version t — and every θ that does go out is bit for bit the committed θ
 // of its version (recorded from the state machine as each step is
-// applied, and θ₀ once the run is configured). Every round t is preceded
-// by the release of θ_{t-1}, and the final θ is released.
+// applied, and θ₀ once the run is configured). Every θ version, the
+// final one included, is released.
 func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 	c := testRunConfig()
 	c.MaxSteps = 8
@@ -354,10 +354,7 @@ func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 				t.Errorf("round %d's RoundStart names θ version %d, want %d", rel.step, rel.version, rel.step-1)
 			}
 			if len(rel.theta) == 0 {
-				if !released[rel.version] {
-					t.Errorf("round %d opened before θ version %d was released", rel.step, rel.version)
-				}
-				continue // no inline θ
+				continue // no inline θ; its Params travel on another subscription, in no order with it
 			}
 		}
 		released[rel.version] = true
