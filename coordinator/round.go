@@ -199,8 +199,9 @@ func (l *loop) setBlocked(b *roundBlock) {
 	}
 }
 
-// openRound opens round t over nodes (step 2) and draws the release's
-// noise while the nodes compute: it does not depend on the data.
+// openRound opens round t over nodes (step 2) and, unless it was drawn
+// during the previous proposal, draws the release's noise while the nodes
+// compute: it does not depend on the data.
 func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards map[string]int64) {
 	ls := l.lead
 	id, err := randomID()

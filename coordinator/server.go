@@ -411,8 +411,8 @@ type loop struct {
 	grad []float32
 	// theta is the buffer committedParams copies the committed θ into.
 	theta []float32
-	// pending is the discrete noise of the open round's release, drawn
-	// while the nodes compute.
+	// pending is the discrete noise of the next release, drawn during the
+	// previous step's proposal or while the round's nodes compute.
 	pending mechanism.Noise
 
 	nextReport time.Time
