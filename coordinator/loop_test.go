@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -237,4 +238,152 @@ func TestServerRunStopsItsGoroutines(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("Run did not return after cancellation with a proposal held")
 	}
+}
+
+// TestThetaNeverReleasedBeforeCommit: commit before release, as seen on
+// the wire, whatever carries θ (Params, or a RoundStart's optional inline
+// params): while step t's proposal is held (not committed), nothing that
+// depends on step t goes out — no RoundStart for round t+1, no θ of
+// version t — and every θ that does go out is bit for bit the committed θ
+// of its version (recorded from the state machine as each step is
+// applied, and θ₀ once the run is configured). Every θ version, the
+// final one included, is released.
+func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
+	c := testRunConfig()
+	c.MaxSteps = 8
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	type release struct {
+		kind          string
+		step, version uint64 // step: the RoundStart's round (0 for Params)
+		theta         []float32
+	}
+	var (
+		mu       sync.Mutex
+		releases []release
+	)
+	watch := dial("watch")
+	h := func(m transport.Message) {
+		var r release
+		switch v := m.(type) {
+		case transport.RoundStart:
+			r = release{kind: "RoundStart", step: v.Step, version: v.ParamsVersion, theta: slices.Clone([]float32(v.Params))}
+		case transport.Params:
+			r = release{kind: "Params", version: v.Version, theta: slices.Clone([]float32(v.Values))}
+		}
+		mu.Lock()
+		releases = append(releases, r)
+		mu.Unlock()
+	}
+	for _, topic := range []transport.Topic{transport.TopicRounds, transport.TopicParams} {
+		if _, err := watch.Subscribe(topic, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshot := func() []release {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(releases)
+	}
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	committed := map[uint64][]float32{}
+	var cmu sync.Mutex
+	held := &heldConsensus{Replica: r, release: make(chan struct{})}
+	cons := &configHook{heldConsensus: held, after: func() { // θ₀, before any step
+		theta, step := r.FSM().Params(nil)
+		cmu.Lock()
+		committed[uint64(step)] = theta
+		cmu.Unlock()
+	}}
+	scfg := DefaultServerConfig()
+	scfg.Noise, scfg.AnnounceEvery = mechanism.NewSeededNoiseSource(6), 50*time.Millisecond
+	scfg.OnStep = func(p Progress) { // on the loop, right after step p.Step is applied
+		theta, step := r.FSM().Params(nil)
+		cmu.Lock()
+		committed[uint64(step)] = theta
+		cmu.Unlock()
+	}
+	s, err := NewServer(cons, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() { _, err := s.Run(ctx); res <- err }()
+
+	waitFor(t, ctx, "step 3", func() bool { return r.FSM().State().Applied >= 3 })
+	held.holdSteps.Store(true)
+	waitFor(t, ctx, "a held proposal", func() bool { return held.called("step") })
+	at := uint64(r.FSM().State().Applied)
+	// Let the loop run while the proposal is held: several announcements.
+	var announced atomic.Int64
+	if _, err := watch.Subscribe(transport.TopicLeader, func(transport.Message) { announced.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "3 announcements while the proposal is held", func() bool { return announced.Load() >= 3 })
+	if got := uint64(r.FSM().State().Applied); got != at {
+		t.Fatalf("applied moved from %d to %d while the proposal was held", at, got)
+	}
+	for _, rel := range snapshot() {
+		if rel.version > at || rel.step > at+1 {
+			t.Fatalf("while step %d's proposal was held (step %d committed): %s of round %d with θ version %d went out",
+				at+1, at, rel.kind, rel.step, rel.version)
+		}
+	}
+	held.holdSteps.Store(false)
+	close(held.release)
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	if got := r.FSM().State().Applied; got != c.MaxSteps {
+		t.Fatalf("applied %d steps, want %d", got, c.MaxSteps)
+	}
+	waitFor(t, ctx, "the final θ", func() bool {
+		return slices.ContainsFunc(snapshot(), func(r release) bool { return r.kind == "Params" && r.version == uint64(c.MaxSteps) })
+	})
+	released := map[uint64]bool{} // θ versions released so far
+	cmu.Lock()
+	defer cmu.Unlock()
+	for _, rel := range snapshot() {
+		if rel.kind == "RoundStart" {
+			if rel.version != rel.step-1 {
+				t.Errorf("round %d's RoundStart names θ version %d, want %d", rel.step, rel.version, rel.step-1)
+			}
+			if len(rel.theta) == 0 {
+				continue // no inline θ; its Params travel on another subscription, in no order with it
+			}
+		}
+		released[rel.version] = true
+		want, ok := committed[rel.version]
+		if !ok {
+			t.Errorf("%s of round %d: θ version %d was never committed", rel.kind, rel.step, rel.version)
+			continue
+		}
+		if !slices.EqualFunc(rel.theta, want, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
+			t.Errorf("%s of round %d: θ version %d differs from the committed θ", rel.kind, rel.step, rel.version)
+		}
+	}
+	for v := uint64(0); v <= uint64(c.MaxSteps); v++ {
+		if !released[v] {
+			t.Errorf("θ version %d never released", v)
+		}
+	}
+}
+
+// configHook calls after once the run configuration's proposal returned.
+type configHook struct {
+	*heldConsensus
+	after func()
+}
+
+func (h *configHook) Configure(ctx context.Context, c RunConfig) error {
+	err := h.heldConsensus.Configure(ctx, c)
+	if err == nil {
+		h.after()
+	}
+	return err
 }

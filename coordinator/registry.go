@@ -65,8 +65,7 @@ func (l *loop) onNeedParams(ctx context.Context, np transport.NeedParams) {
 	if ls == nil || !ls.announcing {
 		return
 	}
-	_, applied := l.rep.FSM().Params(nil)
-	if np.Version != uint64(applied) {
+	if np.Version != uint64(l.rep.FSM().State().Applied) {
 		return // only the committed θ is held, and published, here
 	}
 	now := time.Now()
@@ -78,9 +77,9 @@ func (l *loop) onNeedParams(ctx context.Context, np transport.NeedParams) {
 	l.publishParams(ctx, ls.term)
 }
 
-// publishParams publishes the committed θ and its step.
+// publishParams publishes the committed θ and its step, as Params.
 func (l *loop) publishParams(ctx context.Context, term uint64) {
-	theta, step := l.rep.FSM().Params(nil)
+	theta, step := l.committedParams()
 	if theta == nil {
 		return
 	}
@@ -90,6 +89,18 @@ func (l *loop) publishParams(ctx context.Context, term uint64) {
 	if err != nil && ctx.Err() == nil {
 		l.log.Warn("publishing parameters failed", "step", step, "err", err)
 	}
+}
+
+// committedParams returns the committed θ and the step it is θ of, from
+// the state machine, in the loop's buffer (valid until the next call; no
+// model-sized allocation per step). It is the only source of the θ the
+// leader publishes: the state machine holds θ_t only once step t's entry
+// is committed and applied (ledger charged), so nothing uncommitted can
+// be released (commit before release).
+func (l *loop) committedParams() ([]float32, int64) {
+	theta, step := l.rep.FSM().Params(l.theta)
+	l.theta = theta
+	return theta, step
 }
 
 // publish sends m, logging a failure (at debug level: core NATS is

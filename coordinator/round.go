@@ -199,8 +199,9 @@ func (l *loop) setBlocked(b *roundBlock) {
 	}
 }
 
-// openRound opens round t over nodes (step 2) and draws the release's
-// noise while the nodes compute: it does not depend on the data.
+// openRound opens round t over nodes (step 2) and, unless it was drawn
+// during the previous proposal, draws the release's noise while the nodes
+// compute: it does not depend on the data.
 func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards map[string]int64) {
 	ls := l.lead
 	id, err := randomID()
@@ -227,12 +228,13 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 		l.fail(fmt.Errorf("coordinator: publishing round %d: %w", t, err))
 		return
 	}
-	if m, ok := run.Discrete(); ok {
-		if err := l.s.noise.DrawDiscrete(&l.pending, m); err != nil {
-			r.Close()
-			l.fail(err)
-			return
-		}
+	// The noise is usually drawn already, during the previous step's
+	// proposal (closeRound); after a new leadership or an empty round it
+	// is drawn here, while the nodes compute.
+	if err := l.drawNoise(); err != nil {
+		r.Close()
+		l.fail(err)
+		return
 	}
 	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started}
 }
@@ -321,6 +323,29 @@ func (l *loop) closeRound(ctx context.Context) {
 		ar, err := l.rep.ProposeStep(ctx, t, event, g, round)
 		return opResult{ar: ar, err: err, g: g, step: inFlight}
 	})
+	// While the proposal waits for the Raft log's fsync (the CPU is
+	// idle), draw the noise of round t+1: it depends on nothing, and
+	// drawn here it does not compete with the nodes' computation of
+	// round t+1 for the cores of a single machine.
+	if last := l.s.run.MaxSteps; last == 0 || t < last {
+		if err := l.drawNoise(); err != nil {
+			l.fail(err)
+		}
+	}
+}
+
+// drawNoise draws the next release's discrete noise into pending, unless
+// pending already holds unused noise (drawn during the previous
+// proposal): each release uses one fresh draw, consumed (zeroed) by the
+// release's privatize, or cleared unused when the leader steps down or a
+// round closes empty. For the floating-point modes it does nothing: their
+// noise is drawn in privatize.
+func (l *loop) drawNoise() error {
+	m, ok := l.s.run.Discrete()
+	if !ok || l.pending.Ready() {
+		return nil
+	}
+	return l.s.noise.DrawDiscrete(&l.pending, m)
 }
 
 // onStepApplied releases θ_t once its step is committed and applied here

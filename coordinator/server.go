@@ -196,8 +196,9 @@ var _ Consensus = (*Replica)(nil)
 //  4. Privatize S with the run's noise mode (privatize): by default snap
 //     it to the grid Λℤ^d and add exact discrete Gaussian noise,
 //     g̃ = Λ(round(S/Λ) + z)/B, z ~ N_Z(0, ⌈σC/Λ⌉²I) from the CSPRNG,
-//     drawn while step 3 waits (z does not depend on the data); clear S
-//     and z. Nothing un-noised leaves this function. Check g̃ with
+//     drawn ahead, as z does not depend on the data: while the previous
+//     step's proposal waits for the disk (step 5), or at step 2 after a
+//     new leadership or an empty round; clear S and z. Nothing un-noised leaves this function. Check g̃ with
 //     dpadam.CheckGradient, the rule the state machine applies: if it
 //     fails, propose the end of the run instead of the step.
 //  5. Propose the step entry (t, g̃, the ledger event) and wait until it is
@@ -408,8 +409,10 @@ type loop struct {
 
 	// grad is the noisy-gradient buffer while no proposal holds it.
 	grad []float32
-	// pending is the discrete noise of the open round's release, drawn
-	// while the nodes compute.
+	// theta is the buffer committedParams copies the committed θ into.
+	theta []float32
+	// pending is the discrete noise of the next release, drawn during the
+	// previous step's proposal or while the round's nodes compute.
 	pending mechanism.Noise
 
 	nextReport time.Time

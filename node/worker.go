@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,7 +126,7 @@ const (
 type Worker struct {
 	cfg   Config
 	m     *model.Model
-	shard *dataset.Dataset
+	shard dataset.View // shared read-only with other in-process Workers
 	conn  transport.Conn
 	log   *slog.Logger
 	met   *metrics
@@ -166,16 +165,33 @@ type Worker struct {
 // as model.ErrUnsupportedLayer naming the layer), or come from registering
 // metrics.
 func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
+	var v dataset.View // Data nil: refused by NewWorkerView
+	if shard != nil {
+		v = dataset.All(shard)
+	}
+	return NewWorkerView(cfg, m, v, conn, log, opts...)
+}
+
+// NewWorkerView is NewWorker on a view of a dataset: the rows shard.Rows
+// of shard.Data, which the Worker reads without copying and may share
+// with other Workers in the process (coordinator local's nodes share one
+// training set: dataset.ShardViewsIID). The node's shard, the examples it
+// samples from with probability q and the size it reports, is the view's
+// rows only. shard.Data must not be modified while the Worker exists.
+func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if m == nil || conn == nil || shard == nil {
+	if m == nil || conn == nil || shard.Data == nil {
 		return nil, fmt.Errorf("%w: model, shard and conn must not be nil", ErrInvalidConfig)
+	}
+	if err := shard.Check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if shard.Len() == 0 {
 		return nil, fmt.Errorf("%w: shard %q is empty", ErrInvalidConfig, shard.Name)
 	}
-	if err := m.CheckDataset(shard); err != nil {
+	if err := m.CheckDataset(shard.Data); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if log == nil {
@@ -787,14 +803,22 @@ func (s *session) store(version uint64, v transport.Vector) bool {
 	// A copy in a buffer of our own: the decoded values may sit at any
 	// 4-byte offset of a message buffer, and the BLAS kernels' summation
 	// order depends on alignment, so computing on the copy makes the sum
-	// reproducible bit for bit.
-	s.params[version] = slices.Clone(v)
-	for len(s.params) > maxParamsKept {
+	// reproducible bit for bit. The buffer is the evicted version's, if
+	// one is evicted (the loop owns them all; none is in use between
+	// messages): no model-sized allocation per step.
+	var buf transport.Vector
+	if len(s.params) >= maxParamsKept {
 		lowest := uint64(math.MaxUint64)
 		for k := range s.params {
 			lowest = min(lowest, k)
 		}
-		delete(s.params, lowest)
+		if version > lowest { // else v itself is the one evicted
+			buf = s.params[lowest]
+			delete(s.params, lowest)
+			s.params[version] = append(buf[:0], v...)
+		}
+	} else {
+		s.params[version] = append(buf, v...)
 	}
 	w := s.w
 	var highest uint64
@@ -938,8 +962,9 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 	if err != nil {
 		return 0, err
 	}
-	w.batch = p.Sample(w.batch[:0], w.shard.Len())
-	return w.eng.ClippedSumIndexed(w.sum, theta, w.shard, w.batch, clip)
+	// Positions in the shard, then rows of the shared dataset.
+	w.batch = w.shard.Map(p.Sample(w.batch[:0], w.shard.Len()))
+	return w.eng.ClippedSumIndexed(w.sum, theta, w.shard.Data, w.batch, clip)
 }
 
 // computeErrorClass names a compute error without its text, which could

@@ -7,8 +7,16 @@
 #
 #   ./scripts/main-job.sh --max-steps 1000 --data-dir /tmp/dpcluster-run
 #
-# With --data DIR or $DPCLUSTER_DATA the data comes from there and nothing
-# is installed.
+# With --data DIR or $DPCLUSTER_DATA the data comes from there and the data
+# package is not installed.
+#
+# The back end: with libopenblas-dev (and gcc for cgo) installed, or
+# installable (as root or through sudo -n), it builds with -tags openblas,
+# the fastest CPU back end; otherwise the pure-Go one (gonum), the same
+# code as the static binaries, with a line saying how to get the faster
+# one. DPCLUSTER_BACKEND=openblas requires OpenBLAS (installing it or
+# failing); DPCLUSTER_BACKEND=gonum builds pure Go whatever is installed.
+# The first line of output names the back end used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/setup.sh
@@ -22,6 +30,44 @@ for arg in "$@"; do
 	case $arg in --data | --data=*) own_data=yes ;; esac
 done
 if [ -z "$own_data" ]; then
-	ensure_packages "${MAIN_JOB_PACKAGES[@]}"
+	ensure_packages dataset-fashion-mnist
+fi
+
+# openblas_ready reports whether the -tags openblas build can be made here:
+# cgo on, and the OpenBLAS packages installed.
+openblas_ready() {
+	[ "$(go env CGO_ENABLED)" = 1 ] && [ -z "$(missing_packages "${OPENBLAS_PACKAGES[@]}")" ]
+}
+
+backend=${DPCLUSTER_BACKEND:-auto}
+case $backend in
+auto)
+	backend=gonum
+	if openblas_ready || { can_be_root && ensure_packages "${OPENBLAS_PACKAGES[@]}" && openblas_ready; }; then
+		backend=openblas
+	fi
+	;;
+openblas)
+	ensure_packages "${OPENBLAS_PACKAGES[@]}"
+	if ! openblas_ready; then
+		echo "main-job: DPCLUSTER_BACKEND=openblas, but cgo is off (go env CGO_ENABLED): set CGO_ENABLED=1" >&2
+		exit 1
+	fi
+	;;
+gonum) ;;
+*)
+	echo "main-job: DPCLUSTER_BACKEND=$backend: want auto, openblas or gonum" >&2
+	exit 1
+	;;
+esac
+
+if [ "$backend" = openblas ]; then
+	echo "main-job: back end openblas (go run -tags openblas; libopenblas-dev)" >&2
+	exec go run -tags openblas ./cmd/coordinator local "$@"
+fi
+if [ "${DPCLUSTER_BACKEND:-auto}" = auto ]; then
+	echo "main-job: back end gonum (pure Go): OpenBLAS is not installed and could not be installed here; for the OpenBLAS back end, about 4x faster: sudo apt-get install -y --no-install-recommends ${OPENBLAS_PACKAGES[*]}, then run this again" >&2
+else
+	echo "main-job: back end gonum (pure Go; DPCLUSTER_BACKEND=gonum)" >&2
 fi
 exec go run ./cmd/coordinator local "$@"

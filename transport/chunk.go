@@ -212,6 +212,7 @@ func (r *reassembler) inFlight() (int, int64) {
 // retained is a sent transfer kept for retransmission.
 type retained struct {
 	id       uint64
+	subject  string // the subject it was published on
 	topic    Topic
 	data     []byte
 	wholeCRC uint32
@@ -232,11 +233,14 @@ func (t *retained) chunk(sender string, i uint32) chunk {
 	return c
 }
 
-// retainCache keeps the most recent sent transfers, bounded in bytes and age,
-// oldest evicted first.
+// retainCache keeps the most recent sent transfers, bounded in bytes, in
+// age, and per subject (perSubject > 0: a newer transfer on a subject
+// evicts the oldest beyond perSubject; 0: no per-subject bound), oldest
+// evicted first.
 type retainCache struct {
-	maxBytes int64
-	ttl      time.Duration
+	maxBytes   int64
+	ttl        time.Duration
+	perSubject int
 
 	mu    sync.Mutex
 	bytes int64
@@ -249,13 +253,30 @@ func (rc *retainCache) put(t *retained) {
 	if int64(len(t.data)) > rc.maxBytes {
 		return
 	}
+	if rc.perSubject > 0 {
+		same := 0
+		for i := len(rc.order) - 1; i >= 0; i-- {
+			if rc.order[i].subject != t.subject {
+				continue
+			}
+			if same++; same >= rc.perSubject {
+				rc.removeLocked(i)
+			}
+		}
+	}
 	rc.order = append(rc.order, t)
 	rc.bytes += int64(len(t.data))
 	for rc.bytes > rc.maxBytes {
-		rc.bytes -= int64(len(rc.order[0].data))
-		rc.order[0] = nil
-		rc.order = rc.order[1:]
+		rc.removeLocked(0)
 	}
+}
+
+// removeLocked drops order[i].
+func (rc *retainCache) removeLocked(i int) {
+	rc.bytes -= int64(len(rc.order[i].data))
+	copy(rc.order[i:], rc.order[i+1:])
+	rc.order[len(rc.order)-1] = nil
+	rc.order = rc.order[:len(rc.order)-1]
 }
 
 func (rc *retainCache) get(id uint64) *retained {
@@ -269,12 +290,17 @@ func (rc *retainCache) get(id uint64) *retained {
 	return nil
 }
 
+// retainedBytes returns the number of transfers kept and their bytes.
+func (rc *retainCache) retainedBytes() (int, int64) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.order), rc.bytes
+}
+
 func (rc *retainCache) expire(now time.Time) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for len(rc.order) > 0 && now.Sub(rc.order[0].at) >= rc.ttl {
-		rc.bytes -= int64(len(rc.order[0].data))
-		rc.order[0] = nil
-		rc.order = rc.order[1:]
+		rc.removeLocked(0)
 	}
 }

@@ -79,6 +79,10 @@ type Stats struct {
 	Retransmitted   uint64 // chunks resent
 	Incomplete      uint64 // transfers dropped after TransferTimeout
 	WrongSender     uint64 // messages dropped for naming another node than their subject (ErrWrongSender)
+	// Retained and RetainedBytes are the sent chunked messages kept for
+	// retransmission now, and their bytes (ClientConfig.RetainPerSubject).
+	Retained      int
+	RetainedBytes int64
 }
 
 // Client is the typed, chunking layer over a Link. It is safe for concurrent
@@ -152,7 +156,7 @@ func NewClient(link Link, cfg ClientConfig, log *slog.Logger) (*Client, error) {
 		id:       id,
 		subjects: subjects,
 		reasm:    newReassembler(cfg.MaxMessageBytes, cfg.MaxReassemblyBytes),
-		retain:   &retainCache{maxBytes: cfg.RetainBytes, ttl: cfg.RetainFor},
+		retain:   &retainCache{maxBytes: cfg.RetainBytes, ttl: cfg.RetainFor, perSubject: cfg.RetainPerSubject},
 		topics:   make(map[Topic]*topicSubs),
 		stop:     make(chan struct{}),
 	}
@@ -200,7 +204,9 @@ func (c *Client) Subjects() Subjects { return c.subjects }
 // Stats returns a snapshot of the client's counters.
 func (c *Client) Stats() Stats {
 	s := &c.stats
+	n, bytes := c.retain.retainedBytes()
 	return Stats{
+		Retained: n, RetainedBytes: bytes,
 		Published: s.published.Load(), ChunkedSent: s.chunked.Load(), Received: s.received.Load(),
 		DecodeErrors: s.decodeErrs.Load(), DuplicateChunks: s.dups.Load(), NacksSent: s.nacksSent.Load(),
 		NacksServed: s.nacksServed.Load(), Retransmitted: s.retrans.Load(), Incomplete: s.incomplete.Load(),
@@ -255,7 +261,7 @@ func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, d
 		return fmt.Errorf("%w: %d chunks", ErrTooLarge, total)
 	}
 	t := &retained{
-		id: c.seq.Add(1), topic: topic, data: data, wholeCRC: crc32.Checksum(data, castagnoli),
+		id: c.seq.Add(1), subject: subject, topic: topic, data: data, wholeCRC: crc32.Checksum(data, castagnoli),
 		size: size, total: uint32(total), at: time.Now(),
 	}
 	c.retain.put(t)

@@ -50,6 +50,18 @@ type ClientConfig struct {
 	RetainFor time.Duration
 	// RetainBytes bounds the bytes a sender keeps for retransmission.
 	RetainBytes int64
+	// RetainPerSubject is how many chunked messages a sender keeps per
+	// subject: a newer one on a subject evicts the oldest. The protocol
+	// never needs an older one retransmitted: a node's contribution is
+	// useless once its round closes, and the next round opens only after
+	// that; a RoundStart or Params is superseded by the next, and a node
+	// that lacks a version asks for it (NeedParams), which the leader
+	// answers from its state machine. With the default, 1, what a client
+	// retains is at most one message per subject it publishes on (a node:
+	// one contribution; the leader: one RoundStart and one Params), a
+	// small multiple of the model size whatever the run's length or step
+	// rate.
+	RetainPerSubject int
 	// OnError, if not nil, is called with every receive-side error: frames
 	// that fail to decode (ErrUnknownVersion, ErrUnknownType, ErrTruncated,
 	// ErrCorrupt, ErrTooLarge, ErrWrongRun) and transfers that time out
@@ -60,7 +72,8 @@ type ClientConfig struct {
 
 // DefaultClientConfig returns the defaults: messages up to 1 GiB, 2 GiB of
 // reassembly, NACK after 200 ms of silence (up to 10 times), transfers
-// dropped after 30 s, sent transfers kept 30 s and up to 1 GiB.
+// dropped after 30 s, sent transfers kept 30 s and up to 1 GiB, at most one
+// per subject.
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{
 		Run:                "default",
@@ -73,6 +86,7 @@ func DefaultClientConfig() ClientConfig {
 		TransferTimeout:    30 * time.Second,
 		RetainFor:          30 * time.Second,
 		RetainBytes:        1 << 30,
+		RetainPerSubject:   1,
 	}
 }
 
@@ -117,6 +131,9 @@ func (c ClientConfig) Validate() error {
 	}
 	if c.RetainBytes < 0 {
 		bad("RetainBytes %d must be ≥ 0", c.RetainBytes)
+	}
+	if c.RetainPerSubject < 1 {
+		bad("RetainPerSubject %d must be ≥ 1", c.RetainPerSubject)
 	}
 	return errors.Join(errs...)
 }

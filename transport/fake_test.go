@@ -72,6 +72,10 @@ func checkParams(t *testing.T, got transport.Message, want transport.Params) {
 func TestFakeFaultsRecoveredByNack(t *testing.T) {
 	net := fake.NewNetwork(42, fake.Options{MaxPayload: 32 << 10})
 	cfg := fakeConfig()
+	// Four θ versions in flight on one subject at once, each to be
+	// recovered: the sender must keep them all (the protocol itself keeps
+	// only the latest per subject, ClientConfig.RetainPerSubject).
+	cfg.RetainPerSubject = 4
 	var corruptErrs atomic.Int64
 	cfg.OnError = func(err error) {
 		if errors.Is(err, transport.ErrCorrupt) {
@@ -288,5 +292,68 @@ func TestNackIsNotAnAmplifier(t *testing.T) {
 	waitUntil(t, "nack served", 5*time.Second, func() bool { return coord.Stats().NacksServed == 1 })
 	if got := coord.Stats().Retransmitted; got != 1 {
 		t.Errorf("Retransmitted = %d, want 1", got)
+	}
+}
+
+// TestRetentionBoundedOverRounds: over many rounds, a sender keeps for
+// retransmission one chunked message per subject it publishes on (the
+// latest), not every message of the last RetainFor: a node's retained
+// bytes are one contribution, the leader's one RoundStart and one Params,
+// whatever the number of rounds. Before RetainPerSubject the sender kept
+// all 40 messages of this test (up to RetainBytes, 1 GiB). A NACK for the
+// latest message is still answered.
+func TestRetentionBoundedOverRounds(t *testing.T) {
+	net := fake.NewNetwork(7, fake.Options{MaxPayload: 16 << 10})
+	cfg := fakeConfig()
+	leaderCfg, nodeCfg := cfg, cfg
+	leaderCfg.Role, leaderCfg.Name = pki.RoleReplica, "r0"
+	nodeCfg.Role, nodeCfg.Name = pki.RoleNode, "n0"
+	leader, err := transport.NewClient(net.Link("leader"), leaderCfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Close()
+	node, err := transport.NewClient(net.Link("node"), nodeCfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	var got inbox
+	if _, err := leader.Subscribe(transport.TopicContributions, got.add); err != nil {
+		t.Fatal(err)
+	}
+	const dim, rounds = 20000, 20 // 80 kB tensors: 5 or more chunks each
+	ctx := context.Background()
+	var lastParams, lastContrib int64
+	for step := uint64(1); step <= rounds; step++ {
+		p := paramsOf("fake", step, dim)
+		if err := leader.Publish(ctx, transport.RoundStart{Run: "fake", Step: step, RoundID: step, Deadline: 1,
+			SampleRate: 0.5, ClipNorm: 1, Params: p.Values}); err != nil {
+			t.Fatal(err)
+		}
+		if err := leader.Publish(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		c := transport.Contribution{Run: "fake", Step: step, RoundID: step, NodeID: "n0", Count: 1, Sum: p.Values}
+		if err := node.Publish(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		pe, _ := transport.Encode(p)
+		ce, _ := transport.Encode(c)
+		lastParams, lastContrib = int64(len(pe)), int64(len(ce))
+	}
+	waitUntil(t, "every contribution", 10*time.Second, func() bool { return got.n() == rounds })
+	ls, ns := leader.Stats(), node.Stats()
+	if ls.ChunkedSent != 2*rounds || ns.ChunkedSent != rounds {
+		t.Fatalf("chunked sent: leader %d, node %d; want %d, %d", ls.ChunkedSent, ns.ChunkedSent, 2*rounds, rounds)
+	}
+	if ns.Retained != 1 || ns.RetainedBytes != lastContrib {
+		t.Errorf("node retains %d messages, %d bytes; want 1, %d (its last contribution)", ns.Retained, ns.RetainedBytes, lastContrib)
+	}
+	// The RoundStart carries the same tensor as the Params, plus a few
+	// scalar fields.
+	if ls.Retained != 2 || ls.RetainedBytes < 2*lastParams || ls.RetainedBytes > 2*lastParams+256 {
+		t.Errorf("leader retains %d messages, %d bytes; want 2 (one RoundStart, one Params), about %d",
+			ls.Retained, ls.RetainedBytes, 2*lastParams)
 	}
 }

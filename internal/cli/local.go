@@ -91,11 +91,15 @@ type localFlags struct {
 	tlsCA        string
 	tlsCert      string
 	tlsKey       string
+	hooks        LocalHooks
 }
 
-func newLocalCmd() *cobra.Command {
+func newLocalCmd() *cobra.Command { return newLocalCmdHooks(LocalHooks{}) }
+
+// newLocalCmdHooks is the local command whose run reports to hooks.
+func newLocalCmdHooks(hooks LocalHooks) *cobra.Command {
 	spec := defaultRunSpec()
-	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data", device: "cpu"}
+	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data", device: "cpu", hooks: hooks}
 	cmd := &cobra.Command{
 		Use:   "local",
 		Short: "Train in one process: embedded NATS, one coordinator replica, k in-process nodes",
@@ -177,7 +181,8 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err != nil {
 		return err
 	}
-	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed}
+	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
+		registry: f.hooks.Registry, onStep: f.hooks.OnStep}
 	opts.nats.Embedded.Port = -1 // any free port: nodes are in-process
 	opts.nats.Embedded.TLS = natsTLS
 	opts.replica = coordinator.DefaultReplicaConfig()
@@ -248,7 +253,8 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	return nil
 }
 
-// startLocalNodes starts one node.Worker per IID shard of trainSet, each
+// startLocalNodes starts one node.Worker per IID shard of trainSet (a
+// view: the nodes share trainSet read-only, dataset.ShardViewsIID), each
 // with its own NATS connection to url (over TLS with files, if set: the
 // embedded server's own certificate), the run's q and C from rc (the
 // replica's own configuration) and an engine on dev. Every worker is built
@@ -258,7 +264,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 // channel once its Run has returned and its engine is released.
 func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig, rc coordinator.RunConfig, m *model.Model, trainSet *dataset.Dataset, shardSeed uint64, f localFlags, dev model.Device, reg prometheus.Registerer, log *slog.Logger) (_ <-chan error, err error) {
 	run := rc.Run
-	shards, err := dataset.ShardIID(trainSet, f.nodes, shardSeed)
+	shards, err := dataset.ShardViewsIID(trainSet, f.nodes, shardSeed)
 	if err != nil {
 		return nil, err
 	}
@@ -297,7 +303,7 @@ func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig,
 		if f.insecureSeed != 0 {
 			opts = append(opts, node.WithSeededSampling(f.insecureSeed+uint64(i)+1))
 		}
-		w, err := node.NewWorker(ncfg, m, shard, conn, log, opts...)
+		w, err := node.NewWorkerView(ncfg, m, shard, conn, log, opts...)
 		if err != nil {
 			conn.Close()
 			return nil, fmt.Errorf("%s: %w", id, err)

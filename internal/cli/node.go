@@ -185,7 +185,9 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 
 // loadNodeShard prepares the run as the replicas do (spec.prepare: the model,
 // the training set they count as N, the run configuration) and returns
-// shard index of count (dataset.ShardIID with the run's shard seed). The
+// shard index of count (dataset.ShardIID with the run's shard seed), a copy
+// of its rows only: the whole training set is dropped (pr.train is nil), so
+// the node holds its shard, not the data of every node. The
 // run's seed policy (the replicas' noise) is not the node's to say: the
 // node reports its own sampling in Join. A node does not evaluate, so it
 // never reads the coordinator's --eval-path; an --eval-split-from-train
@@ -196,11 +198,18 @@ func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slo
 	if err != nil {
 		return pr, nil, err
 	}
-	shards, err := dataset.ShardIID(pr.train, count, spec.ShardSeed)
+	views, err := dataset.ShardViewsIID(pr.train, count, spec.ShardSeed)
 	if err != nil {
 		return pr, nil, err
 	}
-	return pr, shards[index], nil
+	if index < 0 || index >= count {
+		return pr, nil, fmt.Errorf("shard index %d outside [0, %d)", index, count)
+	}
+	v := views[index]
+	shard := v.Data.Subset(v.Rows)
+	shard.Name = v.Name
+	pr.train = nil
+	return pr, shard, nil
 }
 
 // runNode runs the node of the run spec describes. The model, the data and

@@ -316,6 +316,11 @@ type serverOptions struct {
 	minNodes     int // overrides the spec's when > 0
 	join         bool
 	insecure     bool // --insecure: reported in the replica's status
+	// registry, if set, receives the metrics instead of a new registry;
+	// onStep, if set, is called after the progress bar's update (both
+	// LocalHooks).
+	registry *prometheus.Registry
+	onStep   func(coordinator.Progress)
 }
 
 // openedServer is a replica with its NATS connection and round loop.
@@ -338,7 +343,10 @@ func (o *openedServer) close() {
 // replica and builds its Server, with metrics and progress reporting. The
 // caller runs o.server.Run and then calls o.close.
 func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, opts serverOptions, log *slog.Logger) (o *openedServer, err error) {
-	o = &openedServer{registry: prometheus.NewRegistry()}
+	o = &openedServer{registry: opts.registry}
+	if o.registry == nil {
+		o.registry = prometheus.NewRegistry()
+	}
 	defer func() {
 		if err != nil {
 			o.close()
@@ -382,6 +390,10 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 		scfg.MinNodes = opts.minNodes
 	}
 	scfg.Metrics, scfg.OnStep, scfg.Join, scfg.Insecure = metrics, o.progress.update, opts.join, opts.insecure
+	if hook := opts.onStep; hook != nil {
+		bar := o.progress.update
+		scfg.OnStep = func(p coordinator.Progress) { bar(p); hook(p) }
+	}
 	if pr.eval.Data != nil {
 		if scfg.Evaluator, err = newModelEvaluator(pr.model, pr.eval.Data); err != nil {
 			return o, err

@@ -10,10 +10,17 @@
 # it may: as root, or through sudo without a password (sudo -n). Otherwise
 # it prints the exact commands to run and returns 1, changing nothing.
 
+# OPENBLAS_PACKAGES: the -tags openblas build (cgo: gcc and libc6-dev;
+# libopenblas-dev), the fastest CPU back end, about 4× the pure-Go one on
+# the mlp (docs/BENCHMARKS.md, "Per-example clipped gradients").
+OPENBLAS_PACKAGES=(gcc libc6-dev libopenblas-dev)
+
 # MAIN_JOB_PACKAGES: dataset-fashion-mnist puts Fashion-MNIST where the
-# binaries look for it (/usr/share/datasets/fashion-mnist). A run given
-# --data DIR or $DPCLUSTER_DATA does not need it.
-MAIN_JOB_PACKAGES=(dataset-fashion-mnist)
+# binaries look for it (/usr/share/datasets/fashion-mnist); a run given
+# --data DIR or $DPCLUSTER_DATA does not need it. OPENBLAS_PACKAGES make
+# main-job.sh build with -tags openblas; without them (and where it may not
+# install them) it builds the pure-Go back end and says so.
+MAIN_JOB_PACKAGES=(dataset-fashion-mnist "${OPENBLAS_PACKAGES[@]}")
 
 # TEST_PACKAGES: gcc and libc6-dev for cgo, which -race needs;
 # dataset-fashion-mnist: the real-data tests; libopenblas-dev: the

@@ -1,0 +1,505 @@
+// Command step times the distributed training step on the real path: the
+// same construction as `coordinator local` (internal/cli.RunLocal): an
+// embedded NATS server, one Raft replica with its durable log and privacy
+// ledger in a temporary directory, and k in-process node.Workers, training
+// on Fashion-MNIST with the leader's default (discrete) noise.
+//
+// For every model and node count it runs one child process (so that each
+// configuration's peak RSS is its own) and prints a table:
+//
+//   - step: wall time per step after the warm-up, from the leader's
+//     applied-step callback (mean; p50 in brackets);
+//   - compute: the nodes' own time to sample and compute one clipped sum
+//     (dpcluster_node_compute_seconds, mean over the measured steps and
+//     the nodes; the slowest node in brackets);
+//   - step/compute: the overhead ratio, against the slowest node;
+//   - engine: the engine's own DP step, Workspace.ClippedSum on B random
+//     examples in the same process after the run (BenchmarkMLPStep/dp's
+//     operation), and step/engine, the issue's "≤ 1.25 × engine" ratio;
+//   - peak RSS (VmHWM) and the peak live heap (sampled every step).
+//
+// Usage (docs/BENCHMARKS.md, "The distributed step"):
+//
+//	go run ./bench/step -models mlp,784-2048-1024-10 -nodes 1,3 -steps 40
+//	go run -tags openblas ./bench/step ...   (the OpenBLAS back end)
+//
+// A model is a preset name (mlp, cnn, ...) or an MLP written as its layer
+// widths, 784-H1-...-10, passed to local as a --model-spec file.
+// -cpuprofile DIR writes one CPU profile per configuration, covering the
+// measured steps only; -memprofile DIR one heap profile per configuration,
+// at the last step after a collection.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/internal/cli"
+	"github.com/dpcluster/dpcluster/model"
+)
+
+// result is what one child reports to the parent, as one JSON line.
+type result struct {
+	Model      string  `json:"model"`
+	Params     int     `json:"params"`
+	Nodes      int     `json:"nodes"`
+	Backend    string  `json:"backend"`
+	Noise      string  `json:"noise"`
+	Steps      int     `json:"steps"` // measured steps
+	StepMean   float64 `json:"step_ms"`
+	StepP50    float64 `json:"step_p50_ms"`
+	ComputeAvg float64 `json:"compute_ms"`     // mean over nodes and steps
+	ComputeMax float64 `json:"compute_max_ms"` // the slowest node's mean
+	EngineDP   float64 `json:"engine_dp_ms"`
+	PeakRSS    int64   `json:"peak_rss_bytes"`
+	PeakHeap   uint64  `json:"peak_live_heap_bytes"`
+	Profile    string  `json:"profile,omitempty"`
+}
+
+const resultPrefix = "RESULT "
+
+type flags struct {
+	models, nodes string
+	steps, warmup int
+	batch         int
+	noise         string
+	evalEvery     int
+	engineIters   int
+	cpuprofile    string
+	memprofile    string
+	child         bool
+	verbose       bool
+}
+
+func main() {
+	var f flags
+	flag.StringVar(&f.models, "models", "mlp,784-2048-1024-10", "models: presets or MLP widths 784-H1-...-10, comma-separated")
+	flag.StringVar(&f.nodes, "nodes", "1,3", "in-process node counts, comma-separated")
+	flag.IntVar(&f.steps, "steps", 40, "measured steps per configuration")
+	flag.IntVar(&f.warmup, "warmup", 5, "steps run before measuring")
+	flag.IntVar(&f.batch, "batch", 256, "expected batch size B")
+	flag.StringVar(&f.noise, "noise", "discrete", "leader's noise: discrete (the default of local) or float")
+	flag.IntVar(&f.evalEvery, "eval-every", 0, "local's --eval-every (0: evaluate only after the last step)")
+	flag.IntVar(&f.engineIters, "engine-iters", 10, "engine DP steps timed after the run")
+	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "directory for one CPU profile per configuration (measured steps only)")
+	flag.StringVar(&f.memprofile, "memprofile", "", "directory for one heap profile per configuration, written at the last step after a collection")
+	flag.BoolVar(&f.child, "child", false, "run one configuration (-models and -nodes each one value) and print its result as JSON")
+	flag.BoolVar(&f.verbose, "v", false, "pass the runs' logs through")
+	flag.Parse()
+	var err error
+	if f.child {
+		err = child(f)
+	} else {
+		err = parent(f)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "step:", err)
+		os.Exit(1)
+	}
+}
+
+// parent runs one child per configuration and prints the table.
+func parent(f flags) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	for _, dir := range []string{f.cpuprofile, f.memprofile} {
+		if dir == "" {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	var results []result
+	for _, m := range strings.Split(f.models, ",") {
+		for _, k := range strings.Split(f.nodes, ",") {
+			args := []string{"-child", "-models", m, "-nodes", k,
+				"-steps", strconv.Itoa(f.steps), "-warmup", strconv.Itoa(f.warmup), "-batch", strconv.Itoa(f.batch),
+				"-noise", f.noise, "-eval-every", strconv.Itoa(f.evalEvery), "-engine-iters", strconv.Itoa(f.engineIters),
+				"-cpuprofile", f.cpuprofile, "-memprofile", f.memprofile, "-v=" + strconv.FormatBool(f.verbose)}
+			cmd := exec.Command(self, args...)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, os.Stderr
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("%s, %s nodes: %w\n%s", m, k, err, out.String())
+			}
+			r, err := parseResult(out.String())
+			if err != nil {
+				return fmt.Errorf("%s, %s nodes: %w", m, k, err)
+			}
+			results = append(results, r)
+			fmt.Fprintf(os.Stderr, "done: %s k=%d\n", r.Model, r.Nodes)
+		}
+	}
+	printTable(os.Stdout, results)
+	return nil
+}
+
+func parseResult(out string) (result, error) {
+	var r result
+	for _, line := range strings.Split(out, "\n") {
+		if s, ok := strings.CutPrefix(line, resultPrefix); ok {
+			return r, json.Unmarshal([]byte(s), &r)
+		}
+	}
+	return r, errors.New("no result line")
+}
+
+func printTable(w io.Writer, rs []result) {
+	if len(rs) > 0 {
+		fmt.Fprintf(w, "back end %s, noise %s, %d measured steps after %s, GOMAXPROCS %d\n\n",
+			rs[0].Backend, rs[0].Noise, rs[0].Steps, "warm-up", runtime.GOMAXPROCS(0))
+	}
+	fmt.Fprintln(w, "| model | params | k | step ms (p50) | node compute ms (slowest) | step / compute | engine DP ms | step / engine | peak RSS MB | peak live heap MB |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	for _, r := range rs {
+		fmt.Fprintf(w, "| %s | %d | %d | %.1f (%.1f) | %.1f (%.1f) | %.2f | %.1f | %.2f | %.0f | %.0f |\n",
+			r.Model, r.Params, r.Nodes, r.StepMean, r.StepP50, r.ComputeAvg, r.ComputeMax,
+			r.StepMean/r.ComputeMax, r.EngineDP, r.StepMean/r.EngineDP,
+			float64(r.PeakRSS)/(1<<20), float64(r.PeakHeap)/(1<<20))
+	}
+}
+
+// child runs one configuration and prints its result.
+func child(f flags) error {
+	k, err := strconv.Atoi(f.nodes)
+	if err != nil || k < 1 {
+		return fmt.Errorf("-nodes %q: one count ≥ 1 in a child", f.nodes)
+	}
+	if f.steps < 2 || f.warmup < 1 {
+		return errors.New("-steps must be ≥ 2 and -warmup ≥ 1")
+	}
+	dir, err := os.MkdirTemp("", "dpcluster-bench-step-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	spec, modelArgs, err := modelFlags(f.models, dir)
+	if err != nil {
+		return err
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		return err
+	}
+	total := f.warmup + f.steps
+	args := append(modelArgs, "--data-dir", filepath.Join(dir, "data"), "--nodes", strconv.Itoa(k),
+		"--max-steps", strconv.Itoa(total), "--batch-size", strconv.Itoa(f.batch), "--noise", f.noise,
+		"--eval-every", strconv.Itoa(f.evalEvery), "--progress", "off", "--run", "bench-step")
+
+	reg := prometheus.NewRegistry()
+	rec := &recorder{warmup: int64(f.warmup), total: int64(total), reg: reg}
+	if f.cpuprofile != "" {
+		rec.profile = filepath.Join(f.cpuprofile, fmt.Sprintf("%s-k%d.pprof", spec.Name, k))
+	}
+	if f.memprofile != "" {
+		rec.heapProfile = filepath.Join(f.memprofile, fmt.Sprintf("%s-k%d.heap.pprof", spec.Name, k))
+	}
+	// The run's logs go to a file, not to memory, unless -v.
+	logs, err := os.Create(filepath.Join(dir, "local.log"))
+	if err != nil {
+		return err
+	}
+	defer logs.Close()
+	var w io.Writer = logs
+	if f.verbose {
+		w = os.Stderr
+	}
+	if err := cli.RunLocal(context.Background(), args, io.Discard, w, cli.LocalHooks{Registry: reg, OnStep: rec.onStep}); err != nil {
+		rec.stopProfile()
+		tail, _ := os.ReadFile(logs.Name())
+		if len(tail) > 4000 {
+			tail = tail[len(tail)-4000:]
+		}
+		return fmt.Errorf("local: %w\n%s", err, tail)
+	}
+	rec.stopProfile()
+	r, err := rec.result()
+	if err != nil {
+		return err
+	}
+	r.PeakRSS, err = peakRSS()
+	if err != nil {
+		return err
+	}
+	r.Model, r.Params, r.Nodes, r.Backend, r.Noise, r.Profile = spec.Name, m.NumParams(), k, model.DefaultBackend().Name(), f.noise, rec.profile
+	runtime.GC() // the run's garbage, not the engine, should pay for its collection
+	if r.EngineDP, err = engineStep(m, f.batch, f.engineIters); err != nil {
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	fmt.Println(resultPrefix + string(b))
+	return nil
+}
+
+// modelFlags returns the spec of name and local's flags for it: a preset,
+// or an MLP given as widths 784-H1-...-10 written as a spec file in dir.
+func modelFlags(name, dir string) (model.Spec, []string, error) {
+	if !strings.Contains(name, "-") {
+		spec, err := model.Preset(name)
+		return spec, []string{"--model", name}, err
+	}
+	parts := strings.Split(name, "-")
+	widths := make([]int, len(parts))
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return model.Spec{}, nil, fmt.Errorf("model %q: widths must be positive integers", name)
+		}
+		widths[i] = n
+	}
+	if len(widths) < 3 || widths[0] != 28*28 {
+		return model.Spec{}, nil, fmt.Errorf("model %q: want 784-H1-...-classes for Fashion-MNIST", name)
+	}
+	spec := model.MLP([]int{1, 28, 28}, widths[1:len(widths)-1], widths[len(widths)-1])
+	spec.Name = "mlp-" + strings.Join(parts[1:len(parts)-1], "-")
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return spec, nil, err
+	}
+	path := filepath.Join(dir, "model.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return spec, nil, err
+	}
+	return spec, []string{"--model-spec", path}, nil
+}
+
+// recorder is called on the leader's loop after every applied step: it
+// notes when each step was first applied and samples the live heap; at
+// the warm-up's last step it snapshots the nodes' compute histograms and
+// starts the profile, which stops at the last step (before the final
+// evaluation and the model's export).
+type recorder struct {
+	warmup      int64
+	total       int64 // the last step: the profile stops there
+	reg         *prometheus.Registry
+	profile     string
+	heapProfile string
+
+	mu        sync.Mutex
+	times     map[int64]time.Time
+	last      int64
+	before    map[string][2]float64 // node → compute (sum s, count) at the warm-up's end
+	peakHeap  uint64
+	profiling bool
+	err       error
+}
+
+var liveHeap = []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+
+func (r *recorder) onStep(p coordinator.Progress) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.times == nil {
+		r.times = map[int64]time.Time{}
+	}
+	if _, seen := r.times[p.Step]; seen {
+		return // an evaluation's callback
+	}
+	r.times[p.Step] = now
+	r.last = max(r.last, p.Step)
+	metrics.Read(liveHeap)
+	if v := liveHeap[0].Value; v.Kind() == metrics.KindUint64 {
+		r.peakHeap = max(r.peakHeap, v.Uint64())
+	}
+	if p.Step == r.total && r.profiling {
+		pprof.StopCPUProfile()
+		r.profiling = false
+	}
+	if p.Step == r.total && r.heapProfile != "" {
+		r.err = writeHeapProfile(r.heapProfile)
+	}
+	if p.Step != r.warmup {
+		return
+	}
+	if r.before, r.err = computeSeconds(r.reg); r.err != nil {
+		return
+	}
+	if r.profile != "" {
+		f, err := os.Create(r.profile)
+		if err != nil {
+			r.err = err
+			return
+		}
+		if r.err = pprof.StartCPUProfile(f); r.err == nil {
+			r.profiling = true
+		}
+	}
+}
+
+func (r *recorder) stopProfile() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.profiling {
+		pprof.StopCPUProfile()
+		r.profiling = false
+	}
+}
+
+// result computes the step times and the nodes' compute times over the
+// steps after the warm-up.
+func (r *recorder) result() (result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var res result
+	if r.err != nil {
+		return res, r.err
+	}
+	if r.before == nil {
+		return res, fmt.Errorf("the run stopped before step %d", r.warmup)
+	}
+	after, err := computeSeconds(r.reg)
+	if err != nil {
+		return res, err
+	}
+	t0, ok := r.times[r.warmup]
+	if !ok {
+		return res, errors.New("no time for the warm-up's last step")
+	}
+	var deltas []float64
+	for s := r.warmup + 1; s <= r.last; s++ {
+		a, okA := r.times[s-1]
+		b, okB := r.times[s]
+		if okA && okB {
+			deltas = append(deltas, b.Sub(a).Seconds()*1e3)
+		}
+	}
+	n := r.last - r.warmup
+	res.Steps = int(n)
+	res.StepMean = r.times[r.last].Sub(t0).Seconds() * 1e3 / float64(n)
+	slices.Sort(deltas)
+	if len(deltas) > 0 {
+		res.StepP50 = deltas[len(deltas)/2]
+	}
+	var sum float64
+	for node, a := range after {
+		b := r.before[node]
+		if a[1]-b[1] <= 0 {
+			return res, fmt.Errorf("node %s computed nothing after the warm-up", node)
+		}
+		ms := (a[0] - b[0]) / (a[1] - b[1]) * 1e3
+		sum += ms
+		res.ComputeMax = max(res.ComputeMax, ms)
+	}
+	res.ComputeAvg = sum / float64(len(after))
+	res.PeakHeap = r.peakHeap
+	return res, nil
+}
+
+// writeHeapProfile collects garbage and writes the heap profile to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// computeSeconds reads every node's dpcluster_node_compute_seconds
+// histogram: its sum and count, by node.
+func computeSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][2]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "dpcluster_node_compute_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			node := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" {
+					node = l.GetValue()
+				}
+			}
+			h := m.GetHistogram()
+			out[node] = [2]float64{h.GetSampleSum(), float64(h.GetSampleCount())}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no dpcluster_node_compute_seconds in the registry")
+	}
+	return out, nil
+}
+
+// engineStep times the engine's own DP step (Workspace.ClippedSum, as
+// BenchmarkMLPStep/dp) on a batch of B random inputs: the mean of iters
+// steps after one warm-up step, in ms.
+func engineStep(m *model.Model, B, iters int) (float64, error) {
+	ws, err := m.NewWorkspace(B)
+	if err != nil {
+		return 0, err
+	}
+	theta := make([]float32, m.NumParams())
+	if err := m.Init(theta, 1); err != nil {
+		return 0, err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	x := make([]float32, B*m.InputSize())
+	for i := range x {
+		x[i] = rng.Float32()
+	}
+	y := make([]int32, B)
+	for i := range y {
+		y[i] = int32(rng.IntN(m.Classes()))
+	}
+	dst := make([]float32, m.NumParams())
+	if _, err := ws.ClippedSum(dst, theta, x, y, 1); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for range iters {
+		if _, err := ws.ClippedSum(dst, theta, x, y, 1); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start).Seconds() * 1e3 / float64(iters), nil
+}
+
+// peakRSS is this process's VmHWM.
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/self/status")
+}
