@@ -101,7 +101,7 @@ func TestLocalWritesModelAndExport(t *testing.T) {
 	m, theta, meta := readModelFile(t, res.Model)
 	want := map[string]string{
 		"run": "t-local", "step": "40", "epsilon": strconv.FormatFloat(res.Epsilon, 'g', -1, 64),
-		"delta": strconv.FormatFloat(res.Delta, 'g', -1, 64), "accountant": "rdp", "private": "true",
+		"delta": strconv.FormatFloat(res.Delta, 'g', -1, 64), "accountant": "pld", "private": "true",
 		"state_sha256": res.StateSHA256, "noise_mode": res.NoiseMode, "format": "pt", "spec_sha256": m.Hash(),
 	}
 	for k, v := range want {
