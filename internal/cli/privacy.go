@@ -118,8 +118,8 @@ func (f *privacyFlags) effective(sigma float64) float64 {
 // for the PLD accountant).
 func (f *privacyFlags) epsilon(orders []float64, sigma float64) (float64, float64, error) {
 	if f.accountant == accountantPLD {
-		if _, err := ledger.PLDEpsilonEvents([]ledger.PLDEvent{{SampleRate: f.sampleRate, NoiseMultiplier: sigma, Count: f.steps}}, f.delta); err != nil {
-			return 0, 0, err // validates q, σ, steps, δ
+		if _, _, err := ledger.Epsilon(f.sampleRate, sigma, f.steps, f.delta); err != nil {
+			return 0, 0, err // validates q, σ, steps, δ (RDP: cheap)
 		}
 		eps, err := ledger.PLDEventEpsilon(f.event(sigma), f.steps, f.delta)
 		return eps, math.NaN(), err
