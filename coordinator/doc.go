@@ -2,8 +2,8 @@
 // a Raft state machine (FSM) that applies committed noisy gradients with
 // the DP-AdamBC optimizer and charges every release to the privacy ledger,
 // a Replica that runs it over hashicorp/raft with durable stores (LogStore:
-// the Raft log and stable store in one bbolt file, raft/log.db, each entry
-// CRC-checked; file snapshots), and the Server, whose leader aggregates node
+// the Raft log in append-only segment files under raft/, each entry
+// CRC-checked, and the stable store; file snapshots), and the Server, whose leader aggregates node
 // contributions, adds Gaussian noise exactly once, proposes the step and
 // only then releases θ_t.
 //

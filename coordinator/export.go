@@ -2,11 +2,9 @@ package coordinator
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"io/fs"
 	"os"
@@ -16,7 +14,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/dpcluster/dpcluster/ledger"
 )
@@ -141,17 +138,19 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 		return Committed{}, err
 	}
 
-	// 3. The Raft log, from a consistent copy.
+	// 3. The Raft log, read in place (openLogReadOnly): the entries up to
+	// the last charge are committed, so a running replica may compact
+	// them (the open files stay readable) but never rewrites them.
+	logs, err := openLogReadOnly(filepath.Join(dataDir, "raft"))
+	if err != nil {
+		return Committed{}, err
+	}
+	defer logs.Close()
 	tmp, err := os.MkdirTemp("", "dpcluster-export-")
 	if err != nil {
 		return Committed{}, fmt.Errorf("coordinator: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	logs, err := openLogCopy(filepath.Join(dataDir, "raft", "log.db"), filepath.Join(tmp, "log.db"))
-	if err != nil {
-		return Committed{}, err
-	}
-	defer logs.Close()
 
 	// 4. Replay into a fresh state machine whose ledger lives in tmp.
 	fsm, err := NewFSM(tmp, init, nil)
@@ -309,125 +308,4 @@ func compareUint(a, b uint64) int {
 		return 1
 	}
 	return 0
-}
-
-// openLogCopy copies the bbolt Raft log at src to dst (copyBolt) and opens
-// the copy read-only.
-func openLogCopy(src, dst string) (*LogStore, error) {
-	if err := copyBolt(src, dst); err != nil {
-		return nil, err
-	}
-	db, err := bolt.Open(dst, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: opening a copy of the Raft log %s: %w", src, err)
-	}
-	err = db.View(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucketLogs) == nil || tx.Bucket(bucketStable) == nil {
-			return fmt.Errorf("%w: %s has no Raft log buckets", ErrLogCorrupt, src)
-		}
-		return nil
-	})
-	if err != nil {
-		db.Close()
-		return nil, err
-	}
-	return &LogStore{db: db}, nil
-}
-
-// copyBolt copies the bbolt file at src to dst without locking src, and
-// checks that the copy is a consistent state of the database: bbolt
-// commits copy-on-write (a transaction writes new pages, then its meta
-// page, one of two alternating ones; the pages reachable from the newest
-// meta are not written again while it is the newest), so if the newest
-// meta's transaction ID is the same in the copy (whose meta pages were
-// read first) and in src read again after the copy, no commit happened
-// during the copy and every page the copy's newest meta reaches is intact.
-// Otherwise it retries (errRaced after several tries).
-func copyBolt(src, dst string) error {
-	for range readAttempts {
-		if err := copyFile(src, dst); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("%w: no Raft log at %s", ErrNoReplicaState, src)
-			}
-			return fmt.Errorf("coordinator: copying the Raft log: %w", err)
-		}
-		copied, err := boltTxID(dst)
-		if err != nil {
-			return err
-		}
-		now, err := boltTxID(src)
-		if err != nil {
-			return err
-		}
-		if copied == now {
-			return nil
-		}
-	}
-	return fmt.Errorf("%w: the Raft log kept changing while it was copied", errRaced)
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
-// boltTxID returns the transaction ID of the newest valid meta page of the
-// bbolt file at path. bbolt's layout (go.etcd.io/bbolt, page.go and
-// db.go): pages 0 and 1 are meta pages; each is a 16-byte page header,
-// then magic, version, page size and flags (uint32 each), the root bucket
-// (16 bytes), the freelist and high-water page IDs, the transaction ID and
-// an FNV-64a checksum of the meta bytes before it (uint64 each), in the
-// machine's byte order (little-endian on the platforms we build for).
-func boltTxID(path string) (uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, fmt.Errorf("coordinator: %w", err)
-	}
-	defer f.Close()
-	const (
-		hdr      = 16
-		metaSize = 64
-		magic    = 0xED0CDAED
-	)
-	var first [hdr + metaSize]byte
-	if _, err := io.ReadFull(f, first[:]); err != nil {
-		return 0, fmt.Errorf("%w: %s: bbolt meta page: %v", ErrLogCorrupt, path, err)
-	}
-	pageSize := int64(binary.LittleEndian.Uint32(first[hdr+8:]))
-	var best uint64
-	found := false
-	for i := int64(0); i < 2; i++ {
-		var p [hdr + metaSize]byte
-		if _, err := f.ReadAt(p[:], i*pageSize); err != nil {
-			continue
-		}
-		m := p[hdr:]
-		if binary.LittleEndian.Uint32(m[0:]) != magic {
-			continue
-		}
-		h := fnv.New64a()
-		h.Write(m[:56])
-		if h.Sum64() != binary.LittleEndian.Uint64(m[56:]) {
-			continue
-		}
-		if txid := binary.LittleEndian.Uint64(m[48:]); !found || txid > best {
-			best, found = txid, true
-		}
-	}
-	if !found {
-		return 0, fmt.Errorf("%w: %s: no valid bbolt meta page", ErrLogCorrupt, path)
-	}
-	return best, nil
 }

@@ -39,7 +39,7 @@ func dirState(t *testing.T, dir string) map[string]fileState {
 
 // TestReadCommitted runs a real replica for a few steps and reads its data
 // dir with ReadCommitted, once while the replica runs (it holds the Raft
-// log's bbolt lock) and once after it closed: both give the replica's own
+// log's lock and appends to it) and once after it closed: both give the replica's own
 // step, θ (bit for bit) and state digest. With 20 steps the state is a
 // snapshot plus log entries replayed through the state machine; with 3,
 // the log alone. The read leaves the data dir as it was: no file created,
@@ -158,8 +158,8 @@ func TestReadCommittedChecksLedger(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(dir, "raft", "log.db")
-	if err := os.Remove(logPath); err != nil {
+	logPath := filepath.Join(dir, "raft")
+	if err := os.RemoveAll(logPath); err != nil {
 		t.Fatal(err)
 	}
 	s := openTestLogStore(t, logPath) // an empty log

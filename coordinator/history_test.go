@@ -95,10 +95,10 @@ func raftStateExists(t *testing.T, dir string) bool {
 	if snaps, _ := os.ReadDir(filepath.Join(dir, "snapshots")); len(snaps) > 0 {
 		return true
 	}
-	if _, err := os.Stat(filepath.Join(dir, "raft", "log.db")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "raft")); err != nil {
 		return false
 	}
-	s := openTestLogStore(t, filepath.Join(dir, "raft", "log.db"))
+	s := openTestLogStore(t, filepath.Join(dir, "raft"))
 	defer s.Close()
 	last, err := s.LastIndex()
 	return err != nil || last > 0

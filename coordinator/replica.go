@@ -27,7 +27,7 @@ type ReplicaConfig struct {
 	// RaftAddr is the TCP address Raft binds and advertises, host:port.
 	// Ignored (and may be empty) when Transport is set.
 	RaftAddr string
-	// DataDir holds the Raft log (raft/log.db, see LogStore), snapshots and the
+	// DataDir holds the Raft log (raft/, see LogStore), snapshots and the
 	// ledger.
 	DataDir string
 	// Bootstrap starts a new cluster with Peers (or just this replica if
@@ -181,7 +181,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			r.closeStores()
 		}
 	}()
-	if r.logs, err = OpenLogStore(filepath.Join(cfg.DataDir, "raft", "log.db")); err != nil {
+	if r.logs, err = OpenLogStore(filepath.Join(cfg.DataDir, "raft")); err != nil {
 		return nil, err
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)

@@ -120,7 +120,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 		t.Errorf("the audit of a seeded run does not say it is not private:\n%s", text)
 	}
 	// The replica's Raft log is under the data dir, next to the ledger.
-	if segs, _ := filepath.Glob(filepath.Join(dir, "raft", "log.db")); len(segs) == 0 {
+	if segs, _ := filepath.Glob(filepath.Join(dir, "raft", "wal", "*.seg")); len(segs) == 0 {
 		t.Error("no Raft log segment under the data dir")
 	}
 }
