@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,6 +41,102 @@ type stepEntry struct {
 	// Round identifies the round that produced it (leader id and term),
 	// for logs and audits.
 	Round string `msgpack:"round"`
+}
+
+// encodeStepEntry is encodeEntry(entryStep, stepEntry{...}) with Grad
+// the bytes of g: the same bytes (TestStepEntryFastPath), but g̃ is
+// converted once, straight into the entry's buffer, sized up front, and
+// not copied again: the entry is model-sized and encoded on every step's
+// serial chain.
+func encodeStepEntry(step int64, event ledger.Event, g []float32, round string) ([]byte, error) {
+	buf := bytes.NewBuffer(make([]byte, 0, 4*len(g)+512))
+	buf.Write([]byte{byte(entryStep), entryVersion})
+	err := msgpack.NewEncoder(buf).Encode(stepEntryFloats{Step: step, Event: event, Grad: gradFloats{src: g}, Round: round})
+	if err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeStepInto decodes a step entry's body as msgpack.Unmarshal into a
+// stepEntry followed by getFloats(dst, Grad) would, with the same outcome
+// (FuzzStepEntryFastPath): err is Unmarshal's error, gradErr getFloats's;
+// but g̃ goes straight from the body into dst. The returned entry's Grad
+// is nil. On an error dst may hold part of the values.
+func decodeStepInto(body []byte, dst []float32) (s stepEntry, gradErr, err error) {
+	in := stepEntryFloats{Grad: gradFloats{dst: dst}}
+	if err := msgpack.Unmarshal(body, &in); err != nil {
+		return stepEntry{}, nil, err
+	}
+	s = stepEntry{Step: in.Step, Event: in.Event, Round: in.Round}
+	if n := in.Grad.n; n != 4*len(dst) {
+		// Absent, nil or of the wrong length: getFloats's error.
+		return s, fmt.Errorf("%w: %d bytes for %d floats", ErrBadEntry, n, len(dst)), nil
+	}
+	return s, nil, nil
+}
+
+// stepEntryFloats is stepEntry with its Grad read from or written to
+// float32s directly.
+type stepEntryFloats struct {
+	Step  int64        `msgpack:"step"`
+	Event ledger.Event `msgpack:"event"`
+	Grad  gradFloats   `msgpack:"grad"`
+	Round string       `msgpack:"round"`
+}
+
+// gradFloats is a step entry's grad field (msgpack bin of little-endian
+// float32s): encoded from src, decoded into dst if it has 4·len(dst)
+// bytes (n: how many it had; 0 if absent or nil).
+type gradFloats struct {
+	src, dst []float32
+	n        int
+}
+
+// gradChunk is how many floats are converted at a time through a stack
+// buffer.
+const gradChunk = 1024
+
+func (g gradFloats) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeBytesLen(4 * len(g.src)); err != nil {
+		return err
+	}
+	var chunk [4 * gradChunk]byte
+	for i := 0; i < len(g.src); i += gradChunk {
+		v := g.src[i:min(i+gradChunk, len(g.src))]
+		putFloats(chunk[:4*len(v)], v)
+		if _, err := e.Writer().Write(chunk[:4*len(v)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *gradFloats) DecodeMsgpack(d *msgpack.Decoder) error {
+	n, err := d.DecodeBytesLen()
+	if err != nil {
+		return err
+	}
+	g.n = max(n, 0) // -1: nil
+	var chunk [4 * gradChunk]byte
+	if g.n != 4*len(g.dst) {
+		for left := g.n; left > 0; left -= len(chunk) { // skip it
+			if err := d.ReadFull(chunk[:min(left, len(chunk))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i := 0; i < len(g.dst); i += gradChunk {
+		v := g.dst[i:min(i+gradChunk, len(g.dst))]
+		if err := d.ReadFull(chunk[:4*len(v)]); err != nil {
+			return err
+		}
+		for j := range v {
+			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(chunk[4*j:]))
+		}
+	}
+	return nil
 }
 
 // configEntry is the run configuration as the log carries it: the

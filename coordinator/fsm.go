@@ -225,18 +225,19 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 }
 
 func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
-	var s stepEntry
-	if err := msgpack.Unmarshal(body, &s); err != nil {
+	// 1. Decode g̃ first (straight into f.grad): an entry that cannot be
+	// decoded is refused before anything is charged or applied,
+	// identically on every replica.
+	s, gradErr, err := decodeStepInto(body, f.grad)
+	if err != nil {
 		return f.fail(fmt.Errorf("%w: step: %v", ErrBadEntry, err))
 	}
 	if f.cfg == nil {
 		return ApplyResult{Step: s.Step, Err: ErrNotConfigured}
 	}
 	res := ApplyResult{Step: s.Step}
-	// 1. Decode g̃ first: an entry that cannot be decoded is refused before
-	// anything is charged or applied, identically on every replica.
-	if err := getFloats(f.grad, s.Grad); err != nil {
-		res.Err = err
+	if gradErr != nil {
+		res.Err = gradErr
 		res.Epsilon = f.ledger.Spent()
 		return res
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -281,6 +282,67 @@ func FuzzReadRaftState(f *testing.F) {
 		}
 		if st != want {
 			t.Fatalf("readRaftState = %+v, want %+v", st, want)
+		}
+	})
+}
+
+// FuzzStepEntryFastPath: the state machine's decoder of step entries
+// (decodeStepInto, g̃ straight into the FSM's buffer) has the outcome of
+// the plain one (msgpack.Unmarshal into a stepEntry, then getFloats) on
+// any body: the same decode error or none, the same refusal of g̃ or none,
+// the same fields and the same values bit for bit; and the leader's
+// encoder (encodeStepEntry) writes exactly encodeEntry's bytes.
+func FuzzStepEntryFastPath(f *testing.F) {
+	c := testRunConfig()
+	for _, dim := range []int{0, 3, gradChunk + 5} {
+		g := make([]float32, dim)
+		for i := range g {
+			g[i] = float32(i)*0.5 - 7
+		}
+		data, err := encodeStepEntry(4, c.Event(), g, "r1/1/00")
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data[2:], uint16(dim))
+		f.Add(data[2:], uint16(dim+1))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, dim uint16) {
+		var plain stepEntry
+		plainErr := msgpack.Unmarshal(body, &plain)
+		want := make([]float32, dim)
+		var plainGradErr error
+		if plainErr == nil {
+			plainGradErr = getFloats(want, plain.Grad)
+		}
+		got := make([]float32, dim)
+		s, gradErr, err := decodeStepInto(body, got)
+		if (err == nil) != (plainErr == nil) {
+			t.Fatalf("decode error %v, plain %v", err, plainErr)
+		}
+		if err != nil {
+			return
+		}
+		if (gradErr == nil) != (plainGradErr == nil) {
+			t.Fatalf("grad error %v, plain %v", gradErr, plainGradErr)
+		}
+		if s.Step != plain.Step || s.Round != plain.Round || !s.Event.Equal(plain.Event) {
+			t.Fatalf("fields %+v, plain %+v", s, plain)
+		}
+		if gradErr != nil {
+			return
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("value %d: %v, plain %v", i, got[i], want[i])
+			}
+		}
+		// Re-encoded, the fast encoder's bytes are the plain encoder's.
+		fast, err1 := encodeStepEntry(s.Step, s.Event, got, s.Round)
+		raw := make([]byte, 4*len(got))
+		putFloats(raw, got)
+		slow, err2 := encodeEntry(entryStep, stepEntry{Step: s.Step, Event: s.Event, Grad: raw, Round: s.Round})
+		if err1 != nil || err2 != nil || !bytes.Equal(fast, slow) {
+			t.Fatalf("encoders differ: %v, %v", err1, err2)
 		}
 	})
 }

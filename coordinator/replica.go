@@ -453,9 +453,7 @@ func (r *Replica) Configure(ctx context.Context, c RunConfig) error {
 // committed and applied here. The caller must not release θ_t before this
 // returns with res.Applied.
 func (r *Replica) ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error) {
-	buf := make([]byte, 4*len(noisyGrad))
-	putFloats(buf, noisyGrad)
-	data, err := encodeEntry(entryStep, stepEntry{Step: step, Event: event, Grad: buf, Round: round})
+	data, err := encodeStepEntry(step, event, noisyGrad, round)
 	if err != nil {
 		return ApplyResult{}, err
 	}
