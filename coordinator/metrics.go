@@ -23,6 +23,7 @@ type Metrics struct {
 	charges      prometheus.Gauge
 	stopped      prometheus.Gauge
 	roundSeconds prometheus.Histogram
+	phaseSeconds *prometheus.HistogramVec
 	participants prometheus.Gauge
 	acceptedN    prometheus.Counter
 	rejectedN    *prometheus.CounterVec
@@ -56,6 +57,13 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 			Help: "Time from RoundStart to the round's close.", ConstLabels: labels,
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		phaseSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "step_phase_seconds",
+			Help: "The leader's links of a step after its round closed, by phase: privatize (noise over the sum, " +
+				"and the optimizer's check of g̃), commit (proposal to applied here: encoding, the Raft log's fsync, " +
+				"replication, the ledger's charge, the update), release (θ published).",
+			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"phase"}),
 		participants: gauge("round_participants", "Nodes whose contribution the last round accepted."),
 		acceptedN: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "contributions_accepted_total",
@@ -100,6 +108,9 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, r := range Roles() {
 		m.raftState.WithLabelValues(string(r))
 	}
+	for _, p := range []string{phasePrivatize, phaseCommit, phaseRelease} {
+		m.phaseSeconds.WithLabelValues(p)
+	}
 	for _, r := range blockReasons {
 		m.blocked.WithLabelValues(r)
 	}
@@ -107,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		m.refused.WithLabelValues(r)
 	}
 	for _, c := range append([]prometheus.Collector{
-		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.participants,
+		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
 		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
@@ -175,6 +186,21 @@ func (m *Metrics) roundClosed(res aggregation.Result, d time.Duration) {
 	}
 	m.roundSeconds.Observe(d.Seconds())
 	m.participants.Set(float64(len(res.Accepted)))
+}
+
+// The phases of step_phase_seconds.
+const (
+	phasePrivatize = "privatize"
+	phaseCommit    = "commit"
+	phaseRelease   = "release"
+)
+
+// phase records how long one of a step's links took.
+func (m *Metrics) phase(name string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.phaseSeconds.WithLabelValues(name).Observe(d.Seconds())
 }
 
 func (m *Metrics) stepApplied(p Progress) {

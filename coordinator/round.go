@@ -56,7 +56,8 @@ type openRound struct {
 type stepInFlight struct {
 	step         int64
 	participants int
-	started      time.Time
+	started      time.Time // the round opened
+	proposed     time.Time
 }
 
 // Stop reasons the Server writes into the log.
@@ -293,6 +294,7 @@ func (l *loop) closeRound(ctx context.Context) {
 	if g == nil {
 		g = make([]float32, l.s.run.Dim) // the previous buffer is held by a deposed term's proposal
 	}
+	privStart := time.Now()
 	err := privatize(l.s.run, l.s.noise, &l.pending, g, res.Sum)
 	clear(res.Sum)
 	l.pending.Clear()
@@ -312,13 +314,14 @@ func (l *loop) closeRound(ctx context.Context) {
 		l.proposeStop(fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, err))
 		return
 	}
+	l.s.metrics.phase(phasePrivatize, time.Since(privStart))
 	ls.log.Debug("round closed", "step", t, "participants", len(res.Accepted), "missing", len(res.Missing),
 		"rejected", len(res.Rejected), "round_ms", time.Since(or.started).Milliseconds())
 	// 5. Propose, and wait (on the operation's goroutine) for commit and
 	// local apply. The proposal owns g until its result hands it back.
 	ls.phase = phaseProposing
 	event, round := l.s.run.Event(), fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, or.id)
-	inFlight := stepInFlight{step: t, participants: len(res.Accepted), started: or.started}
+	inFlight := stepInFlight{step: t, participants: len(res.Accepted), started: or.started, proposed: time.Now()}
 	l.start(opStep, ls.term, func(ctx context.Context) opResult {
 		ar, err := l.rep.ProposeStep(ctx, t, event, g, round)
 		return opResult{ar: ar, err: err, g: g, step: inFlight}
@@ -359,8 +362,11 @@ func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult
 		ls.log.Info("step not applied", "step", s.step, "reason", ar.Err)
 		return
 	}
+	applied := time.Now()
+	l.s.metrics.phase(phaseCommit, applied.Sub(s.proposed))
 	// 6. Release θ_t.
 	l.publishParams(ctx, ls.term)
+	l.s.metrics.phase(phaseRelease, time.Since(applied))
 	took := time.Since(s.started) // round open to θ_t released; not the evaluation below
 	p := Progress{
 		Step: s.step, MaxSteps: l.s.run.MaxSteps, Epsilon: ar.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon,

@@ -230,6 +230,11 @@ func testServerTrainsOverNATS(t *testing.T, mode string) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
+	for phase, n := range phaseCounts(t, reg) {
+		if n != steps {
+			t.Errorf("step_phase_seconds{phase=%q} has %d samples, want one per step (%d)", phase, n, steps)
+		}
+	}
 
 	// Reference: the same seeded noise over the float64 sum of the three
 	// contributions, in node-ID order.
@@ -519,6 +524,35 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// phaseCounts returns the sample count of each phase of
+// dpcluster_coordinator_step_phase_seconds, failing if any is missing.
+func phaseCounts(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "dpcluster_coordinator_step_phase_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "phase" {
+					out[lp.GetValue()] = m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	for _, p := range []string{phasePrivatize, phaseCommit, phaseRelease} {
+		if _, ok := out[p]; !ok {
+			t.Fatalf("no step_phase_seconds{phase=%q}", p)
+		}
+	}
+	return out
 }
 
 // TestServerLedgerFailureStopsRun: the ledger's fsync fails (a full disk)

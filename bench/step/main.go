@@ -71,9 +71,16 @@ type result struct {
 	ComputeAvg float64 `json:"compute_ms"`     // mean over nodes and steps
 	ComputeMax float64 `json:"compute_max_ms"` // the slowest node's mean
 	EngineDP   float64 `json:"engine_dp_ms"`
-	PeakRSS    int64   `json:"peak_rss_bytes"`
-	PeakHeap   uint64  `json:"peak_live_heap_bytes"`
-	Profile    string  `json:"profile,omitempty"`
+	// The leader's links, mean ms per measured step: the round (RoundStart
+	// to close: the nodes' work and both transfers), then the
+	// step_phase_seconds phases.
+	Collect   float64 `json:"collect_ms"`
+	Privatize float64 `json:"privatize_ms"`
+	Commit    float64 `json:"commit_ms"`
+	Release   float64 `json:"release_ms"`
+	PeakRSS   int64   `json:"peak_rss_bytes"`
+	PeakHeap  uint64  `json:"peak_live_heap_bytes"`
+	Profile   string  `json:"profile,omitempty"`
 }
 
 const resultPrefix = "RESULT "
@@ -179,6 +186,15 @@ func printTable(w io.Writer, rs []result) {
 			r.Model, r.Params, r.Nodes, r.StepMean, r.StepP50, r.ComputeAvg, r.ComputeMax,
 			r.StepMean/r.ComputeMax, r.EngineDP, r.StepMean/r.EngineDP,
 			float64(r.PeakRSS)/(1<<20), float64(r.PeakHeap)/(1<<20))
+	}
+	fmt.Fprintln(w, "\nWhere a step goes (leader's metrics, mean ms per step):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| model | k | step | round (RoundStart to close) | of which node compute (slowest) | privatize | commit | release | rest |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	for _, r := range rs {
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+			r.Model, r.Nodes, r.StepMean, r.Collect, r.ComputeMax, r.Privatize, r.Commit, r.Release,
+			r.StepMean-r.Collect-r.Privatize-r.Commit-r.Release)
 	}
 }
 
@@ -301,13 +317,14 @@ type recorder struct {
 	profile     string
 	heapProfile string
 
-	mu        sync.Mutex
-	times     map[int64]time.Time
-	last      int64
-	before    map[string][2]float64 // node → compute (sum s, count) at the warm-up's end
-	peakHeap  uint64
-	profiling bool
-	err       error
+	mu          sync.Mutex
+	times       map[int64]time.Time
+	last        int64
+	before      map[string][2]float64 // node → compute (sum s, count) at the warm-up's end
+	linksBefore map[string][2]float64 // the leader's links (linkSeconds) at the warm-up's end
+	peakHeap    uint64
+	profiling   bool
+	err         error
 }
 
 var liveHeap = []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
@@ -339,6 +356,9 @@ func (r *recorder) onStep(p coordinator.Progress) {
 		return
 	}
 	if r.before, r.err = computeSeconds(r.reg); r.err != nil {
+		return
+	}
+	if r.linksBefore, r.err = linkSeconds(r.reg); r.err != nil {
 		return
 	}
 	if r.profile != "" {
@@ -409,6 +429,15 @@ func (r *recorder) result() (result, error) {
 	}
 	res.ComputeAvg = sum / float64(len(after))
 	res.PeakHeap = r.peakHeap
+	links, err := linkSeconds(r.reg)
+	if err != nil {
+		return res, err
+	}
+	mean := func(k string) float64 {
+		a, b := links[k], r.linksBefore[k]
+		return (a[0] - b[0]) * 1e3 / float64(n)
+	}
+	res.Collect, res.Privatize, res.Commit, res.Release = mean("round"), mean("privatize"), mean("commit"), mean("release")
 	return res, nil
 }
 
@@ -429,28 +458,49 @@ func writeHeapProfile(path string) error {
 // computeSeconds reads every node's dpcluster_node_compute_seconds
 // histogram: its sum and count, by node.
 func computeSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
+	return histograms(g, "dpcluster_node_compute_seconds", "node")
+}
+
+// linkSeconds reads the leader's dpcluster_coordinator_round_seconds (as
+// "round") and step_phase_seconds (by phase): sum and count.
+func linkSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
+	out, err := histograms(g, "dpcluster_coordinator_step_phase_seconds", "phase")
+	if err != nil {
+		return nil, err
+	}
+	round, err := histograms(g, "dpcluster_coordinator_round_seconds", "")
+	if err != nil {
+		return nil, err
+	}
+	out["round"] = round[""]
+	return out, nil
+}
+
+// histograms reads the histograms named name: sum and count, by the value
+// of label ("" for a histogram without it).
+func histograms(g prometheus.Gatherer, name, label string) (map[string][2]float64, error) {
 	mfs, err := g.Gather()
 	if err != nil {
 		return nil, err
 	}
 	out := map[string][2]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "dpcluster_node_compute_seconds" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			node := ""
+			key := ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "node" {
-					node = l.GetValue()
+				if label != "" && l.GetName() == label {
+					key = l.GetValue()
 				}
 			}
 			h := m.GetHistogram()
-			out[node] = [2]float64{h.GetSampleSum(), float64(h.GetSampleCount())}
+			out[key] = [2]float64{h.GetSampleSum(), float64(h.GetSampleCount())}
 		}
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no dpcluster_node_compute_seconds in the registry")
+		return nil, fmt.Errorf("no %s in the registry", name)
 	}
 	return out, nil
 }
