@@ -96,6 +96,7 @@ func (l *loop) stepDown(why string) {
 		ls.round.r.Close()
 		ls.round = nil
 	}
+	l.awaitNoise()
 	l.pending.Clear()
 	l.setBlocked(nil)
 	l.lead = nil
@@ -229,14 +230,10 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 		l.fail(fmt.Errorf("coordinator: publishing round %d: %w", t, err))
 		return
 	}
-	// The noise is usually drawn already, during the previous step's
-	// proposal (closeRound); after a new leadership or an empty round it
-	// is drawn here, while the nodes compute.
-	if err := l.drawNoise(); err != nil {
-		r.Close()
-		l.fail(err)
-		return
-	}
+	// The noise is usually drawn (or being drawn) already, since the
+	// previous step's proposal (closeRound); after a new leadership or an
+	// empty round it is drawn from here, while the nodes compute.
+	l.startNoise()
 	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started}
 }
 
@@ -284,6 +281,7 @@ func (l *loop) closeRound(ctx context.Context) {
 		// for nothing. Forget the silent nodes and try again.
 		ls.log.Warn("round closed with no contribution; not releasing", "step", t, "cause", res.ClosedBy.String())
 		l.nodes.forget(res.Missing)
+		l.awaitNoise()
 		l.pending.Clear()
 		return
 	}
@@ -295,7 +293,10 @@ func (l *loop) closeRound(ctx context.Context) {
 		g = make([]float32, l.s.run.Dim) // the previous buffer is held by a deposed term's proposal
 	}
 	privStart := time.Now()
-	err := privatize(l.s.run, l.s.noise, &l.pending, g, res.Sum)
+	err := l.awaitNoise()
+	if err == nil {
+		err = privatize(l.s.run, l.s.noise, &l.pending, g, res.Sum)
+	}
 	clear(res.Sum)
 	l.pending.Clear()
 	if err != nil {
@@ -326,29 +327,41 @@ func (l *loop) closeRound(ctx context.Context) {
 		ar, err := l.rep.ProposeStep(ctx, t, event, g, round)
 		return opResult{ar: ar, err: err, g: g, step: inFlight}
 	})
-	// While the proposal waits for the Raft log's fsync (the CPU is
-	// idle), draw the noise of round t+1: it depends on nothing, and
-	// drawn here it does not compete with the nodes' computation of
-	// round t+1 for the cores of a single machine.
+	// Start drawing the noise of round t+1 now: it depends on nothing,
+	// and drawn on its own goroutine it uses the cores the proposal's
+	// fsync leaves idle without holding up the loop, which releases θ_t
+	// as soon as the step is applied.
 	if last := l.s.run.MaxSteps; last == 0 || t < last {
-		if err := l.drawNoise(); err != nil {
-			l.fail(err)
-		}
+		l.startNoise()
 	}
 }
 
-// drawNoise draws the next release's discrete noise into pending, unless
-// pending already holds unused noise (drawn during the previous
-// proposal): each release uses one fresh draw, consumed (zeroed) by the
-// release's privatize, or cleared unused when the leader steps down or a
-// round closes empty. For the floating-point modes it does nothing: their
-// noise is drawn in privatize.
-func (l *loop) drawNoise() error {
+// startNoise starts drawing the next release's discrete noise into
+// pending on a goroutine of the loop's, unless a draw is under way or
+// pending already holds unused noise: each release uses one fresh draw,
+// consumed (zeroed) by the release's privatize, or cleared unused when the
+// leader steps down or a round closes empty. For the floating-point modes
+// it does nothing: their noise is drawn in privatize. The draw is bounded
+// work; the loop waits for it (awaitNoise) before it touches pending and
+// before it returns.
+func (l *loop) startNoise() {
 	m, ok := l.s.run.Discrete()
-	if !ok || l.pending.Ready() {
+	if !ok || l.drawing != nil || l.pending.Ready() {
+		return
+	}
+	done := make(chan error, 1)
+	l.drawing = done
+	go func() { done <- l.s.noise.DrawDiscrete(&l.pending, m) }()
+}
+
+// awaitNoise waits for the draw under way, if any, and returns its error.
+func (l *loop) awaitNoise() error {
+	if l.drawing == nil {
 		return nil
 	}
-	return l.s.noise.DrawDiscrete(&l.pending, m)
+	err := <-l.drawing
+	l.drawing = nil
+	return err
 }
 
 // onStepApplied releases θ_t once its step is committed and applied here

@@ -412,8 +412,13 @@ type loop struct {
 	// theta is the buffer committedParams copies the committed θ into.
 	theta []float32
 	// pending is the discrete noise of the next release, drawn during the
-	// previous step's proposal or while the round's nodes compute.
+	// previous step's proposal or while the round's nodes compute, by a
+	// goroutine of the loop's (startNoise). While drawing is non-nil that
+	// goroutine owns pending; it sends the draw's error on drawing when
+	// done, and the loop receives it (awaitNoise) before it touches
+	// pending again.
 	pending mechanism.Noise
+	drawing chan error
 
 	nextReport time.Time
 	exit       *exit // set when Run is to return
@@ -446,6 +451,7 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 	defer func() {
 		l.opCancel()
 		l.ops.Wait()
+		l.awaitNoise()
 		l.pending.Clear()
 		l.publishStatus(true)
 	}()
