@@ -26,6 +26,7 @@ type transfer struct {
 	maxIdx   uint32 // highest index received
 	next     uint32 // chunks [0, next) are in runCRC
 	runCRC   uint32 // CRC32C of buf[:next·size], extended as chunks arrive in order
+	sizePow  uint32 // x^(8·size) mod P, to extend runCRC by a chunk of size bytes
 	started  time.Time
 	last     time.Time // last new chunk
 	lastNack time.Time
@@ -66,7 +67,7 @@ func newReassembler(maxMessage, maxTotal int64) *reassembler {
 // chunk inconsistent with its transfer (another node's subject included), a
 // resent chunk of an unknown transfer, or a whole-message CRC mismatch (the
 // transfer is dropped), ErrTooLarge when the transfer does not fit the
-// limits. c.Data is copied.
+// limits. c.Data is copied; c.dataCRC (set by check) must be its CRC32C.
 func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]byte, string, error) {
 	key := transferKey{c.Sender, c.Transfer}
 	r.mu.Lock()
@@ -95,6 +96,7 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 			topic: c.Topic, node: node, total: c.Total, size: c.Size, length: c.Len, wholeCRC: c.WholeCRC,
 			buf:     make([]byte, c.Len),
 			have:    make([]uint64, (c.Total+63)/64),
+			sizePow: crcXPow8N(uint64(c.Size)),
 			started: now,
 		}
 		r.inflight += int64(c.Len)
@@ -114,12 +116,22 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 	x.n++
 	x.maxIdx = max(x.maxIdx, c.Index)
 	x.last = now
-	// Extend the running whole-message CRC while the prefix is complete:
-	// with in-order arrival (the common case) each chunk is hashed while
-	// hot in cache and the final check costs nothing.
+	// Extend the running whole-message CRC while the prefix is complete.
+	// A chunk that extends it as it arrives (in-order arrival, the common
+	// case) adds its data CRC, which check computed: its bytes are hashed
+	// once. A chunk that arrived before a missing one is hashed again
+	// from buf when the prefix reaches it.
 	for x.next < x.total && x.have[x.next/64]&(1<<(x.next%64)) != 0 {
 		off := uint64(x.next) * uint64(x.size)
-		x.runCRC = crc32.Update(x.runCRC, castagnoli, x.buf[off:min(off+uint64(x.size), x.length)])
+		piece := x.buf[off:min(off+uint64(x.size), x.length)]
+		switch {
+		case x.next != c.Index:
+			x.runCRC = crc32.Update(x.runCRC, castagnoli, piece)
+		case len(piece) == int(x.size):
+			x.runCRC = crcMulMod(x.sizePow, x.runCRC) ^ c.dataCRC
+		default:
+			x.runCRC = crc32cCombine(x.runCRC, c.dataCRC, uint64(len(piece)))
+		}
 		x.next++
 	}
 	if x.n < x.total {
@@ -215,10 +227,34 @@ type retained struct {
 	subject  string // the subject it was published on
 	topic    Topic
 	data     []byte
+	crcs     []uint32 // CRC32C of each chunk's data
 	wholeCRC uint32
 	size     uint32
 	total    uint32
 	at       time.Time
+}
+
+// newRetained returns transfer id of data, cut into chunks of size bytes,
+// with the CRC32C of each chunk's data and of the whole: data is hashed
+// once, the whole CRC combined from the chunks'. The caller checks that the
+// number of chunks fits a uint32.
+func newRetained(id uint64, subject string, topic Topic, data []byte, size uint32) *retained {
+	total := (uint64(len(data)) + uint64(size) - 1) / uint64(size)
+	t := &retained{id: id, subject: subject, topic: topic, data: data, crcs: make([]uint32, total), size: size, total: uint32(total)}
+	sizePow := crcXPow8N(uint64(size))
+	var whole uint32 // the CRC32C of no bytes
+	for i := range t.crcs {
+		off := uint64(i) * uint64(size)
+		piece := data[off:min(off+uint64(size), uint64(len(data)))]
+		t.crcs[i] = crc32.Checksum(piece, castagnoli)
+		if len(piece) == int(size) {
+			whole = crcMulMod(sizePow, whole) ^ t.crcs[i]
+		} else {
+			whole = crc32cCombine(whole, t.crcs[i], uint64(len(piece)))
+		}
+	}
+	t.wholeCRC = whole
+	return t
 }
 
 // chunk returns chunk i of the retained transfer.
@@ -228,8 +264,9 @@ func (t *retained) chunk(sender string, i uint32) chunk {
 	c := chunk{
 		Sender: sender, Transfer: t.id, Topic: t.topic, Index: i, Total: t.total, Size: t.size,
 		Offset: off, Len: uint64(len(t.data)), WholeCRC: t.wholeCRC, Data: t.data[off:end],
+		dataCRC: t.crcs[i],
 	}
-	c.CRC = c.crc()
+	c.CRC = c.crcWith(c.dataCRC)
 	return c
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -260,10 +259,8 @@ func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, d
 	if total > 1<<32-1 {
 		return fmt.Errorf("%w: %d chunks", ErrTooLarge, total)
 	}
-	t := &retained{
-		id: c.seq.Add(1), subject: subject, topic: topic, data: data, wholeCRC: crc32.Checksum(data, castagnoli),
-		size: size, total: uint32(total), at: time.Now(),
-	}
+	t := newRetained(c.seq.Add(1), subject, topic, data, size)
+	t.at = time.Now()
 	c.retain.put(t)
 	buf := make([]byte, 0, maxPayload)
 	window := 0

@@ -343,6 +343,10 @@ type chunk struct {
 	WholeCRC uint32 // CRC32C of the whole message
 	CRC      uint32 // CRC32C of the header fields above and Data (chunkCRC)
 	Data     []byte // aliases the frame it was decoded from
+
+	// dataCRC is the CRC32C of Data alone (not on the wire): set by
+	// check, and by retained.chunk, so that Data is hashed once.
+	dataCRC uint32
 }
 
 const chunkFields = 11
@@ -446,6 +450,17 @@ func decodeChunk(d *msgpack.Decoder, r *frameReader, data []byte) (chunk, error)
 // little-endian, after the sender's length byte) and then its data, so a
 // corrupted header cannot pass as a chunk of another transfer.
 func (c *chunk) crc() uint32 {
+	return c.crcWith(crc32.Checksum(c.Data, castagnoli))
+}
+
+// crcWith returns crc() given dataCRC, the CRC32C of c.Data, without
+// hashing Data again.
+func (c *chunk) crcWith(dataCRC uint32) uint32 {
+	return crc32cCombine(c.headerCRC(), dataCRC, uint64(len(c.Data)))
+}
+
+// headerCRC returns the CRC32C of the header fields that crc covers.
+func (c *chunk) headerCRC() uint32 {
 	var h [1 + maxClientID + 8 + 1 + 4*3 + 8*2 + 4]byte
 	b := append(h[:0], byte(len(c.Sender)))
 	b = append(b, c.Sender...)
@@ -457,10 +472,10 @@ func (c *chunk) crc() uint32 {
 	b = binary.LittleEndian.AppendUint64(b, c.Offset)
 	b = binary.LittleEndian.AppendUint64(b, c.Len)
 	b = binary.LittleEndian.AppendUint32(b, c.WholeCRC)
-	return crc32.Update(crc32.Checksum(b, castagnoli), castagnoli, c.Data)
+	return crc32.Checksum(b, castagnoli)
 }
 
-// check validates a chunk on its own.
+// check validates a chunk on its own. It sets c.dataCRC.
 func (c *chunk) check() error {
 	switch {
 	case !validClientID(c.Sender):
@@ -477,7 +492,9 @@ func (c *chunk) check() error {
 		return fmt.Errorf("%w: chunk %d at offset %d, want %d", ErrCorrupt, c.Index, c.Offset, uint64(c.Index)*uint64(c.Size))
 	case uint64(len(c.Data)) != min(uint64(c.Size), c.Len-c.Offset):
 		return fmt.Errorf("%w: chunk %d holds %d bytes", ErrCorrupt, c.Index, len(c.Data))
-	case c.crc() != c.CRC:
+	}
+	c.dataCRC = crc32.Checksum(c.Data, castagnoli)
+	if c.crcWith(c.dataCRC) != c.CRC {
 		return fmt.Errorf("%w: chunk %d CRC32C mismatch", ErrCorrupt, c.Index)
 	}
 	return nil
@@ -568,11 +585,7 @@ func SplitFrames(m Message, sender string, transfer uint64, maxPayload int) ([][
 	if err != nil {
 		return nil, err
 	}
-	size := uint32(maxPayload - chunkOverhead)
-	t := &retained{
-		id: transfer, topic: m.Type().Topic(), data: data, wholeCRC: crc32.Checksum(data, castagnoli),
-		size: size, total: uint32((uint64(len(data)) + uint64(size) - 1) / uint64(size)),
-	}
+	t := newRetained(transfer, "", m.Type().Topic(), data, uint32(maxPayload-chunkOverhead))
 	frames := make([][]byte, t.total)
 	for i := range frames {
 		c := t.chunk(sender, uint32(i))
