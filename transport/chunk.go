@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"time"
 )
@@ -232,6 +233,11 @@ type retained struct {
 	size     uint32
 	total    uint32
 	at       time.Time
+	// refs counts the holders of data: the retain cache while it keeps
+	// the transfer, the sender while it publishes it, a NACK answer while
+	// it resends from it. The last to let go hands data back to the
+	// cache's free list (retainCache.release).
+	refs int
 }
 
 // newRetained returns transfer id of data, cut into chunks of size bytes,
@@ -274,6 +280,12 @@ func (t *retained) chunk(sender string, i uint32) chunk {
 // age, and per subject (perSubject > 0: a newer transfer on a subject
 // evicts the oldest beyond perSubject; 0: no per-subject bound), oldest
 // evicted first.
+//
+// It also recycles their encode buffers: a transfer's data, once no one
+// holds it (retained.refs), goes to a free list of at most maxFree buffers
+// of at most maxBytes each that the next large Publish encodes into (buffer),
+// so a sender does not allocate, zero and fault in a model-sized buffer per
+// message. A free buffer unused for ttl is dropped.
 type retainCache struct {
 	maxBytes   int64
 	ttl        time.Duration
@@ -282,14 +294,28 @@ type retainCache struct {
 	mu    sync.Mutex
 	bytes int64
 	order []*retained
+	free  []freeBuf
 }
 
+// maxFree bounds the free list: one buffer per subject a client sends
+// large messages on (a node: its contributions; the leader: RoundStart and
+// Params) lets each reuse the buffer its previous message let go.
+const maxFree = 2
+
+type freeBuf struct {
+	b  []byte
+	at time.Time // when it was freed
+}
+
+// put keeps t, which the caller holds (t.refs ≥ 1), if it fits maxBytes,
+// evicting older transfers as the bounds require.
 func (rc *retainCache) put(t *retained) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if int64(len(t.data)) > rc.maxBytes {
 		return
 	}
+	t.refs++
 	if rc.perSubject > 0 {
 		same := 0
 		for i := len(rc.order) - 1; i >= 0; i-- {
@@ -310,21 +336,77 @@ func (rc *retainCache) put(t *retained) {
 
 // removeLocked drops order[i].
 func (rc *retainCache) removeLocked(i int) {
-	rc.bytes -= int64(len(rc.order[i].data))
+	t := rc.order[i]
+	rc.bytes -= int64(len(t.data))
 	copy(rc.order[i:], rc.order[i+1:])
 	rc.order[len(rc.order)-1] = nil
 	rc.order = rc.order[:len(rc.order)-1]
+	rc.releaseLocked(t, time.Now())
 }
 
+// get returns the retained transfer id, or nil. The caller holds it until
+// it calls release.
 func (rc *retainCache) get(id uint64) *retained {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for _, t := range rc.order {
 		if t.id == id {
+			t.refs++
 			return t
 		}
 	}
 	return nil
+}
+
+// release lets go of t (held from get, or by its sender). The caller must
+// not use t.data afterwards.
+func (rc *retainCache) release(t *retained) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.releaseLocked(t, time.Now())
+}
+
+// releaseLocked drops a hold on t; the last one puts t.data on the free
+// list, unless the list is full or the buffer would exceed maxBytes.
+func (rc *retainCache) releaseLocked(t *retained, now time.Time) {
+	if t.refs--; t.refs > 0 || t.data == nil {
+		return
+	}
+	b := t.data[:0]
+	t.data = nil
+	if len(rc.free) >= maxFree || int64(cap(b)) > rc.maxBytes {
+		return
+	}
+	rc.free = append(rc.free, freeBuf{b: b, at: now})
+}
+
+// buffer returns an empty buffer of capacity at least n from the free
+// list, or nil if none is large enough. It takes the smallest that is, and
+// none more than twice n (which would waste memory for as long as it is
+// retained).
+func (rc *retainCache) buffer(n int) []byte {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	best := -1
+	for i, f := range rc.free {
+		if c := cap(f.b); c >= n && c <= 2*n && (best < 0 || c < cap(rc.free[best].b)) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	b := rc.free[best].b
+	rc.free = append(rc.free[:best], rc.free[best+1:]...)
+	return b
+}
+
+// recycle puts b, an encode buffer that was never retained (its message
+// went out whole, or not at all), on the free list.
+func (rc *retainCache) recycle(b []byte) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.releaseLocked(&retained{data: b, refs: 1}, time.Now())
 }
 
 // retainedBytes returns the number of transfers kept and their bytes.
@@ -334,10 +416,12 @@ func (rc *retainCache) retainedBytes() (int, int64) {
 	return len(rc.order), rc.bytes
 }
 
+// expire drops retained transfers and free buffers older than ttl.
 func (rc *retainCache) expire(now time.Time) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for len(rc.order) > 0 && now.Sub(rc.order[0].at) >= rc.ttl {
 		rc.removeLocked(0)
 	}
+	rc.free = slices.DeleteFunc(rc.free, func(f freeBuf) bool { return now.Sub(f.at) >= rc.ttl })
 }

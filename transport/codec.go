@@ -186,14 +186,20 @@ func float32Bytes(v []float32) []byte {
 // Encode returns the envelope encoding of m. It fails with ErrUnknownType if
 // m is not one of this package's message values.
 func Encode(m Message) ([]byte, error) {
+	return encodeInto(nil, m)
+}
+
+// encodeInto returns the envelope encoding of m, written over dst's memory
+// (from dst[:0]) when it has room for it.
+func encodeInto(dst []byte, m Message) ([]byte, error) {
 	if m == nil || newBody(m.Type()) == nil || deref(ptrTo(m)) == nil {
 		return nil, fmt.Errorf("%w: %T", ErrUnknownType, m)
 	}
-	var buf bytes.Buffer
+	buf := bytes.NewBuffer(dst[:0])
 	buf.Grow(sizeHint(m))
 	e := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(e)
-	e.Reset(&buf)
+	e.Reset(buf)
 	e.UseCompactInts(true)
 	if err := encodeHeader(e, m.Type()); err != nil {
 		return nil, err
