@@ -240,23 +240,30 @@ type retained struct {
 	refs int
 }
 
-// newRetained returns transfer id of data, cut into chunks of size bytes,
-// with the CRC32C of each chunk's data and of the whole: data is hashed
-// once, the whole CRC combined from the chunks'. The caller checks that the
+// chunkCRCs returns the CRC32C of each size-byte chunk of data (the last
+// one shorter).
+func chunkCRCs(data []byte, size uint32) []uint32 {
+	crcs := make([]uint32, (uint64(len(data))+uint64(size)-1)/uint64(size))
+	for i := range crcs {
+		off := uint64(i) * uint64(size)
+		crcs[i] = crc32.Checksum(data[off:min(off+uint64(size), uint64(len(data)))], castagnoli)
+	}
+	return crcs
+}
+
+// newRetained returns transfer id of data, cut into chunks of size bytes
+// whose CRC32Cs are crcs (chunkCRCs(data, size)), with the whole CRC32C
+// combined from them: data is not hashed again. The caller checks that the
 // number of chunks fits a uint32.
-func newRetained(id uint64, subject string, topic Topic, data []byte, size uint32) *retained {
-	total := (uint64(len(data)) + uint64(size) - 1) / uint64(size)
-	t := &retained{id: id, subject: subject, topic: topic, data: data, crcs: make([]uint32, total), size: size, total: uint32(total)}
+func newRetained(id uint64, subject string, topic Topic, data []byte, size uint32, crcs []uint32) *retained {
+	t := &retained{id: id, subject: subject, topic: topic, data: data, crcs: crcs, size: size, total: uint32(len(crcs))}
 	sizePow := crcXPow8N(uint64(size))
 	var whole uint32 // the CRC32C of no bytes
-	for i := range t.crcs {
-		off := uint64(i) * uint64(size)
-		piece := data[off:min(off+uint64(size), uint64(len(data)))]
-		t.crcs[i] = crc32.Checksum(piece, castagnoli)
-		if len(piece) == int(size) {
-			whole = crcMulMod(sizePow, whole) ^ t.crcs[i]
+	for i, crc := range crcs {
+		if n := min(uint64(size), uint64(len(data))-uint64(i)*uint64(size)); n == uint64(size) {
+			whole = crcMulMod(sizePow, whole) ^ crc
 		} else {
-			whole = crc32cCombine(whole, t.crcs[i], uint64(len(piece)))
+			whole = crc32cCombine(whole, crc, n)
 		}
 	}
 	t.wholeCRC = whole

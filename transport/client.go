@@ -227,7 +227,7 @@ func (c *Client) Publish(ctx context.Context, m Message) error {
 	if m.RunName() != c.cfg.Run {
 		return fmt.Errorf("%w: %q, client run %q", ErrWrongRun, m.RunName(), c.cfg.Run)
 	}
-	data, err := c.encode(m)
+	data, crcs, err := c.encode(m)
 	if err != nil {
 		return err
 	}
@@ -251,20 +251,26 @@ func (c *Client) Publish(ctx context.Context, m Message) error {
 		return err
 	}
 	c.stats.chunked.Add(1)
-	return c.sendChunked(ctx, subject, topic, data)
+	if crcs == nil { // the size hint said it would fit one frame
+		crcs = chunkCRCs(data, c.chunkSize())
+	}
+	return c.sendChunked(ctx, subject, topic, data, crcs)
 }
 
+// chunkSize is the data bytes of each chunk but the last.
+func (c *Client) chunkSize() uint32 { return uint32(c.link.MaxPayload() - chunkOverhead) }
+
 // encode returns m's encoding. A message too large for one frame is
-// encoded into a buffer from the retain cache's free list if one fits:
-// the client owns the result, and gives it back with recycle or, once
-// chunked, through the retain cache.
-func (c *Client) encode(m Message) ([]byte, error) {
+// encoded into a buffer from the retain cache's free list if one fits
+// (the client owns the result, and gives it back with recycle or, once
+// chunked, through the retain cache), and comes with its chunks' CRC32Cs
+// (chunkCRCs), computed as it is encoded.
+func (c *Client) encode(m Message) ([]byte, []uint32, error) {
 	if hint := sizeHint(m); hint > c.link.MaxPayload() {
-		if b := c.retain.buffer(hint); b != nil {
-			return encodeInto(b, m)
-		}
+		return encodeInto(c.retain.buffer(hint), m, int(c.chunkSize()))
 	}
-	return Encode(m)
+	data, err := Encode(m)
+	return data, nil, err
 }
 
 // recycle hands an encode buffer that no one holds to the retain cache's
@@ -278,15 +284,19 @@ func (c *Client) recycle(data []byte) {
 // sendChunked publishes data as chunks of at most MaxPayload bytes each,
 // flushing every WindowBytes, and keeps data for retransmission. Data
 // belongs to the client (from encode): the retain cache recycles it once
-// neither the cache nor this call nor a NACK answer holds it.
-func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, data []byte) error {
+// neither the cache nor this call nor a NACK answer holds it. Crcs are its
+// chunks' CRC32Cs (chunkCRCs(data, c.chunkSize())).
+func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, data []byte, crcs []uint32) error {
 	maxPayload := c.link.MaxPayload()
-	size := uint32(maxPayload - chunkOverhead)
+	size := c.chunkSize()
 	total := (uint64(len(data)) + uint64(size) - 1) / uint64(size)
 	if total > 1<<32-1 {
 		return fmt.Errorf("%w: %d chunks", ErrTooLarge, total)
 	}
-	t := newRetained(c.seq.Add(1), subject, topic, data, size)
+	if uint64(len(crcs)) != total {
+		return fmt.Errorf("transport: %d chunk CRCs for %d chunks", len(crcs), total) // a bug
+	}
+	t := newRetained(c.seq.Add(1), subject, topic, data, size, crcs)
 	t.at, t.refs = time.Now(), 1 // held by this call
 	c.retain.put(t)
 	defer c.retain.release(t)

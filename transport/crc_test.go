@@ -1,9 +1,12 @@
 package transport
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/crc32"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -48,7 +51,7 @@ func TestChunkCRCNaive(t *testing.T) {
 		data[i] = byte(rng.Uint32())
 	}
 	for _, size := range []uint32{1, 7, 64, 1000, 4096, 10000, 20000} {
-		tr := newRetained(42, "s", TopicParams, data, size)
+		tr := newRetained(42, "s", TopicParams, data, size, chunkCRCs(data, size))
 		if want := crc32.Checksum(data, castagnoli); tr.wholeCRC != want {
 			t.Fatalf("size %d: whole CRC %08x, want %08x", size, tr.wholeCRC, want)
 		}
@@ -74,6 +77,52 @@ func TestChunkCRCNaive(t *testing.T) {
 			}
 			if err := c.check(); err != nil {
 				t.Fatalf("size %d chunk %d: %v", size, i, err)
+			}
+		}
+	}
+}
+
+// TestEncodeHashesChunks checks that encodeInto with a chunk size writes
+// the same bytes as Encode, over a reused buffer or not, and returns the
+// CRC32Cs that chunkCRCs computes from them, including when the encoding
+// outgrows its size hint (a long string) and the buffer moves.
+func TestEncodeHashesChunks(t *testing.T) {
+	vec := func(n int) Vector {
+		v := make(Vector, n)
+		for i := range v {
+			v[i] = float32(i) * 0.25
+		}
+		return v
+	}
+	msgs := []Message{
+		Params{Run: "r", Step: 1, Version: 1, Values: vec(0)},
+		Params{Run: "r", Step: 2, Version: 2, Values: vec(1)},
+		Params{Run: "r", Step: 3, Version: 3, Values: vec(300_001)},
+		Contribution{Run: "r", Step: 4, NodeID: "n0", Count: 1, Sum: vec(70_000)},
+		RoundStart{Run: "r", Step: 5, RoundID: 5, Deadline: 1, SampleRate: 0.5, ClipNorm: 1, Params: vec(5000)},
+		Join{Run: "r", NodeID: "n0", ModelHash: strings.Repeat("h", 5000)},
+	}
+	garbage := make([]byte, 2<<20)
+	for i := range garbage {
+		garbage[i] = 0xa5
+	}
+	for _, m := range msgs {
+		want, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, size := range []int{1, 7, 64, 1000, 65536 + 3, 1 << 20} {
+			for _, dst := range [][]byte{nil, make([]byte, 0, 10), garbage} {
+				got, crcs, err := encodeInto(dst, m, size)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatalf("%v, chunk size %d, dst cap %d: bytes differ from Encode's", m.Type(), size, cap(dst))
+				}
+				if wantCRCs := chunkCRCs(got, uint32(size)); !slices.Equal(crcs, wantCRCs) {
+					t.Fatalf("%v, chunk size %d, dst cap %d: %d chunk CRCs differ from chunkCRCs' %d", m.Type(), size, cap(dst), len(crcs), len(wantCRCs))
+				}
 			}
 		}
 	}
