@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -417,5 +418,40 @@ func TestRecycledBufferNotReusedWhileResent(t *testing.T) {
 	}
 	if n := corruptErrs.Load(); n != 0 {
 		t.Errorf("%d corrupt frames with no corruption injected", n)
+	}
+}
+
+// A message whose size hint says it fits one frame but whose encoding
+// does not (a long string) is chunked all the same, its chunks hashed
+// after encoding.
+func TestChunkedPastSizeHint(t *testing.T) {
+	net := fake.NewNetwork(3, fake.Options{MaxPayload: 8 << 10})
+	cfg := fakeConfig()
+	sender, err := transport.NewClient(net.Link("node"), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	receiver, err := transport.NewClient(net.Link("coord"), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer receiver.Close()
+	var got inbox
+	if _, err := receiver.Subscribe(transport.TopicNodes, got.add); err != nil {
+		t.Fatal(err)
+	}
+	want := transport.Join{Run: cfg.Run, NodeID: "n0", ShardSize: 1, ModelHash: strings.Repeat("h", 50_000)}
+	if err := sender.Publish(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the join", 5*time.Second, func() bool { return got.n() == 1 })
+	if st := sender.Stats(); st.ChunkedSent != 1 {
+		t.Errorf("chunked sent %d, want 1", st.ChunkedSent)
+	}
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	if j := got.msgs[0].(transport.Join); j.ModelHash != want.ModelHash {
+		t.Errorf("model hash of %d bytes, want %d", len(j.ModelHash), len(want.ModelHash))
 	}
 }
