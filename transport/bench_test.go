@@ -342,3 +342,56 @@ func rawRig(b *testing.B, n int, payload int32) func() {
 		}
 	}
 }
+
+// BenchmarkParamsOneWay measures one model-sized message one way: a Params
+// of 3.7M float32 (θ of the 3.7M-parameter model of issue 15, 15 MB) from
+// one client to another through an embedded NATS server on loopback. The
+// op is the sender's Publish and ends when the receiver's handler has the
+// decoded message; MB/s counts the tensor's bytes.
+func BenchmarkParamsOneWay(b *testing.B) {
+	const n = 3_700_000
+	for _, payload := range []int32{1 << 20, 8 << 20} {
+		b.Run(fmt.Sprintf("payload=%dMiB", payload>>20), func(b *testing.B) {
+			scfg := transport.DefaultEmbeddedServerConfig()
+			scfg.Port = -1
+			scfg.MaxPayload = payload
+			srv, err := transport.StartServer(scfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(srv.Shutdown)
+			mk := func(name string) *transport.Client {
+				cfg := transport.DefaultConfig()
+				cfg.Run, cfg.Name, cfg.URLs = "bench", name, []string{srv.URL()}
+				c, err := transport.Connect(context.Background(), cfg, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { c.Close() })
+				return c
+			}
+			sender, receiver := mk("coord"), mk("node0")
+			got := make(chan transport.Params, 1)
+			if _, err := receiver.Subscribe(transport.TopicParams, func(m transport.Message) {
+				got <- m.(transport.Params)
+			}); err != nil {
+				b.Fatal(err)
+			}
+			theta := make(transport.Vector, n)
+			for j := range theta {
+				theta[j] = float32(j) * 1e-3
+			}
+			step := uint64(0)
+			b.SetBytes(4 * n)
+			for b.Loop() {
+				step++
+				if err := sender.Publish(context.Background(), transport.Params{Run: "bench", Step: step, Version: step, Values: theta}); err != nil {
+					b.Fatal(err)
+				}
+				if p := <-got; p.Step != step || len(p.Values) != n {
+					b.Fatalf("params step %d len %d", p.Step, len(p.Values))
+				}
+			}
+		})
+	}
+}

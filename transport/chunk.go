@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"time"
 )
@@ -26,6 +27,7 @@ type transfer struct {
 	maxIdx   uint32 // highest index received
 	next     uint32 // chunks [0, next) are in runCRC
 	runCRC   uint32 // CRC32C of buf[:next·size], extended as chunks arrive in order
+	sizePow  uint32 // x^(8·size) mod P, to extend runCRC by a chunk of size bytes
 	started  time.Time
 	last     time.Time // last new chunk
 	lastNack time.Time
@@ -66,7 +68,7 @@ func newReassembler(maxMessage, maxTotal int64) *reassembler {
 // chunk inconsistent with its transfer (another node's subject included), a
 // resent chunk of an unknown transfer, or a whole-message CRC mismatch (the
 // transfer is dropped), ErrTooLarge when the transfer does not fit the
-// limits. c.Data is copied.
+// limits. c.Data is copied; c.dataCRC (set by check) must be its CRC32C.
 func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]byte, string, error) {
 	key := transferKey{c.Sender, c.Transfer}
 	r.mu.Lock()
@@ -95,6 +97,7 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 			topic: c.Topic, node: node, total: c.Total, size: c.Size, length: c.Len, wholeCRC: c.WholeCRC,
 			buf:     make([]byte, c.Len),
 			have:    make([]uint64, (c.Total+63)/64),
+			sizePow: crcXPow8N(uint64(c.Size)),
 			started: now,
 		}
 		r.inflight += int64(c.Len)
@@ -114,12 +117,22 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 	x.n++
 	x.maxIdx = max(x.maxIdx, c.Index)
 	x.last = now
-	// Extend the running whole-message CRC while the prefix is complete:
-	// with in-order arrival (the common case) each chunk is hashed while
-	// hot in cache and the final check costs nothing.
+	// Extend the running whole-message CRC while the prefix is complete.
+	// A chunk that extends it as it arrives (in-order arrival, the common
+	// case) adds its data CRC, which check computed: its bytes are hashed
+	// once. A chunk that arrived before a missing one is hashed again
+	// from buf when the prefix reaches it.
 	for x.next < x.total && x.have[x.next/64]&(1<<(x.next%64)) != 0 {
 		off := uint64(x.next) * uint64(x.size)
-		x.runCRC = crc32.Update(x.runCRC, castagnoli, x.buf[off:min(off+uint64(x.size), x.length)])
+		piece := x.buf[off:min(off+uint64(x.size), x.length)]
+		switch {
+		case x.next != c.Index:
+			x.runCRC = crc32.Update(x.runCRC, castagnoli, piece)
+		case len(piece) == int(x.size):
+			x.runCRC = crcMulMod(x.sizePow, x.runCRC) ^ c.dataCRC
+		default:
+			x.runCRC = crc32cCombine(x.runCRC, c.dataCRC, uint64(len(piece)))
+		}
 		x.next++
 	}
 	if x.n < x.total {
@@ -215,10 +228,46 @@ type retained struct {
 	subject  string // the subject it was published on
 	topic    Topic
 	data     []byte
+	crcs     []uint32 // CRC32C of each chunk's data
 	wholeCRC uint32
 	size     uint32
 	total    uint32
 	at       time.Time
+	// refs counts the holders of data: the retain cache while it keeps
+	// the transfer, the sender while it publishes it, a NACK answer while
+	// it resends from it. The last to let go hands data back to the
+	// cache's free list (retainCache.release).
+	refs int
+}
+
+// chunkCRCs returns the CRC32C of each size-byte chunk of data (the last
+// one shorter).
+func chunkCRCs(data []byte, size uint32) []uint32 {
+	crcs := make([]uint32, (uint64(len(data))+uint64(size)-1)/uint64(size))
+	for i := range crcs {
+		off := uint64(i) * uint64(size)
+		crcs[i] = crc32.Checksum(data[off:min(off+uint64(size), uint64(len(data)))], castagnoli)
+	}
+	return crcs
+}
+
+// newRetained returns transfer id of data, cut into chunks of size bytes
+// whose CRC32Cs are crcs (chunkCRCs(data, size)), with the whole CRC32C
+// combined from them: data is not hashed again. The caller checks that the
+// number of chunks fits a uint32.
+func newRetained(id uint64, subject string, topic Topic, data []byte, size uint32, crcs []uint32) *retained {
+	t := &retained{id: id, subject: subject, topic: topic, data: data, crcs: crcs, size: size, total: uint32(len(crcs))}
+	sizePow := crcXPow8N(uint64(size))
+	var whole uint32 // the CRC32C of no bytes
+	for i, crc := range crcs {
+		if n := min(uint64(size), uint64(len(data))-uint64(i)*uint64(size)); n == uint64(size) {
+			whole = crcMulMod(sizePow, whole) ^ crc
+		} else {
+			whole = crc32cCombine(whole, crc, n)
+		}
+	}
+	t.wholeCRC = whole
+	return t
 }
 
 // chunk returns chunk i of the retained transfer.
@@ -228,8 +277,9 @@ func (t *retained) chunk(sender string, i uint32) chunk {
 	c := chunk{
 		Sender: sender, Transfer: t.id, Topic: t.topic, Index: i, Total: t.total, Size: t.size,
 		Offset: off, Len: uint64(len(t.data)), WholeCRC: t.wholeCRC, Data: t.data[off:end],
+		dataCRC: t.crcs[i],
 	}
-	c.CRC = c.crc()
+	c.CRC = c.crcWith(c.dataCRC)
 	return c
 }
 
@@ -237,6 +287,12 @@ func (t *retained) chunk(sender string, i uint32) chunk {
 // age, and per subject (perSubject > 0: a newer transfer on a subject
 // evicts the oldest beyond perSubject; 0: no per-subject bound), oldest
 // evicted first.
+//
+// It also recycles their encode buffers: a transfer's data, once no one
+// holds it (retained.refs), goes to a free list of at most maxFree buffers
+// of at most maxBytes each that the next large Publish encodes into (buffer),
+// so a sender does not allocate, zero and fault in a model-sized buffer per
+// message. A free buffer unused for ttl is dropped.
 type retainCache struct {
 	maxBytes   int64
 	ttl        time.Duration
@@ -245,14 +301,28 @@ type retainCache struct {
 	mu    sync.Mutex
 	bytes int64
 	order []*retained
+	free  []freeBuf
 }
 
+// maxFree bounds the free list: one buffer per subject a client sends
+// large messages on (a node: its contributions; the leader: RoundStart and
+// Params) lets each reuse the buffer its previous message let go.
+const maxFree = 2
+
+type freeBuf struct {
+	b  []byte
+	at time.Time // when it was freed
+}
+
+// put keeps t, which the caller holds (t.refs ≥ 1), if it fits maxBytes,
+// evicting older transfers as the bounds require.
 func (rc *retainCache) put(t *retained) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if int64(len(t.data)) > rc.maxBytes {
 		return
 	}
+	t.refs++
 	if rc.perSubject > 0 {
 		same := 0
 		for i := len(rc.order) - 1; i >= 0; i-- {
@@ -273,21 +343,77 @@ func (rc *retainCache) put(t *retained) {
 
 // removeLocked drops order[i].
 func (rc *retainCache) removeLocked(i int) {
-	rc.bytes -= int64(len(rc.order[i].data))
+	t := rc.order[i]
+	rc.bytes -= int64(len(t.data))
 	copy(rc.order[i:], rc.order[i+1:])
 	rc.order[len(rc.order)-1] = nil
 	rc.order = rc.order[:len(rc.order)-1]
+	rc.releaseLocked(t, time.Now())
 }
 
+// get returns the retained transfer id, or nil. The caller holds it until
+// it calls release.
 func (rc *retainCache) get(id uint64) *retained {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for _, t := range rc.order {
 		if t.id == id {
+			t.refs++
 			return t
 		}
 	}
 	return nil
+}
+
+// release lets go of t (held from get, or by its sender). The caller must
+// not use t.data afterwards.
+func (rc *retainCache) release(t *retained) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.releaseLocked(t, time.Now())
+}
+
+// releaseLocked drops a hold on t; the last one puts t.data on the free
+// list, unless the list is full or the buffer would exceed maxBytes.
+func (rc *retainCache) releaseLocked(t *retained, now time.Time) {
+	if t.refs--; t.refs > 0 || t.data == nil {
+		return
+	}
+	b := t.data[:0]
+	t.data = nil
+	if len(rc.free) >= maxFree || int64(cap(b)) > rc.maxBytes {
+		return
+	}
+	rc.free = append(rc.free, freeBuf{b: b, at: now})
+}
+
+// buffer returns an empty buffer of capacity at least n from the free
+// list, or nil if none is large enough. It takes the smallest that is, and
+// none more than twice n (which would waste memory for as long as it is
+// retained).
+func (rc *retainCache) buffer(n int) []byte {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	best := -1
+	for i, f := range rc.free {
+		if c := cap(f.b); c >= n && c <= 2*n && (best < 0 || c < cap(rc.free[best].b)) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	b := rc.free[best].b
+	rc.free = append(rc.free[:best], rc.free[best+1:]...)
+	return b
+}
+
+// recycle puts b, an encode buffer that was never retained (its message
+// went out whole, or not at all), on the free list.
+func (rc *retainCache) recycle(b []byte) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.releaseLocked(&retained{data: b, refs: 1}, time.Now())
 }
 
 // retainedBytes returns the number of transfers kept and their bytes.
@@ -297,10 +423,12 @@ func (rc *retainCache) retainedBytes() (int, int64) {
 	return len(rc.order), rc.bytes
 }
 
+// expire drops retained transfers and free buffers older than ttl.
 func (rc *retainCache) expire(now time.Time) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for len(rc.order) > 0 && now.Sub(rc.order[0].at) >= rc.ttl {
 		rc.removeLocked(0)
 	}
+	rc.free = slices.DeleteFunc(rc.free, func(f freeBuf) bool { return now.Sub(f.at) >= rc.ttl })
 }

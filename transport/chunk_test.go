@@ -214,3 +214,55 @@ func TestRetainCacheBounds(t *testing.T) {
 		t.Error("expiry wrong")
 	}
 }
+
+// TestRetainCacheRecycles checks the free list: a transfer's buffer is
+// reused only once the cache, its sender and every NACK answer have let
+// it go, within maxFree buffers and ttl.
+func TestRetainCacheRecycles(t *testing.T) {
+	rc := &retainCache{maxBytes: 1000, ttl: time.Second, perSubject: 1}
+	t1 := &retained{id: 1, subject: "s", data: make([]byte, 100), refs: 1} // held by its sender
+	rc.put(t1)
+	rc.release(t1) // the sender is done
+	if rc.get(1) != t1 {
+		t.Fatal("t1 not retained")
+	}
+	// A NACK answer holds t1 while t2 evicts it from the cache.
+	t2 := &retained{id: 2, subject: "s", data: make([]byte, 100), refs: 1}
+	rc.put(t2)
+	if rc.get(1) != nil {
+		t.Fatal("t1 still retained after t2 on its subject")
+	}
+	if b := rc.buffer(100); b != nil {
+		t.Fatal("buffer handed out while a NACK answer still holds it")
+	}
+	d1 := t1.data
+	rc.release(t1) // the NACK answer is done
+	if t1.data != nil {
+		t.Error("released transfer keeps its data")
+	}
+	if b := rc.buffer(200); b != nil {
+		t.Errorf("buffer of %d bytes for 200", cap(b))
+	}
+	if b := rc.buffer(40); b != nil {
+		t.Errorf("buffer of %d bytes for 40 (more than twice)", cap(b))
+	}
+	b := rc.buffer(60)
+	if b == nil || len(b) != 0 || &b[:1][0] != &d1[0] {
+		t.Fatal("released buffer not handed out")
+	}
+	if rc.buffer(60) != nil {
+		t.Fatal("one buffer handed out twice")
+	}
+	// At most maxFree buffers, none over maxBytes, none kept past ttl.
+	for range maxFree + 1 {
+		rc.recycle(make([]byte, 50))
+	}
+	rc.recycle(make([]byte, 1001))
+	if len(rc.free) != maxFree {
+		t.Errorf("%d free buffers, want %d", len(rc.free), maxFree)
+	}
+	rc.expire(time.Now().Add(time.Second))
+	if len(rc.free) != 0 {
+		t.Errorf("%d free buffers after ttl", len(rc.free))
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -228,11 +227,12 @@ func (c *Client) Publish(ctx context.Context, m Message) error {
 	if m.RunName() != c.cfg.Run {
 		return fmt.Errorf("%w: %q, client run %q", ErrWrongRun, m.RunName(), c.cfg.Run)
 	}
-	data, err := Encode(m)
+	data, crcs, err := c.encode(m)
 	if err != nil {
 		return err
 	}
 	if int64(len(data)) > c.cfg.MaxMessageBytes {
+		c.recycle(data)
 		return fmt.Errorf("%w: %v of %d bytes, limit %d", ErrTooLarge, m.Type(), len(data), c.cfg.MaxMessageBytes)
 	}
 	topic := m.Type().Topic()
@@ -240,31 +240,66 @@ func (c *Client) Publish(ctx context.Context, m Message) error {
 	if topic.PerNode() {
 		node, _ := Sender(m)
 		if subject, err = c.subjects.Node(topic, node); err != nil {
+			c.recycle(data)
 			return err
 		}
 	}
 	c.stats.published.Add(1)
 	if len(data) <= c.link.MaxPayload() {
-		return c.link.Publish(subject, data)
+		err := c.link.Publish(subject, data) // the link does not retain data
+		c.recycle(data)
+		return err
 	}
 	c.stats.chunked.Add(1)
-	return c.sendChunked(ctx, subject, topic, data)
+	if crcs == nil { // the size hint said it would fit one frame
+		crcs = chunkCRCs(data, c.chunkSize())
+	}
+	return c.sendChunked(ctx, subject, topic, data, crcs)
+}
+
+// chunkSize is the data bytes of each chunk but the last.
+func (c *Client) chunkSize() uint32 { return uint32(c.link.MaxPayload() - chunkOverhead) }
+
+// encode returns m's encoding. A message too large for one frame is
+// encoded into a buffer from the retain cache's free list if one fits
+// (the client owns the result, and gives it back with recycle or, once
+// chunked, through the retain cache), and comes with its chunks' CRC32Cs
+// (chunkCRCs), computed as it is encoded.
+func (c *Client) encode(m Message) ([]byte, []uint32, error) {
+	if hint := sizeHint(m); hint > c.link.MaxPayload() {
+		return encodeInto(c.retain.buffer(hint), m, int(c.chunkSize()))
+	}
+	data, err := Encode(m)
+	return data, nil, err
+}
+
+// recycle hands an encode buffer that no one holds to the retain cache's
+// free list, if it is large enough to be worth keeping.
+func (c *Client) recycle(data []byte) {
+	if cap(data) > c.link.MaxPayload() {
+		c.retain.recycle(data)
+	}
 }
 
 // sendChunked publishes data as chunks of at most MaxPayload bytes each,
-// flushing every WindowBytes, and keeps data for retransmission.
-func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, data []byte) error {
+// flushing every WindowBytes, and keeps data for retransmission. Data
+// belongs to the client (from encode): the retain cache recycles it once
+// neither the cache nor this call nor a NACK answer holds it. Crcs are its
+// chunks' CRC32Cs (chunkCRCs(data, c.chunkSize())).
+func (c *Client) sendChunked(ctx context.Context, subject string, topic Topic, data []byte, crcs []uint32) error {
 	maxPayload := c.link.MaxPayload()
-	size := uint32(maxPayload - chunkOverhead)
+	size := c.chunkSize()
 	total := (uint64(len(data)) + uint64(size) - 1) / uint64(size)
 	if total > 1<<32-1 {
 		return fmt.Errorf("%w: %d chunks", ErrTooLarge, total)
 	}
-	t := &retained{
-		id: c.seq.Add(1), subject: subject, topic: topic, data: data, wholeCRC: crc32.Checksum(data, castagnoli),
-		size: size, total: uint32(total), at: time.Now(),
+	if uint64(len(crcs)) != total {
+		return fmt.Errorf("transport: %d chunk CRCs for %d chunks", len(crcs), total) // a bug
 	}
+	t := newRetained(c.seq.Add(1), subject, topic, data, size, crcs)
+	t.at, t.refs = time.Now(), 1 // held by this call
 	c.retain.put(t)
+	defer c.retain.release(t)
 	buf := make([]byte, 0, maxPayload)
 	window := 0
 	for i := uint32(0); i < t.total; i++ {
@@ -528,6 +563,7 @@ func (c *Client) onNackFrame(subject string, data []byte) {
 		c.log.Debug("transport: nack for a transfer no longer retained", "transfer", f.nack.Transfer)
 		return
 	}
+	defer c.retain.release(t)
 	inbox := c.subjects.Inbox(rcv)
 	buf := make([]byte, 0, c.link.MaxPayload())
 	sent := make([]uint64, (t.total+63)/64) // each index at most once per NACK: no amplification

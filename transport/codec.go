@@ -44,7 +44,16 @@ func (v Vector) EncodeMsgpack(e *msgpack.Encoder) error {
 	}
 	w := e.Writer()
 	pad := 0
-	if b, ok := w.(*bytes.Buffer); ok { // Encode's buffer: offsets are from the message start
+	// Encode's buffer, plain or through a chunkHasher: offsets are from the
+	// message start.
+	var buf *bytes.Buffer
+	switch w := w.(type) {
+	case *bytes.Buffer:
+		buf = w
+	case *chunkHasher:
+		buf = w.buf
+	}
+	if buf != nil {
 		n := 1 + 3 + 4*len(v)
 		hdr := 5 // bin32
 		switch {
@@ -53,7 +62,7 @@ func (v Vector) EncodeMsgpack(e *msgpack.Encoder) error {
 		case n <= math.MaxUint16:
 			hdr = 3
 		}
-		pad = (4 - (b.Len()+hdr+1)%4) % 4
+		pad = (4 - (buf.Len()+hdr+1)%4) % 4
 		// The header size depends on the padded length only at the
 		// bin8/16/32 boundaries; recompute once with the exact length.
 		n = 1 + pad + 4*len(v)
@@ -65,7 +74,7 @@ func (v Vector) EncodeMsgpack(e *msgpack.Encoder) error {
 			h2 = 3
 		}
 		if h2 != hdr {
-			pad = (4 - (b.Len()+h2+1)%4) % 4
+			pad = (4 - (buf.Len()+h2+1)%4) % 4
 		}
 	}
 	if err := e.EncodeBytesLen(1 + pad + 4*len(v)); err != nil {
@@ -186,22 +195,86 @@ func float32Bytes(v []float32) []byte {
 // Encode returns the envelope encoding of m. It fails with ErrUnknownType if
 // m is not one of this package's message values.
 func Encode(m Message) ([]byte, error) {
+	data, _, err := encodeInto(nil, m, 0)
+	return data, err
+}
+
+// encodeInto returns the envelope encoding of m, written over dst's memory
+// (from dst[:0]) when it has room for it. With chunkSize > 0 it also
+// returns the CRC32C of each chunkSize-byte piece of the encoding (see
+// chunkCRCs), computed as the bytes are written.
+func encodeInto(dst []byte, m Message, chunkSize int) ([]byte, []uint32, error) {
 	if m == nil || newBody(m.Type()) == nil || deref(ptrTo(m)) == nil {
-		return nil, fmt.Errorf("%w: %T", ErrUnknownType, m)
+		return nil, nil, fmt.Errorf("%w: %T", ErrUnknownType, m)
 	}
-	var buf bytes.Buffer
-	buf.Grow(sizeHint(m))
+	hint := sizeHint(m)
+	buf := bytes.NewBuffer(dst[:0])
+	buf.Grow(hint)
+	var w io.Writer = buf
+	var h *chunkHasher
+	if chunkSize > 0 {
+		h = &chunkHasher{buf: buf, size: chunkSize, crcs: make([]uint32, 0, hint/chunkSize+1)}
+		w = h
+	}
 	e := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(e)
-	e.Reset(&buf)
+	e.Reset(w)
 	e.UseCompactInts(true)
 	if err := encodeHeader(e, m.Type()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := e.Encode(m); err != nil {
-		return nil, fmt.Errorf("transport: encode %v: %w", m.Type(), err)
+		return nil, nil, fmt.Errorf("transport: encode %v: %w", m.Type(), err)
 	}
-	return buf.Bytes(), nil
+	if h == nil {
+		return buf.Bytes(), nil, nil
+	}
+	return buf.Bytes(), h.crcs, nil
+}
+
+// chunkHasher is the writer a message to be chunked is encoded through. It
+// appends to buf and hashes what it appends, a piece at a time while the
+// piece is in cache, into the CRC32C of the size-byte chunk it falls in: a
+// separate pass over a model-sized encoding would read it back from
+// memory.
+type chunkHasher struct {
+	buf  *bytes.Buffer
+	size int
+	crcs []uint32 // of chunks [0, len(crcs)); the last one may be partial
+}
+
+// hashPiece is how many bytes chunkHasher copies before it hashes them.
+const hashPiece = 64 << 10
+
+func (h *chunkHasher) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(len(p), hashPiece)
+		h.buf.Write(p[:k])
+		h.hashTail(k)
+		p = p[k:]
+	}
+	return n, nil
+}
+
+func (h *chunkHasher) WriteByte(c byte) error {
+	h.buf.WriteByte(c)
+	h.hashTail(1)
+	return nil
+}
+
+// hashTail hashes the last k bytes of buf.
+func (h *chunkHasher) hashTail(k int) {
+	b := h.buf.Bytes()
+	for off := len(b) - k; off < len(b); {
+		i := off / h.size
+		if i == len(h.crcs) {
+			h.crcs = append(h.crcs, 0) // the CRC32C of no bytes
+		}
+		end := min((i+1)*h.size, len(b))
+		h.crcs[i] = crc32.Update(h.crcs[i], castagnoli, b[off:end])
+		off = end
+	}
 }
 
 // ptrTo returns a pointer to a copy of m, used only to check that m's
@@ -343,6 +416,10 @@ type chunk struct {
 	WholeCRC uint32 // CRC32C of the whole message
 	CRC      uint32 // CRC32C of the header fields above and Data (chunkCRC)
 	Data     []byte // aliases the frame it was decoded from
+
+	// dataCRC is the CRC32C of Data alone (not on the wire): set by
+	// check, and by retained.chunk, so that Data is hashed once.
+	dataCRC uint32
 }
 
 const chunkFields = 11
@@ -446,6 +523,17 @@ func decodeChunk(d *msgpack.Decoder, r *frameReader, data []byte) (chunk, error)
 // little-endian, after the sender's length byte) and then its data, so a
 // corrupted header cannot pass as a chunk of another transfer.
 func (c *chunk) crc() uint32 {
+	return c.crcWith(crc32.Checksum(c.Data, castagnoli))
+}
+
+// crcWith returns crc() given dataCRC, the CRC32C of c.Data, without
+// hashing Data again.
+func (c *chunk) crcWith(dataCRC uint32) uint32 {
+	return crc32cCombine(c.headerCRC(), dataCRC, uint64(len(c.Data)))
+}
+
+// headerCRC returns the CRC32C of the header fields that crc covers.
+func (c *chunk) headerCRC() uint32 {
 	var h [1 + maxClientID + 8 + 1 + 4*3 + 8*2 + 4]byte
 	b := append(h[:0], byte(len(c.Sender)))
 	b = append(b, c.Sender...)
@@ -457,10 +545,10 @@ func (c *chunk) crc() uint32 {
 	b = binary.LittleEndian.AppendUint64(b, c.Offset)
 	b = binary.LittleEndian.AppendUint64(b, c.Len)
 	b = binary.LittleEndian.AppendUint32(b, c.WholeCRC)
-	return crc32.Update(crc32.Checksum(b, castagnoli), castagnoli, c.Data)
+	return crc32.Checksum(b, castagnoli)
 }
 
-// check validates a chunk on its own.
+// check validates a chunk on its own. It sets c.dataCRC.
 func (c *chunk) check() error {
 	switch {
 	case !validClientID(c.Sender):
@@ -477,7 +565,9 @@ func (c *chunk) check() error {
 		return fmt.Errorf("%w: chunk %d at offset %d, want %d", ErrCorrupt, c.Index, c.Offset, uint64(c.Index)*uint64(c.Size))
 	case uint64(len(c.Data)) != min(uint64(c.Size), c.Len-c.Offset):
 		return fmt.Errorf("%w: chunk %d holds %d bytes", ErrCorrupt, c.Index, len(c.Data))
-	case c.crc() != c.CRC:
+	}
+	c.dataCRC = crc32.Checksum(c.Data, castagnoli)
+	if c.crcWith(c.dataCRC) != c.CRC {
 		return fmt.Errorf("%w: chunk %d CRC32C mismatch", ErrCorrupt, c.Index)
 	}
 	return nil
@@ -569,10 +659,7 @@ func SplitFrames(m Message, sender string, transfer uint64, maxPayload int) ([][
 		return nil, err
 	}
 	size := uint32(maxPayload - chunkOverhead)
-	t := &retained{
-		id: transfer, topic: m.Type().Topic(), data: data, wholeCRC: crc32.Checksum(data, castagnoli),
-		size: size, total: uint32((uint64(len(data)) + uint64(size) - 1) / uint64(size)),
-	}
+	t := newRetained(transfer, "", m.Type().Topic(), data, size, chunkCRCs(data, size))
 	frames := make([][]byte, t.total)
 	for i := range frames {
 		c := t.chunk(sender, uint32(i))

@@ -60,7 +60,9 @@ type ClientConfig struct {
 	// retains is at most one message per subject it publishes on (a node:
 	// one contribution; the leader: one RoundStart and one Params), a
 	// small multiple of the model size whatever the run's length or step
-	// rate.
+	// rate. A message's buffer, once evicted and no longer being resent,
+	// is kept for the next large message to encode into: at most two such
+	// buffers, each at most RetainBytes, for at most RetainFor.
 	RetainPerSubject int
 	// OnError, if not nil, is called with every receive-side error: frames
 	// that fail to decode (ErrUnknownVersion, ErrUnknownType, ErrTruncated,

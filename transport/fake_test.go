@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -355,5 +356,102 @@ func TestRetentionBoundedOverRounds(t *testing.T) {
 	if ls.Retained != 2 || ls.RetainedBytes < 2*lastParams || ls.RetainedBytes > 2*lastParams+256 {
 		t.Errorf("leader retains %d messages, %d bytes; want 2 (one RoundStart, one Params), about %d",
 			ls.Retained, ls.RetainedBytes, 2*lastParams)
+	}
+}
+
+// A sender reuses the encode buffer of a message evicted from its retain
+// cache (RetainPerSubject 1) for the next one, but only once no NACK
+// answer still resends from it: with drops and duplicates forcing NACKs
+// while new versions go out on the same subject, every version arrives
+// intact and no chunk fails its CRC (run with -race, a reused buffer still
+// being resent from would also show as a data race).
+func TestRecycledBufferNotReusedWhileResent(t *testing.T) {
+	net := fake.NewNetwork(11, fake.Options{MaxPayload: 16 << 10})
+	cfg := fakeConfig()
+	var corruptErrs atomic.Int64
+	cfg.OnError = func(err error) {
+		if errors.Is(err, transport.ErrCorrupt) {
+			corruptErrs.Add(1)
+		}
+	}
+	sender, err := transport.NewClient(net.Link("coord"), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	var boxes []*inbox
+	for i := range 3 {
+		c, err := transport.NewClient(net.Link(fmt.Sprintf("node-%d", i)), cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		b := &inbox{}
+		if _, err := c.Subscribe(transport.TopicParams, b.add); err != nil {
+			t.Fatal(err)
+		}
+		boxes = append(boxes, b)
+	}
+	net.SetFaults(fake.Faults{Drop: 0.05, Duplicate: 0.1, Reorder: 0.2, Delay: time.Millisecond})
+	const versions, n = 15, 30_000 // 120 kB each: 8 chunks
+	var want []transport.Params
+	for v := range versions {
+		p := paramsOf(cfg.Run, uint64(v+1), n)
+		want = append(want, p)
+		if err := sender.Publish(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range boxes {
+			waitUntil(t, fmt.Sprintf("receiver %d, version %d", i, v+1), 20*time.Second, func() bool { return b.n() > v })
+		}
+	}
+	net.SetFaults(fake.Faults{})
+	for _, b := range boxes {
+		b.mu.Lock()
+		for _, m := range b.msgs {
+			checkParams(t, m, want[m.(transport.Params).Version-1])
+		}
+		b.mu.Unlock()
+	}
+	if sender.Stats().Retransmitted == 0 {
+		t.Error("no chunk was resent")
+	}
+	if n := corruptErrs.Load(); n != 0 {
+		t.Errorf("%d corrupt frames with no corruption injected", n)
+	}
+}
+
+// A message whose size hint says it fits one frame but whose encoding
+// does not (a long string) is chunked all the same, its chunks hashed
+// after encoding.
+func TestChunkedPastSizeHint(t *testing.T) {
+	net := fake.NewNetwork(3, fake.Options{MaxPayload: 8 << 10})
+	cfg := fakeConfig()
+	sender, err := transport.NewClient(net.Link("node"), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	receiver, err := transport.NewClient(net.Link("coord"), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer receiver.Close()
+	var got inbox
+	if _, err := receiver.Subscribe(transport.TopicNodes, got.add); err != nil {
+		t.Fatal(err)
+	}
+	want := transport.Join{Run: cfg.Run, NodeID: "n0", ShardSize: 1, ModelHash: strings.Repeat("h", 50_000)}
+	if err := sender.Publish(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the join", 5*time.Second, func() bool { return got.n() == 1 })
+	if st := sender.Stats(); st.ChunkedSent != 1 {
+		t.Errorf("chunked sent %d, want 1", st.ChunkedSent)
+	}
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	if j := got.msgs[0].(transport.Join); j.ModelHash != want.ModelHash {
+		t.Errorf("model hash of %d bytes, want %d", len(j.ModelHash), len(want.ModelHash))
 	}
 }
