@@ -462,11 +462,12 @@ func computeSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
 }
 
 // linkSeconds reads the leader's dpcluster_coordinator_round_seconds (as
-// "round") and step_phase_seconds (by phase): sum and count.
+// "round") and step_phase_seconds (by phase): sum and count. Builds
+// before step_phase_seconds existed report only the round.
 func linkSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
 	out, err := histograms(g, "dpcluster_coordinator_step_phase_seconds", "phase")
 	if err != nil {
-		return nil, err
+		out = map[string][2]float64{}
 	}
 	round, err := histograms(g, "dpcluster_coordinator_round_seconds", "")
 	if err != nil {
