@@ -291,6 +291,7 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (p
 			return pr, err
 		}
 		n = int64(pr.train.Len())
+		tuneGC(log, dataBytes(pr.train, pr.eval.Data))
 	}
 	pr.cfg, err = s.runConfig(pr.model, n, seeded)
 	return pr, err
