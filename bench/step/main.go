@@ -18,6 +18,11 @@
 //     operation), and step/engine, the "≤ 1.25 × engine" ratio;
 //   - peak RSS (VmHWM) and the peak live heap (sampled every step).
 //
+// Then a second table, where a step goes: the leader's round_seconds
+// (RoundStart to the round's close: the nodes' work and both transfers)
+// and step_phase_seconds (privatize, commit, release), mean ms per
+// measured step, and the rest of the step.
+//
 // Usage (docs/BENCHMARKS.md, "The distributed step"):
 //
 //	go run ./bench/step -models mlp,784-2048-1024-10 -nodes 1,3 -steps 40
