@@ -326,16 +326,7 @@ func TestLogStoreTornAppend(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			s := openTestLogStore(t, dir)
-			if err := s.StoreLogs(testLogs(1, 3, 1)); err != nil {
-				t.Fatal(err)
-			}
-			s.Close()
-			seg := onlySegment(t, dir)
-			b, err := os.ReadFile(seg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			seg, b := threeEntries(t, dir)
 			damaged := tc.tail(b)
 			if err := os.WriteFile(seg, damaged, 0o644); err != nil {
 				t.Fatal(err)
@@ -348,7 +339,7 @@ func TestLogStoreTornAppend(t *testing.T) {
 			if after, _ := os.ReadFile(seg); !bytes.Equal(after, damaged) {
 				t.Error("the read-only open changed the segment")
 			}
-			s = openTestLogStore(t, dir)
+			s := openTestLogStore(t, dir)
 			defer s.Close()
 			last := uint64(3)
 			if tc.name == "last entry damaged" {
@@ -367,16 +358,7 @@ func TestLogStoreTornAppend(t *testing.T) {
 	}
 	t.Run("damaged header before the end", func(t *testing.T) {
 		dir := t.TempDir()
-		s := openTestLogStore(t, dir)
-		if err := s.StoreLogs(testLogs(1, 3, 1)); err != nil {
-			t.Fatal(err)
-		}
-		s.Close()
-		seg := onlySegment(t, dir)
-		b, err := os.ReadFile(seg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		seg, b := threeEntries(t, dir)
 		b[recHeader+len(testLogs(1, 1, 1)[0].Data)+4+9] ^= 1 // entry 2's term
 		if err := os.WriteFile(seg, b, 0o644); err != nil {
 			t.Fatal(err)
@@ -388,6 +370,23 @@ func TestLogStoreTornAppend(t *testing.T) {
 			t.Fatalf("OpenLogStore = %v, want ErrLogCorrupt", err)
 		}
 	})
+}
+
+// threeEntries stores entries 1..3 in a new log store in dir, closes it
+// and returns its segment's path and bytes.
+func threeEntries(t *testing.T, dir string) (string, []byte) {
+	t.Helper()
+	s := openTestLogStore(t, dir)
+	if err := s.StoreLogs(testLogs(1, 3, 1)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	seg := onlySegment(t, dir)
+	b, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seg, b
 }
 
 // TestLogStoreLocked: a second process (here, a second store) cannot open
@@ -454,20 +453,13 @@ func TestLogStoreMigratesBolt(t *testing.T) {
 	checkRange(t, s, 5, 40)
 }
 
-// encodeLog encodes an entry as the bbolt log of earlier versions did.
+// encodeLog encodes an entry as the bbolt log of earlier versions did: the
+// segment header's first logHeader bytes (the same fields), the data, the
+// extensions and a CRC32C of all of it.
 func encodeLog(l *raft.Log) []byte {
-	b := make([]byte, logHeader, logHeader+len(l.Data)+len(l.Extensions)+4)
-	binary.LittleEndian.PutUint64(b[0:], l.Index)
-	binary.LittleEndian.PutUint64(b[8:], l.Term)
-	var at int64
-	if !l.AppendedAt.IsZero() {
-		at = l.AppendedAt.UnixNano()
-	}
-	binary.LittleEndian.PutUint64(b[16:], uint64(at))
-	binary.LittleEndian.PutUint32(b[24:], uint32(len(l.Data)))
-	binary.LittleEndian.PutUint32(b[28:], uint32(len(l.Extensions)))
-	b[32] = byte(l.Type)
-	b = append(b, l.Data...)
+	var hdr [recHeader]byte
+	putHeader(hdr[:], l)
+	b := append(hdr[:logHeader:logHeader], l.Data...)
 	b = append(b, l.Extensions...)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }

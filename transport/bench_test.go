@@ -44,11 +44,10 @@ func benchRound(b *testing.B, n int, payload int32) {
 	}
 }
 
-// roundRig starts an embedded server with the given max payload, a
-// coordinator client and benchNodes node clients, and returns an op that
-// runs one round (broadcast n floats, collect benchNodes contributions of
-// n floats). It reports retransmits/op when the benchmark ends.
-func roundRig(b *testing.B, n int, payload int32) func() {
+// benchClients starts an embedded server with the given max payload and
+// returns a function that connects a client named name to it; the server
+// and the clients close when the benchmark ends.
+func benchClients(b *testing.B, payload int32) func(name string) *transport.Client {
 	scfg := transport.DefaultEmbeddedServerConfig()
 	scfg.Port = -1
 	scfg.MaxPayload = payload
@@ -57,11 +56,9 @@ func roundRig(b *testing.B, n int, payload int32) func() {
 		b.Fatal(err)
 	}
 	b.Cleanup(srv.Shutdown)
-	mk := func(name string) *transport.Client {
+	return func(name string) *transport.Client {
 		cfg := transport.DefaultConfig()
-		cfg.Run = "bench"
-		cfg.Name = name
-		cfg.URLs = []string{srv.URL()}
+		cfg.Run, cfg.Name, cfg.URLs = "bench", name, []string{srv.URL()}
 		c, err := transport.Connect(context.Background(), cfg, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -69,6 +66,14 @@ func roundRig(b *testing.B, n int, payload int32) func() {
 		b.Cleanup(func() { c.Close() })
 		return c
 	}
+}
+
+// roundRig starts an embedded server with the given max payload, a
+// coordinator client and benchNodes node clients, and returns an op that
+// runs one round (broadcast n floats, collect benchNodes contributions of
+// n floats). It reports retransmits/op when the benchmark ends.
+func roundRig(b *testing.B, n int, payload int32) func() {
+	mk := benchClients(b, payload)
 	coord := mk("coord")
 	got := make(chan transport.Contribution, benchNodes)
 	if _, err := coord.Subscribe(transport.TopicContributions, func(m transport.Message) {
@@ -352,24 +357,7 @@ func BenchmarkParamsOneWay(b *testing.B) {
 	const n = 3_700_000
 	for _, payload := range []int32{1 << 20, 8 << 20} {
 		b.Run(fmt.Sprintf("payload=%dMiB", payload>>20), func(b *testing.B) {
-			scfg := transport.DefaultEmbeddedServerConfig()
-			scfg.Port = -1
-			scfg.MaxPayload = payload
-			srv, err := transport.StartServer(scfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(srv.Shutdown)
-			mk := func(name string) *transport.Client {
-				cfg := transport.DefaultConfig()
-				cfg.Run, cfg.Name, cfg.URLs = "bench", name, []string{srv.URL()}
-				c, err := transport.Connect(context.Background(), cfg, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { c.Close() })
-				return c
-			}
+			mk := benchClients(b, payload)
 			sender, receiver := mk("coord"), mk("node0")
 			got := make(chan transport.Params, 1)
 			if _, err := receiver.Subscribe(transport.TopicParams, func(m transport.Message) {

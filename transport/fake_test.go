@@ -309,16 +309,7 @@ func TestRetentionBoundedOverRounds(t *testing.T) {
 	leaderCfg, nodeCfg := cfg, cfg
 	leaderCfg.Role, leaderCfg.Name = pki.RoleReplica, "r0"
 	nodeCfg.Role, nodeCfg.Name = pki.RoleNode, "n0"
-	leader, err := transport.NewClient(net.Link("leader"), leaderCfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Close()
-	node, err := transport.NewClient(net.Link("node"), nodeCfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
+	leader, node := twoClients(t, net, "leader", leaderCfg, "node", nodeCfg)
 	var got inbox
 	if _, err := leader.Subscribe(transport.TopicContributions, got.add); err != nil {
 		t.Fatal(err)
@@ -427,16 +418,7 @@ func TestRecycledBufferNotReusedWhileResent(t *testing.T) {
 func TestChunkedPastSizeHint(t *testing.T) {
 	net := fake.NewNetwork(3, fake.Options{MaxPayload: 8 << 10})
 	cfg := fakeConfig()
-	sender, err := transport.NewClient(net.Link("node"), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sender.Close()
-	receiver, err := transport.NewClient(net.Link("coord"), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer receiver.Close()
+	sender, receiver := twoClients(t, net, "node", cfg, "coord", cfg)
 	var got inbox
 	if _, err := receiver.Subscribe(transport.TopicNodes, got.add); err != nil {
 		t.Fatal(err)
@@ -454,4 +436,23 @@ func TestChunkedPastSizeHint(t *testing.T) {
 	if j := got.msgs[0].(transport.Join); j.ModelHash != want.ModelHash {
 		t.Errorf("model hash of %d bytes, want %d", len(j.ModelHash), len(want.ModelHash))
 	}
+}
+
+// twoClients opens clients on net's links a and b, with configurations
+// ca and cb, closed when the test ends.
+func twoClients(t *testing.T, net *fake.Network, a string, ca transport.ClientConfig, b string, cb transport.ClientConfig) (*transport.Client, *transport.Client) {
+	t.Helper()
+	var out [2]*transport.Client
+	for i, c := range []struct {
+		link string
+		cfg  transport.ClientConfig
+	}{{a, ca}, {b, cb}} {
+		cl, err := transport.NewClient(net.Link(c.link), c.cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		out[i] = cl
+	}
+	return out[0], out[1]
 }
