@@ -1,9 +1,11 @@
 package ledger
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/cmplx"
+	"sync"
 
 	"gonum.org/v1/gonum/dsp/fourier"
 )
@@ -190,6 +192,20 @@ func PLDEpsilonEvents(events []PLDEvent, delta float64) (float64, error) {
 	if len(live) == 0 {
 		return 0, fmt.Errorf("%w: no steps to account", ErrInvalidParameter)
 	}
+	key := pldMemoKey(live, delta)
+	if eps, ok := pldMemoGet(key); ok {
+		return eps, nil
+	}
+	eps, err := pldEpsilonLive(live, delta)
+	if err == nil {
+		pldMemoPut(key, eps)
+	}
+	return eps, err
+}
+
+// pldEpsilonLive is PLDEpsilonEvents on validated events, all with a
+// positive count.
+func pldEpsilonLive(live []PLDEvent, delta float64) (float64, error) {
 	w := pldWindowFor(live, delta)
 	tv := latticeTV(live)
 	eps := 0.0
@@ -213,6 +229,50 @@ func PLDEpsilonEvents(events []PLDEvent, delta float64) (float64, error) {
 		}
 	}
 	return eps, nil
+}
+
+// pldMemo remembers PLDEpsilonEvents's results, keyed by its exact
+// inputs (the bits of δ and of every live event's fields, in order). The
+// function is deterministic and costly (two FFT compositions: about 0.25 s
+// for 10⁴ steps, tens of seconds under the race detector), and one process
+// asks for the same values again and again: each bisection step of a σ
+// calibration that the coordinator and every node of the same run repeat,
+// and the state machine's budget checks. A hit returns the very value the
+// computation returned. Bounded: cleared when it holds pldMemoMax results.
+var pldMemo struct {
+	sync.Mutex
+	m map[string]float64
+}
+
+const pldMemoMax = 1024
+
+func pldMemoKey(live []PLDEvent, delta float64) string {
+	b := make([]byte, 0, 8+40*len(live))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(delta))
+	for _, e := range live {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.SampleRate))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.NoiseMultiplier))
+		b = binary.LittleEndian.AppendUint64(b, uint64(e.Count))
+		b = binary.LittleEndian.AppendUint64(b, uint64(e.Dimension))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.LatticeScale))
+	}
+	return string(b)
+}
+
+func pldMemoGet(key string) (float64, bool) {
+	pldMemo.Lock()
+	defer pldMemo.Unlock()
+	eps, ok := pldMemo.m[key]
+	return eps, ok
+}
+
+func pldMemoPut(key string, eps float64) {
+	pldMemo.Lock()
+	defer pldMemo.Unlock()
+	if pldMemo.m == nil || len(pldMemo.m) >= pldMemoMax {
+		pldMemo.m = make(map[string]float64)
+	}
+	pldMemo.m[key] = eps
 }
 
 // PLDEventEpsilon returns the PLD ε, at δ, of count runs of the event the

@@ -259,6 +259,7 @@ func TestPLDRejects(t *testing.T) {
 
 func BenchmarkPLDEpsilon10kSteps(b *testing.B) {
 	for b.Loop() {
+		forgetPLD() // time the computation, not the memo
 		if _, err := PLDEpsilon(0.004266666666666667, 1.1, 10000, 1e-5); err != nil {
 			b.Fatal(err)
 		}
@@ -267,6 +268,7 @@ func BenchmarkPLDEpsilon10kSteps(b *testing.B) {
 
 func BenchmarkPLDCalibrateSigma(b *testing.B) {
 	for b.Loop() {
+		forgetPLD() // time the computation, not the memo
 		if _, err := PLDCalibrateSigma(3, 0.004266666666666667, 2343, 1e-5); err != nil {
 			b.Fatal(err)
 		}
@@ -281,8 +283,51 @@ func BenchmarkPLDEpsilonDiscrete10kSteps(b *testing.B) {
 	ev := []PLDEvent{{SampleRate: 256.0 / 60000, NoiseMultiplier: 1.1, Count: 10000, Dimension: dim,
 		LatticeScale: math.Ceil(1.1 * 65537 * math.Sqrt(dim))}}
 	for range b.N {
+		forgetPLD() // time the computation, not the memo
 		if _, err := PLDEpsilonEvents(ev, 1e-5); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestPLDMemo: PLDEpsilonEvents remembers its results by their exact
+// inputs: a repeated call returns the value the computation gave, which a
+// fresh computation (the memo cleared) gives again; inputs that differ in
+// any field, or in δ, are not confused.
+func TestPLDMemo(t *testing.T) {
+	ev := []PLDEvent{{SampleRate: 0.01, NoiseMultiplier: 1.1, Count: 300}}
+	first, err := PLDEpsilonEvents(ev, 1e-5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := pldMemoGet(pldMemoKey(ev, 1e-5)); !ok {
+		t.Fatal("the result was not remembered")
+	}
+	again, _ := PLDEpsilonEvents(ev, 1e-5)
+	forgetPLD()
+	fresh, _ := PLDEpsilonEvents(ev, 1e-5)
+	if again != first || fresh != first {
+		t.Errorf("remembered %v, first %v, fresh %v", again, first, fresh)
+	}
+	for _, other := range []struct {
+		ev    []PLDEvent
+		delta float64
+	}{
+		{[]PLDEvent{{SampleRate: 0.01, NoiseMultiplier: 1.1, Count: 301}}, 1e-5},
+		{[]PLDEvent{{SampleRate: 0.01, NoiseMultiplier: 1.2, Count: 300}}, 1e-5},
+		{[]PLDEvent{{SampleRate: 0.02, NoiseMultiplier: 1.1, Count: 300}}, 1e-5},
+		{ev, 1e-6},
+	} {
+		got, err := PLDEpsilonEvents(other.ev, other.delta)
+		if err != nil || got == first {
+			t.Errorf("%+v at δ %v: %v, %v (the first input's ε is %v)", other.ev, other.delta, got, err, first)
+		}
+	}
+}
+
+// forgetPLD clears PLDEpsilonEvents's memo.
+func forgetPLD() {
+	pldMemo.Lock()
+	pldMemo.m = nil
+	pldMemo.Unlock()
 }
