@@ -456,9 +456,70 @@ func (p *Proc) Kill() *os.ProcessState {
 	return p.Wait(exitTimeout)
 }
 
-// Stop pauses the process with SIGSTOP (Cont resumes it). A stopped
-// process holds its sockets open but answers nothing, like a hung one.
-func (p *Proc) Stop() { p.h.t.Helper(); p.Signal(syscall.SIGSTOP) }
+// Stop pauses the process with SIGSTOP (Cont resumes it) and returns once
+// it is stopped. A stopped process holds its sockets open but answers
+// nothing, like a hung one.
+//
+// kill(2) returns when the signal is queued, not when every thread has
+// stopped: a thread running on another CPU, or one finishing a system
+// call, goes on for a moment. Under load that moment was long enough for
+// the NATS server to greet a client dialed "after" Stop, so Stop waits
+// until every thread of the process reports the stopped state.
+func (p *Proc) Stop() {
+	p.h.t.Helper()
+	p.Signal(syscall.SIGSTOP)
+	pid := p.Pid()
+	deadline := time.Now().Add(exitTimeout)
+	for {
+		stopped, err := threadsStopped(pid)
+		if err != nil {
+			p.h.Fatalf("e2e: waiting for %s (pid %d) to stop: %v", p.name, pid, err)
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.h.Fatalf("e2e: %s (pid %d) not stopped %v after SIGSTOP", p.name, pid, exitTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// threadsStopped reports whether every thread of pid is in the stopped
+// state ("T", or "t" under a tracer), from /proc/<pid>/task/*/stat. Where
+// there is no /proc (a unix other than Linux) it reports true: the caller
+// then has only kill(2)'s weaker promise.
+func threadsStopped(pid int) (bool, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat("/proc/self"); errors.Is(err, os.ErrNotExist) {
+			return true, nil // no procfs
+		}
+		return false, fmt.Errorf("no /proc/%d: the process has gone", pid)
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the thread exited while we listed them
+		}
+		if err != nil {
+			return false, err
+		}
+		// The state is the first field after the command name, which is in
+		// parentheses and may itself contain ") ".
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return false, fmt.Errorf("unparsable %s stat %q", task.Name(), b)
+		}
+		if st := b[i+2]; st != 'T' && st != 't' {
+			return false, nil
+		}
+	}
+	return true, nil
+}
 
 // Cont resumes a process paused by Stop.
 func (p *Proc) Cont() { p.h.t.Helper(); p.Signal(syscall.SIGCONT) }
