@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/dpcluster/dpcluster/internal/durable"
 )
 
 // LogStore is the replica's durable Raft log and stable store, in the
@@ -812,26 +814,14 @@ func writeStable(path string, kv map[string][]byte) error {
 		b = append(b, kv[k]...)
 	}
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	err := durable.Replace(path, 0o644, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("coordinator: writing Raft stable store: %w", err)
 	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("coordinator: writing Raft stable store: %w", err)
-	}
-	return syncDir(filepath.Dir(path))
+	return nil
 }
 
 func readStable(path string) (map[string][]byte, error) {
@@ -902,13 +892,8 @@ func (s *LogStore) resetForMigration(stable map[string][]byte) error {
 // syncDir fsyncs a directory, making the creation, removal or renaming of
 // its entries durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("coordinator: syncing %s: %w", dir, err)
 	}
 	return nil
 }

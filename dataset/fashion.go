@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/dpcluster/dpcluster/internal/durable"
 )
 
 // Fashion-MNIST (Xiao, Rasul, Vollgraf 2017, arXiv:1708.07747): 60000 train
@@ -316,44 +318,25 @@ func downloadVerified(ctx context.Context, client *http.Client, url, dst string,
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("dataset: download %s: %s", url, resp.Status)
 	}
-	dir := filepath.Dir(dst)
-	f, err := os.CreateTemp(dir, filepath.Base(dst)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("dataset: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+	var fetchErr error // the download's own errors, returned unwrapped
+	err = durable.Replace(dst, 0o600, func(f *os.File) error {
+		h := sha256.New()
+		n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(resp.Body, maxDownloadBytes+1))
+		switch got := hex.EncodeToString(h.Sum(nil)); {
+		case err != nil:
+			fetchErr = fmt.Errorf("dataset: download %s: %w", url, err)
+		case n > maxDownloadBytes:
+			fetchErr = fmt.Errorf("dataset: download %s: larger than %d bytes", url, maxDownloadBytes)
+		case !slices.Contains(want, got):
+			fetchErr = fmt.Errorf("%w: %s has SHA-256 %s, want one of %v", ErrChecksum, url, got, want)
 		}
-	}()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(resp.Body, maxDownloadBytes+1))
+		return fetchErr
+	})
+	if fetchErr != nil {
+		return fetchErr
+	}
 	if err != nil {
-		return fmt.Errorf("dataset: download %s: %w", url, err)
-	}
-	if n > maxDownloadBytes {
-		return fmt.Errorf("dataset: download %s: larger than %d bytes", url, maxDownloadBytes)
-	}
-	got := hex.EncodeToString(h.Sum(nil))
-	if !slices.Contains(want, got) {
-		return fmt.Errorf("%w: %s has SHA-256 %s, want one of %v", ErrChecksum, url, got, want)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("dataset: %w", err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("dataset: %w", err)
-	}
-	if err = os.Rename(f.Name(), dst); err != nil {
-		return fmt.Errorf("dataset: %w", err)
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		derr = d.Sync()
-		d.Close()
-		if derr != nil {
-			return fmt.Errorf("dataset: fsync %s: %w", dir, derr)
-		}
+		return fmt.Errorf("dataset: saving %s: %w", dst, err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/dpcluster/dpcluster/internal/durable"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -170,8 +171,8 @@ func OpenFile(path string, opts ...Option) (f *File, repaired int64, err error) 
 			fh.Close()
 		}
 	}()
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		return nil, 0, err
+	if err := durable.SyncDir(filepath.Dir(path)); err != nil {
+		return nil, 0, fmt.Errorf("ledger: %w", err)
 	}
 	st, err := fh.Stat()
 	if err != nil {
@@ -447,20 +448,6 @@ func (f *File) Close() error {
 	return f.f.Close()
 }
 
-// syncDir fsyncs a directory so that a newly created or renamed entry in it
-// survives a crash.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("ledger: open directory %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("ledger: sync directory %s: %w", dir, err)
-	}
-	return nil
-}
-
 // Size returns the number of bytes of complete, durable records. The file
 // is append-only, so its first Size bytes never change afterwards: a
 // snapshot can record Size and copy that prefix later.
@@ -481,25 +468,12 @@ func Install(path string, data []byte) error {
 	} else if good != int64(len(data)) {
 		return fmt.Errorf("%w: ledger to install has a torn tail", ErrCorrupt)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".install-*")
+	err := durable.Replace(path, 0o644, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("ledger: install: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("ledger: install: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("ledger: install: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("ledger: install: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("ledger: install: %w", err)
-	}
-	return syncDir(dir)
+	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/dpcluster/dpcluster/internal/durable"
 )
 
 // Name is a certificate to issue: a role and an ID.
@@ -124,48 +126,12 @@ func writePair(written []string, dir, name string, p *KeyPair) ([]string, error)
 // an existing file is never replaced), removes the temporary name and
 // fsyncs the directory.
 func WriteFileExclusive(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
+	err := durable.Create(path, perm, func(f *os.File) error {
+		_, err := f.Write(data)
 		return err
-	}
-	tmpName := tmp.Name()
-	defer os.Remove(tmpName) // after the link, removes only the temporary name
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Link(tmpName, path); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%w: %s exists", ErrExists, path)
-		}
-		return err
-	}
-	if err := os.Remove(tmpName); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
+	})
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: %s exists", ErrExists, path)
 	}
 	return err
 }

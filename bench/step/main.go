@@ -60,6 +60,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/internal/cli"
+	"github.com/dpcluster/dpcluster/internal/procstat"
 	"github.com/dpcluster/dpcluster/model"
 )
 
@@ -261,7 +262,7 @@ func child(f flags) error {
 	if err != nil {
 		return err
 	}
-	r.PeakRSS, err = peakRSS()
+	r.PeakRSS, err = procstat.PeakRSS()
 	if err != nil {
 		return err
 	}
@@ -543,19 +544,4 @@ func engineStep(m *model.Model, B, iters int) (float64, error) {
 		}
 	}
 	return time.Since(start).Seconds() * 1e3 / float64(iters), nil
-}
-
-// peakRSS is this process's VmHWM.
-func peakRSS() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmHWM in /proc/self/status")
 }

@@ -4,12 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/internal/durable"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/seed"
 )
@@ -105,34 +105,11 @@ func exportModel(dataDir, out string) (coordinator.Committed, error) {
 		"private":        strconv.FormatBool(c.Config.SeedPolicy == seed.Crypto),
 		"state_sha256":   c.Digest,
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-*")
-	if err != nil {
-		return c, fmt.Errorf("export: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename, a no-op
-	err = m.WriteSafetensors(tmp, c.Theta, meta)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), out)
-	}
+	err = durable.Replace(out, 0o600, func(f *os.File) error {
+		return m.WriteSafetensors(f, c.Theta, meta)
+	})
 	if err != nil {
 		return c, fmt.Errorf("export: writing %s: %w", out, err)
 	}
-	return c, syncParent(out)
-}
-
-// syncParent fsyncs the directory holding path, so a rename into it is
-// durable.
-func syncParent(path string) error {
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return c, nil
 }

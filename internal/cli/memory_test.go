@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/internal/procstat"
 	"github.com/dpcluster/dpcluster/model"
 )
 
@@ -188,18 +189,9 @@ func localMemory(hidden, batch int, early, total int64) (memoryResult, error) {
 // vmHWM is this process's peak RSS (VmHWM) in bytes, or 0 where
 // /proc/self/status does not say.
 func vmHWM() int64 {
-	b, err := os.ReadFile("/proc/self/status")
+	peak, err := procstat.PeakRSS()
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
+	return peak
 }
