@@ -289,6 +289,27 @@ func (h *Harness) cleanup() {
 	if h.t.Failed() && !dumped {
 		h.t.Log("e2e: process logs\n" + h.LogTails(tailLines))
 	}
+	if keep := os.Getenv("DPCLUSTER_E2E_KEEP_LOGS"); keep != "" {
+		h.keepLogs(keep)
+	}
+}
+
+// keepLogs copies the test's process logs into dir/TEST-NAME/ (the test's
+// temporary directory, logs included, is removed when it ends): set
+// DPCLUSTER_E2E_KEEP_LOGS=dir to read a passing run's logs, a soak's slow
+// failovers for example.
+func (h *Harness) keepLogs(dir string) {
+	dst := filepath.Join(dir, strings.ReplaceAll(h.t.Name(), "/", "_"))
+	src := filepath.Join(h.dir, "logs")
+	err := os.MkdirAll(dst, 0o755)
+	if err == nil {
+		err = os.CopyFS(dst, os.DirFS(src))
+	}
+	if err != nil {
+		h.t.Errorf("e2e: keeping the logs in %s: %v", dst, err)
+		return
+	}
+	h.t.Logf("e2e: process logs kept in %s", dst)
 }
 
 // Proc is one process of a test, across its restarts: the same binary
