@@ -194,7 +194,7 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 // still cuts the same training set.
 func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slog.Logger) (preparedRun, *dataset.Dataset, error) {
 	spec.EvalPath = ""
-	pr, err := spec.prepare(ctx, false, log)
+	pr, err := spec.prepare(ctx, false, "", log)
 	if err != nil {
 		return pr, nil, err
 	}

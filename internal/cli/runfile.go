@@ -187,8 +187,10 @@ func evalKind(eval dataset.EvalSet) coordinator.EvalData {
 
 // runConfig turns the spec into the replicated run configuration
 // (coordinator.RunPlan.RunConfig derives N, q = B/N, σ and the seed
-// policy); n is the loaded data's size (0: none).
-func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.RunConfig, error) {
+// policy); n is the loaded data's size (0: none). With a dataDir (a
+// replica's) a calibrated σ is remembered there and reused by the next
+// start (RunPlan.RunConfigCached).
+func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool, dataDir string, log *slog.Logger) (coordinator.RunConfig, error) {
 	// Nodes clip only within model.CheckClipNorm's range (outside it the
 	// float error analysis no longer holds), so they would skip every
 	// round of a run configured outside it: refuse it here, at start.
@@ -209,7 +211,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool) (coordinator.R
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
 		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant,
-	}.RunConfig()
+	}.RunConfigCached(dataDir, log)
 }
 
 // keepLegacyNoise makes a run that was configured before noise modes
@@ -278,8 +280,9 @@ type preparedRun struct {
 
 // prepare builds the model, loads the data (unless the dataset is "none",
 // which serve allows: N then comes from --total-examples and nothing is
-// evaluated) and derives the run configuration.
-func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (preparedRun, error) {
+// evaluated) and derives the run configuration, remembering a calibrated
+// σ in dataDir if it is not "" (a replica's data directory).
+func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log *slog.Logger) (preparedRun, error) {
 	var pr preparedRun
 	var err error
 	if pr.model, err = loadModel(s.Model, s.ModelSpec); err != nil {
@@ -293,7 +296,7 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, log *slog.Logger) (p
 		n = int64(pr.train.Len())
 		tuneGC(log, dataBytes(pr.train, pr.eval.Data))
 	}
-	pr.cfg, err = s.runConfig(pr.model, n, seeded)
+	pr.cfg, err = s.runConfig(pr.model, n, seeded, dataDir, log)
 	return pr, err
 }
 

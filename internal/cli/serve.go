@@ -144,7 +144,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
-	pr, err := spec.prepare(ctx, seeded, log)
+	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)
 	if err != nil {
 		return err
 	}
