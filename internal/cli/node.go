@@ -184,7 +184,7 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 }
 
 // loadNodeShard prepares the run as the replicas do (spec.prepare: the model,
-// the training set they count as N, the run configuration) and returns
+// the training set they count as N, the run configuration, less σ) and returns
 // shard index of count (dataset.ShardIID with the run's shard seed), a copy
 // of its rows only: the whole training set is dropped (pr.train is nil), so
 // the node holds its shard, not the data of every node. The
@@ -194,9 +194,20 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 // still cuts the same training set.
 func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slog.Logger) (preparedRun, *dataset.Dataset, error) {
 	spec.EvalPath = ""
+	// A node takes N, q, C and the run's name from the configuration,
+	// never σ: the noise is the leader's. So it does not calibrate σ (with
+	// the PLD accountant, seconds on every start and restart): it derives
+	// the configuration with a stand-in σ and then clears it.
+	calibrate := spec.Sigma == 0
+	if calibrate {
+		spec.Sigma = 1
+	}
 	pr, err := spec.prepare(ctx, false, "", log)
 	if err != nil {
 		return pr, nil, err
+	}
+	if calibrate {
+		pr.cfg.Optimizer.NoiseMultiplier = 0 // not the node's to know
 	}
 	views, err := dataset.ShardViewsIID(pr.train, count, spec.ShardSeed)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/node"
@@ -436,5 +438,40 @@ func TestDefaultNodeID(t *testing.T) {
 	}
 	if !strings.HasSuffix(id, fmt.Sprintf("-%d", os.Getpid())) {
 		t.Errorf("default node ID %q does not end in the process ID", id)
+	}
+}
+
+// TestNodeSkipsCalibration: a node takes N, q, C and the run's name from
+// the configuration the replicas derive, and not σ, which it never uses
+// (the noise is the leader's); so it does not calibrate σ, which with the
+// PLD accountant took seconds on every node start. Its configuration
+// agrees with a replica's on everything it uses and leaves σ at 0.
+func TestNodeSkipsCalibration(t *testing.T) {
+	spec := defaultRunSpec()
+	fs := pflag.NewFlagSet("node", pflag.ContinueOnError)
+	spec.bind(fs)
+	if err := fs.Parse([]string{"--dataset", "gaussian", "--model", "logreg", "--batch-size", "100",
+		"--max-steps", "100", "--accountant", "rdp"}); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	pr, shard, err := loadNodeShard(t.Context(), spec, 0, 2, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica, err := spec.prepare(t.Context(), false, "", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, r := pr.cfg, replica.cfg
+	if n.Run != r.Run || n.TotalExamples != r.TotalExamples || n.SampleRate != r.SampleRate ||
+		n.Optimizer.ClipNorm != r.Optimizer.ClipNorm || n.ModelHash != r.ModelHash {
+		t.Errorf("node's configuration %+v disagrees with the replica's %+v", n, r)
+	}
+	if n.Optimizer.NoiseMultiplier != 0 || !(r.Optimizer.NoiseMultiplier > 0) {
+		t.Errorf("σ: node %v (want 0: not calibrated), replica %v (want calibrated)", n.Optimizer.NoiseMultiplier, r.Optimizer.NoiseMultiplier)
+	}
+	if shard.Len() != int(r.TotalExamples)/2 {
+		t.Errorf("shard of %d examples, want half of %d", shard.Len(), r.TotalExamples)
 	}
 }
