@@ -45,8 +45,8 @@ type calibrationRecord struct {
 // the search. With the PLD accountant the search takes seconds (tens of
 // PLD evaluations), and a replica restarted after a crash did it before
 // it could rejoin Raft: a second replica failing in that window left the
-// cluster without a quorum for as long (TestProcessFailoverSoak measured
-// failovers of 3–9 s that were exactly this).
+// cluster without a quorum for as long (most of the 3–9 s failovers of
+// TestProcessFailoverSoak with seed 7; docs/RELIABILITY.md).
 //
 // What makes reuse safe:
 //   - The σ is keyed by a hash of the whole plan (every input of the
