@@ -50,13 +50,20 @@ type AuditReport struct {
 	Accountant        string  `json:"accountant"`
 	TargetEpsilon     float64 `json:"target_epsilon"`
 	Delta             float64 `json:"delta"`
+	// RecordedEpsilon is ε spent: what the last charge record holds (0
+	// with no charges), the number every report of the run shows.
+	// RecomputedEpsilon is the audit's recomputation of it from the
+	// records alone (a mismatch is a problem).
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
 	RecomputedEpsilon float64 `json:"recomputed_epsilon"`
 	// RDPEpsilon and PLDEpsilon are the ε of all the charges, composed
 	// afresh by each accountant (RDP over DefaultOrders; PLD by
-	// PLDEpsilonEvents, not the enforced budget's grid bound). PLDEpsilon
-	// is nil when the PLD accountant cannot charge the events (the discrete
-	// Gaussian) or there are none; PLDNote then says why.
+	// PLDEpsilonEvents, for exactly the charges recorded, where a PLD
+	// ledger records ε at its count grid: between it and PLDGridRatio
+	// times it, which the audit checks). PLDEpsilon is nil when the PLD
+	// accountant cannot charge the events (the discrete Gaussian without
+	// its lattice) or there are none; PLDNote then says why. Either is
+	// +Inf if its accountant fails on the events.
 	RDPEpsilon float64  `json:"rdp_epsilon"`
 	PLDEpsilon *float64 `json:"pld_epsilon"`
 	PLDNote    string   `json:"pld_note,omitempty"`
@@ -189,6 +196,8 @@ func Audit(path string) (AuditReport, error) {
 		rep.RecomputedEpsilon = eps
 	}
 	if rep.Charges > 0 {
+		// An accountant that fails reports +Inf, never 0.
+		rep.RDPEpsilon = math.Inf(1)
 		if e, _, err := acc.Epsilon(run.Delta); err == nil {
 			rep.RDPEpsilon = e
 		}
@@ -199,10 +208,19 @@ func Audit(path string) (AuditReport, error) {
 	case len(pldEvents) == 0:
 		rep.PLDNote = "no charges"
 	default:
-		if e, err := PLDEpsilonEvents(pldEvents, run.Delta); err != nil {
+		e, err := PLDEpsilonEvents(pldEvents, run.Delta)
+		if err != nil {
 			rep.PLDNote = err.Error()
-		} else {
-			rep.PLDEpsilon = &e
+			e = math.Inf(1)
+		}
+		rep.PLDEpsilon = &e
+		// A PLD ledger records the accountant's ε at its count grid,
+		// at least the ε of the charges taken and at most PLDGridRatio
+		// times it (pldSeries).
+		if rep.Accountant == AccountantPLD && err == nil &&
+			(rep.RecordedEpsilon < e*(1-PLDNumericError) || rep.RecordedEpsilon > e*PLDGridRatio*(1+auditTolerance)) {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("recorded ε=%.12g is not within [1, %v] × the PLD accountant's ε of the %d charges, %.12g",
+				rep.RecordedEpsilon, PLDGridRatio, rep.Charges, e))
 		}
 	}
 	return rep.finish(), nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 )
 
 // Accountants a run record can name: the one whose ε the ledger enforces
@@ -65,8 +66,7 @@ func newBudget(accountant string, delta, target float64) (budget, error) {
 		}
 		return &rdpBudget{acc: acc, delta: delta}, nil
 	case AccountantPLD:
-		return &pldBudget{delta: delta, target: target, limit: map[pldKey]int64{},
-			eps: map[pldKey]map[int64]float64{}, rdp: map[pldKey][]float64{}}, nil
+		return &pldBudget{delta: delta, target: target, series: map[pldKey]*pldSeries{}}, nil
 	}
 	return nil, fmt.Errorf("%w: accountant %q must be %q or %q", ErrInvalidParameter, accountant, AccountantRDP, AccountantPLD)
 }
@@ -120,31 +120,39 @@ func (k pldKey) event(n int64) PLDEvent {
 	return PLDEvent{SampleRate: k.q, NoiseMultiplier: k.sigma, Count: n, Dimension: k.dim, LatticeScale: k.scale}
 }
 
-// pldBudget composes with the PLD accountant. One PLD evaluation costs an
-// FFT of at least 2^18 points (about 0.1–0.3 s on two cores), so it is
-// never done per step for the common case, a run of identical steps:
+// PLDGridRatio bounds how far above the PLD accountant's own ε of the
+// steps taken a PLD ledger's recorded ε may be: for a run of identical
+// steps, the ε recorded after n steps is the accountant's ε at the
+// smallest count of the run's count grid that is ≥ n, and consecutive
+// grid counts differ in ε by at most this factor (see pldSeries).
+const PLDGridRatio = 1.008
+
+// pldBudget composes with the PLD accountant. One PLD evaluation costs two
+// FFT compositions (about 25 ms on one core for runs of up to ~10³ steps,
+// more for longer ones: ledger/pld.go), so for the common case, a run of
+// identical steps, nothing is evaluated per step: each step mechanism
+// (pldKey) has a pldSeries that evaluates the accountant at a sparse grid
+// of counts, once, and
 //
-//   - exceeds: for identical steps, the largest count T* whose PLD ε is at
-//     most the target is found once per (q, σ, target) by a galloping then
-//     binary search over the count (started at the RDP accountant's
-//     count, which the PLD one is rarely below), and the check is
-//     n + 1 > T*, O(1). Steps with different (q, σ) fall back to composing
-//     them all (PLDEpsilonEvents).
-//   - epsilon: for n ≤ T* identical steps it is the smaller of two upper
-//     bounds on the exact ε: the RDP accountant's ε of the n steps
-//     (O(orders)), and the PLD ε at T* (PLD ε is non-decreasing in the
-//     count: composition never lowers the privacy loss, so ε(T*) bounds
-//     ε(n)). So a run that ends at T* (a calibrated run ending at
-//     MaxSteps) records its exact PLD ε, every recorded ε is within the
-//     target, and the value depends on T* alone, not on where the search
-//     started, which an auditor does not know. No PLD evaluation happens
-//     after the first check. Mixed steps compose all events.
+//   - exceeds is n + 1 > T*, O(1), T* the largest count whose PLD ε is
+//     within the target;
+//   - epsilon after n steps is ε(G(n)), G(n) the smallest grid count ≥ n:
+//     never below the exact ε of the n steps (the exact ε is
+//     non-decreasing in the count: composing one more mechanism never
+//     lowers the privacy loss, and the accountant's ε(G(n)) bounds the
+//     exact ε(G(n)) from above), and at most PLDGridRatio above the
+//     accountant's ε(n). T* is a grid count, so a run that ends at its
+//     step limit records the accountant's ε of exactly its steps.
+//
+// Steps with different (q, σ) fall back to composing them all
+// (PLDEpsilonEvents) on every call.
 type pldBudget struct {
 	delta, target float64
 	events        []PLDEvent // in first-charged order, one per (q, σ)
-	limit         map[pldKey]int64
-	eps           map[pldKey]map[int64]float64 // PLD ε at the counts stepLimit evaluated
-	rdp           map[pldKey][]float64         // per-step RDP curves
+	// series holds one pldSeries per step mechanism. Clones share it: a
+	// series holds values determined by its key, δ and target alone.
+	// The map itself is touched only by the budget's owner.
+	series map[pldKey]*pldSeries
 	// planned, if positive, is the run's planned step count (PlanSteps):
 	// the step-limit search's first guess. σ is calibrated for exactly
 	// that many steps, so T* is planned or just above it, and the search
@@ -191,6 +199,17 @@ func addPLDStep(evs []PLDEvent, s PLDEvent) []PLDEvent {
 	return append(evs, s)
 }
 
+// seriesOf returns k's series, creating it on first use.
+func (b *pldBudget) seriesOf(k pldKey) *pldSeries {
+	s := b.series[k]
+	if s == nil {
+		s = &pldSeries{key: k, delta: b.delta, target: b.target, planned: b.planned,
+			evals: map[int64]float64{}, limit: -1}
+		b.series[k] = s
+	}
+	return s
+}
+
 func (b *pldBudget) exceeds(e Event, target float64) (bool, error) {
 	s, err := pldStepOf(e)
 	if err != nil {
@@ -198,7 +217,7 @@ func (b *pldBudget) exceeds(e Event, target float64) (bool, error) {
 	}
 	evs := b.with(s)
 	if len(evs) == 1 && target == b.target {
-		limit, err := b.stepLimit(keyOf(s))
+		limit, err := b.seriesOf(keyOf(s)).stepLimit()
 		if err != nil {
 			return false, err
 		}
@@ -232,71 +251,156 @@ func (b *pldBudget) epsilon() (float64, error) {
 		return 0, nil
 	case 1:
 		ev := b.events[0]
-		k := keyOf(ev)
-		limit, err := b.stepLimit(k)
-		if err != nil {
-			return 0, err
-		}
-		eps := math.Inf(1)
-		// The PLD ε at T*, which bounds the ε of every n ≤ T* (PLD ε is
-		// non-decreasing in the count). Only T* is used, not the other
-		// counts the search evaluated: those depend on where the search
-		// started (PlanSteps, which the ledger file does not record), T*
-		// does not, so an auditor replaying the file gets the same value.
-		if e, ok := b.eps[k][limit]; ok && ev.Count <= limit {
-			eps = e
-		}
-		// The RDP accountant's ε of the n steps, O(len(orders)).
-		rdp := b.curve(k)
-		scaled := make([]float64, len(rdp))
-		for i := range rdp {
-			scaled[i] = float64(ev.Count) * rdp[i]
-		}
-		if e, _, err := RDPToEpsilon(DefaultOrders(), scaled, b.delta); err == nil {
-			eps = math.Min(eps, e)
-		}
-		if math.IsInf(eps, 1) {
-			return PLDEpsilonEvents(b.events, b.delta)
-		}
-		return eps, nil
+		return b.seriesOf(keyOf(ev)).epsilon(ev.Count)
 	}
 	return PLDEpsilonEvents(b.events, b.delta)
 }
 
-// curve returns the per-step RDP of k over DefaultOrders, cached (the
-// discrete Gaussian's bound for a discrete k).
-func (b *pldBudget) curve(k pldKey) []float64 {
-	if c, ok := b.rdp[k]; ok {
-		return c
+// warm returns a function that extends the series of the budget's steps
+// so that it covers one step more than charged, or nil when there is
+// nothing to do (the grid covers it already, or the steps are mixed). The
+// function may run on another goroutine: a series locks itself.
+func (b *pldBudget) warm() func() {
+	if len(b.events) != 1 {
+		return nil
 	}
-	orders := DefaultOrders()
-	c := make([]float64, len(orders))
-	rdp := SubsampledGaussianRDP
-	if k.dim > 0 {
-		rdp = SubsampledDiscreteGaussianRDP
+	ev := b.events[0]
+	s := b.seriesOf(keyOf(ev))
+	next := ev.Count + 1
+	if s.covers(next) {
+		return nil
 	}
-	for i, o := range orders {
-		c[i] = rdp(k.q, k.sigma, o)
-	}
-	b.rdp[k] = c
-	return c
+	return func() { _, _ = s.epsilon(next) }
 }
 
-// at returns the PLD ε of n steps of k, cached.
-func (b *pldBudget) at(k pldKey, n int64) (float64, error) {
-	m := b.eps[k]
-	if m == nil {
-		m = map[int64]float64{}
-		b.eps[k] = m
+// pldSeries is the PLD accountant's ε for runs of identical steps of one
+// mechanism (key) at one δ, with the step limit for one target: every
+// value it holds is a deterministic function of (key, δ, target), so an
+// auditor replaying a ledger computes the same values in the same order,
+// bit for bit. It is safe for concurrent use (a ledger warms the next
+// grid count on a goroutine of its own).
+//
+// # The count grid
+//
+// The grid is built in order, from counts[0] = 1: from the last grid
+// count g with ε(g) = e, the next is g + s, s ≥ 1 a guess from the local
+// slope of log ε over log count (ε grows roughly like a power of the
+// count) aimed at ε(g + s) = e·PLDGridRatio^0.9, capped so that the step
+// limit T* and every power of two are grid counts, and halved until ε(g + s) ≤
+// PLDGridRatio·e (s = 1 is always taken: there are no counts between).
+// So for g_k < n ≤ g_{k+1}: ε(g_{k+1}) ≤ PLDGridRatio·ε(g_k) ≤
+// PLDGridRatio·ε(n), the last step because the accountant's ε is
+// non-decreasing in the count: the exact ε by composition, and the
+// computed one too within a power-of-two bucket, whose counts share one
+// discretized step PLD (pldPrepare), up to FFT round-off. Its
+// discretization error is below 5e-4 relative (ledger/pld.go,
+// TestPLDDiscretizationError), so the recorded ε is within 0.85% of the
+// exact. On the README's main job (q = 256/60000, σ ≈ 0.643, 1000 steps)
+// that is about 150 grid counts, one PLD evaluation each (about 10 ms of
+// one core: 1.5 s over the run), done off the state machine's path
+// (Ledger.warm).
+type pldSeries struct {
+	mu            sync.Mutex
+	key           pldKey
+	delta, target float64
+	planned       int64
+	evals         map[int64]float64 // the accountant's ε at the counts evaluated
+	limit         int64             // T*, −1 until computed
+	counts        []int64           // the grid, increasing
+	eps           []float64         // ε at each grid count
+}
+
+// covers reports whether the grid already reaches count n.
+func (s *pldSeries) covers(n int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.counts) > 0 && s.counts[len(s.counts)-1] >= n
+}
+
+// epsilon returns the recorded ε of n ≥ 1 steps: ε(G(n)).
+func (s *pldSeries) epsilon(n int64) (float64, error) {
+	if n < 1 {
+		return 0, nil
 	}
-	if eps, ok := m[n]; ok {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.stepLimitLocked(); err != nil {
+		return 0, err
+	}
+	for len(s.counts) == 0 || s.counts[len(s.counts)-1] < n {
+		if err := s.extend(); err != nil {
+			return 0, err
+		}
+	}
+	i, _ := slices.BinarySearch(s.counts, n)
+	return s.eps[i], nil
+}
+
+// extend appends the next grid count (see the type's comment). Callers
+// hold s.mu and have computed the step limit.
+func (s *pldSeries) extend() error {
+	m := len(s.counts)
+	if m == 0 {
+		e, err := s.at(1)
+		if err != nil {
+			return err
+		}
+		s.counts, s.eps = append(s.counts, 1), append(s.eps, e)
+		return nil
+	}
+	last, e := s.counts[m-1], s.eps[m-1]
+	step := int64(1)
+	if m >= 2 {
+		p, ep := s.counts[m-2], s.eps[m-2]
+		if a := math.Log(e/ep) / math.Log(float64(last)/float64(p)); a > 0 && !math.IsInf(a, 0) {
+			if f := float64(last) * (math.Pow(PLDGridRatio, 0.9/a) - 1); f > 1 {
+				step = int64(math.Min(f, float64(last))) // at most double
+			}
+		}
+	}
+	step = min(step, pldMaxLimit-last)
+	if step < 1 {
+		return fmt.Errorf("%w: more than %d steps", ErrInvalidParameter, pldMaxLimit)
+	}
+	// The next power of two above last: the accountant places its window
+	// per power-of-two bucket of counts (pldShape), so a grid count in
+	// the same bucket as every count it stands for shares its
+	// discretization, and ε(G(n)) ≥ ε(n) holds for the computed values
+	// too, not only for the exact ones.
+	pow := int64(1)
+	for pow <= last {
+		pow <<= 1
+	}
+	for {
+		c := last + step
+		for _, lim := range []int64{s.limit, pow} {
+			if last < lim && c > lim {
+				c = lim
+			}
+		}
+		step = c - last
+		ec, err := s.at(c)
+		if err != nil {
+			return err
+		}
+		if step == 1 || ec <= PLDGridRatio*e {
+			s.counts, s.eps = append(s.counts, c), append(s.eps, ec)
+			return nil
+		}
+		step = max(step/2, 1)
+	}
+}
+
+// at returns the accountant's ε of n steps, remembered. Callers hold s.mu.
+func (s *pldSeries) at(n int64) (float64, error) {
+	if eps, ok := s.evals[n]; ok {
 		return eps, nil
 	}
-	eps, err := PLDEpsilonEvents([]PLDEvent{k.event(n)}, b.delta)
+	eps, err := PLDEpsilonEvents([]PLDEvent{s.key.event(n)}, s.delta)
 	if err != nil {
 		return 0, err
 	}
-	m[n] = eps
+	s.evals[n] = eps
 	return eps, nil
 }
 
@@ -304,8 +408,15 @@ func (b *pldBudget) at(k pldKey, n int64) (float64, error) {
 // beyond it even if its ε would still be within the target.
 const pldMaxLimit = int64(1) << 40
 
-// stepLimit returns T*, the largest count of steps of k whose PLD ε is at
-// most the target (0 if one step exceeds it), computed once and cached.
+// stepLimit returns T*, the largest count of steps whose PLD ε is at most
+// the target (0 if one step exceeds it), computed once.
+func (s *pldSeries) stepLimit() (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stepLimitLocked()
+}
+
+// stepLimitLocked is stepLimit for callers holding s.mu.
 //
 // Each PLD evaluation costs an FFT, so the search is a bracketing secant
 // on log ε against log T (smooth, close to ε ∝ √T): it starts at the run's
@@ -316,21 +427,21 @@ const pldMaxLimit = int64(1) << 40
 // (x+1 after an x within the target, x−1 after one above it), which closes
 // the bracket when the guess is right, as it usually is within one or two
 // rounds. After four rounds it bisects, so it always terminates. It
-// assumes PLD ε is non-decreasing in T, which composition guarantees.
-func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
-	if t, ok := b.limit[k]; ok {
-		return t, nil
+// assumes PLD ε is non-decreasing in T, which composition guarantees. The
+// result does not depend on where the search starts.
+func (s *pldSeries) stepLimitLocked() (int64, error) {
+	if s.limit >= 0 {
+		return s.limit, nil
 	}
-	eval := func(n int64) (float64, error) { return b.at(k, n) }
 	// lo is within the target (or 0), hi above it (or 0: not found yet).
 	var lo, hi int64
 	var epsLo, epsHi float64
 	try := func(n int64) (bool, error) {
-		eps, err := eval(n)
+		eps, err := s.at(n)
 		if err != nil {
 			return false, err
 		}
-		if eps <= b.target {
+		if eps <= s.target {
 			lo, epsLo = n, eps
 			return true, nil
 		}
@@ -338,16 +449,19 @@ func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
 		return false, nil
 	}
 	start := int64(1)
-	if b.planned > 0 {
-		start = min(b.planned, pldMaxLimit)
-	} else if e1, _, err := RDPToEpsilon(DefaultOrders(), b.curve(k), b.delta); err == nil && e1 < b.target {
-		start = rdpStepLimit(b.curve(k), b.delta, b.target)
+	if s.planned > 0 {
+		start = min(s.planned, pldMaxLimit)
+	} else {
+		c := s.key.rdpCurve()
+		if e1, _, err := RDPToEpsilon(DefaultOrders(), c, s.delta); err == nil && e1 < s.target {
+			start = rdpStepLimit(c, s.delta, s.target)
+		}
 	}
 	ok, err := try(start)
 	if err != nil {
 		return 0, err
 	}
-	if b.planned > 0 { // a good guess: its neighbour may close the bracket at once
+	if s.planned > 0 { // a good guess: its neighbour may close the bracket at once
 		if ok && start < pldMaxLimit {
 			_, err = try(start + 1)
 		} else if !ok && start > 1 {
@@ -361,17 +475,17 @@ func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
 		var x int64
 		switch {
 		case hi == 0 && lo >= pldMaxLimit:
-			b.limit[k] = pldMaxLimit
-			return pldMaxLimit, nil
+			s.limit = pldMaxLimit
+			return s.limit, nil
 		case hi == 0: // extrapolate up with ε ∝ √T, a little beyond
-			r := b.target / epsLo
+			r := s.target / epsLo
 			x = int64(math.Min(math.Ceil(float64(lo)*r*r*1.01)+1, float64(pldMaxLimit)))
 			x = max(x, lo+1)
 		case round >= 4 || lo == 0 || !(epsLo > 0):
 			x = lo + (hi-lo)/2
 		default: // secant on (log T, log ε)
 			slope := math.Log(epsHi/epsLo) / math.Log(float64(hi)/float64(lo))
-			f := float64(lo) * math.Exp(math.Log(b.target/epsLo)/slope)
+			f := float64(lo) * math.Exp(math.Log(s.target/epsLo)/slope)
 			if math.IsNaN(f) {
 				f = float64(lo + (hi-lo)/2)
 			}
@@ -391,8 +505,23 @@ func (b *pldBudget) stepLimit(k pldKey) (int64, error) {
 			return 0, err
 		}
 	}
-	b.limit[k] = lo
+	s.limit = lo
 	return lo, nil
+}
+
+// rdpCurve returns the per-step RDP of k over DefaultOrders (the discrete
+// Gaussian's bound for a discrete k).
+func (k pldKey) rdpCurve() []float64 {
+	orders := DefaultOrders()
+	c := make([]float64, len(orders))
+	rdp := SubsampledGaussianRDP
+	if k.dim > 0 {
+		rdp = SubsampledDiscreteGaussianRDP
+	}
+	for i, o := range orders {
+		c[i] = rdp(k.q, k.sigma, o)
+	}
+	return c
 }
 
 // rdpStepLimit returns the largest T with RDP ε(T·rdp) ≤ target at δ

@@ -168,10 +168,11 @@ func TestLedgerPLDDiscrete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Spent is the smaller of the RDP ε and the PLD ε at a count ≥ 3 the
-	// step-limit search evaluated: both upper bounds of the discrete PLD ε.
-	if got := l.Spent(); got > rdp || got < want*(1-PLDNumericError) || want < cont {
-		t.Errorf("Spent %v: want within [PLD %v, RDP %v], PLD at least the continuous Gaussian's %v", got, want, rdp, cont)
+	// Spent is the PLD ε of the discrete events at 3 steps (a grid count:
+	// every count is one while ε grows by more than PLDGridRatio a step),
+	// below the discrete RDP bound and above the continuous Gaussian's.
+	if got := l.Spent(); got > rdp || got != want || want < cont {
+		t.Errorf("Spent %v: want PLD %v, below RDP %v, PLD at least the continuous Gaussian's %v", got, want, rdp, cont)
 	}
 }
 
@@ -274,12 +275,12 @@ func TestPLDPlannedStepsSameLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			k := keyOf(s)
-			got, err := pb.stepLimit(k)
+			ser := pb.seriesOf(keyOf(s))
+			got, err := ser.stepLimit()
 			if err != nil {
 				t.Fatal(err)
 			}
-			return got, len(pb.eps[k])
+			return got, len(ser.evals)
 		}
 		plain, plainEvals := limit(0)
 		hinted, hintedEvals := limit(planned)

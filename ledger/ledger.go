@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 
 	"github.com/dpcluster/dpcluster/seed"
 )
@@ -42,10 +44,16 @@ var ErrHistoryMismatch = errors.New("ledger: ledger and Raft state belong to dif
 type Ledger struct {
 	file      *File
 	budget    budget  // the run's accountant state, nil before Start
-	run       *Record // the run record, nil before Start // the run record, nil before Start
+	run       *Record // the run record, nil before Start
 	lastIndex uint64  // Raft index of the last charge
 	lastStep  int64   // highest step charged
 	charges   uint64
+	spent     float64 // the ε the last charge record holds (0 before any)
+
+	// warming is the goroutine, if any, that computes ahead what the
+	// next charge's ε needs (warm); Close waits for it.
+	warming sync.WaitGroup
+	busy    atomic.Bool
 }
 
 // Open opens (or creates) the ledger file at path, repairing a torn tail
@@ -66,6 +74,7 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 		return nil, err
 	}
 	l.file = f
+	l.warm() // a resumed run's next charge needs the grid up to here
 	return l, nil
 }
 
@@ -98,6 +107,7 @@ func replay(recs []Record) (*Ledger, error) {
 			l.lastIndex = max(l.lastIndex, r.Index)
 			l.lastStep = max(l.lastStep, r.Step)
 			l.charges++
+			l.spent = r.Epsilon
 		}
 	}
 	return l, nil
@@ -338,7 +348,32 @@ func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record,
 	l.lastIndex = max(l.lastIndex, pos.Index)
 	l.lastStep = max(l.lastStep, step)
 	l.charges++
+	l.spent = eps
+	l.warm()
 	return r, nil
+}
+
+// warm starts computing, on a goroutine of the ledger's, what the ε of
+// one more charge of the same event needs (the PLD budget's next grid
+// count: pldBudget.warm), unless that is known or a computation is
+// already running. It changes no result, only when the work is done: the
+// next Charge finds the value ready instead of computing it on the state
+// machine's path. Close waits for it.
+func (l *Ledger) warm() {
+	b, ok := l.budget.(*pldBudget)
+	if !ok {
+		return
+	}
+	work := b.warm()
+	if work == nil || !l.busy.CompareAndSwap(false, true) {
+		return
+	}
+	l.warming.Add(1)
+	go func() {
+		defer l.warming.Done()
+		defer l.busy.Store(false)
+		work()
+	}()
 }
 
 // WouldExceed reports whether charging e now would take ε past the target,
@@ -351,19 +386,17 @@ func (l *Ledger) WouldExceed(e Event) (bool, error) {
 	return l.budget.exceeds(e, l.run.TargetEpsilon)
 }
 
-// Spent returns ε spent so far at the run's δ by the run's accountant (0
-// before the first charge): the ε the last charge record holds. With the
-// PLD accountant it is the upper bound pldBudget.epsilon describes, cached,
-// so calling it on every status report is cheap.
+// Spent returns ε spent so far at the run's δ by the run's accountant: the
+// ε the last charge record holds, 0 before the first charge. It computes
+// nothing: every report of ε (status, metrics, logs, export) reads this
+// one number, and it is exactly what the ledger file records, which the
+// audit recomputes (Audit). A charge whose ε the accountant cannot compute
+// is refused (Charge), so this is never less than what was charged.
 func (l *Ledger) Spent() float64 {
 	if l.run == nil || l.charges == 0 {
 		return 0
 	}
-	eps, err := l.budget.epsilon()
-	if err != nil || math.IsInf(eps, 1) {
-		return 0
-	}
-	return eps
+	return l.spent
 }
 
 // PlanSteps tells the ledger how many steps the run plans (its max
@@ -405,8 +438,12 @@ func (l *Ledger) Head() (Record, uint64) { return l.file.Head() }
 // Path returns the ledger file's path.
 func (l *Ledger) Path() string { return l.file.Path() }
 
-// Close closes the ledger file.
-func (l *Ledger) Close() error { return l.file.Close() }
+// Close waits for the ledger's warming goroutine, if any, and closes the
+// ledger file.
+func (l *Ledger) Close() error {
+	l.warming.Wait()
+	return l.file.Close()
+}
 
 // Size returns the byte length of the ledger's durable records (see
 // File.Size).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/cmplx"
+	"slices"
 	"sync"
 
 	"gonum.org/v1/gonum/dsp/fourier"
@@ -107,10 +108,15 @@ import (
 // PLDNumericError (a deliberately loose bound on the above; the tests check
 // the q = 1 case, where δ(ε) is known exactly, and never find it below).
 // Above the exact ε, the discretization costs O(T·h²) in ε; h is chosen so
-// that the window of N ≥ 2^18 points spans the composed loss from well below
+// that the window of N ≥ 2^14 points spans the composed loss from well below
 // its mean to the Chernoff level at δ·1e-12, with N doubled (up to 2^23)
-// until T·h²/8 is below 1e-3 of the window's upper reach; in the tests the
-// excess stays below 0.5%.
+// until T·h²/8 is below 5e-5 of the window's upper reach. The excess is
+// then below 5e-4 relative: the excess shrinks like h² (the drift above),
+// and TestPLDDiscretizationError measures it, ε(h) − ε(h/4) scaled by
+// 16/15 (Richardson), for runs of 1 to 10⁴ steps. (Until
+// the ledger recorded ε for every count, N started at 2^18, with excess
+// below 1e-5 at 16 times the cost per evaluation; the ledger's count grid
+// rounds ε up by up to 0.5% anyway: PLDGridRatio.)
 
 // PLDNumericError is the stated relative numerical error of the PLD
 // accountant: the ε it reports is at least (1 − PLDNumericError) times the
@@ -140,7 +146,7 @@ func (e PLDEvent) discrete() bool { return e.Dimension > 0 }
 
 // pldWindowBits sets the smallest FFT size N = 2^pldWindowBits of the
 // composition window.
-const pldWindowBits = 18
+const pldWindowBits = 14
 
 // pldMaxWindowBits caps the FFT size for very long compositions.
 const pldMaxWindowBits = 23
@@ -206,17 +212,24 @@ func PLDEpsilonEvents(events []PLDEvent, delta float64) (float64, error) {
 // pldEpsilonLive is PLDEpsilonEvents on validated events, all with a
 // positive count.
 func pldEpsilonLive(live []PLDEvent, delta float64) (float64, error) {
-	w := pldWindowFor(live, delta)
+	return pldEpsilonFine(live, delta, 0)
+}
+
+// pldEpsilonFine is pldEpsilonLive on a window 2^fine times as fine (the
+// same span, 2^fine times as many points): TestPLDDiscretizationError
+// measures the discretization's excess against it.
+func pldEpsilonFine(live []PLDEvent, delta float64, fine int) (float64, error) {
+	prep := pldPrepare(live, delta, fine)
 	tv := latticeTV(live)
 	eps := 0.0
 	for _, dir := range []pldDirection{pldRemove, pldAdd} {
-		c := w.compose(live, dir)
+		c := prep.compose(live, dir)
 		e, ok := pldEpsilonSlack(c.solve, delta, tv)
-		if !ok {
+		if !ok || math.IsNaN(e) {
 			// The window cannot bracket the answer (or, for discrete
 			// events, the lattice slack leaves no δ): the RDP bound, also
 			// an upper bound, and never an error.
-			e, _, _ = rdpEventsEpsilon(live, delta)
+			e = prep.rdpEpsilon(live, delta)
 		}
 		eps = math.Max(eps, e)
 	}
@@ -224,7 +237,7 @@ func pldEpsilonLive(live []PLDEvent, delta float64) (float64, error) {
 		// For the discrete Gaussian the lattice slack can make the PLD
 		// bound the looser of the two; both are upper bounds, so take the
 		// smaller: never above the discrete RDP bound.
-		if r, _, err := rdpEventsEpsilon(live, delta); err == nil && r < eps {
+		if r := prep.rdpEpsilon(live, delta); r < eps {
 			eps = r
 		}
 	}
@@ -441,33 +454,43 @@ func chernoffQuantile(events []PLDEvent, tau float64) (level, t float64) {
 	return f(lt), math.Exp(lt)
 }
 
-// pldWindowFor places the composition window and picks the tilt for a
-// query at delta (heuristics: validity does not depend on them).
-func pldWindowFor(events []PLDEvent, delta float64) pldWindow {
+// pldWindowFor places the composition window and picks the tilt for
+// queries at delta (heuristics: validity does not depend on them) for any
+// counts between those of lo and hi (the same events), with 2^fine times
+// the points the rule below gives (0 but in tests).
+func pldWindowFor(lo, hi []PLDEvent, delta float64, fine int) pldWindow {
 	// The answer is near the Chernoff level at δ; the window reaches the
-	// level at δ·1e-12 above and twice as far below the mean.
-	_, lambda := chernoffQuantile(events, delta)
-	top, tTop := chernoffQuantile(events, delta*1e-12)
+	// level at δ·1e-12 above (for hi's counts) and twice as far below the
+	// mean (for lo's).
+	_, lambda := chernoffQuantile(hi, delta)
+	top, tTop := chernoffQuantile(hi, delta*1e-12)
 	const ts = 1e-4
-	mean := chernoffLogMGF(events, ts) / ts // ≈ Σ count·KL
-	bottom := math.Max(mean-2*(top-mean), -80)
+	mean := chernoffLogMGF(hi, ts) / ts // ≈ Σ count·KL
+	meanLo := mean
+	topLo := top
+	if !slices.Equal(lo, hi) {
+		meanLo = chernoffLogMGF(lo, ts) / ts
+		topLo, _ = chernoffQuantile(lo, delta*1e-12)
+	}
+	bottom := math.Max(meanLo-2*(topLo-meanLo), -80)
 	if top-bottom < 1e-9 {
 		bottom, top = bottom-1e-9, top+1e-9
 	}
 	// N: at least 2^pldWindowBits, and enough that the discretization's
-	// O(T·h²/8) upward drift of the composed mean stays below 1e-3 of the
-	// window's upper reach (top − mean), up to 2^pldMaxWindowBits.
+	// O(T·h²/8) upward drift of the composed mean stays below 5e-5 of
+	// the window's upper reach (top − mean), up to 2^pldMaxWindowBits.
 	var steps float64
-	for _, e := range events {
+	for _, e := range hi {
 		steps += float64(e.Count)
 	}
 	n := 1 << pldWindowBits
 	if reach := top - mean; reach > 0 {
-		hMax := math.Sqrt(8e-3 * reach / steps)
+		hMax := math.Sqrt(4e-4 * reach / steps)
 		for n < 1<<pldMaxWindowBits && (top-bottom)/float64(n-1) > hMax {
 			n *= 2
 		}
 	}
+	n <<= fine
 	h := (top - bottom) / float64(n-1)
 	return pldWindow{h: h, lo: int64(math.Floor(bottom / h)), n: n, lambda: lambda, tTop: tTop}
 }
@@ -692,35 +715,38 @@ type composedPLD struct {
 	inf  float64
 }
 
-// compose composes events in direction dir on the window.
-func (w pldWindow) compose(events []PLDEvent, dir pldDirection) composedPLD {
+// compose composes events in direction dir from their prepared steps
+// (prep.steps[dir], in the same order as events).
+func (prep *pldPrepared) compose(events []PLDEvent, dir pldDirection) composedPLD {
+	w := prep.w
 	n := w.n
 	fft := fourier.NewFFT(n)
 	spec := make([]complex128, n/2+1)
 	for i := range spec {
 		spec[i] = 1
 	}
-	seq := make([]float64, n)
-	coef := make([]complex128, n/2+1)
 	logScale := 0.0 // Σ count·log Z
 	logFinite := 0.0
-	steps := make([]stepPLD, len(events))
 	var shift int64 // Σ count·first: the composed grid index of cell 0
 	for i, e := range events {
-		jlo, jhi := w.stepRange(events, i, dir)
-		st := buildStep(dir, e.SampleRate, e.NoiseMultiplier, w.h, jlo, jhi)
-		steps[i] = st
-		// Tilt: p_k e^{λℓ_k}/Z, folded modulo n.
-		logZ := st.tilt(seq, w.lambda, w.h)
+		ps := &prep.steps[dir][i]
 		c := float64(e.Count)
-		logScale += c * logZ
-		logFinite += c * math.Log1p(-st.inf)
-		shift += e.Count * st.first
-		fft.Coefficients(coef, seq)
-		for k, v := range coef {
-			spec[k] *= powCount(v, c)
+		logScale += c * ps.logZ
+		logFinite += c * ps.logFinite
+		shift += e.Count * ps.first
+		for k := range spec {
+			// v^c = |v|^c·e^{i·c·arg v}, through polar form so that large
+			// c neither overflows nor loses the phase; coefficients whose
+			// power underflows skip the rotation.
+			r := math.Exp(c * ps.logAbs[k])
+			if r == 0 {
+				spec[k] = 0
+				continue
+			}
+			spec[k] *= cmplx.Rect(r, math.Mod(c*ps.phase[k], 2*math.Pi))
 		}
 	}
+	seq := make([]float64, n)
 	fft.Sequence(seq, spec)
 	// Cell i of the cyclic result holds composed grid index ≡ shift+i (mod
 	// n); read it out on the window [w.lo, w.lo+n).
@@ -732,14 +758,187 @@ func (w pldWindow) compose(events []PLDEvent, dir pldDirection) composedPLD {
 			continue
 		}
 		l := float64(w.lo+int64(i)) * w.h
-		mass[i] = math.Exp(math.Log(r) + logScale - w.lambda*l)
+		if x := logScale - w.lambda*l; x < 700 {
+			mass[i] = r * math.Exp(x)
+		} else {
+			mass[i] = math.Exp(math.Log(r) + x)
+		}
 	}
 	// Atom at +∞: composed infinite mass plus the bound (3) on the finite
-	// mass above the window.
+	// mass above the window, minimized over the exponents λ and tTop.
 	inf := -math.Expm1(logFinite)
 	top := float64(w.lo+int64(n)) * w.h
-	inf += tailBound(steps, events, w.h, []float64{w.lambda, w.tTop}, top)
-	return composedPLD{w: w, mass: mass, inf: inf}
+	best := 1.0
+	for j, t := range []float64{w.lambda, w.tTop} {
+		if !(t > 0) {
+			continue
+		}
+		k := 0.0
+		for i, e := range events {
+			k += float64(e.Count) * prep.steps[dir][i].cgf[j]
+		}
+		best = math.Min(best, math.Exp(k-t*top))
+	}
+	return composedPLD{w: w, mass: mass, inf: inf + best}
+}
+
+// pldPrepared is the part of a PLD evaluation that does not depend on the
+// events' exact counts: the window, placed for the counts rounded up to
+// powers of two (pldShape), and each event's discretized step PLD on it,
+// tilted and Fourier-transformed, in both directions. A run of identical
+// steps evaluated at many counts (the ledger's count grid, the step-limit
+// search) prepares once per power of two and then pays only the pointwise
+// power, one inverse FFT and the solve per count: about a third of the
+// whole. Read-only once built; shared through pldPrepCache.
+type pldPrepared struct {
+	w     pldWindow
+	steps [2][]preparedStep // by pldDirection, then event
+	rdp   [][]float64       // by event: one step's RDP over DefaultOrders (rdpEpsilon)
+	size  int               // bytes held, for the cache's bound
+	// wide marks, in the cache, a bucket whose window would be too wide to
+	// share (pldPrepare); such an entry holds nothing else.
+	wide bool
+}
+
+// preparedStep is one event's step PLD in one direction on the window.
+type preparedStep struct {
+	// logAbs and phase are the real FFT of the tilted masses (folded
+	// modulo N) in polar form, log|v| and arg v.
+	logAbs, phase []float64
+	logZ          float64    // log of the tilt's normalizer
+	logFinite     float64    // log(1 − the step's atom at +∞)
+	first         int64      // grid index of the step's first mass
+	cgf           [2]float64 // K(s) of the finite part at s = λ and s = tTop, for (3)
+}
+
+// pldShape returns the bucket of counts events falls in: events with
+// each count rounded down to a power of two, plus one (lo), and up to one
+// (hi). A window placed for a bucket (pldWindowFor(lo, hi)) serves every
+// count in it, so all of them can share one pldPrepared.
+func pldShape(events []PLDEvent) (lo, hi []PLDEvent) {
+	lo, hi = slices.Clone(events), slices.Clone(events)
+	for i := range hi {
+		c := int64(1)
+		for c < hi[i].Count && c < 1<<62 {
+			c <<= 1
+		}
+		hi[i].Count = c
+		lo[i].Count = min(c/2+1, c)
+	}
+	return lo, hi
+}
+
+// rdpEpsilon is the RDP accountant's ε for the same events (the fallback
+// when the PLD window cannot bracket the answer, and the cap for discrete
+// events; RDP is also an upper bound), from the prepared per-step curves:
+// the discrete ones with the discrete Gaussian's RDP bound. +Inf if the
+// conversion fails.
+func (prep *pldPrepared) rdpEpsilon(events []PLDEvent, delta float64) float64 {
+	orders := DefaultOrders()
+	rdp := make([]float64, len(orders))
+	for i, e := range events {
+		for j, r := range prep.rdp[i] {
+			rdp[j] += float64(e.Count) * r
+		}
+	}
+	eps, _, err := RDPToEpsilon(orders, rdp, delta)
+	if err != nil {
+		return math.Inf(1)
+	}
+	return eps
+}
+
+// pldPrepare returns the prepared composition of events at δ (window
+// 2^fine times as fine as the rule, for tests), from the cache or built.
+// It uses the window of the events' bucket of counts (pldShape), unless
+// that window's spacing is more than twice that of the window for the
+// bucket's top counts alone (the loss's mean moves more within the bucket
+// than the loss spreads, and the points are capped: long runs at large
+// q), where each count gets the window of its own counts.
+func pldPrepare(events []PLDEvent, delta float64, fine int) *pldPrepared {
+	lo, hi := pldShape(events)
+	suffix := string(rune('0' + fine))
+	bucket := pldMemoKey(hi, delta) + suffix
+	p := pldPrepCache.get(bucket)
+	if p != nil && !p.wide {
+		return p
+	}
+	shape, key := hi, bucket
+	var w pldWindow
+	if p == nil {
+		w = pldWindowFor(lo, hi, delta, fine)
+		if top := pldWindowFor(hi, hi, delta, fine); w.h > 2*top.h {
+			pldPrepCache.put(bucket, &pldPrepared{wide: true})
+			p = &pldPrepared{wide: true}
+		}
+	}
+	if p != nil { // a wide bucket: every count gets a window of its own
+		shape, key = events, pldMemoKey(events, delta)+suffix
+		if p := pldPrepCache.get(key); p != nil {
+			return p
+		}
+		w = pldWindowFor(events, events, delta, fine)
+	}
+	p = &pldPrepared{w: w}
+	fft := fourier.NewFFT(w.n)
+	seq := make([]float64, w.n)
+	coef := make([]complex128, w.n/2+1)
+	for _, dir := range []pldDirection{pldRemove, pldAdd} {
+		p.steps[dir] = make([]preparedStep, len(shape))
+		for i, e := range shape {
+			jlo, jhi := w.stepRange(shape, i, dir)
+			st := buildStep(dir, e.SampleRate, e.NoiseMultiplier, w.h, jlo, jhi)
+			// Tilt: p_k e^{λℓ_k}/Z, folded modulo n.
+			ps := preparedStep{logZ: st.tilt(seq, w.lambda, w.h), logFinite: math.Log1p(-st.inf), first: st.first,
+				logAbs: make([]float64, len(coef)), phase: make([]float64, len(coef))}
+			fft.Coefficients(coef, seq)
+			for k, v := range coef {
+				ps.logAbs[k], ps.phase[k] = math.Log(cmplx.Abs(v)), cmplx.Phase(v)
+			}
+			for j, t := range []float64{w.lambda, w.tTop} {
+				if t > 0 {
+					ps.cgf[j] = st.tilt(nil, t, w.h)
+				}
+			}
+			p.steps[dir][i] = ps
+			p.size += 16 * len(coef)
+		}
+	}
+	for _, e := range shape {
+		p.rdp = append(p.rdp, keyOf(e).rdpCurve())
+	}
+	pldPrepCache.put(key, p)
+	return p
+}
+
+// pldPrepCache holds recently prepared compositions, up to
+// pldPrepCacheBytes of Fourier coefficients (cleared when full).
+var pldPrepCache prepCache
+
+const pldPrepCacheBytes = 64 << 20
+
+type prepCache struct {
+	sync.Mutex
+	m    map[string]*pldPrepared
+	size int
+}
+
+func (c *prepCache) get(key string) *pldPrepared {
+	c.Lock()
+	defer c.Unlock()
+	return c.m[key]
+}
+
+func (c *prepCache) put(key string, p *pldPrepared) {
+	c.Lock()
+	defer c.Unlock()
+	if c.m == nil || c.size+p.size > pldPrepCacheBytes {
+		c.m, c.size = map[string]*pldPrepared{}, 0
+	}
+	if p.size <= pldPrepCacheBytes {
+		c.m[key] = p
+		c.size += p.size
+	}
 }
 
 // solve solves (1) for the smallest ε ≥ 0 with δ(ε) ≤ delta, or returns
@@ -787,39 +986,12 @@ func (c composedPLD) solve(delta float64) (eps float64, ok bool) {
 	return math.Max(float64(w.lo+int64(lo))*w.h+u, 0), true
 }
 
-// powCount returns v^c for a Fourier coefficient v and count c, through
-// polar form so that large c neither overflows nor loses the phase.
-func powCount(v complex128, c float64) complex128 {
-	r := cmplx.Abs(v)
-	if r == 0 {
-		return 0
-	}
-	return cmplx.Rect(math.Exp(c*math.Log(r)), math.Mod(c*cmplx.Phase(v), 2*math.Pi))
-}
-
 func mod(a, n int64) int64 {
 	a %= n
 	if a < 0 {
 		a += n
 	}
 	return a
-}
-
-// tailBound returns the bound (3) on the composed finite mass above top,
-// minimized over the given exponents.
-func tailBound(steps []stepPLD, events []PLDEvent, h float64, exps []float64, top float64) float64 {
-	best := 1.0
-	for _, s := range exps {
-		if !(s > 0) {
-			continue
-		}
-		k := 0.0
-		for i, st := range steps {
-			k += float64(events[i].Count) * st.tilt(nil, s, h)
-		}
-		best = math.Min(best, math.Exp(k-s*top))
-	}
-	return best
 }
 
 // tilt returns log Σ_k m_k e^{sℓ_k} (K(s) of the finite part) and, if dst
@@ -852,24 +1024,4 @@ func (st stepPLD) tilt(dst []float64, s, h float64) float64 {
 		dst[k] /= z
 	}
 	return maxLog + math.Log(z)
-}
-
-// rdpEventsEpsilon is the RDP accountant's ε for the same events (the fallback
-// when the PLD window cannot bracket the answer; RDP is also an upper
-// bound), the discrete ones with the discrete Gaussian's RDP bound.
-func rdpEventsEpsilon(events []PLDEvent, delta float64) (float64, float64, error) {
-	acc, err := NewAccountant(nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, e := range events {
-		ev := SubsampledGaussian(e.SampleRate, e.NoiseMultiplier)
-		if e.discrete() {
-			ev = SubsampledDiscreteGaussian(e.SampleRate, e.NoiseMultiplier)
-		}
-		if err := acc.Compose(ev, e.Count); err != nil {
-			return 0, 0, err
-		}
-	}
-	return acc.Epsilon(delta)
 }

@@ -1,0 +1,155 @@
+package ledger
+
+import (
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/dpcluster/dpcluster/seed"
+)
+
+// TestPLDDiscretizationError measures the accountant's discretization
+// excess: ε on its window against ε on a window four times as fine. The
+// excess shrinks like h² (ledger/pld.go), so ε(h) − ε* ≈ (16/15)·(ε(h) −
+// ε(h/4)) (Richardson); it must stay below 5e-4 relative for runs of 1 to
+// 10⁴ steps, and the finer value must not be above the coarser one by more
+// than round-off (the pessimistic PLD on a finer grid is tighter).
+func TestPLDDiscretizationError(t *testing.T) {
+	cases := []struct {
+		q, sigma float64
+		counts   []int64
+	}{
+		{256.0 / 60000, 0.6431, []int64{1, 10, 300, 1000, 10000}},
+		{0.01, 1.1, []int64{1, 100, 3000}},
+		{0.1, 2, []int64{2, 1000}},
+		{1, 5, []int64{1, 100}},
+	}
+	for _, c := range cases {
+		for _, n := range c.counts {
+			ev := []PLDEvent{{SampleRate: c.q, NoiseMultiplier: c.sigma, Count: n}}
+			coarse, err := pldEpsilonFine(ev, 1e-5, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fine, err := pldEpsilonFine(ev, 1e-5, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			excess := (coarse/fine - 1) * 16 / 15
+			if excess < -1e-9 || excess > 5e-4 {
+				t.Errorf("q=%v σ=%v %d steps: ε %.9g on the window, %.9g on one 4× as fine: excess ≈ %.2e, want in [0, 5e-4]", c.q, c.sigma, n, coarse, fine, excess)
+			}
+		}
+	}
+}
+
+// mainJobEvent is one step of the README's main job (mlp, q = 256/60000,
+// discrete noise on the leader's lattice for d = 269322), at σ calibrated
+// with the PLD accountant to ε = 3 at δ = 1e-5 over 1000 steps.
+func mainJobEvent(t testing.TB) (Event, float64) {
+	t.Helper()
+	const q, d, steps, target, delta = 256.0 / 60000, 269322, 1000, 3.0, 1e-5
+	// The leader's lattice scale for C = 1 (mechanism.GridFraction):
+	// s = σ·(2¹⁶+1)·√d, as DiscreteGaussianLattice's callers compute it.
+	event := func(sigma float64) Event {
+		return PoissonSampled(q, DiscreteGaussianLattice(sigma, sigma*(1<<16+1)*math.Sqrt(d), d))
+	}
+	sigma, err := PLDCalibrate(target, steps, delta, event)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return event(sigma), target
+}
+
+// TestPLDLedgerRecordsStepsTaken: a PLD ledger records, after every step
+// n, the accountant's ε of exactly n steps, up to the grid's rounding up:
+// within [1, PLDGridRatio] × PLDEventEpsilon(n), never the plan's ε. The
+// run is the README's main job; the recorded ε at 1, 10, 100, 300 and
+// 1000 steps are logged (docs/PRIVACY.md's table). Before, step 1 recorded
+// the RDP bound (2.26 against a PLD ε of 0.50) and every step from about
+// 60 on the plan's ε, 3.
+func TestPLDLedgerRecordsStepsTaken(t *testing.T) {
+	e, target := mainJobEvent(t)
+	const delta = 1e-5
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Start("main", target, delta, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); err != nil {
+		t.Fatal(err)
+	}
+	l.PlanSteps(1000)
+	var recorded []float64
+	for step := int64(1); step <= 1000; step++ {
+		r, err := l.Charge(step, e, at(1, uint64(step)), false)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if l.Spent() != r.Epsilon {
+			t.Fatalf("step %d: Spent %v, recorded %v", step, l.Spent(), r.Epsilon)
+		}
+		recorded = append(recorded, r.Epsilon)
+	}
+	check := func(n int) {
+		exact, err := PLDEventEpsilon(e, int64(n), delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := recorded[n-1]
+		if got < exact || got > exact*PLDGridRatio {
+			t.Errorf("after %d steps recorded ε=%.6g, the accountant's ε(%d) = %.6g: ratio %.5f, want within [1, %v]", n, got, n, exact, got/exact, PLDGridRatio)
+		}
+		if n == 1 || n == 10 || n == 100 || n == 300 || n == 1000 {
+			t.Logf("n = %4d: recorded %.6f, accountant %.6f (ratio %.5f)", n, got, exact, got/exact)
+		}
+	}
+	for n := 1; n <= 40; n++ {
+		check(n)
+	}
+	for n := 41; n < 1000; n += 29 {
+		check(n)
+	}
+	for _, n := range []int{63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 300, 511, 512, 513, 999, 1000} {
+		check(n) // the buckets' edges (pldShape) and the table's counts
+	}
+	if exact, _ := PLDEventEpsilon(e, 1000, delta); recorded[999] != exact {
+		t.Errorf("at the step limit recorded %v, want the accountant's ε exactly, %v", recorded[999], exact)
+	}
+	if over, err := l.WouldExceed(e); err != nil || !over {
+		t.Errorf("after 1000 steps WouldExceed = %v, %v; want true", over, err)
+	}
+	for i := 1; i < len(recorded); i++ {
+		if recorded[i] < recorded[i-1] {
+			t.Errorf("recorded ε fell from %v to %v at step %d", recorded[i-1], recorded[i], i+1)
+		}
+	}
+}
+
+// BenchmarkPLDLedgerMainJob charges the README's main job's 1000 steps to
+// a PLD ledger, warming nothing ahead: every grid count is evaluated on the
+// charging goroutine. It reports the grid's evaluations per run.
+func BenchmarkPLDLedgerMainJob(b *testing.B) {
+	e, target := mainJobEvent(b)
+	for range b.N {
+		forgetPLD()
+		l, err := Open(filepath.Join(b.TempDir(), "ledger.log"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Start("main", target, 1e-5, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); err != nil {
+			b.Fatal(err)
+		}
+		l.PlanSteps(1000)
+		for step := int64(1); step <= 1000; step++ {
+			if _, err := l.Charge(step, e, at(1, uint64(step)), false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, s := range l.budget.(*pldBudget).series {
+			b.ReportMetric(float64(len(s.evals)), "evals/run")
+			b.ReportMetric(float64(len(s.counts)), "grid/run")
+		}
+		l.Close()
+	}
+}
