@@ -24,7 +24,7 @@ const CalibrationFile = "calibration.json"
 // file holds; a change to how RunConfig calibrates σ (the accountants, the
 // search, CalibrationMargin) must change it, so that no σ from the old
 // procedure is taken for the new one's.
-const calibrationVersion = "dpcluster calibration v1"
+const calibrationVersion = "dpcluster calibration v2"
 
 // calibrationRecord is CalibrationFile's content.
 type calibrationRecord struct {

@@ -337,14 +337,7 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
-	fmt.Fprintf(w, "ε        recorded %.12g, recomputed %.12g, target %g (%s accountant, enforced)\n",
-		rep.RecordedEpsilon, rep.RecomputedEpsilon, rep.TargetEpsilon, rep.Accountant)
-	fmt.Fprintf(w, "ε rdp    %.12g%s\n", rep.RDPEpsilon, enforcedMark(rep.Accountant, ledger.AccountantRDP))
-	if rep.PLDEpsilon != nil {
-		fmt.Fprintf(w, "ε pld    %.12g%s\n", *rep.PLDEpsilon, enforcedMark(rep.Accountant, ledger.AccountantPLD))
-	} else {
-		fmt.Fprintf(w, "ε pld    - (%s)\n", rep.PLDNote)
-	}
+	printAuditEpsilon(w, rep)
 	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
 	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)
 	for _, p := range rep.Problems {
@@ -354,12 +347,31 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	return err
 }
 
-// enforcedMark flags the accountant line of the one the run enforced.
-func enforcedMark(enforced, accountant string) string {
-	if enforced == accountant {
-		return " (enforced)"
+// printAuditEpsilon writes the audit's ε lines: ε spent, the one number
+// every report of the run gives (the last charge record's, which the audit
+// recomputed), and the other accountant's composition of the same
+// charges for comparison, or, for a PLD run, the check that ε spent is
+// the PLD ε of exactly these charges up to the count grid's rounding up.
+func printAuditEpsilon(w io.Writer, rep ledger.AuditReport) {
+	recomputed := "recomputed by the audit"
+	if rep.RecomputedEpsilon != rep.RecordedEpsilon {
+		recomputed = fmt.Sprintf("the audit recomputes %.12g", rep.RecomputedEpsilon)
 	}
-	return ""
+	fmt.Fprintf(w, "ε spent  %.12g (%s accountant, enforced; target %g at δ = %g): the last charge's record, %s\n",
+		rep.RecordedEpsilon, rep.Accountant, rep.TargetEpsilon, rep.Delta, recomputed)
+	if rep.Accountant == ledger.AccountantPLD {
+		if rep.PLDEpsilon != nil {
+			fmt.Fprintf(w, "check    the pld accountant's ε of exactly these %d charges is %.12g; ε spent, on the ledger's count grid, is %.6g × that (at most %v)\n",
+				rep.Charges, *rep.PLDEpsilon, rep.RecordedEpsilon / *rep.PLDEpsilon, ledger.PLDGridRatio)
+		}
+		fmt.Fprintf(w, "ε rdp    %.12g (the rdp accountant on the same charges, for comparison; not enforced)\n", rep.RDPEpsilon)
+		return
+	}
+	if rep.PLDEpsilon != nil {
+		fmt.Fprintf(w, "ε pld    %.12g (the pld accountant on the same charges, for comparison; not enforced)\n", *rep.PLDEpsilon)
+	} else {
+		fmt.Fprintf(w, "ε pld    - (%s)\n", rep.PLDNote)
+	}
 }
 
 // mechanismLabel describes a run record's noise mechanism.

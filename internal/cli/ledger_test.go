@@ -149,7 +149,7 @@ func TestLedgerAudit(t *testing.T) {
 		if rep.Accountant != ledger.AccountantRDP || rep.RDPEpsilon != tl.spent || rep.PLDEpsilon == nil || !(*rep.PLDEpsilon < rep.RDPEpsilon) {
 			t.Errorf("audit %s --json: accountant %q, RDP ε %v (want %v), PLD ε %v (want below RDP)", arg, rep.Accountant, rep.RDPEpsilon, tl.spent, rep.PLDEpsilon)
 		}
-		if !strings.Contains(out, "rdp accountant, enforced") || !strings.Contains(out, "ε rdp") || !strings.Contains(out, "ε pld") {
+		if !strings.Contains(out, "rdp accountant, enforced") || !strings.Contains(out, "ε spent") || !strings.Contains(out, "ε pld") {
 			t.Errorf("audit %s: output does not report both accountants:\n%s", arg, out)
 		}
 	}
@@ -195,15 +195,17 @@ func TestLedgerAuditPLD(t *testing.T) {
 		}
 		switch tc.accountant {
 		case ledger.AccountantPLD:
-			// The enforced budget records an upper bound between the
-			// exact PLD ε and RDP's (ledger.pldBudget.epsilon).
-			if rep.PLDEpsilon == nil || *rep.PLDEpsilon > spent || rep.RDPEpsilon < spent || !(rep.RDPEpsilon > *rep.PLDEpsilon) ||
-				!strings.Contains(out, "pld accountant, enforced") || !regexp.MustCompile(`ε pld +[0-9.]+ \(enforced\)`).MatchString(out) {
+			// The enforced budget records the PLD ε of the charges taken,
+			// up to its count grid's rounding up (every count is a grid
+			// count here), below RDP's.
+			if rep.PLDEpsilon == nil || *rep.PLDEpsilon != spent || rep.RDPEpsilon < spent || !(rep.RDPEpsilon > *rep.PLDEpsilon) ||
+				!strings.Contains(out, "pld accountant, enforced") || !regexp.MustCompile(`ε spent +[0-9.]+ \(pld accountant, enforced`).MatchString(out) ||
+				!regexp.MustCompile(`check +the pld accountant's ε of exactly these 3 charges is [0-9.]+; ε spent, on the ledger's count grid, is 1 ×`).MatchString(out) {
 				t.Errorf("PLD run: PLD ε %v, RDP ε %v, spent %v; output:\n%s", rep.PLDEpsilon, rep.RDPEpsilon, spent, out)
 			}
 		default:
 			if rep.PLDEpsilon != nil || rep.PLDNote == "" || !strings.Contains(out, "ε pld    - (") ||
-				!regexp.MustCompile(`ε rdp +[0-9.]+ \(enforced\)`).MatchString(out) {
+				!regexp.MustCompile(`ε spent +[0-9.]+ \(rdp accountant, enforced`).MatchString(out) {
 				t.Errorf("discrete run: PLD ε %v (%q); output:\n%s", rep.PLDEpsilon, rep.PLDNote, out)
 			}
 		}

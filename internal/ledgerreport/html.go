@@ -34,6 +34,9 @@ type pageData struct {
 	Replays  []markData
 	Spent    float64
 	Applied  int
+	// GridRatio bounds a PLD ledger's ε above the PLD accountant's ε of
+	// exactly its charges (ledger.PLDGridRatio).
+	GridRatio float64
 }
 
 type tick struct {
@@ -50,7 +53,7 @@ type markData struct {
 
 func newPageData(tl ledger.Timeline, rep ledger.AuditReport) pageData {
 	c := newChart(tl)
-	d := pageData{Timeline: tl, Audit: rep, Width: Width, Height: Height}
+	d := pageData{Timeline: tl, Audit: rep, Width: Width, Height: Height, GridRatio: ledger.PLDGridRatio}
 	var pts strings.Builder
 	for i, p := range tl.Points {
 		if i > 0 {
@@ -91,6 +94,9 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 	"f":    func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 	"g":    func(v float64) string { return strconv.FormatFloat(v, 'g', 8, 64) },
 	"plus": func(a, b float64) string { return strconv.FormatFloat(a+b, 'f', 1, 64) },
+	// accountant names the accountant the audit reports the run enforced.
+	"accountant": func(a string) string { return strings.ToUpper(a) },
+	"deref":      func(v *float64) float64 { return *v },
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -116,7 +122,10 @@ code { font-size: 0.9em; }
 <h1>Privacy audit: {{.Timeline.Run}}</h1>
 <p>Audit {{if .Audit.OK}}<span class="ok">passed</span>{{else}}<span class="failed">FAILED</span>{{end}}: <code>{{.Audit.Path}}</code></p>
 <table>
-<tr><th>ε spent</th><td>{{g .Spent}} of the target {{g .Timeline.TargetEpsilon}} at δ = {{g .Timeline.Delta}} (RDP accountant; recomputed by the audit: {{g .Audit.RecomputedEpsilon}})</td></tr>
+<tr><th>ε spent</th><td>{{g .Spent}} of the target {{g .Timeline.TargetEpsilon}} at δ = {{g .Timeline.Delta}} ({{accountant .Audit.Accountant}} accountant; recomputed by the audit: {{g .Audit.RecomputedEpsilon}})</td></tr>
+{{- if and (eq .Audit.Accountant "pld") .Audit.PLDEpsilon}}
+<tr><th>check</th><td>the PLD accountant's ε of exactly these charges is {{g (deref .Audit.PLDEpsilon)}}; the ledger records ε on its count grid, at most {{g .GridRatio}} × that</td></tr>
+{{- end}}
 <tr><th>charges</th><td>{{len .Timeline.Points}}: {{.Applied}} applied steps, {{len .Replays}} replays</td></tr>
 <tr><th>new Raft terms</th><td>{{len .Terms}} (leader changes or restarts)</td></tr>
 <tr><th>noise</th><td>{{if .Audit.Private}}{{.Audit.Noise}} (differentially private){{else}}{{.Audit.Noise}}: NOT differentially private{{end}}, mechanism {{.Audit.Mechanism}}</td></tr>

@@ -24,13 +24,19 @@ const testHistory = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e"
 // timeline and audit.
 func testReport(t *testing.T) (ledger.Timeline, ledger.AuditReport) {
 	t.Helper()
+	return testReportOf(t, ledger.AccountantRDP)
+}
+
+// testReportOf is testReport for a run that enforces accountant.
+func testReportOf(t *testing.T, accountant string) (ledger.Timeline, ledger.AuditReport) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "ledger.log")
 	l, err := ledger.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Start("report-test", 8, 1e-5, seed.Crypto, ledger.MechanismFloat, ledger.AccountantRDP, testHistory); err != nil {
+	if err := l.Start("report-test", 8, 1e-5, seed.Crypto, ledger.MechanismFloat, accountant, testHistory); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -282,5 +288,29 @@ func TestWriteFile(t *testing.T) {
 	}
 	if _, err := os.Stat(bad); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("WriteFile(.svg) left a file: %v", err)
+	}
+}
+
+// TestHTMLNamesAccountant: the page names the accountant the run enforced
+// (it said "RDP" for every run), and for a PLD run shows the PLD ε of
+// exactly its charges beside ε spent.
+func TestHTMLNamesAccountant(t *testing.T) {
+	for _, acc := range []string{ledger.AccountantRDP, ledger.AccountantPLD} {
+		tl, rep := testReportOf(t, acc)
+		var b bytes.Buffer
+		if err := HTML(&b, tl, rep); err != nil {
+			t.Fatal(err)
+		}
+		page := b.String()
+		want, other := "("+strings.ToUpper(acc)+" accountant;", "(RDP accountant;"
+		if acc == ledger.AccountantRDP {
+			other = "(PLD accountant;"
+		}
+		if !strings.Contains(page, want) || strings.Contains(page, other) {
+			t.Errorf("%s run: the page does not name its accountant as %q (or names %q)", acc, want, other)
+		}
+		if check := strings.Contains(page, "the PLD accountant's ε of exactly these charges is "+strconv.FormatFloat(*rep.PLDEpsilon, 'g', 8, 64)); check != (acc == ledger.AccountantPLD) {
+			t.Errorf("%s run: PLD check row shown = %v", acc, check)
+		}
 	}
 }
