@@ -47,9 +47,9 @@ type AuditReport struct {
 	// Accountant is the accountant the run enforced its budget with, as
 	// the run record names it (AccountantRDP for a record from before the
 	// field). RecordedEpsilon and RecomputedEpsilon are that accountant's.
-	Accountant        string  `json:"accountant"`
-	TargetEpsilon     float64 `json:"target_epsilon"`
-	Delta             float64 `json:"delta"`
+	Accountant    string  `json:"accountant"`
+	TargetEpsilon float64 `json:"target_epsilon"`
+	Delta         float64 `json:"delta"`
 	// RecordedEpsilon is ε spent: what the last charge record holds (0
 	// with no charges), the number every report of the run shows.
 	// RecomputedEpsilon is the audit's recomputation of it from the
