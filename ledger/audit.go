@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -136,17 +137,20 @@ func Audit(path string) (AuditReport, error) {
 	}
 	var lastIndex, lastTerm uint64
 	lastApplied := int64(math.MinInt64)
+	var recomputeFailed, rdpFailed bool
 	for _, r := range recs[1:] {
 		if r.Kind != RecordCharge {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: unexpected %q record", r.Seq, r.Kind))
 			continue
 		}
 		rep.Charges++
+		rep.RecordedEpsilon = r.Epsilon
 		if k := noiseKind(*r.Event); knownMechanism && k != wantKind {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): charged a %q mechanism, the run's noise mechanism %q is charged as %q", r.Seq, r.Step, k, run.Mechanism, wantKind))
 		}
 		if err := acc.Compose(*r.Event, 1); err != nil {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
+			rdpFailed, recomputeFailed = true, true
 			continue
 		}
 		if s, err := pldStepOf(*r.Event); err != nil {
@@ -156,11 +160,13 @@ func Audit(path string) (AuditReport, error) {
 		}
 		if err := enforced.add(*r.Event); err != nil {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
+			recomputeFailed = true
 			continue
 		}
 		eps, err := enforced.epsilon()
 		if err != nil {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
+			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: the %s accountant failed: %v", r.Seq, rep.Accountant, err))
+			recomputeFailed = true
 			continue
 		}
 		if math.Abs(eps-r.Epsilon) > auditTolerance*math.Max(eps, 1e-12) {
@@ -192,13 +198,16 @@ func Audit(path string) (AuditReport, error) {
 			rep.Applied++
 		}
 		rep.LastStep = max(rep.LastStep, r.Step)
-		rep.RecordedEpsilon = r.Epsilon
 		rep.RecomputedEpsilon = eps
 	}
+	// An accountant that failed reports +Inf (null in JSON), never 0 or
+	// the value before the record it failed on.
+	if recomputeFailed {
+		rep.RecomputedEpsilon = math.Inf(1)
+	}
 	if rep.Charges > 0 {
-		// An accountant that fails reports +Inf, never 0.
 		rep.RDPEpsilon = math.Inf(1)
-		if e, _, err := acc.Epsilon(run.Delta); err == nil {
+		if e, _, err := acc.Epsilon(run.Delta); err == nil && !rdpFailed {
 			rep.RDPEpsilon = e
 		}
 	}
@@ -241,4 +250,65 @@ func (r AuditReport) finish() AuditReport {
 		r.Problems = []string{}
 	}
 	return r
+}
+
+// auditJSON is AuditReport's JSON form: ε that is not finite (an
+// accountant that failed: +Inf) is null, which encoding/json cannot
+// write for a float64, and reads back as +Inf.
+type auditJSON struct {
+	plainAudit
+	RecomputedEpsilon jsonEpsilon  `json:"recomputed_epsilon"`
+	RDPEpsilon        jsonEpsilon  `json:"rdp_epsilon"`
+	PLDEpsilon        *jsonEpsilon `json:"pld_epsilon"`
+}
+
+type plainAudit AuditReport
+
+// MarshalJSON writes the report with non-finite ε as null.
+func (r AuditReport) MarshalJSON() ([]byte, error) {
+	j := auditJSON{plainAudit: plainAudit(r), RecomputedEpsilon: jsonEpsilon(r.RecomputedEpsilon), RDPEpsilon: jsonEpsilon(r.RDPEpsilon)}
+	if r.PLDEpsilon != nil {
+		e := jsonEpsilon(*r.PLDEpsilon)
+		j.PLDEpsilon = &e
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, null ε as +Inf.
+func (r *AuditReport) UnmarshalJSON(b []byte) error {
+	var j auditJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*r = AuditReport(j.plainAudit)
+	r.RecomputedEpsilon, r.RDPEpsilon = float64(j.RecomputedEpsilon), float64(j.RDPEpsilon)
+	r.PLDEpsilon = nil
+	if j.PLDEpsilon != nil {
+		e := float64(*j.PLDEpsilon)
+		r.PLDEpsilon = &e
+	}
+	return nil
+}
+
+// jsonEpsilon is an ε in JSON: a number, or null when not finite.
+type jsonEpsilon float64
+
+func (e jsonEpsilon) MarshalJSON() ([]byte, error) {
+	if math.IsInf(float64(e), 0) || math.IsNaN(float64(e)) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(float64(e))
+}
+
+func (e *jsonEpsilon) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*e = jsonEpsilon(math.Inf(1))
+		return nil
+	}
+	var v float64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*e = jsonEpsilon(v)
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -354,7 +355,10 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 // the PLD ε of exactly these charges up to the count grid's rounding up.
 func printAuditEpsilon(w io.Writer, rep ledger.AuditReport) {
 	recomputed := "recomputed by the audit"
-	if rep.RecomputedEpsilon != rep.RecordedEpsilon {
+	switch {
+	case math.IsInf(rep.RecomputedEpsilon, 1):
+		recomputed = "which the audit could not recompute: its accountant failed (see the problems)"
+	case rep.RecomputedEpsilon != rep.RecordedEpsilon:
 		recomputed = fmt.Sprintf("the audit recomputes %.12g", rep.RecomputedEpsilon)
 	}
 	fmt.Fprintf(w, "ε spent  %.12g (%s accountant, enforced; target %g at δ = %g): the last charge's record, %s\n",

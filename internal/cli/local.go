@@ -53,6 +53,14 @@ type localResult struct {
 	Model       string  `json:"model"`
 	StateSHA256 string  `json:"state_sha256"`
 	Seconds     float64 `json:"seconds"`
+	// Timing splits Seconds: until the first step's release, between the
+	// first and the last step's releases, and after the last (the final
+	// evaluation, the export, shutting down), each in seconds.
+	Timing struct {
+		ToFirstStep   float64 `json:"to_first_step"`
+		Stepping      float64 `json:"stepping"`
+		AfterLastStep float64 `json:"after_last_step"`
+	} `json:"timing"`
 	// Private is false when the run used seeded (predictable) noise.
 	Private bool `json:"private"`
 	// NoiseMode is the leader's noise mechanism: discrete, float, or ""
@@ -181,8 +189,21 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err != nil {
 		return err
 	}
+	// The first and the last step's release times, for the result's
+	// Timing (the hook runs on the server's loop, Run returns after it).
+	var firstStep, lastStep time.Time
+	onStep := func(p coordinator.Progress) {
+		now := time.Now()
+		if firstStep.IsZero() {
+			firstStep = now
+		}
+		lastStep = now
+		if f.hooks.OnStep != nil {
+			f.hooks.OnStep(p)
+		}
+	}
 	opts := serverOptions{nats: transport.DefaultConfig(), metricsAddr: f.metricsAddr, progress: f.progress, insecureSeed: f.insecureSeed,
-		registry: f.hooks.Registry, onStep: f.hooks.OnStep}
+		registry: f.hooks.Registry, onStep: onStep}
 	opts.nats.Embedded.Port = -1 // any free port: nodes are in-process
 	opts.nats.Embedded.TLS = natsTLS
 	opts.replica = coordinator.DefaultReplicaConfig()
@@ -234,13 +255,20 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		Private: !seeded, Model: modelPath, StateSHA256: sum.Digest,
 	}
 	res.setFinalEval(sum)
+	if !firstStep.IsZero() {
+		end := started.Add(time.Duration(res.Seconds * float64(time.Second)))
+		res.Timing.ToFirstStep = firstStep.Sub(started).Seconds()
+		res.Timing.Stepping = lastStep.Sub(firstStep).Seconds()
+		res.Timing.AfterLastStep = end.Sub(lastStep).Seconds()
+	}
 	out := cmd.OutOrStdout()
 	if f.json {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(res)
 	}
-	fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs\n", rc.Run, res.Steps, res.Stopped, res.Seconds)
+	fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs (%.1fs to the first step, %.1fs stepping, %.1fs after the last)\n",
+		rc.Run, res.Steps, res.Stopped, res.Seconds, res.Timing.ToFirstStep, res.Timing.Stepping, res.Timing.AfterLastStep)
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(out, line)
 	}
