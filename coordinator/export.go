@@ -227,6 +227,26 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 		Stopped: s.Stopped, Digest: digest}, nil
 }
 
+// Committed returns the state machine's applied state, read at once under
+// its lock: what ReadCommitted reads from a data dir offline, without
+// replaying the log (a replica's state machine holds only committed
+// entries). The process that ran the replica (coordinator local) exports
+// its model this way when the run ends. ErrNotConfigured before the run
+// configuration is applied.
+func (f *FSM) Committed() (Committed, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.cfg == nil {
+		return Committed{}, ErrNotConfigured
+	}
+	digest, err := f.digestLocked()
+	if err != nil {
+		return Committed{}, err
+	}
+	return Committed{Config: *f.cfg, Step: f.applied, Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
+		Charges: f.ledger.Charges(), Stopped: f.stopped, Digest: digest}, nil
+}
+
 // replayEntry applies e to fsm as Raft would, failing on what makes a
 // replica fail.
 func replayEntry(fsm *FSM, e *raft.Log) error {

@@ -400,6 +400,11 @@ func (f *FSM) Params(dst []float32) ([]float32, int64) {
 func (f *FSM) Digest() (string, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	return f.digestLocked()
+}
+
+// digestLocked is Digest for callers holding f.mu.
+func (f *FSM) digestLocked() (string, error) {
 	h := sha256.New()
 	var buf [8]byte
 	binary.LittleEndian.PutUint64(buf[:], uint64(f.applied))

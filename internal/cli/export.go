@@ -80,17 +80,22 @@ func exportModel(dataDir, out string) (coordinator.Committed, error) {
 	if err != nil {
 		return c, fmt.Errorf("export %s: %w", dataDir, err)
 	}
+	return c, writeModel(c, out)
+}
+
+// writeModel writes θ of c to out as exportModel describes.
+func writeModel(c coordinator.Committed, out string) error {
 	spec, err := model.ParseSpec(c.Config.ModelSpec)
 	if err != nil {
-		return c, fmt.Errorf("export %s: the run's model spec: %w", dataDir, err)
+		return fmt.Errorf("export: the run's model spec: %w", err)
 	}
 	m, err := model.New(spec)
 	if err != nil {
-		return c, err
+		return err
 	}
 	event, err := json.Marshal(c.Config.Event())
 	if err != nil {
-		return c, err
+		return err
 	}
 	meta := map[string]string{
 		"spec":           string(c.Config.ModelSpec),
@@ -109,7 +114,7 @@ func exportModel(dataDir, out string) (coordinator.Committed, error) {
 		return m.WriteSafetensors(f, c.Theta, meta)
 	})
 	if err != nil {
-		return c, fmt.Errorf("export: writing %s: %w", out, err)
+		return fmt.Errorf("export: writing %s: %w", out, err)
 	}
-	return c, nil
+	return nil
 }

@@ -149,6 +149,10 @@ present that certificate, other processes (coordinator status) their own.`,
 	return cmd
 }
 
+// localRaftTimeout is local's Raft heartbeat, election and leader lease
+// timeout (one voter).
+const localRaftTimeout = 50 * time.Millisecond
+
 func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if f.nodes < 1 {
 		return fmt.Errorf("--nodes %d must be at least 1", f.nodes)
@@ -208,6 +212,10 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	opts.nats.Embedded.TLS = natsTLS
 	opts.replica = coordinator.DefaultReplicaConfig()
 	opts.replica.ID, opts.replica.RaftAddr, opts.replica.DataDir, opts.replica.Bootstrap = "local", raftAddr, f.dataDir, true
+	// The only voter: it has no leader to wait for and no follower to
+	// lose, so it elects itself after 50 ms instead of the default 500
+	// (time to the first step).
+	opts.replica.HeartbeatTimeout, opts.replica.ElectionTimeout, opts.replica.LeaderLeaseTimeout = localRaftTimeout, localRaftTimeout, localRaftTimeout
 	if !cmd.Flags().Changed("min-nodes") {
 		opts.minNodes = f.nodes // wait for every in-process node
 	}
@@ -241,8 +249,16 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if runErr != nil {
 		return runErr
 	}
+	// The replica's state machine holds θ at the last committed step:
+	// export it from there (coordinator export reads the same from the
+	// data dir by replaying the log, which takes about as long as a
+	// tenth of the run's steps).
 	modelPath := filepath.Join(f.dataDir, ModelFile)
-	if _, err := exportModel(f.dataDir, modelPath); err != nil {
+	committed, err := srv.replica.FSM().Committed()
+	if err != nil {
+		return err
+	}
+	if err := writeModel(committed, modelPath); err != nil {
 		return err
 	}
 
