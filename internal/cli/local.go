@@ -242,24 +242,29 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		}
 	}
 	wait.Stop()
-	if interrupted(ctx, runErr) {
-		fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", sum.Steps, sum.Epsilon)
-		return nil
-	}
-	if runErr != nil {
+	if runErr != nil && !interrupted(ctx, runErr) {
 		return runErr
 	}
 	// The replica's state machine holds θ at the last committed step:
 	// export it from there (coordinator export reads the same from the
 	// data dir by replaying the log, which takes about as long as a
-	// tenth of the run's steps).
+	// tenth of the run's steps), also for an interrupted run.
 	modelPath := filepath.Join(f.dataDir, ModelFile)
 	committed, err := srv.replica.FSM().Committed()
-	if err != nil {
+	if err != nil && !errors.Is(err, coordinator.ErrNotConfigured) {
 		return err
 	}
-	if err := writeModel(committed, modelPath); err != nil {
-		return err
+	if err == nil {
+		if err := writeModel(committed, modelPath); err != nil {
+			return err
+		}
+	}
+	if interrupted(ctx, runErr) {
+		fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", sum.Steps, sum.Epsilon)
+		if committed.Step > 0 {
+			fmt.Fprintf(cmd.OutOrStdout(), "model: %s (θ at step %d, safetensors)\n", modelPath, committed.Step)
+		}
+		return nil
 	}
 
 	res := localResult{
