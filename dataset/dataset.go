@@ -26,6 +26,9 @@
 package dataset
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -165,4 +168,44 @@ func (d *Dataset) Validate() error {
 		}
 	}
 	return nil
+}
+
+// ContentHash returns the SHA-256 (lower-case hex) of the dataset's
+// content: its shape (Dim, Shape, Classes, Vocab, Len) and every feature
+// and label, little-endian. Two datasets with the same examples in the
+// same order hash the same whatever files they were read from; it is the
+// identity a dataset's privacy budget is kept under
+// (ledger.DatasetBudget). Name is not hashed.
+func (d *Dataset) ContentHash() string {
+	h := sha256.New()
+	var buf [8]byte
+	put := func(v int) {
+		binary.LittleEndian.PutUint64(buf[:], uint64(v))
+		h.Write(buf[:])
+	}
+	h.Write([]byte("dpcluster dataset v1\x00"))
+	put(d.Dim)
+	put(len(d.Shape))
+	for _, s := range d.Shape {
+		put(s)
+	}
+	put(d.Classes)
+	put(d.Vocab)
+	put(d.Len())
+	chunk := make([]byte, 0, 1<<16)
+	for i, v := range d.X {
+		chunk = binary.LittleEndian.AppendUint32(chunk, math.Float32bits(v))
+		if len(chunk) == cap(chunk) || i == len(d.X)-1 {
+			h.Write(chunk)
+			chunk = chunk[:0]
+		}
+	}
+	for i, y := range d.Y {
+		chunk = binary.LittleEndian.AppendUint32(chunk, uint32(y))
+		if len(chunk) == cap(chunk) || i == len(d.Y)-1 {
+			h.Write(chunk)
+			chunk = chunk[:0]
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

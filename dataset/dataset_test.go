@@ -125,3 +125,32 @@ func TestValidate(t *testing.T) {
 		t.Fatal("nil dataset validated")
 	}
 }
+
+// TestContentHash: the hash depends on every feature, label and the shape,
+// not on the name, and is the same for the same content.
+func TestContentHash(t *testing.T) {
+	mk := func() *Dataset {
+		return &Dataset{Name: "a", X: []float32{1, 2, 3, 4, 5, 6}, Y: []int32{0, 1, 1}, Dim: 2, Classes: 2}
+	}
+	base := mk().ContentHash()
+	if len(base) != 64 {
+		t.Fatalf("hash %q", base)
+	}
+	renamed := mk()
+	renamed.Name = "b"
+	if renamed.ContentHash() != base {
+		t.Error("the name changed the hash")
+	}
+	for name, change := range map[string]func(*Dataset){
+		"feature": func(d *Dataset) { d.X[4] = 5.0000005 },
+		"label":   func(d *Dataset) { d.Y[2] = 0 },
+		"shape":   func(d *Dataset) { d.Dim, d.Y = 3, d.Y[:2] },
+		"classes": func(d *Dataset) { d.Classes = 3 },
+	} {
+		d := mk()
+		change(d)
+		if d.ContentHash() == base {
+			t.Errorf("changing the %s kept the hash", name)
+		}
+	}
+}

@@ -71,6 +71,11 @@ const (
 	RecordRun RecordKind = "run"
 	// RecordCharge charges one noisy release.
 	RecordCharge RecordKind = "charge"
+	// RecordBudget, RecordAdmit and RecordSettle are the records of a
+	// dataset budget file (DatasetBudget), never of a run's ledger.
+	RecordBudget RecordKind = "budget"
+	RecordAdmit  RecordKind = "admit"
+	RecordSettle RecordKind = "settle"
 )
 
 // Record is one ledger entry. Only privatized quantities and public
@@ -118,6 +123,17 @@ type Record struct {
 	// accountant (RDP over DefaultOrders, or PLD: see pldBudget.epsilon),
 	// including this record.
 	Epsilon float64 `json:"epsilon,omitempty"`
+	// Dataset budget records (DatasetBudget): Dataset is the training
+	// set's content hash and Label what its owner calls it (budget
+	// record); Ledger is the path of an admitted run's ledger, which with
+	// Run names the run, Count the charges reserved for it (admit) or
+	// made by it (settle), and Head its ledger's head hash at settling.
+	// Empty in run ledgers, so their records hash as before.
+	Dataset string `json:"dataset,omitempty"`
+	Label   string `json:"label,omitempty"`
+	Ledger  string `json:"ledger,omitempty"`
+	Count   int64  `json:"count,omitempty"`
+	Head    string `json:"head,omitempty"`
 	// PrevHash chains this record to the one before it (hex SHA-256; all
 	// zeros for the first record). Hash is SHA-256 over the record's JSON
 	// encoding with Hash empty.
@@ -329,10 +345,10 @@ func verifyRecord(payload []byte, seq uint64, prev string) (Record, error) {
 		return rec, fmt.Errorf("%w: record %d hash mismatch", ErrCorrupt, seq)
 	}
 	switch rec.Kind {
-	case RecordRun:
-	case RecordCharge:
+	case RecordRun, RecordBudget, RecordSettle:
+	case RecordCharge, RecordAdmit:
 		if rec.Event == nil {
-			return rec, fmt.Errorf("%w: charge record %d has no event", ErrCorrupt, seq)
+			return rec, fmt.Errorf("%w: %s record %d has no event", ErrCorrupt, rec.Kind, seq)
 		}
 		if err := rec.Event.Validate(); err != nil {
 			return rec, fmt.Errorf("%w: record %d: %v", ErrCorrupt, seq, err)
@@ -390,11 +406,11 @@ func (f *File) Append(r Record) (Record, error) {
 
 func validateNew(r Record) error {
 	switch r.Kind {
-	case RecordRun:
+	case RecordRun, RecordBudget, RecordSettle:
 		return nil
-	case RecordCharge:
+	case RecordCharge, RecordAdmit:
 		if r.Event == nil {
-			return fmt.Errorf("%w: charge without an event", ErrInvalidEvent)
+			return fmt.Errorf("%w: %s without an event", ErrInvalidEvent, r.Kind)
 		}
 		return r.Event.Validate()
 	}

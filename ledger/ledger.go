@@ -108,6 +108,8 @@ func replay(recs []Record) (*Ledger, error) {
 			l.lastStep = max(l.lastStep, r.Step)
 			l.charges++
 			l.spent = r.Epsilon
+		default:
+			return nil, fmt.Errorf("%w: a %q record at seq %d in a run's ledger", ErrCorrupt, r.Kind, r.Seq)
 		}
 	}
 	return l, nil

@@ -32,7 +32,7 @@ func newLedgerCmd() *cobra.Command {
 DIR is a replica's data directory (the ledger is DIR/` + coordinator.LedgerFile + `) or a ledger file.
 These commands never modify the file; a torn tail is reported, not repaired.`,
 	}
-	cmd.AddCommand(newLedgerShowCmd(), newLedgerAuditCmd())
+	cmd.AddCommand(newLedgerShowCmd(), newLedgerAuditCmd(), newLedgerBudgetCmd())
 	return cmd
 }
 

@@ -100,6 +100,10 @@ type localFlags struct {
 	tlsCert      string
 	tlsKey       string
 	hooks        LocalHooks
+	// budgetDir holds the data owner's dataset budgets; datasetEpsilon
+	// sets the training set's lifetime ε there when it has none yet.
+	budgetDir      string
+	datasetEpsilon float64
 }
 
 func newLocalCmd() *cobra.Command { return newLocalCmdHooks(LocalHooks{}) }
@@ -145,6 +149,8 @@ present that certificate, other processes (coordinator status) their own.`,
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
 	fs.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fs.BoolVar(&f.json, "json", false, "print the result as JSON")
+	fs.StringVar(&f.budgetDir, "budget-dir", "", "directory of dataset budgets: the run is admitted against its training set's lifetime (ε, δ), composed with every earlier run on that data, before its first release (docs/PRIVACY.md)")
+	fs.Float64Var(&f.datasetEpsilon, "dataset-epsilon", 0, "with --budget-dir: the training set's lifetime ε at the run's δ, set once when the set has no budget yet")
 	bindTLSFlags(fs, &f.tlsCA, &f.tlsCert, &f.tlsKey, "a replica certificate for the embedded NATS server")
 	return cmd
 }
@@ -189,6 +195,15 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		return err
 	}
 	rc := pr.cfg
+	if f.budgetDir != "" {
+		adm, err := admitToDataset(f.budgetDir, f.datasetEpsilon, pr.train, spec.datasetLabel(), rc, f.dataDir, log)
+		if err != nil {
+			return err
+		}
+		defer adm.settle(log) // after the replica has stopped charging
+	} else if f.datasetEpsilon != 0 {
+		return errors.New("--dataset-epsilon needs --budget-dir")
+	}
 	raftAddr, err := freeLoopbackAddr()
 	if err != nil {
 		return err
