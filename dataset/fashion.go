@@ -259,13 +259,20 @@ func findFashionFiles(dir string) (paths [4]string, missing string) {
 }
 
 func loadFashionPaths(p [4]string) (train, test *Dataset, err error) {
+	// The two sets decode at once: the time to a run's first step.
+	var testErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		test, testErr = LoadIDX("fashion-mnist-test", p[2], p[3], FashionMNISTClasses)
+	}()
 	train, err = LoadIDX("fashion-mnist-train", p[0], p[1], FashionMNISTClasses)
+	<-done
 	if err != nil {
 		return nil, nil, err
 	}
-	test, err = LoadIDX("fashion-mnist-test", p[2], p[3], FashionMNISTClasses)
-	if err != nil {
-		return nil, nil, err
+	if testErr != nil {
+		return nil, nil, testErr
 	}
 	if train.Dim != test.Dim || !slices.Equal(train.Shape, test.Shape) {
 		return nil, nil, fmt.Errorf("%w: train images %v but test images %v", ErrIDXMismatch, train.Shape, test.Shape)
