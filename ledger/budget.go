@@ -257,10 +257,11 @@ func (b *pldBudget) epsilon() (float64, error) {
 }
 
 // warm returns a function that extends the series of the budget's steps
-// so that it covers one step more than charged, or nil when there is
-// nothing to do (the grid covers it already, or the steps are mixed). The
-// function may run on another goroutine: a series locks itself.
-func (b *pldBudget) warm() func() {
+// so that it covers one step more than charged, one grid count at a time
+// until stop reports true, or nil when there is nothing to do (the grid
+// covers it already, or the steps are mixed). The function may run on
+// another goroutine: a series locks itself.
+func (b *pldBudget) warm() func(stop func() bool) {
 	if len(b.events) != 1 {
 		return nil
 	}
@@ -270,7 +271,13 @@ func (b *pldBudget) warm() func() {
 	if s.covers(next) {
 		return nil
 	}
-	return func() { _, _ = s.epsilon(next) }
+	return func(stop func() bool) {
+		for !stop() && !s.covers(next) {
+			if s.extendOnce() != nil {
+				return // the charge that needs it reports the error
+			}
+		}
+	}
 }
 
 // pldSeries is the PLD accountant's ε for runs of identical steps of one
@@ -315,6 +322,16 @@ func (s *pldSeries) covers(n int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.counts) > 0 && s.counts[len(s.counts)-1] >= n
+}
+
+// extendOnce computes the step limit if needed and appends one grid count.
+func (s *pldSeries) extendOnce() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.stepLimitLocked(); err != nil {
+		return err
+	}
+	return s.extend()
 }
 
 // epsilon returns the recorded ε of n ≥ 1 steps: ε(G(n)).

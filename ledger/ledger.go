@@ -51,9 +51,10 @@ type Ledger struct {
 	spent     float64 // the ε the last charge record holds (0 before any)
 
 	// warming is the goroutine, if any, that computes ahead what the
-	// next charge's ε needs (warm); Close waits for it.
+	// next charge's ε needs (warm); Close sets closing and waits for it.
 	warming sync.WaitGroup
 	busy    atomic.Bool
+	closing atomic.Bool
 }
 
 // Open opens (or creates) the ledger file at path, repairing a torn tail
@@ -360,7 +361,8 @@ func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record,
 // count: pldBudget.warm), unless that is known or a computation is
 // already running. It changes no result, only when the work is done: the
 // next Charge finds the value ready instead of computing it on the state
-// machine's path. Close waits for it.
+// machine's path. Close stops it after its current grid count (one PLD
+// evaluation) and waits for it.
 func (l *Ledger) warm() {
 	b, ok := l.budget.(*pldBudget)
 	if !ok {
@@ -374,7 +376,7 @@ func (l *Ledger) warm() {
 	go func() {
 		defer l.warming.Done()
 		defer l.busy.Store(false)
-		work()
+		work(l.closing.Load)
 	}()
 }
 
@@ -443,6 +445,7 @@ func (l *Ledger) Path() string { return l.file.Path() }
 // Close waits for the ledger's warming goroutine, if any, and closes the
 // ledger file.
 func (l *Ledger) Close() error {
+	l.closing.Store(true) // the warming goroutine stops after its current grid count
 	l.warming.Wait()
 	return l.file.Close()
 }

@@ -116,7 +116,7 @@ import (
 // 16/15 (Richardson), for runs of 1 to 10⁴ steps. (Until
 // the ledger recorded ε for every count, N started at 2^18, with excess
 // below 1e-5 at 16 times the cost per evaluation; the ledger's count grid
-// rounds ε up by up to 0.5% anyway: PLDGridRatio.)
+// rounds ε up by up to 0.8% anyway: PLDGridRatio.)
 
 // PLDNumericError is the stated relative numerical error of the PLD
 // accountant: the ε it reports is at least (1 − PLDNumericError) times the

@@ -330,4 +330,7 @@ func forgetPLD() {
 	pldMemo.Lock()
 	pldMemo.m = nil
 	pldMemo.Unlock()
+	pldPrepCache.Lock()
+	pldPrepCache.m, pldPrepCache.size = nil, 0
+	pldPrepCache.Unlock()
 }

@@ -153,3 +153,27 @@ func BenchmarkPLDLedgerMainJob(b *testing.B) {
 		l.Close()
 	}
 }
+
+// TestLedgerWarmsNextGridCount: after a charge the ledger's own goroutine
+// computes the grid count the next charge needs, so that charge does no
+// PLD evaluation itself; Close stops and waits for it.
+func TestLedgerWarmsNextGridCount(t *testing.T) {
+	l, _ := newPLDLedger(t, 5)
+	e := SubsampledGaussian(testQ, testSigma)
+	for step := int64(1); step <= 3; step++ {
+		if _, err := l.Charge(step, e, at(1, uint64(step)), false); err != nil {
+			t.Fatal(err)
+		}
+		l.warming.Wait()
+		s, err := pldStepOf(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ser := l.budget.(*pldBudget).seriesOf(keyOf(s)); !ser.covers(step + 1) {
+			t.Errorf("after charge %d the grid does not reach %d", step, step+1)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
