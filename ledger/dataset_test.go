@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -136,4 +137,43 @@ func mustPLD(t *testing.T, q, sigma float64, n int64) float64 {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// FuzzReadDatasetBudget: any bytes either decode into records that a
+// dataset budget replays or is refused with ErrCorrupt, never a panic or
+// another error.
+func FuzzReadDatasetBudget(f *testing.F) {
+	dir := f.TempDir()
+	path, err := CreateDatasetBudget(dir, testDataset, "seed", 5, 1e-5)
+	if err != nil {
+		f.Fatal(err)
+	}
+	b, err := OpenDatasetBudget(path)
+	if err != nil {
+		f.Fatal(err)
+	}
+	step := SubsampledGaussian(0.01, 1)
+	if _, err := b.Admit("r", "/l", step, 10); err != nil {
+		f.Fatal(err)
+	}
+	if _, err := b.Settle("r", "/l", 4, "h"); err != nil {
+		f.Fatal(err)
+	}
+	b.Close()
+	seed, _ := os.ReadFile(path)
+	f.Add(seed)
+	f.Add(seed[:len(seed)-5])
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		recs, _, err := scan(bytes.NewReader(raw))
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("scan error is not ErrCorrupt: %v", err)
+			}
+			return
+		}
+		if err := (&DatasetBudget{}).replay(recs); err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("replay error is not ErrCorrupt: %v", err)
+		}
+	})
 }
