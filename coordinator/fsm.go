@@ -206,6 +206,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 		return f.fail(err)
 	}
 	f.ledger.PlanSteps(c.MaxSteps) // where the budget check's one-time search starts (PLD)
+	f.ledger.Prewarm(c.Event())    // the step limit and the grid's dense start, off the apply path
 	theta, err := f.init(c)
 	if err != nil {
 		return f.fail(fmt.Errorf("initializing θ₀: %w", err))

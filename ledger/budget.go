@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 )
@@ -280,6 +281,18 @@ func (b *pldBudget) warm() func(stop func() bool) {
 	}
 }
 
+// prewarm returns a function that computes, on several goroutines at
+// once, the step limit and the dense start of the grid for runs of e
+// (pldSeries.prewarm), or nil if the PLD budget cannot charge e.
+func (b *pldBudget) prewarm(e Event) func(stop func() bool) {
+	st, err := pldStepOf(e)
+	if err != nil {
+		return nil
+	}
+	s := b.seriesOf(keyOf(st))
+	return func(stop func() bool) { s.prewarm(runtime.GOMAXPROCS(0), stop) }
+}
+
 // pldSeries is the PLD accountant's ε for runs of identical steps of one
 // mechanism (key) at one δ, with the step limit for one target: every
 // value it holds is a deterministic function of (key, δ, target), so an
@@ -322,6 +335,61 @@ func (s *pldSeries) covers(n int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.counts) > 0 && s.counts[len(s.counts)-1] >= n
+}
+
+// pldPrewarmMax bounds the counts prewarm evaluates ahead of the charges.
+const pldPrewarmMax = 256
+
+// prewarm computes the step limit and the grid's dense start, where every
+// count is a grid count (ε grows by more than PLDGridRatio a step: the
+// first 90 steps of the main job), evaluating the accountant at the next
+// counts on workers goroutines at once and then extending the grid from
+// the remembered values, until the grid leaves its dense start, reaches
+// the step limit or pldPrewarmMax, or stop reports true. The values are
+// the ones the grid would compute one at a time (PLDEpsilonEvents is a
+// function of its inputs): only when the work is done changes.
+func (s *pldSeries) prewarm(workers int, stop func() bool) {
+	if s.extendOnce() != nil { // the step limit and count 1
+		return
+	}
+	for !stop() {
+		s.mu.Lock()
+		m := len(s.counts)
+		last := s.counts[m-1]
+		dense := m < 2 || last-s.counts[m-2] == 1
+		var todo []int64
+		for c := last + 1; c <= min(last+int64(2*workers), s.limit, pldPrewarmMax); c++ {
+			if _, ok := s.evals[c]; !ok {
+				todo = append(todo, c)
+			}
+		}
+		s.mu.Unlock()
+		if !dense || len(todo) == 0 {
+			return
+		}
+		var wg sync.WaitGroup
+		for w := range min(workers, len(todo)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < len(todo); i += workers {
+					eps, err := PLDEpsilonEvents([]PLDEvent{s.key.event(todo[i])}, s.delta)
+					if err != nil {
+						return // the charge that needs it reports the error
+					}
+					s.mu.Lock()
+					s.evals[todo[i]] = eps
+					s.mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		for !stop() && !s.covers(todo[len(todo)-1]) {
+			if s.extendOnce() != nil {
+				return
+			}
+		}
+	}
 }
 
 // extendOnce computes the step limit if needed and appends one grid count.

@@ -356,6 +356,37 @@ func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record,
 	return r, nil
 }
 
+// Prewarm starts computing, on goroutines of the ledger's, what charging
+// runs of e will need first: the PLD budget's step limit and the dense
+// start of its count grid (every count, while ε grows by more than
+// PLDGridRatio a step), using every core at once, so that the first
+// charges find their ε ready instead of each evaluating the accountant
+// on the state machine's path. It changes no result. A no-op for RDP
+// runs, before Start, or while warming is already running; Close stops
+// and waits for it. The state machine calls it when the run is
+// configured (after PlanSteps).
+func (l *Ledger) Prewarm(e Event) {
+	b, ok := l.budget.(*pldBudget)
+	if !ok {
+		return
+	}
+	l.launch(b.prewarm(e))
+}
+
+// launch runs work on the ledger's warming goroutine, unless work is nil
+// or that goroutine is busy.
+func (l *Ledger) launch(work func(stop func() bool)) {
+	if work == nil || !l.busy.CompareAndSwap(false, true) {
+		return
+	}
+	l.warming.Add(1)
+	go func() {
+		defer l.warming.Done()
+		defer l.busy.Store(false)
+		work(l.closing.Load)
+	}()
+}
+
 // warm starts computing, on a goroutine of the ledger's, what the ε of
 // one more charge of the same event needs (the PLD budget's next grid
 // count: pldBudget.warm), unless that is known or a computation is
@@ -368,16 +399,7 @@ func (l *Ledger) warm() {
 	if !ok {
 		return
 	}
-	work := b.warm()
-	if work == nil || !l.busy.CompareAndSwap(false, true) {
-		return
-	}
-	l.warming.Add(1)
-	go func() {
-		defer l.warming.Done()
-		defer l.busy.Store(false)
-		work(l.closing.Load)
-	}()
+	l.launch(b.warm())
 }
 
 // WouldExceed reports whether charging e now would take ε past the target,

@@ -3,6 +3,7 @@ package ledger
 import (
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/dpcluster/dpcluster/seed"
@@ -175,5 +176,45 @@ func TestLedgerWarmsNextGridCount(t *testing.T) {
 	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPrewarmSameGrid: prewarming a ledger (the step limit and the grid's
+// dense start, evaluated on several goroutines) gives the very grid, bit
+// for bit, that charging one step at a time builds, and covers the dense
+// start before the first charge.
+func TestPrewarmSameGrid(t *testing.T) {
+	e, target := mainJobEvent(t)
+	s, err := pldStepOf(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grid := func(prewarm bool) *pldSeries {
+		forgetPLD()
+		l, err := Open(filepath.Join(t.TempDir(), "ledger.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := l.Start("main", target, 1e-5, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); err != nil {
+			t.Fatal(err)
+		}
+		l.PlanSteps(1000)
+		ser := l.budget.(*pldBudget).seriesOf(keyOf(s))
+		if prewarm {
+			l.Prewarm(e)
+			l.warming.Wait()
+			if m := len(ser.counts); m < 32 || ser.counts[m-1]-ser.counts[m-2] < 2 {
+				t.Errorf("after Prewarm the grid has not left its dense start: %v", ser.counts)
+			}
+		}
+		if _, err := ser.epsilon(200); err != nil {
+			t.Fatal(err)
+		}
+		return ser
+	}
+	plain, warmed := grid(false), grid(true)
+	if !slices.Equal(plain.counts, warmed.counts) || !slices.Equal(plain.eps, warmed.eps) || plain.limit != warmed.limit {
+		t.Errorf("prewarmed grid differs:\n%v\n%v", plain.counts, warmed.counts)
 	}
 }
