@@ -713,6 +713,20 @@ type composedPLD struct {
 	w    pldWindow
 	mass []float64
 	inf  float64
+	// tailA[i] = Σ_{k>i} mass[k] and tailB[i] = Σ_{k>i} mass[k]·e^{ℓ_i−ℓ_k}
+	// (solve's δ(ℓ_i) = tailA[i] − tailB[i]), summed from the top.
+	tailA, tailB []float64
+}
+
+// tails fills c's suffix sums: b_i = e^{−h}·(m_{i+1} + b_{i+1}).
+func (c *composedPLD) tails() {
+	n := len(c.mass)
+	c.tailA, c.tailB = make([]float64, n), make([]float64, n)
+	rho := math.Exp(-c.w.h)
+	for i := n - 2; i >= 0; i-- {
+		c.tailA[i] = c.tailA[i+1] + c.mass[i+1]
+		c.tailB[i] = rho * (c.tailB[i+1] + c.mass[i+1])
+	}
 }
 
 // compose composes events in direction dir from their prepared steps
@@ -720,7 +734,8 @@ type composedPLD struct {
 func (prep *pldPrepared) compose(events []PLDEvent, dir pldDirection) composedPLD {
 	w := prep.w
 	n := w.n
-	fft := fourier.NewFFT(n)
+	fft := getFFT(n)
+	defer putFFT(fft)
 	spec := make([]complex128, n/2+1)
 	for i := range spec {
 		spec[i] = 1
@@ -779,7 +794,9 @@ func (prep *pldPrepared) compose(events []PLDEvent, dir pldDirection) composedPL
 		}
 		best = math.Min(best, math.Exp(k-t*top))
 	}
-	return composedPLD{w: w, mass: mass, inf: inf + best}
+	c := composedPLD{w: w, mass: mass, inf: inf + best}
+	c.tails()
+	return c
 }
 
 // pldPrepared is the part of a PLD evaluation that does not depend on the
@@ -911,6 +928,21 @@ func pldPrepare(events []PLDEvent, delta float64, fine int) *pldPrepared {
 	return p
 }
 
+// fftPlans keeps FFT plans (their twiddle factors) by size: a plan is
+// not safe for concurrent use, so each caller takes one and puts it back.
+var fftPlans sync.Map // int → *sync.Pool of *fourier.FFT
+
+func getFFT(n int) *fourier.FFT {
+	p, _ := fftPlans.LoadOrStore(n, &sync.Pool{New: func() any { return fourier.NewFFT(n) }})
+	return p.(*sync.Pool).Get().(*fourier.FFT)
+}
+
+func putFFT(f *fourier.FFT) {
+	if p, ok := fftPlans.Load(f.Len()); ok {
+		p.(*sync.Pool).Put(f)
+	}
+}
+
 // pldPrepCache holds recently prepared compositions, up to
 // pldPrepCacheBytes of Fourier coefficients (cleared when full).
 var pldPrepCache prepCache
@@ -944,23 +976,16 @@ func (c *prepCache) put(key string, p *pldPrepared) {
 // solve solves (1) for the smallest ε ≥ 0 with δ(ε) ≤ delta, or returns
 // ok = false if the window cannot bracket it.
 func (c composedPLD) solve(delta float64) (eps float64, ok bool) {
-	w, mass, n := c.w, c.mass, c.w.n
+	w, n := c.w, c.w.n
 	rest := delta - c.inf
 	if !(rest > 0) {
 		return 0, false
 	}
 	// δ(ℓ_i) is non-increasing in i: binary search the last grid point
-	// with δ > rest, then solve inside the cell.
-	rho := math.Exp(-w.h)
-	deltaAt := func(i int) (a, b float64) { // Σ_{k>i} m_k, Σ_{k>i} m_k e^{ℓ_i−ℓ_k}
-		wgt := 1.0
-		for k := i + 1; k < n; k++ {
-			wgt *= rho
-			a += mass[k]
-			b += mass[k] * wgt
-		}
-		return a, b
-	}
+	// with δ > rest, then solve inside the cell. δ(ℓ_i) = a_i − b_i with
+	// a_i = Σ_{k>i} m_k and b_i = Σ_{k>i} m_k e^{ℓ_i−ℓ_k}, the suffix sums
+	// compose computed (tails).
+	deltaAt := func(i int) (a, b float64) { return c.tailA[i], c.tailB[i] }
 	if a, b := deltaAt(0); a-b <= rest {
 		return math.Max(float64(w.lo)*w.h, 0), true
 	}
