@@ -312,3 +312,29 @@ func (e *jsonEpsilon) UnmarshalJSON(b []byte) error {
 	*e = jsonEpsilon(v)
 	return nil
 }
+
+// Replay recomputes, charge by charge, the ε a ledger records: what the
+// ledger of a run record run holds after each charge, by the run record's
+// accountant and rules (for a PLD run, the count grid). Audit uses the same
+// rules; tools that build or check ledgers use Replay.
+type Replay struct{ b budget }
+
+// NewReplay returns a Replay for a ledger whose run record is run.
+func NewReplay(run Record) (*Replay, error) {
+	if run.Kind != RecordRun {
+		return nil, fmt.Errorf("%w: a %q record is not a run record", ErrInvalidParameter, run.Kind)
+	}
+	b, err := newBudget(run.Accountant, run.Delta, run.TargetEpsilon)
+	if err != nil {
+		return nil, err
+	}
+	return &Replay{b: b}, nil
+}
+
+// Charge composes one more charge of e and returns the ε its record holds.
+func (r *Replay) Charge(e Event) (float64, error) {
+	if err := r.b.add(e); err != nil {
+		return 0, err
+	}
+	return r.b.epsilon()
+}

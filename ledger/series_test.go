@@ -129,6 +129,17 @@ func TestPLDLedgerRecordsStepsTaken(t *testing.T) {
 			t.Errorf("recorded ε fell from %v to %v at step %d", recorded[i-1], recorded[i], i+1)
 		}
 	}
+	// Replay, from the run record alone, gives every value bit for bit.
+	run, _ := l.Run()
+	rp, err := NewReplay(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range recorded {
+		if got, err := rp.Charge(e); err != nil || got != want {
+			t.Fatalf("Replay after %d charges: %v (%v), recorded %v", i+1, got, err, want)
+		}
+	}
 }
 
 // BenchmarkPLDLedgerMainJob charges the README's main job's 1000 steps to

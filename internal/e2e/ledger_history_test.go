@@ -160,7 +160,7 @@ func TestProcessLedgerHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acc, err := ledger.NewAccountant(nil)
+	acc, err := ledger.NewReplay(recsA[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,10 +173,7 @@ func TestProcessLedgerHistory(t *testing.T) {
 			if r.History != recsA[0].History {
 				appended++
 			}
-			if err := acc.Compose(*r.Event, 1); err != nil {
-				t.Fatal(err)
-			}
-			if r.Epsilon, _, err = acc.Epsilon(recsA[0].Delta); err != nil {
+			if r.Epsilon, err = acc.Charge(*r.Event); err != nil {
 				t.Fatal(err)
 			}
 		}
