@@ -307,6 +307,12 @@ func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 		cmu.Lock()
 		committed[uint64(step)] = theta
 		cmu.Unlock()
+		if p.Step == 3 {
+			// Hold from the next proposal on. Set here, on the loop, not
+			// by the test after it sees step 3: the run's 8 steps could
+			// all be done by then (1 run in 4 before).
+			held.holdSteps.Store(true)
+		}
 	}
 	s, err := NewServer(cons, coordConn, c, scfg, nil)
 	if err != nil {
@@ -316,7 +322,6 @@ func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 	go func() { _, err := s.Run(ctx); res <- err }()
 
 	waitFor(t, ctx, "step 3", func() bool { return r.FSM().State().Applied >= 3 })
-	held.holdSteps.Store(true)
 	waitFor(t, ctx, "a held proposal", func() bool { return held.called("step") })
 	at := uint64(r.FSM().State().Applied)
 	// Let the loop run while the proposal is held: several announcements.
