@@ -147,7 +147,10 @@ func (b *DatasetBudget) apply(r Record) error {
 			if !sameEvent(dr.event, *r.Event) {
 				return fmt.Errorf("run %q admitted again with another mechanism", r.Run)
 			}
-			dr.reserved, dr.open = max(r.Count, dr.charges), true
+			if r.Count < dr.charges {
+				return fmt.Errorf("run %q admitted again for %d charges after making %d", r.Run, r.Count, dr.charges)
+			}
+			dr.reserved, dr.open = r.Count, true
 			return nil
 		}
 		b.runs = append(b.runs, &datasetRun{run: r.Run, ledger: r.Ledger, event: *r.Event, reserved: r.Count, open: true})
@@ -249,9 +252,11 @@ func (b *DatasetBudget) Admit(run, ledgerPath string, step Event, maxCharges int
 		h, _ := b.file.Head() // already admitted for as much
 		return h, nil
 	}
-	// The new reservation replaces what the run counted so far.
+	// The new reservation replaces what the run counted so far (it
+	// covers the run's earlier charges: they are in its ledger too).
 	var saved datasetRun
 	if dr != nil {
+		maxCharges = max(maxCharges, dr.charges)
 		saved = *dr
 		dr.reserved, dr.open = 0, true
 		defer func() { *dr = saved }()
@@ -278,7 +283,7 @@ func (b *DatasetBudget) Admit(run, ledgerPath string, step Event, maxCharges int
 		return Record{}, err
 	}
 	if dr != nil {
-		saved.reserved, saved.open = max(maxCharges, saved.charges), true
+		saved.reserved, saved.open = maxCharges, true
 	} else {
 		b.runs = append(b.runs, &datasetRun{run: run, ledger: ledgerPath, event: step, reserved: maxCharges, open: true})
 	}

@@ -177,3 +177,50 @@ func FuzzReadDatasetBudget(f *testing.F) {
 		}
 	})
 }
+
+// TestDatasetBudgetResume: a settled run that resumes is admitted again
+// for its whole reservation (its ledger may charge up to it, its earlier
+// charges included), counts for it until it settles again, and the
+// history replays and audits the same.
+func TestDatasetBudgetResume(t *testing.T) {
+	step := SubsampledGaussian(0.01, 1.1)
+	path, err := CreateDatasetBudget(t.TempDir(), testDataset, "resume", 50, 1e-5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := OpenDatasetBudget(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	pld := func(n int64) float64 {
+		e, err := PLDEventEpsilon(step, n, 1e-5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	for _, s := range []struct {
+		admit, settle int64
+	}{{500, 120}, {500, 300}} {
+		if _, err := b.Admit("r", "/l", step, s.admit); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Spent(); got != pld(s.admit) {
+			t.Errorf("admitted for %d: ε %v, want %v", s.admit, got, pld(s.admit))
+		}
+		if _, err := b.Settle("r", "/l", s.settle, "h"); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Spent(); got != pld(s.settle) {
+			t.Errorf("settled at %d: ε %v, want %v", s.settle, got, pld(s.settle))
+		}
+	}
+	if _, err := b.Settle("r", "/l", 200, "h"); err == nil {
+		t.Error("settling fewer charges than before was accepted")
+	}
+	rep, err := AuditDatasetBudget(path)
+	if err != nil || !rep.OK || rep.RecomputedEpsilon != pld(300) || len(rep.Runs) != 1 || rep.Runs[0].Charges != 300 {
+		t.Errorf("audit: %+v (%v)", rep, err)
+	}
+}
