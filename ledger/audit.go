@@ -124,10 +124,11 @@ func Audit(path string) (AuditReport, error) {
 	if rep.Accountant == "" {
 		rep.Accountant = AccountantRDP
 	}
-	enforced, berr := newBudget(run.Accountant, run.Delta, run.TargetEpsilon)
+	enforced, berr := NewReplay(run)
 	if berr != nil {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: %v", berr))
-		enforced, _ = newBudget(AccountantRDP, run.Delta, run.TargetEpsilon)
+		b, _ := newBudget(AccountantRDP, run.Delta, run.TargetEpsilon)
+		enforced = &Replay{b: b}
 	}
 	var pldEvents []PLDEvent
 	var pldErr error
@@ -158,12 +159,7 @@ func Audit(path string) (AuditReport, error) {
 		} else {
 			pldEvents = addPLDStep(pldEvents, s)
 		}
-		if err := enforced.add(*r.Event); err != nil {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
-			recomputeFailed = true
-			continue
-		}
-		eps, err := enforced.epsilon()
+		eps, err := enforced.Charge(*r.Event)
 		if err != nil {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: the %s accountant failed: %v", r.Seq, rep.Accountant, err))
 			recomputeFailed = true
@@ -315,8 +311,8 @@ func (e *jsonEpsilon) UnmarshalJSON(b []byte) error {
 
 // Replay recomputes, charge by charge, the ε a ledger records: what the
 // ledger of a run record run holds after each charge, by the run record's
-// accountant and rules (for a PLD run, the count grid). Audit uses the same
-// rules; tools that build or check ledgers use Replay.
+// accountant and rules (for a PLD run, the count grid). Audit checks every
+// record with it; tools that build or check ledgers use it too.
 type Replay struct{ b budget }
 
 // NewReplay returns a Replay for a ledger whose run record is run.

@@ -101,20 +101,12 @@ func CreateDatasetBudget(dir, dataset, label string, epsilon, delta float64) (st
 // OpenDatasetBudget opens the budget file at path (repairing a torn tail,
 // as OpenFile does) and replays it.
 func OpenDatasetBudget(path string) (*DatasetBudget, error) {
-	f, _, err := OpenFile(path)
+	b := &DatasetBudget{}
+	f, err := openAndReplay(path, nil, b.replay)
 	if err != nil {
 		return nil, err
 	}
-	recs, _, err := ReadFile(path)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	b := &DatasetBudget{file: f}
-	if err := b.replay(recs); err != nil {
-		f.Close()
-		return nil, err
-	}
+	b.file = f
 	return b, nil
 }
 

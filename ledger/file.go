@@ -320,6 +320,26 @@ func scan(r io.Reader) ([]Record, int64, error) {
 	}
 }
 
+// openAndReplay opens the file at path (OpenFile, repairing a torn tail)
+// and hands its verified records to replay; the file is closed if either
+// fails. Run ledgers (Open) and dataset budgets (OpenDatasetBudget) open
+// this way.
+func openAndReplay(path string, opts []Option, replay func([]Record) error) (*File, error) {
+	f, _, err := OpenFile(path, opts...)
+	if err != nil {
+		return nil, err
+	}
+	recs, _, err := ReadFile(path)
+	if err == nil {
+		err = replay(recs)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // verifyRecord decodes a payload and checks its format, sequence number,
 // chain link and hash.
 func verifyRecord(payload []byte, seq uint64, prev string) (Record, error) {

@@ -60,18 +60,12 @@ type Ledger struct {
 // Open opens (or creates) the ledger file at path, repairing a torn tail
 // (see OpenFile), and replays its records into a fresh accountant.
 func Open(path string, opts ...Option) (*Ledger, error) {
-	f, _, err := OpenFile(path, opts...)
+	var l *Ledger
+	f, err := openAndReplay(path, opts, func(recs []Record) (err error) {
+		l, err = replay(recs)
+		return err
+	})
 	if err != nil {
-		return nil, err
-	}
-	recs, _, err := ReadFile(path)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	l, err := replay(recs)
-	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	l.file = f

@@ -282,20 +282,20 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		return nil
 	}
 
+	finished := time.Now()
 	res := localResult{
 		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
 		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, NoiseMode: rc.NoiseMode, Stopped: sum.Stopped,
 		Accountant: accountantName(rc.Accountant),
 		EvalData:   evalLabel(pr.eval),
-		Ledger:     filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: time.Since(started).Seconds(),
+		Ledger:     filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: finished.Sub(started).Seconds(),
 		Private: !seeded, Model: modelPath, StateSHA256: sum.Digest,
 	}
 	res.setFinalEval(sum)
 	if !firstStep.IsZero() {
-		end := started.Add(time.Duration(res.Seconds * float64(time.Second)))
 		res.Timing.ToFirstStep = firstStep.Sub(started).Seconds()
 		res.Timing.Stepping = lastStep.Sub(firstStep).Seconds()
-		res.Timing.AfterLastStep = end.Sub(lastStep).Seconds()
+		res.Timing.AfterLastStep = finished.Sub(lastStep).Seconds()
 	}
 	out := cmd.OutOrStdout()
 	if f.json {
