@@ -24,6 +24,13 @@ func refGrads(ws *Workspace, theta, x []float32, y []int32) [][]float64 {
 	L := len(m.layers)
 	ws.softmaxXent(B, y, ws.grad[L], 1)
 	ws.backward(p, theta)
+	return refGradsStored(ws, B)
+}
+
+// refGradsStored returns each example's exact gradient as the values stored
+// in ws by a forward and backward pass over B examples define it.
+func refGradsStored(ws *Workspace, B int) [][]float64 {
+	m := ws.m
 	out := make([][]float64, B)
 	for i := range out {
 		out[i] = make([]float64, m.numParams)

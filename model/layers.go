@@ -767,16 +767,7 @@ func (l *conv) backward(p *pass, w, in, out, dout, din []float32, st any) {
 func (l *conv) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	s := st.(*convState)
 	T, K, O := l.T, l.K, l.o
-	up := boundSlack(T*T + T + K + O)
-	phi := gamma(T*T+T+K+O+16, u64)
-	gK, gO := gamma(K, u32), gamma(O, u32)
-	gM := gamma(l.pieceRows(), u32)
-	gR := gamma(blockRows, u32)
-	lam := u32 + (1+u32)*(gR+3*accGamma*(1+gR))
-
-	fK, fO, fT := float64(K), float64(O), float64(T)
-	sO, sOK := math.Sqrt(fO), math.Sqrt(fO*fK)
-	sOKT := sOK * fT
+	k := l.boundConsts()
 	if !l.ghost && s.gi == nil {
 		s.gi = make([]float32, len(s.cols)/K*O/T*K)
 	}
@@ -787,67 +778,114 @@ func (l *conv) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 			D := dout[i*T*O : (i+1)*T*O]
 			A := s.cols[i*T*K : (i+1)*T*K]
 			// ρ̃ = Σₜ βₜ‖ãₜ‖ (≥ ρ = Σₜ βₜαₜ), and Σ‖ãₜ‖, Σβₜ.
-			var rho, sat, sb float64
+			var st convStats
 			for t := 0; t < T; t++ {
 				a2 := sumSq(A[t*K : (t+1)*K])
-				al[t] = math.Sqrt(a2) * up
-				be[t] = math.Sqrt(sumSq(D[t*O:(t+1)*O])) * up
+				al[t] = math.Sqrt(a2) * k.up
+				be[t] = math.Sqrt(sumSq(D[t*O:(t+1)*O])) * k.up
 				at := math.Sqrt(a2 + 1)
-				rho += be[t] * at
-				sat += at
-				sb += be[t]
+				st.rho += be[t] * at
+				st.sat += at
+				st.sb += be[t]
 			}
-			rho, sat, sb = rho*up, sat*up, sb*up
 			colSum(bs, D, T, O)
-			var n float64
 			for _, v := range bs {
-				n += v * v
+				st.n += v * v
 			}
-			var sq float64
 			if l.ghost {
 				ga, gd := s.scratch[wk][:T*T], s.scratch[wk][T*T:]
 				p.be.Sgemm(false, true, T, T, K, 1, A, K, A, K, 0, ga, T)
 				p.be.Sgemm(false, true, T, T, O, 1, D, O, D, O, 0, gd, T)
 				// n̂ and, from the same entries, the terms of its error.
-				var eK, eO, eP, sa, sd float64
 				for t := 0; t < T; t++ {
 					at, bt := al[t], be[t]
 					for u, av := range ga[t*T : (t+1)*T] {
 						a, d := float64(av), float64(gd[t*T+u])
 						ad := a * d
-						n += ad
-						eP += math.Abs(ad)
-						eK += at * al[u] * math.Abs(d)
-						eO += math.Abs(a) * bt * be[u]
-						sa += math.Abs(a)
-						sd += math.Abs(d)
+						st.n += ad
+						st.eP += math.Abs(ad)
+						st.eK += at * al[u] * math.Abs(d)
+						st.eO += math.Abs(a) * bt * be[u]
+						st.sa += math.Abs(a)
+						st.sd += math.Abs(d)
 					}
 				}
-				err := (gK*eK+gO*eO+phi*eP)*up + (gK*gO+4*phi)*rho*rho +
-					2*eta32*(fK*sd+fO*sa+fK*fO*fT*fT*eta32)*up
-				if n < -err {
-					sq = math.NaN()
-				} else {
-					sq = (max(n, 0) + err) * up
-				}
-				b.share[i] += lam * rho
-				b.floor[i] += eta32 * (sO*sat*(1+gR) + sOKT) * up
 			} else {
 				gi := s.gi[i*O*K : (i+1)*O*K]
 				l.product(p, s, gi, D, A, wk)
-				n += sumSq(gi)
-				g := math.Sqrt(n) * (1 + 2*u32) * up
-				sq = g * g
-				// The product's distance to the exact gradient; then two
-				// float64 sums of exact products (weights) and the
-				// float32 scaling of D and two float64 sums (bias).
-				e := ((gM+phi)*(1+2*u32)*rho + eta32*(sOKT+sOK)) * up
-				b.share[i] += e + 2*accGamma*(g+e) + (u32+2*accGamma*(1+u32))*sb
-				b.floor[i] += eta32 * sO * fT * (1 + 2*accGamma) * up
+				st.n += sumSq(gi)
 			}
-			b.sq[i] += sq
+			l.boundExample(b, i, &k, &st)
 		}
 	})
+}
+
+// convStats are the sums of one example that conv's bound formula takes,
+// each accumulated in float64 in any order (boundSlack covers it), from
+// αₜ = √(Σ aₜ²)·up and βₜ = √(Σ dₜ²)·up (up = convConsts.up):
+//
+//	rho = Σₜ βₜ√(αₜ²+1) (with αₜ before up), sat = Σₜ √(αₜ²+1), sb = Σₜ βₜ
+//	n   = Σₒ(Σₜ dₜₒ)² (the bias) + n̂ (ghost: Σ ĜaĜd) or ‖Ĝᵢ‖² (materialized)
+//	eK  = Σₜᵤ αₜαᵤ|Ĝd|, eO = Σₜᵤ |Ĝa|βₜβᵤ, eP = Σₜᵤ |ĜaĜd|,
+//	sa  = Σ|Ĝa|, sd = Σ|Ĝd|   (ghost only)
+//
+// The CPU's bound computes them, and so do the GPU engine's kernels.
+type convStats struct {
+	rho, sat, sb, n    float64
+	eK, eO, eP, sa, sd float64
+}
+
+// convConsts are the constants of conv's bound formula for the layer's shape.
+type convConsts struct {
+	up, phi, gK, gO, gM, gR, lam float64
+	fK, fO, fT, sO, sOK, sOKT    float64
+}
+
+func (l *conv) boundConsts() convConsts {
+	T, K, O := l.T, l.K, l.o
+	gR := gamma(blockRows, u32)
+	k := convConsts{
+		up:  boundSlack(T*T + T + K + O),
+		phi: gamma(T*T+T+K+O+16, u64),
+		gK:  gamma(K, u32), gO: gamma(O, u32),
+		gM:  gamma(l.pieceRows(), u32),
+		gR:  gR,
+		lam: u32 + (1+u32)*(gR+3*accGamma*(1+gR)),
+		fK:  float64(K), fO: float64(O), fT: float64(T),
+	}
+	k.sO, k.sOK = math.Sqrt(k.fO), math.Sqrt(k.fO*k.fK)
+	k.sOKT = k.sOK * k.fT
+	return k
+}
+
+// boundExample adds example i's bounds from its sums s: the one place the
+// convolution's bound formula (see bound) lives, for the CPU and the GPU
+// engine.
+func (l *conv) boundExample(b clipBounds, i int, k *convConsts, s *convStats) {
+	up := k.up
+	rho, sat, sb, n := s.rho*up, s.sat*up, s.sb*up, s.n
+	var sq float64
+	if l.ghost {
+		err := (k.gK*s.eK+k.gO*s.eO+k.phi*s.eP)*up + (k.gK*k.gO+4*k.phi)*rho*rho +
+			2*eta32*(k.fK*s.sd+k.fO*s.sa+k.fK*k.fO*k.fT*k.fT*eta32)*up
+		if n < -err {
+			sq = math.NaN()
+		} else {
+			sq = (max(n, 0) + err) * up
+		}
+		b.share[i] += k.lam * rho
+		b.floor[i] += eta32 * (k.sO*sat*(1+k.gR) + k.sOKT) * up
+	} else {
+		g := math.Sqrt(n) * (1 + 2*u32) * up
+		sq = g * g
+		// The product's distance to the exact gradient; then two
+		// float64 sums of exact products (weights) and the
+		// float32 scaling of D and two float64 sums (bias).
+		e := ((k.gM+k.phi)*(1+2*u32)*rho + eta32*(k.sOKT+k.sOK)) * up
+		b.share[i] += e + 2*accGamma*(g+e) + (u32+2*accGamma*(1+u32))*sb
+		b.floor[i] += eta32 * k.sO * k.fT * (1 + 2*accGamma) * up
+	}
+	b.sq[i] += sq
 }
 
 // normRows bounds the rows of one float32 product when materializing an
@@ -1210,40 +1248,57 @@ func (l *embedBag) backward(p *pass, w, in, out, dout, din []float32, st any) {}
 // accumulator's accGamma·ρᵢ with ρᵢ = nᵢ·invᵢ·‖dᵢ‖.
 func (l *embedBag) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	s := st.(*embedState)
-	up := boundSlack(l.L + l.D)
-	sD := math.Sqrt(float64(l.D))
 	p.parFor(p.B, l.L*4, func(wk, lo, hi int) {
 		tok := s.tokens[wk]
 		for i := lo; i < hi; i++ {
-			tok = tok[:0]
-			for _, t := range in[i*l.L : (i+1)*l.L] {
-				if t >= 0 {
-					tok = append(tok, int32(t))
-				}
-			}
-			if len(tok) == 0 {
-				continue
-			}
-			slices.Sort(tok)
+			var n int
 			var c2 float64
-			run := 1
-			for j := 1; j <= len(tok); j++ {
-				if j < len(tok) && tok[j] == tok[j-1] {
-					run++
-					continue
-				}
-				c2 += float64(run) * float64(run)
-				run = 1
+			tok, n, c2 = tokenCounts(tok, in[i*l.L:(i+1)*l.L])
+			if n > 0 {
+				l.boundExample(b, i, n, c2, s.inv[i], sumSq(dout[i*l.D:(i+1)*l.D]))
 			}
-			inv := float64(s.inv[i])
-			dn := math.Sqrt(sumSq(dout[i*l.D : (i+1)*l.D]))
-			g := dn * math.Sqrt(c2) * inv * up
-			rho := float64(len(tok)) * inv * dn * up
-			b.sq[i] += g * g
-			b.share[i] += u32*g + accGamma*(1+u32)*rho
-			b.floor[i] += eta32 * sD * math.Sqrt(c2) * inv * (1 + accGamma) * up
 		}
 	})
+}
+
+// tokenCounts returns an example's number of tokens n (ids ≥ 0; -1 is
+// padding) and c2 = Σ_v n_v² over its distinct tokens v (exact), using tok
+// as scratch (returned, possibly grown).
+func tokenCounts(tok []int32, ids []float32) ([]int32, int, float64) {
+	tok = tok[:0]
+	for _, t := range ids {
+		if t >= 0 {
+			tok = append(tok, int32(t))
+		}
+	}
+	slices.Sort(tok)
+	var c2 float64
+	run := 1
+	for j := 1; j <= len(tok); j++ {
+		if j < len(tok) && tok[j] == tok[j-1] {
+			run++
+			continue
+		}
+		c2 += float64(run) * float64(run)
+		run = 1
+	}
+	return tok, len(tok), c2
+}
+
+// boundExample adds the bounds of example i, with ntok > 0 tokens, c2 =
+// Σ_v n_{iv}² (exact), inv its stored 1/nᵢ and d2 = Σ dᵢ² (float64): the
+// one place the embedding bag's bound formula lives, for the CPU and the
+// GPU engine.
+func (l *embedBag) boundExample(b clipBounds, i, ntok int, c2 float64, inv32 float32, d2 float64) {
+	up := boundSlack(l.L + l.D)
+	sD := math.Sqrt(float64(l.D))
+	inv := float64(inv32)
+	dn := math.Sqrt(d2)
+	g := dn * math.Sqrt(c2) * inv * up
+	rho := float64(ntok) * inv * dn * up
+	b.sq[i] += g * g
+	b.share[i] += u32*g + accGamma*(1+u32)*rho
+	b.floor[i] += eta32 * sD * math.Sqrt(c2) * inv * (1 + accGamma) * up
 }
 
 func (l *embedBag) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
@@ -1388,8 +1443,6 @@ func (l *layerNorm) backward(p *pass, w, in, out, dout, din []float32, st any) {
 // and two float64 sums (accGamma·‖Gᵢ‖ each).
 func (l *layerNorm) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
 	s := st.(*lnState)
-	up := boundSlack(2 * l.f)
-	lam := u32 + 2*accGamma*(1+u32)
 	for i := 0; i < p.B; i++ {
 		xh, dy := s.xhat[i*l.f:(i+1)*l.f], dout[i*l.f:(i+1)*l.f]
 		var n, x2 float64
@@ -1399,11 +1452,20 @@ func (l *layerNorm) bound(p *pass, in, out, dout []float32, b clipBounds, st any
 			n += gx*gx + d*d
 			x2 += x * x
 		}
-		n *= up
-		b.sq[i] += n
-		b.share[i] += lam * math.Sqrt(n)
-		b.floor[i] += eta32 * math.Sqrt(x2+float64(l.f)) * (1 + 2*accGamma) * up
+		l.boundExample(b, i, n, x2)
 	}
+}
+
+// boundExample adds example i's bounds from n = Σ (dⱼx̂ⱼ)² + dⱼ² and
+// x2 = Σ x̂ⱼ², summed in float64: the one place the layer norm's bound
+// formula lives, for the CPU and the GPU engine.
+func (l *layerNorm) boundExample(b clipBounds, i int, n, x2 float64) {
+	up := boundSlack(2 * l.f)
+	lam := u32 + 2*accGamma*(1+u32)
+	n *= up
+	b.sq[i] += n
+	b.share[i] += lam * math.Sqrt(n)
+	b.floor[i] += eta32 * math.Sqrt(x2+float64(l.f)) * (1 + 2*accGamma) * up
 }
 
 // sums writes the batch sums of the gain and bias gradients,
