@@ -56,6 +56,9 @@ func benchInputs(b *testing.B, spec Spec, B int) (m *Model, theta, x []float32, 
 	x = make([]float32, B*m.InputSize())
 	for i := range x {
 		x[i] = rng.Float32()
+		if m.vocab > 0 {
+			x[i] = float32(rng.IntN(m.vocab)) // token ids
+		}
 	}
 	y = make([]int32, B)
 	for i := range y {

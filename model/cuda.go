@@ -63,6 +63,10 @@ type cudaKernels struct {
 	sgemm128                                               [3]cu.Function // nn, nt, tn: 128×128 tiles
 	blocksPut, colsumPut, biasAdd, actFwd, actBwd, permute cu.Function
 	softmaxXent, rowSumsq, clipRows, nonfinite             cu.Function
+	// the layers of cuda_layers.go
+	convIm2col, convCol2im, convPermute, convRows, convBiasn cu.Function
+	convGhost, convPergrad, convGsum, poolFwd, poolBwd       cu.Function
+	embedFwd, embedAcc, lnFwd, lnBwd, lnStats, lnAcc         cu.Function
 }
 
 func openCUDA(ordinal int) (Device, error) {
@@ -118,6 +122,11 @@ func openCUDA(ordinal int) (Device, error) {
 		{&d.k.actFwd, "act_fwd"}, {&d.k.actBwd, "act_bwd"}, {&d.k.permute, "permute"},
 		{&d.k.softmaxXent, "softmax_xent"}, {&d.k.rowSumsq, "row_sumsq"}, {&d.k.clipRows, "clip_rows"},
 		{&d.k.nonfinite, "nonfinite"},
+		{&d.k.convIm2col, "conv_im2col"}, {&d.k.convCol2im, "conv_col2im"}, {&d.k.convPermute, "conv_permute"},
+		{&d.k.convRows, "conv_rows"}, {&d.k.convBiasn, "conv_biasn"}, {&d.k.convGhost, "conv_ghost"},
+		{&d.k.convPergrad, "conv_pergrad"}, {&d.k.convGsum, "conv_gsum"}, {&d.k.poolFwd, "pool_fwd"},
+		{&d.k.poolBwd, "pool_bwd"}, {&d.k.embedFwd, "embed_fwd"}, {&d.k.embedAcc, "embed_acc"},
+		{&d.k.lnFwd, "ln_fwd"}, {&d.k.lnBwd, "ln_bwd"}, {&d.k.lnStats, "ln_stats"}, {&d.k.lnAcc, "ln_acc"},
 	}
 	for _, f := range fns {
 		if *f.f, err = d.mod.Function(f.name); err != nil {
@@ -172,6 +181,7 @@ func i32(v int) karg {
 	return karg(uint32(int32(v)))
 }
 func f32(v float32) karg      { return karg(math.Float32bits(v)) }
+func f64(v float64) karg      { return karg(math.Float64bits(v)) }
 func sz(v int) karg           { return karg(uint64(v)) }
 func ptr(p cu.DevicePtr) karg { return karg(p) }
 func flag(b bool) karg {
@@ -240,13 +250,29 @@ func (d *cudaDevice) sgemmBlocks(transA, transB bool, m, n, k, kblock, sc int, a
 		nz = (k + kblock - 1) / kblock
 	}
 	big := ((m+127)/128)*((n+127)/128)*nz >= bigTiles && v < 3
-	return d.sgemmKernel(big, v, nz, m, n, k, kblock, sc, alpha, a, lda, b, ldb, beta, c, ldc)
+	return d.sgemmKernel(big, v, nz, m, n, k, kblock, sc, 0, 0, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// sgemmBatched launches nz independent products C + z·sc = op(A + z·sa) ·
+// op(B + z·sb) (alpha 1, beta 0): a convolution's per-example Gram
+// matrices.
+func (d *cudaDevice) sgemmBatched(transA, transB bool, nz, m, n, k int, a cu.DevicePtr, lda, sa int, b cu.DevicePtr, ldb, sb int, c cu.DevicePtr, ldc, sc int) error {
+	v := 0
+	if transA {
+		v += 2
+	}
+	if transB {
+		v++
+	}
+	big := ((m+127)/128)*((n+127)/128)*nz >= bigTiles && v < 3
+	return d.sgemmKernel(big, v, nz, m, n, k, 0, sc, sa, sb, 1, a, lda, b, ldb, 0, c, ldc)
 }
 
 // sgemmKernel launches variant v (nn, nt, tn, tt) of the 128×128 kernel
-// (big) or the 64×64 one on nz k-blocks.
-func (d *cudaDevice) sgemmKernel(big bool, v, nz, m, n, k, kblock, sc int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
-	args := []karg{i32(m), i32(n), i32(k), f32(alpha), ptr(a), i32(lda), ptr(b), i32(ldb), f32(beta), ptr(c), i32(ldc), i32(kblock), sz(sc)}
+// (big) or the 64×64 one on nz k-blocks of kblock (kblock 0: nz products
+// of the whole k, operands strided by sa, sb, sc).
+func (d *cudaDevice) sgemmKernel(big bool, v, nz, m, n, k, kblock, sc, sa, sb int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
+	args := []karg{i32(m), i32(n), i32(k), f32(alpha), ptr(a), i32(lda), ptr(b), i32(ldb), f32(beta), ptr(c), i32(ldc), i32(kblock), sz(sc), sz(sa), sz(sb)}
 	if big {
 		return launch3(d.k.sgemm128[v], (n+127)/128, (m+127)/128, nz, 256, 1, args...)
 	}
@@ -334,32 +360,36 @@ func (b cudaBackend) Sgemm(transA, transB bool, m, n, k int, alpha float32, a []
 // ------------------------------------------------------------- engine
 
 // cudaEngine computes ClippedSum on the device for models made of the
-// layers it has kernels for: linear, relu, tanh and flatten.
+// layers it has kernels for: every layer of the CPU engine (linear, relu,
+// tanh, flatten, conv2d, maxpool, avgpool, embeddingbag, layernorm).
 type cudaEngine struct {
 	d    *cudaDevice
 	m    *Model
 	maxB int
 
-	act, grad []cu.DevicePtr // as Workspace's; a flatten with c = 1 aliases its input
-	xs        cu.DevicePtr   // input staging when it is permuted to channels-last
-	theta     cu.DevicePtr   // float32 × NumParams
-	dst       cu.DevicePtr   // float32 × NumParams: the result
-	acc       cu.DevicePtr   // float64 × NumParams: the accumulator across chunks
-	y         cu.DevicePtr   // int32 × maxB
-	coef      cu.DevicePtr   // float32 × maxB
-	norms     cu.DevicePtr   // float64 × 2·len(lin)·maxB: Σa², Σd² per linear layer
-	loss      cu.DevicePtr   // float64 × maxB
-	correct   cu.DevicePtr   // int32 × maxB
-	flags     cu.DevicePtr   // int32 × 2: θ not finite, sum not finite
-	scratch   cu.DevicePtr   // float32: accGrad's block products
+	act, grad []cu.DevicePtr  // as Workspace's; a flatten with c = 1 aliases its input
+	lb        []cudaLayerBufs // per layer: what the CPU keeps in the layer's state
+	xs        cu.DevicePtr    // input staging when it is permuted to channels-last
+	theta     cu.DevicePtr    // float32 × NumParams
+	dst       cu.DevicePtr    // float32 × NumParams: the result
+	acc       cu.DevicePtr    // float64 × NumParams: the accumulator across chunks
+	y         cu.DevicePtr    // int32 × maxB
+	coef      cu.DevicePtr    // float32 × maxB
+	stats     cu.DevicePtr    // float64 × nstat·maxB: per-example sums the bounds take
+	loss      cu.DevicePtr    // float64 × maxB
+	correct   cu.DevicePtr    // int32 × maxB
+	flags     cu.DevicePtr    // int32 × 2: θ not finite, sum not finite
+	scratch   cu.DevicePtr    // float32: accGrad's block products
 	bufs      []cu.DevicePtr
 
-	lin       []int // indices of the linear layers
+	params    []int // indices of the parameter layers
+	statOff   []int // per layer: its first row of stats (statRows rows of maxB)
 	permuteIn bool
 	needDin   []bool
+	emb       *cudaEmbedHost // the embedding bag's host-side index, if any
 
 	// host mirrors
-	hnorms  []float64
+	hstats  []float64
 	bounds  clipBounds
 	hcoef   []float32
 	hloss   []float64
@@ -376,10 +406,9 @@ type cudaEngine struct {
 func cudaSupports(m *Model) error {
 	for l, ly := range m.layers {
 		switch ly.(type) {
-		case *linear, *activation, *flatten:
+		case *linear, *activation, *flatten, *conv, *pool, *embedBag, *layerNorm:
 		default:
-			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet; the CUDA engine supports %s, %s, %s and %s",
-				ErrUnsupportedLayer, l, m.spec.Layers[l].Type, Linear, ReLU, Tanh, Flatten)
+			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer, l, m.spec.Layers[l].Type)
 		}
 	}
 	return nil
@@ -398,15 +427,22 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 	}
 	L := len(m.layers)
 	e := &cudaEngine{d: d, m: m, maxB: maxBatch, act: make([]cu.DevicePtr, L+1), grad: make([]cu.DevicePtr, L+1),
-		needDin: make([]bool, L), bounds: newClipBounds(maxBatch), hcoef: make([]float32, maxBatch),
-		hloss: make([]float64, maxBatch), hcorr: make([]int32, maxBatch), hflags: make([]int32, 2), zeroFlg: make([]int32, 2)}
+		lb: make([]cudaLayerBufs, L), statOff: make([]int, L), needDin: make([]bool, L), bounds: newClipBounds(maxBatch),
+		hcoef: make([]float32, maxBatch), hloss: make([]float64, maxBatch), hcorr: make([]int32, maxBatch),
+		hflags: make([]int32, 2), zeroFlg: make([]int32, 2)}
 	e.permuteIn = len(m.inShape) == 3 && m.inShape[0] > 1
+	nstat := 0
 	for l, ly := range m.layers {
-		if _, ok := ly.(*linear); ok {
-			e.lin = append(e.lin, l)
+		e.statOff[l] = nstat
+		if m.layerSize[l] > 0 {
+			e.params = append(e.params, l)
+			nstat += statRows(ly)
+		}
+		if eb, ok := ly.(*embedBag); ok {
+			e.emb = newCUDAEmbedHost(eb, maxBatch)
 		}
 	}
-	e.hnorms = make([]float64, 2*len(e.lin)*maxBatch)
+	e.hstats = make([]float64, nstat*maxBatch)
 	err := d.do(func() error {
 		a := func(p *cu.DevicePtr, n int) error {
 			var err error
@@ -417,17 +453,12 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 		}
 		P := m.numParams
 		errs := []error{a(&e.theta, 4*P), a(&e.dst, 4*P), a(&e.acc, 8*P), a(&e.y, 4*maxBatch),
-			a(&e.coef, 4*maxBatch), a(&e.norms, 8*max(len(e.hnorms), 1)), a(&e.loss, 8*maxBatch),
+			a(&e.coef, 4*maxBatch), a(&e.stats, 8*max(len(e.hstats), 1)), a(&e.loss, 8*maxBatch),
 			a(&e.correct, 4*maxBatch), a(&e.flags, 8), a(&e.act[0], 4*maxBatch*m.inSize)}
 		if e.permuteIn {
 			errs = append(errs, a(&e.xs, 4*maxBatch*m.inSize))
 		}
-		w := 0
-		for _, l := range e.lin {
-			ly := m.layers[l].(*linear)
-			w = max(w, ly.out*ly.in)
-		}
-		errs = append(errs, a(&e.scratch, 4*min((maxBatch+blockRows-1)/blockRows, maxBlockGroup)*w))
+		errs = append(errs, a(&e.scratch, 4*e.scratchSize()))
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
@@ -441,6 +472,9 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 			e.needDin[l] = paramBelow
 			if m.layerSize[l] > 0 {
 				paramBelow = true
+			}
+			if err := e.allocLayer(l, a); err != nil {
+				return err
 			}
 			if f, ok := ly.(*flatten); ok && f.c == 1 {
 				// A copy on the CPU; here its output is its input, and its
@@ -479,7 +513,7 @@ func (e *cudaEngine) Close() error {
 	})
 }
 
-func (e *cudaEngine) params(l int) (w, b cu.DevicePtr, O, K int) {
+func (e *cudaEngine) linParams(l int) (w, b cu.DevicePtr, O, K int) {
 	ly := e.m.layers[l].(*linear)
 	off := e.m.layerOff[l]
 	return off4(e.theta, off), off4(e.theta, off+ly.out*ly.in), ly.out, ly.in
@@ -491,6 +525,11 @@ func (e *cudaEngine) load(x []float32, y []int32) error {
 	B := len(y)
 	if err := htod(e.y, y); err != nil {
 		return err
+	}
+	if e.emb != nil {
+		if err := e.emb.index(e, x, B); err != nil {
+			return err
+		}
 	}
 	if !e.permuteIn {
 		return htod(e.act[0], x)
@@ -515,7 +554,7 @@ func (e *cudaEngine) forward(B int) error {
 		in, out := e.act[l], e.act[l+1]
 		switch ly := ly.(type) {
 		case *linear:
-			w, b, O, K := e.params(l)
+			w, b, O, K := e.linParams(l)
 			if err := e.d.sgemm(false, true, B, O, K, 1, in, K, w, K, 0, out, O); err != nil {
 				return err
 			}
@@ -533,6 +572,10 @@ func (e *cudaEngine) forward(B int) error {
 			if err := launch1(k.permute, B*ly.n, i32(B), i32(ly.c), i32(ly.hw), i32(1), ptr(in), ptr(out)); err != nil {
 				return err
 			}
+		default:
+			if err := e.layerForward(l, B); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -547,7 +590,7 @@ func (e *cudaEngine) backward(B int) error {
 		out, dout, din := e.act[l+1], e.grad[l+1], e.grad[l]
 		switch ly := e.m.layers[l].(type) {
 		case *linear:
-			w, _, O, K := e.params(l)
+			w, _, O, K := e.linParams(l)
 			if err := e.d.sgemm(false, false, B, K, O, 1, dout, O, w, K, 0, din, K); err != nil {
 				return err
 			}
@@ -560,6 +603,10 @@ func (e *cudaEngine) backward(B int) error {
 				continue // aliased
 			}
 			if err := launch1(k.permute, B*ly.n, i32(B), i32(ly.c), i32(ly.hw), i32(0), ptr(dout), ptr(din)); err != nil {
+				return err
+			}
+		default:
+			if err := e.layerBackward(l, B); err != nil {
 				return err
 			}
 		}
@@ -689,28 +736,21 @@ func (e *cudaEngine) chunk(x []float32, y []int32, clip float64, fresh, final bo
 	if err := e.backward(B); err != nil {
 		return err
 	}
-	// Per-example sums of squares of each linear layer's input and output
-	// gradient (bound.go's sumSq, in float64 on the device).
-	for j, l := range e.lin {
-		_, _, O, K := e.params(l)
-		if err := launch(k.rowSumsq, B, 1, 256, 1, i32(K), ptr(e.act[l]), ptr(off8(e.norms, 2*j*e.maxB))); err != nil {
-			return err
-		}
-		if err := launch(k.rowSumsq, B, 1, 256, 1, i32(O), ptr(e.grad[l+1]), ptr(off8(e.norms, (2*j+1)*e.maxB))); err != nil {
+	// Per-example sums that each parameter layer's bound takes (for a
+	// linear layer, the sums of squares of its input and output gradient:
+	// bound.go's sumSq, in float64 on the device).
+	for _, l := range e.params {
+		if err := e.layerStats(l, B); err != nil {
 			return err
 		}
 	}
-	if err := dtoh(e.hnorms, e.norms); err != nil {
+	if err := dtoh(e.hstats, e.stats); err != nil {
 		return fmt.Errorf("model: cuda: computing the batch: %w", err)
 	}
 	b := e.bounds
 	b.reset(B)
-	for j, l := range e.lin {
-		ly := m.layers[l].(*linear)
-		a2, d2 := e.hnorms[2*j*e.maxB:], e.hnorms[(2*j+1)*e.maxB:]
-		for i := 0; i < B; i++ {
-			ly.boundExample(b, i, a2[i], d2[i])
-		}
+	for _, l := range e.params {
+		e.layerBound(l, B, b)
 	}
 	coef := e.hcoef[:B]
 	for i := range coef {
@@ -719,50 +759,44 @@ func (e *cudaEngine) chunk(x []float32, y []int32, clip float64, fresh, final bo
 	if err := htod(e.coef, coef); err != nil {
 		return err
 	}
-	for _, l := range e.lin {
-		_, _, O, K := e.params(l)
-		off := m.layerOff[l]
-		// clearExample for c = 0 (input and output gradient rows), scaling
-		// by c < 1 (output gradient rows).
-		if err := launch1(k.clipRows, B*K, i32(B), i32(K), ptr(e.act[l]), ptr(e.coef), i32(0)); err != nil {
+	for _, l := range e.params {
+		// clearExample for c = 0, scaling the output gradient rows by
+		// c < 1, then the layer's accGrad.
+		if err := e.layerClip(l, B); err != nil {
 			return err
 		}
-		if err := launch1(k.clipRows, B*O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(e.coef), i32(1)); err != nil {
-			return err
-		}
-		if err := e.accGrad(O, K, B, e.grad[l+1], e.act[l], off, fresh, final); err != nil {
-			return err
-		}
-		if err := launch1(k.colsumPut, O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(off8(e.acc, off+O*K)),
-			ptr(off4(e.dst, off+O*K)), flag(fresh), flag(final), i32(0), f32(0)); err != nil {
+		if err := e.layerAccGrad(l, B, fresh, final); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// accGrad adds a linear layer's weight gradient Dᵀ·A (D: B×O output
-// gradients, A: B×K inputs, both already scaled by the clip factors) to the
-// sum at parameter offset off, as linear.accGrad does on the CPU: float32
-// products over blocks of blockRows rows (up to maxBlockGroup of them at
-// once, into the scratch buffer), each block's product added into the
-// float64 accumulator in block order (blocks_put), which put32's rule
+// accGrad adds a linear layer's weight gradient Dᵀ·A (D: rows×O output
+// gradients, A: rows×K inputs, both already scaled by the clip factors) to
+// the sum at parameter offset off, as linear.accGrad does on the CPU:
+// float32 products over blocks of blockRows rows (up to maxBlockGroup of
+// them at once, into the scratch buffer), each block's product added into
+// the float64 accumulator in block order (blocks_put), which put32's rule
 // (fresh, final) rounds into dst at the end. One block in a call that is
-// both fresh and final is written into dst directly, as on the CPU.
-func (e *cudaEngine) accGrad(O, K, B int, D, A cu.DevicePtr, off int, fresh, final bool) error {
-	nb := (B + blockRows - 1) / blockRows
-	if fresh && final && nb == 1 {
-		return e.d.sgemm(true, false, O, K, B, 1, D, O, A, K, 0, off4(e.dst, off), K)
+// both fresh and final is written into dst directly, as on the CPU. A
+// convolution's weight (c > 0 channels, kk kernel positions; rows are
+// output positions) is summed in its internal order and put in the public
+// one.
+func (e *cudaEngine) accGrad(O, K, rows int, D, A cu.DevicePtr, off int, fresh, final bool, c, kk int) error {
+	nb := (rows + blockRows - 1) / blockRows
+	if fresh && final && nb == 1 && c == 0 {
+		return e.d.sgemm(true, false, O, K, rows, 1, D, O, A, K, 0, off4(e.dst, off), K)
 	}
 	for g := 0; g < nb; g += maxBlockGroup {
 		nz := min(maxBlockGroup, nb-g)
 		r0 := g * blockRows
-		rows := min(B-r0, nz*blockRows)
-		if err := e.d.sgemmBlocks(true, false, O, K, rows, blockRows, O*K, 1, off4(D, r0*O), O, off4(A, r0*K), K, 0, e.scratch, K); err != nil {
+		n := min(rows-r0, nz*blockRows)
+		if err := e.d.sgemmBlocks(true, false, O, K, n, blockRows, O*K, 1, off4(D, r0*O), O, off4(A, r0*K), K, 0, e.scratch, K); err != nil {
 			return err
 		}
 		if err := launch1(e.d.k.blocksPut, O*K, sz(O*K), i32(nz), ptr(e.scratch), ptr(off8(e.acc, off)), ptr(off4(e.dst, off)),
-			flag(fresh && g == 0), flag(final && g+nz >= nb)); err != nil {
+			flag(fresh && g == 0), flag(final && g+nz >= nb), i32(c), i32(kk)); err != nil {
 			return err
 		}
 	}
@@ -822,14 +856,8 @@ func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, erro
 		if err := e.backward(B); err != nil {
 			return err
 		}
-		for _, l := range e.lin {
-			_, _, O, K := e.params(l)
-			off := m.layerOff[l]
-			if err := e.d.sgemm(true, false, O, K, B, 1, e.grad[l+1], O, e.act[l], K, 0, off4(e.dst, off), K); err != nil {
-				return err
-			}
-			if err := launch1(k.colsumPut, O, i32(B), i32(O), ptr(e.grad[l+1]), ptr(e.acc), ptr(off4(e.dst, off+O*K)),
-				i32(0), i32(0), i32(1), f32(1)); err != nil {
+		for _, l := range e.params {
+			if err := e.layerParamGrad(l, B); err != nil {
 				return err
 			}
 		}

@@ -75,19 +75,21 @@ __device__ __forceinline__ void load_tiles(float (*As)[BM + 1], float (*Bs)[BN +
 }
 
 // Batches over blockIdx.z: block z multiplies the k-range
-// [z·kblock, min(k, (z+1)·kblock)) into C + z·sc (the per-block products
-// of accgrad, see accgrad in cuda.go); kblock = k and one z for a plain
-// product.
+// [z·kblock, min(k, (z+1)·kblock)) of A + z·sa and B + z·sb into C + z·sc:
+// with sa = sb = 0, the per-block products of accgrad (see accGrad in
+// cuda.go); with kblock = 0 (no split of k), a strided batch of
+// independent products (a convolution's per-example Gram matrices);
+// kblock = k, one z and zero strides for a plain product.
 #define KBATCH()                                                                                                       \
 	int kstart = blockIdx.z * kblock;                                                                                \
-	k = min(kblock, k - kstart);                                                                                     \
-	a += TA ? (size_t)kstart * lda : (size_t)kstart;                                                                 \
-	b += TB ? (size_t)kstart : (size_t)kstart * ldb;                                                                 \
+	if (kblock > 0) k = min(kblock, k - kstart);                                                                     \
+	a += (TA ? (size_t)kstart * lda : (size_t)kstart) + (size_t)blockIdx.z * sa;                                     \
+	b += (TB ? (size_t)kstart : (size_t)kstart * ldb) + (size_t)blockIdx.z * sb;                                     \
 	c += (size_t)blockIdx.z * sc;
 
 template <bool TA, bool TB>
 __device__ void sgemm_body(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                           float beta, float *c, int ldc, int kblock, size_t sc) {
+                           float beta, float *c, int ldc, int kblock, size_t sc, size_t sa, size_t sb) {
 	KBATCH()
 	__shared__ float As[BK][BM + 1];
 	__shared__ float Bs[BK][BN + 1];
@@ -141,7 +143,7 @@ __device__ void sgemm_body(int m, int n, int k, float alpha, const float *a, int
 // host picks this one when it has enough tiles to fill the GPU.
 template <bool TA, bool TB>
 __device__ void sgemm128_body(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                              float beta, float *c, int ldc, int kblock, size_t sc) {
+                              float beta, float *c, int ldc, int kblock, size_t sc, size_t sa, size_t sb) {
 	KBATCH()
 	__shared__ __align__(16) float As[2][8][128];
 	__shared__ __align__(16) float Bs[2][8][128];
@@ -230,8 +232,8 @@ __device__ void sgemm128_body(int m, int n, int k, float alpha, const float *a, 
 
 #define SGEMM_ARGS                                                                                                     \
 	int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,        \
-	    int ldc, int kblock, size_t sc
-#define SGEMM_PASS m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, kblock, sc
+	    int ldc, int kblock, size_t sc, size_t sa, size_t sb
+#define SGEMM_PASS m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, kblock, sc, sa, sb
 
 extern "C" {
 __global__ void sgemm_nn(SGEMM_ARGS) { sgemm_body<false, false>(SGEMM_PASS); }
@@ -256,15 +258,29 @@ __device__ __forceinline__ void put(double tot, double *acc, float *dst, int fir
 		*acc += tot;
 }
 
+// conv_internal maps index e of a convolution's weight in the public
+// [O, C, kk] order to the internal [O, kk, C] order (conv.permute in
+// layers.go); the identity when c = 0 (a linear layer).
+__device__ __forceinline__ size_t conv_internal(size_t e, int c, int kk) {
+	if (c == 0) return e;
+	size_t K = (size_t)c * kk;
+	size_t o = e / K, q = e % K;
+	size_t ch = q / kk, r = q % kk;
+	return o * K + r * c + ch;
+}
+
 // blocks_put sums, per element e of n, the nb float32 block products
-// blk[z·n + e] (z in order) in float64 and puts the total into acc / dst:
+// blk[z·n + e'] (z in order) in float64 and puts the total into acc / dst:
 // the accumulation of linear.accGrad (float32 products over blocks of
-// blockRows rows, each added into a float64 total; linear.bound's λ).
-__global__ void blocks_put(size_t n, int nb, const float *blk, double *acc, float *dst, int first, int last) {
+// blockRows rows, each added into a float64 total; linear.bound's λ). e' is
+// e, or for a convolution (c > 0) the internal index of public element e.
+__global__ void blocks_put(size_t n, int nb, const float *blk, double *acc, float *dst, int first, int last, int c,
+                           int kk) {
 	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (e >= n) return;
+	size_t src = conv_internal(e, c, kk);
 	double tot = 0.0;
-	for (int z = 0; z < nb; z++) tot += (double)blk[(size_t)z * n + e];
+	for (int z = 0; z < nb; z++) tot += (double)blk[(size_t)z * n + src];
 	put(tot, &acc[e], &dst[e], first, last);
 }
 
@@ -291,21 +307,53 @@ __global__ void bias_add(int rows, int cols, float *out, const float *bias) {
 	out[e] += bias[e % cols];
 }
 
-// act_fwd: kind 0 = ReLU (max(x, 0)), 1 = tanh.
+// tanh32 is layers.go's tanh32, operation for operation (Eigen's clamped
+// 13/6-degree rational approximation), with every product and sum rounded
+// separately as Go rounds them (no fused multiply-adds), so that the GPU's
+// activations have the CPU's bits for the same inputs: a maximum pooling
+// over saturated tanh outputs then picks the same element on both.
+__device__ float tanh32(float x) {
+	const float clamp = 7.90531110763549805f;
+	if (x > clamp)
+		x = clamp;
+	else if (x < -clamp)
+		x = -clamp;
+	if (x < 0.0004f && x > -0.0004f) return x;
+	const float a1 = 4.89352455891786e-03f, a3 = 6.37261928875436e-04f, a5 = 1.48572235717979e-05f,
+	            a7 = 5.12229709037114e-08f, a9 = -8.60467152213735e-11f, a11 = 2.00018790482477e-13f,
+	            a13 = -2.76076847742355e-16f, b0 = 4.89352518554385e-03f, b2 = 2.26843463243900e-03f,
+	            b4 = 1.18534705686654e-04f, b6 = 1.19825839466702e-06f;
+	float x2 = __fmul_rn(x, x);
+	float p = __fadd_rn(a11, __fmul_rn(x2, a13));
+	p = __fadd_rn(a9, __fmul_rn(x2, p));
+	p = __fadd_rn(a7, __fmul_rn(x2, p));
+	p = __fadd_rn(a5, __fmul_rn(x2, p));
+	p = __fadd_rn(a3, __fmul_rn(x2, p));
+	p = __fadd_rn(a1, __fmul_rn(x2, p));
+	p = __fmul_rn(x, p);
+	float q = __fadd_rn(b4, __fmul_rn(x2, b6));
+	q = __fadd_rn(b2, __fmul_rn(x2, q));
+	q = __fadd_rn(b0, __fmul_rn(x2, q));
+	return __fdiv_rn(p, q);
+}
+
+// act_fwd: kind 0 = ReLU (Go's max(x, 0): NaN stays NaN, −0 becomes +0),
+// 1 = tanh (tanh32).
 __global__ void act_fwd(size_t n, int kind, const float *in, float *out) {
 	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (e >= n) return;
 	float v = in[e];
-	out[e] = kind == 1 ? tanhf(v) : fmaxf(v, 0.f);
+	out[e] = kind == 1 ? tanh32(v) : (v > 0.f || isnan(v) ? v : 0.f);
 }
 
-// act_bwd: din = dout·f'(x) from the layer's output y.
+// act_bwd: din = dout·f'(x) from the layer's output y, rounded as the CPU
+// rounds it (dout·(1 − y·y), three roundings).
 __global__ void act_bwd(size_t n, int kind, const float *out, const float *dout, float *din) {
 	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (e >= n) return;
 	float y = out[e];
 	if (kind == 1)
-		din[e] = dout[e] * (1.f - y * y);
+		din[e] = __fmul_rn(dout[e], __fsub_rn(1.f, __fmul_rn(y, y)));
 	else
 		din[e] = y > 0.f ? dout[e] : 0.f;
 }
@@ -389,5 +437,420 @@ __global__ void nonfinite(size_t n, const float *x, int32_t *flag) {
 	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	if (e >= n) return;
 	if (!isfinite(x[e])) atomicOr(flag, 1); // a flag, not a sum: the result is the same whatever the order
+}
+
+// ----------------------------------------------------------- reductions
+
+// block_sum returns, in thread 0, the sum of v over the block's 256
+// threads by a fixed tree (the same order on every run). sh holds 256
+// doubles; every thread must call it.
+__device__ double block_sum(double v, double *sh) {
+	int t = threadIdx.x;
+	sh[t] = v;
+	__syncthreads();
+	for (int w = 128; w > 0; w >>= 1) {
+		if (t < w) sh[t] += sh[t + w];
+		__syncthreads();
+	}
+	double r = sh[0];
+	__syncthreads();
+	return r;
+}
+
+// ---------------------------------------------------------- convolution
+//
+// conv in layers.go, on the same layouts: activations channels-last
+// (H, W, C) per example, the unfolded input cols [B·T, K] in patch order
+// (kh, kw, c), the weights permuted to [O, kh, kw, C] (conv.permute), the
+// output [B·T, O]. Geometry: input c×h×w, kernel k, stride s, pad p,
+// output ho×wo (T = ho·wo, K = k·k·c).
+
+// conv_im2col writes cols for B examples (conv.im2col): zero outside the
+// image.
+__global__ void conv_im2col(int B, int c, int h, int w, int k, int s, int p, int ho, int wo, const float *x,
+                            float *cols) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t K = (size_t)k * k * c, T = (size_t)ho * wo;
+	if (e >= (size_t)B * T * K) return;
+	size_t i = e / (T * K), q = e % (T * K);
+	int t = q / K, r = q % K;
+	int ch = r % c, kw = (r / c) % k, kh = r / (c * k);
+	int oh = t / wo, ow = t % wo;
+	int hh = oh * s - p + kh, ww = ow * s - p + kw;
+	float v = 0.f;
+	if (hh >= 0 && hh < h && ww >= 0 && ww < w) v = x[i * h * w * c + ((size_t)hh * w + ww) * c + ch];
+	cols[e] = v;
+}
+
+// conv_col2im is the adjoint (conv.col2im): each input element sums the
+// unfolded entries that copied it, in the CPU's order (output positions
+// ascending), so the bits are the CPU's.
+__global__ void conv_col2im(int B, int c, int h, int w, int k, int s, int p, int ho, int wo, const float *dcols,
+                            float *dx) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t n = (size_t)h * w * c;
+	if (e >= (size_t)B * n) return;
+	size_t i = e / n, q = e % n;
+	int ch = q % c, ww = (q / c) % w, hh = q / ((size_t)c * w);
+	size_t K = (size_t)k * k * c, T = (size_t)ho * wo;
+	const float *dc = dcols + i * T * K;
+	float acc = 0.f;
+	for (int kh = k - 1; kh >= 0; kh--) { // oh ascending
+		int a = hh + p - kh;
+		if (a < 0 || a % s != 0) continue;
+		int oh = a / s;
+		if (oh >= ho) continue;
+		for (int kw = k - 1; kw >= 0; kw--) { // ow ascending
+			int b = ww + p - kw;
+			if (b < 0 || b % s != 0) continue;
+			int ow = b / s;
+			if (ow >= wo) continue;
+			acc += dc[((size_t)oh * wo + ow) * K + ((size_t)kh * k + kw) * c + ch];
+		}
+	}
+	dx[e] = acc;
+}
+
+// conv_permute copies a weight between the public [O, C, kk] order and the
+// internal [O, kk, C] one: dir 0 public → internal, 1 back.
+__global__ void conv_permute(int o, int c, int kk, int dir, const float *src, float *dst) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)o * c * kk) return;
+	size_t in = conv_internal(e, c, kk); // e is the public index
+	if (dir == 0)
+		dst[in] = src[e];
+	else
+		dst[e] = src[in];
+}
+
+// conv_rows turns the per-row sums of squares a2 (of Aᵢ's rows) and d2 (of
+// Dᵢ's rows) into αₜ = √a2·up and βₜ = √d2·up (stored for conv_ghost), and
+// per example (one block) the sums of convStats (layers.go): rho =
+// Σ βₜ√(a2+1), sat = Σ √(a2+1), sb = Σ βₜ, written at out[q·ld + i] for
+// q = 0, 1, 2.
+__global__ void conv_rows(int T, double up, const double *a2, const double *d2, double *al, double *be,
+                          double *out, int ld) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	double rho = 0, sat = 0, sb = 0;
+	for (int t = threadIdx.x; t < T; t += 256) {
+		size_t r = (size_t)i * T + t;
+		double a = a2[r], bt = sqrt(d2[r]) * up, at = sqrt(a + 1.0);
+		al[r] = sqrt(a) * up;
+		be[r] = bt;
+		rho += bt * at;
+		sat += at;
+		sb += bt;
+	}
+	rho = block_sum(rho, sh);
+	sat = block_sum(sat, sh);
+	sb = block_sum(sb, sh);
+	if (threadIdx.x == 0) {
+		out[i] = rho;
+		out[ld + i] = sat;
+		out[2 * ld + i] = sb;
+	}
+}
+
+// conv_biasn writes, per example (one block), Σₒ(Σₜ dₜₒ)² (float64, each
+// column summed in t order) to out[i]: the bias part of convStats.n.
+__global__ void conv_biasn(int T, int O, const float *dout, double *out) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	const float *D = dout + (size_t)i * T * O;
+	double n = 0;
+	for (int o = threadIdx.x; o < O; o += 256) {
+		double s = 0;
+		for (int t = 0; t < T; t++) s += (double)D[(size_t)t * O + o];
+		n += s * s;
+	}
+	n = block_sum(n, sh);
+	if (threadIdx.x == 0) out[i] = n;
+}
+
+// conv_ghost writes, per example (one block), the ghost sums of convStats
+// from its float32 Gram matrices ga = AᵢAᵢᵀ and gd = DᵢDᵢᵀ [T, T] and αₜ,
+// βₜ: n̂ = Σ ga·gd, eK = Σ αₜαᵤ|gd|, eO = Σ |ga|βₜβᵤ, eP = Σ |ga·gd|,
+// sa = Σ|ga|, sd = Σ|gd|, at out[q·ld + i] for q = 0..5.
+__global__ void conv_ghost(int T, const float *ga, const float *gd, const double *al, const double *be,
+                           double *out, int ld) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	size_t TT = (size_t)T * T;
+	const float *A = ga + i * TT, *D = gd + i * TT;
+	const double *alp = al + (size_t)i * T, *bep = be + (size_t)i * T;
+	double n = 0, eK = 0, eO = 0, eP = 0, sa = 0, sd = 0;
+	for (size_t q = threadIdx.x; q < TT; q += 256) {
+		int t = q / T, u = q % T;
+		double a = A[q], d = D[q], ad = a * d;
+		n += ad;
+		eP += fabs(ad);
+		eK += alp[t] * alp[u] * fabs(d);
+		eO += fabs(a) * bep[t] * bep[u];
+		sa += fabs(a);
+		sd += fabs(d);
+	}
+	double v[6] = {n, eK, eO, eP, sa, sd};
+	for (int q = 0; q < 6; q++) {
+		double r = block_sum(v[q], sh);
+		if (threadIdx.x == 0) out[(size_t)q * ld + i] = r;
+	}
+}
+
+// conv_pergrad writes example i's weight gradient Ĝᵢ = Dᵢᵀ Aᵢ [O, K]
+// (internal order) into gi, one thread per element: float32 sums over
+// pieces of at most R output positions (fused multiply-adds in t order),
+// the pieces added in float64 and rounded to float32 once (conv.product:
+// the error γ_R(u32)·ρᵢ of conv.bound).
+__global__ void conv_pergrad(int B, int T, int O, int K, int R, const float *dout, const float *cols, float *gi) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t OK = (size_t)O * K;
+	if (e >= (size_t)B * OK) return;
+	size_t i = e / OK, q = e % OK;
+	int o = q / K, kq = q % K;
+	const float *D = dout + i * T * O + o, *A = cols + i * T * K + kq;
+	double acc = 0;
+	for (int t0 = 0; t0 < T; t0 += R) {
+		int t1 = min(T, t0 + R);
+		float s = 0.f;
+		for (int t = t0; t < t1; t++) s = fmaf(D[(size_t)t * O], A[(size_t)t * K], s);
+		acc += (double)s;
+	}
+	gi[e] = (float)acc;
+}
+
+// conv_gsum puts, per public element e of the weight [O, C, kk], the sum
+// Σᵢ cᵢ·Ĝᵢ[e'] over the examples (in order; e' the internal index) in
+// float64 into acc / dst (conv.accGrad when materializing). Examples with
+// cᵢ = 0 add nothing (their Ĝᵢ may hold NaN). With mode 1 it writes
+// dst[e] = (float)(alpha·Σᵢ Ĝᵢ[e']) instead.
+__global__ void conv_gsum(int B, int o, int c, int kk, const float *gi, const float *coef, double *acc, float *dst,
+                          int first, int last, int mode, float alpha) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t OK = (size_t)o * c * kk;
+	if (e >= OK) return;
+	size_t src = conv_internal(e, c, kk);
+	double tot = 0;
+	for (int i = 0; i < B; i++) {
+		float ci = mode == 1 ? 1.f : coef[i];
+		if (ci == 0.f) continue;
+		tot += (double)ci * (double)gi[(size_t)i * OK + src];
+	}
+	if (mode == 1)
+		dst[e] = (float)((double)alpha * tot);
+	else
+		put(tot, &acc[e], &dst[e], first, last);
+}
+
+// -------------------------------------------------------------- pooling
+
+// pool_fwd (pool.forward): one thread per output element (i, oh, ow, ch),
+// window in (kh, kw) order. Max: Go's max (NaN if either is NaN), arg the
+// input index (per example) of the first maximum; average: float32 sum,
+// then times 1/(k·k).
+__global__ void pool_fwd(int B, int c, int h, int w, int k, int s, int ho, int wo, int mx, const float *x, float *y,
+                         int32_t *arg) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t nout = (size_t)ho * wo * c;
+	if (e >= (size_t)B * nout) return;
+	size_t i = e / nout, q = e % nout;
+	int ch = q % c, ow = (q / c) % wo, oh = q / ((size_t)c * wo);
+	const float *xi = x + i * h * w * c;
+	float cur = 0.f;
+	int a = 0;
+	for (int kh = 0; kh < k; kh++)
+		for (int kw = 0; kw < k; kw++) {
+			int idx = ((oh * s + kh) * w + ow * s + kw) * c + ch;
+			float v = xi[idx];
+			if (!mx) {
+				cur = __fadd_rn(cur, v);
+			} else if (kh == 0 && kw == 0) {
+				cur = v;
+				a = idx;
+			} else {
+				if (v > cur) a = idx;
+				cur = (isnan(cur) || isnan(v)) ? __int_as_float(0x7fc00000) : (v > cur ? v : cur);
+			}
+		}
+	if (mx) {
+		y[e] = cur;
+		arg[e] = a;
+	} else {
+		y[e] = __fmul_rn(cur, 1.f / (float)(k * k));
+	}
+}
+
+// pool_bwd (pool.backward): one thread per input element, summing the
+// output gradients of the windows that contain it in the CPU's order
+// (max: outputs ascending, those whose arg is this element; average:
+// oh ascending, then kw ascending, each g·(1/(k·k)) rounded first).
+__global__ void pool_bwd(int B, int c, int h, int w, int k, int s, int ho, int wo, int mx, const float *dy,
+                         const int32_t *arg, float *dx) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t nin = (size_t)h * w * c, nout = (size_t)ho * wo * c;
+	if (e >= (size_t)B * nin) return;
+	size_t i = e / nin, q = e % nin;
+	int ch = q % c, ww = (q / c) % w, hh = q / ((size_t)c * w);
+	const float *dyi = dy + i * nout;
+	const int32_t *ai = arg + i * nout;
+	float inv = 1.f / (float)(k * k);
+	float acc = 0.f;
+	for (int oh = 0; oh < ho; oh++) {
+		int kh = hh - oh * s;
+		if (kh < 0 || kh >= k) continue;
+		if (mx) {
+			for (int ow = 0; ow < wo; ow++) {
+				int kw = ww - ow * s;
+				if (kw < 0 || kw >= k) continue;
+				size_t o = ((size_t)oh * wo + ow) * c + ch;
+				if (ai[o] == (int32_t)q) acc = __fadd_rn(acc, dyi[o]);
+			}
+		} else {
+			for (int kw = 0; kw < k; kw++) {
+				int b = ww - kw;
+				if (b < 0 || b % s != 0) continue;
+				int ow = b / s;
+				if (ow >= wo) continue;
+				acc = __fadd_rn(acc, __fmul_rn(dyi[((size_t)oh * wo + ow) * c + ch], inv));
+			}
+		}
+	}
+	dx[e] = acc;
+}
+
+// -------------------------------------------------------- embedding bag
+
+// embed_fwd (embedBag.forward): per (i, j), the float32 sum of the
+// embeddings of example i's tokens (id < 0 is padding) in token order,
+// times inv = 1/n (0 for no tokens); thread j = 0 stores inv.
+__global__ void embed_fwd(int B, int L, int D, const float *tok, const float *wt, float *inv, float *y) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * D) return;
+	size_t i = e / D;
+	int j = e % D;
+	const float *ti = tok + i * L;
+	float s = 0.f;
+	int n = 0;
+	for (int q = 0; q < L; q++) {
+		float t = ti[q];
+		if (t < 0.f) continue;
+		n++;
+		s = __fadd_rn(s, wt[(size_t)t * D + j]);
+	}
+	float r = n > 0 ? 1.f / (float)n : 0.f;
+	if (j == 0) inv[i] = r;
+	y[e] = n > 0 ? __fmul_rn(s, r) : 0.f;
+}
+
+// embed_acc (embedBag.accGrad): per element (v, j) of the weight [V, D],
+// adds inv[i]·d[i, j] in float64 once per occurrence of token v, over the
+// occurrences ex[off[v] .. off[v+1]) (example indices, in example then
+// position order: the CPU's order), into acc (cleared first if first),
+// rounded into dst if last. With mode 1 it writes dst = (float)(alpha·sum).
+__global__ void embed_acc(int V, int D, const int32_t *off, const int32_t *ex, const float *inv, const float *dout,
+                          double *acc, float *dst, int first, int last, int mode, float alpha) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)V * D) return;
+	int v = e / D, j = e % D;
+	double s = (first || mode == 1) ? 0.0 : acc[e];
+	for (int q = off[v]; q < off[v + 1]; q++) {
+		int i = ex[q];
+		s += (double)inv[i] * (double)dout[(size_t)i * D + j];
+	}
+	if (mode == 1)
+		dst[e] = (float)((double)alpha * s);
+	else if (last)
+		dst[e] = (float)s;
+	else
+		acc[e] = s;
+}
+
+// ----------------------------------------------------------- layer norm
+
+// ln_fwd (layerNorm.forward): one block per example; mean and variance in
+// float64 (fixed trees), r = 1/√(var+eps), x̂ = (float)((x−μ)·r),
+// y = g·x̂ + b (two float32 roundings, as on the CPU).
+__global__ void ln_fwd(int f, double eps, const float *x, const float *wt, float *xhat, float *rstd, float *y) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	const float *xi = x + (size_t)i * f;
+	double mu = 0;
+	for (int j = threadIdx.x; j < f; j += 256) mu += (double)xi[j];
+	mu = block_sum(mu, sh) / (double)f;
+	double vr = 0;
+	for (int j = threadIdx.x; j < f; j += 256) {
+		double d = (double)xi[j] - mu;
+		vr += d * d;
+	}
+	vr = block_sum(vr, sh) / (double)f;
+	double r = 1.0 / sqrt(vr + eps);
+	if (threadIdx.x == 0) rstd[i] = (float)r;
+	for (int j = threadIdx.x; j < f; j += 256) {
+		float xh = (float)(((double)xi[j] - mu) * r);
+		xhat[(size_t)i * f + j] = xh;
+		y[(size_t)i * f + j] = __fadd_rn(__fmul_rn(wt[j], xh), wt[f + j]);
+	}
+}
+
+// ln_bwd (layerNorm.backward): one block per example.
+__global__ void ln_bwd(int f, const float *wt, const float *xhat, const float *rstd, const float *dy, float *dx) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	const float *xh = xhat + (size_t)i * f, *d = dy + (size_t)i * f;
+	double m1 = 0, m2 = 0;
+	for (int j = threadIdx.x; j < f; j += 256) {
+		double v = (double)d[j] * (double)wt[j];
+		m1 += v;
+		m2 += v * (double)xh[j];
+	}
+	m1 = block_sum(m1, sh) / (double)f;
+	m2 = block_sum(m2, sh) / (double)f;
+	double r = (double)rstd[i];
+	for (int j = threadIdx.x; j < f; j += 256) {
+		double v = (double)d[j] * (double)wt[j];
+		dx[(size_t)i * f + j] = (float)(r * (v - m1 - (double)xh[j] * m2));
+	}
+}
+
+// ln_stats writes, per example (one block), n = Σ (dⱼx̂ⱼ)² + dⱼ² and
+// x2 = Σ x̂ⱼ² (float64) to out[i] and out[ld + i] (layerNorm.bound).
+__global__ void ln_stats(int f, const float *xhat, const float *dy, double *out, int ld) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	const float *xh = xhat + (size_t)i * f, *d = dy + (size_t)i * f;
+	double n = 0, x2 = 0;
+	for (int j = threadIdx.x; j < f; j += 256) {
+		double dv = d[j], x = xh[j], gx = dv * x;
+		n += gx * gx + dv * dv;
+		x2 += x * x;
+	}
+	n = block_sum(n, sh);
+	x2 = block_sum(x2, sh);
+	if (threadIdx.x == 0) {
+		out[i] = n;
+		out[ld + i] = x2;
+	}
+}
+
+// ln_acc (layerNorm.accGrad): per feature j, the gain and bias gradient
+// sums Σᵢ dᵢⱼx̂ᵢⱼ and Σᵢ dᵢⱼ in float64 in example order, put into
+// acc / dst at j and f + j; with mode 1, dst = (float)(alpha·sum).
+__global__ void ln_acc(int B, int f, const float *xhat, const float *dy, double *acc, float *dst, int first,
+                       int last, int mode, float alpha) {
+	int j = blockIdx.x * blockDim.x + threadIdx.x;
+	if (j >= f) return;
+	double gs = 0, bs = 0;
+	for (int i = 0; i < B; i++) {
+		double d = dy[(size_t)i * f + j];
+		gs += d * (double)xhat[(size_t)i * f + j];
+		bs += d;
+	}
+	if (mode == 1) {
+		dst[j] = (float)((double)alpha * gs);
+		dst[f + j] = (float)((double)alpha * bs);
+	} else {
+		put(gs, &acc[j], &dst[j], first, last);
+		put(bs, &acc[f + j], &dst[f + j], first, last);
+	}
 }
 }

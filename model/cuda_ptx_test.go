@@ -28,7 +28,9 @@ func TestCUDAPTXMatchesSource(t *testing.T) {
 		t.Fatalf("cuda_kernels.ptx was not generated from this cuda_kernels.cu (first line %q, want it to contain %q): run go generate ./model (needs nvcc)", first, want)
 	}
 	for _, k := range []string{"sgemm_nn", "sgemm_nt", "sgemm_tn", "sgemm_tt", "sgemm128_nn", "sgemm128_nt", "sgemm128_tn", "blocks_put", "colsum_put", "bias_add",
-		"act_fwd", "act_bwd", "permute", "softmax_xent", "row_sumsq", "clip_rows", "nonfinite"} {
+		"act_fwd", "act_bwd", "permute", "softmax_xent", "row_sumsq", "clip_rows", "nonfinite",
+		"conv_im2col", "conv_col2im", "conv_permute", "conv_rows", "conv_biasn", "conv_ghost", "conv_pergrad", "conv_gsum",
+		"pool_fwd", "pool_bwd", "embed_fwd", "embed_acc", "ln_fwd", "ln_bwd", "ln_stats", "ln_acc"} {
 		if !strings.Contains(string(ptx), ".entry "+k+"(") {
 			t.Errorf("cuda_kernels.ptx has no kernel %s", k)
 		}

@@ -57,12 +57,15 @@ func newCUDAEngine(t testing.TB, m *Model, maxB int) *cudaEngine {
 	return e
 }
 
-// cudaSpecs are models made of the layers the CUDA engine supports, with
-// every code path: the presets logreg and mlp, tanh, a flatten of a
-// multi-channel input (the channels-last permutations), activations before
-// the flatten, and a deep narrow net.
+// cudaSpecs are models with every code path of the engine: the presets,
+// tanh, a flatten of a multi-channel input (the channels-last
+// permutations), activations before the flatten, a deep narrow net, and
+// every layer case of the CPU's gradient tests (gradCases: convolutions
+// with stride and padding, max and average pooling, embedding bags, layer
+// norm), with issue 11's cancellation spec, whose convolution takes the
+// ghost norm.
 func cudaSpecs() []Spec {
-	return []Spec{
+	specs := []Spec{
 		LogReg([]int{1, 28, 28}, 10),
 		MLP([]int{1, 28, 28}, []int{256, 256}, 10),
 		{Name: "tanh-mlp", Input: []int{37}, Classes: 5, Layers: []LayerSpec{
@@ -72,21 +75,62 @@ func cudaSpecs() []Spec {
 		{Name: "deep", Input: []int{9}, Classes: 3, Layers: []LayerSpec{
 			{Type: Linear, Out: 3}, {Type: ReLU}, {Type: Linear, Out: 2}, {Type: Tanh}, {Type: Linear, Out: 17},
 			{Type: ReLU}, {Type: Linear, Out: 3}}},
+		TextBag(10000, 64, 64, 4, 128), // the textbag preset
+		cancelSpec(),
 	}
+	return append(specs, gradCases()...)
+}
+
+// cudaPoolFlips returns how many maximum-pooling decisions (the input
+// each output's maximum came from) of the GPU engine's last batch differ
+// from those of the CPU workspace ws on the same batch of B examples.
+func cudaPoolFlips(t *testing.T, e *cudaEngine, ws *Workspace, B int) int {
+	t.Helper()
+	flips := 0
+	for l, ly := range e.m.layers {
+		pl, ok := ly.(*pool)
+		if !ok || !pl.max {
+			continue
+		}
+		n := B * pl.c * pl.ho * pl.wo
+		got := make([]int32, n)
+		if err := e.d.do(func() error { return dtoh(got, e.lb[l].arg) }); err != nil {
+			t.Fatal(err)
+		}
+		for j, a := range ws.states[l].(*poolState).arg[:n] {
+			if got[j] != a {
+				flips++
+			}
+		}
+	}
+	return flips
+}
+
+// hasGhost reports whether m has a convolution that takes the ghost norm.
+func hasGhost(m *Model) bool {
+	for _, ly := range m.layers {
+		if cv, ok := ly.(*conv); ok && cv.ghost {
+			return true
+		}
+	}
+	return false
 }
 
 // cudaRefGrads is refGrads for the GPU: each example's exact gradient
 // (float64 products and sums) as the activations and output gradients the
 // GPU's own forward and backward passes stored define it: the quantity its
-// clip must bound.
+// clip must bound. The device's buffers have the CPU's layouts, so they are
+// copied into a CPU workspace and handed to refGradsStored.
 func cudaRefGrads(t *testing.T, e *cudaEngine, theta, x []float32, y []int32) [][]float64 {
 	t.Helper()
 	m := e.m
 	B := len(y)
 	L := len(m.layers)
-	acts := make(map[int][]float32)
-	grads := make(map[int][]float32)
-	err := e.d.do(func() error {
+	ws, err := m.NewWorkspace(B)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = e.d.do(func() error {
 		if err := e.begin(theta); err != nil {
 			return err
 		}
@@ -103,38 +147,30 @@ func cudaRefGrads(t *testing.T, e *cudaEngine, theta, x []float32, y []int32) []
 		if err := e.backward(B); err != nil {
 			return err
 		}
-		for _, l := range e.lin {
-			ly := m.layers[l].(*linear)
-			acts[l] = make([]float32, B*ly.in)
-			grads[l] = make([]float32, B*ly.out)
-			if err := errors.Join(dtoh(acts[l], e.act[l]), dtoh(grads[l], e.grad[l+1])); err != nil {
-				return err
+		var errs []error
+		get := func(dst []float32, src cu.DevicePtr, n int) { errs = append(errs, dtoh(dst[:n], src)) }
+		for l, ly := range m.layers {
+			if m.layerSize[l] == 0 {
+				continue
+			}
+			get(ws.act[l], e.act[l], B*len(ws.act[l])/ws.maxB)
+			get(ws.grad[l+1], e.grad[l+1], B*len(ws.grad[l+1])/ws.maxB)
+			s := &e.lb[l]
+			switch ly := ly.(type) {
+			case *conv:
+				get(ws.states[l].(*convState).cols, s.cols, B*ly.T*ly.K)
+			case *layerNorm:
+				get(ws.states[l].(*lnState).xhat, s.xhat, B*ly.f)
+			case *embedBag:
+				get(ws.states[l].(*embedState).inv, s.inv, B)
 			}
 		}
-		return nil
+		return errors.Join(errs...)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([][]float64, B)
-	for i := range out {
-		out[i] = make([]float64, m.numParams)
-	}
-	for _, l := range e.lin {
-		ly := m.layers[l].(*linear)
-		off := m.layerOff[l]
-		for i := 0; i < B; i++ {
-			g := out[i][off : off+m.layerSize[l]]
-			a, d := acts[l][i*ly.in:(i+1)*ly.in], grads[l][i*ly.out:(i+1)*ly.out]
-			for o, dv := range d {
-				for k, av := range a {
-					g[o*ly.in+k] = float64(dv) * float64(av)
-				}
-				g[ly.out*ly.in+o] = float64(dv)
-			}
-		}
-	}
-	return out
+	return refGradsStored(ws, B)
 }
 
 // cudaCheckClip runs the GPU's ClippedSum and checks its clip against the
@@ -204,13 +240,25 @@ func TestCUDAClippedSumMatchesCPU(t *testing.T) {
 					r := relNorm(got, want)
 					t.Logf("‖GPU − CPU‖/‖CPU‖ = %.3g", r)
 					if !(r <= 1e-4) {
-						t.Fatalf("‖GPU − CPU‖/‖CPU‖ = %.3g > 1e-4", r)
+						// A maximum over values equal to rounding (tanh
+						// saturates) may pick another element when the
+						// convolution below rounds differently: then the
+						// gradient takes another path, legitimately.
+						flips := cudaPoolFlips(t, e, ws, B)
+						if flips == 0 || !(r <= 1e-2) {
+							t.Fatalf("‖GPU − CPU‖/‖CPU‖ = %.3g > 1e-4 (%d max-pool decisions differ)", r, flips)
+						}
+						t.Logf("%d of the batch's max-pool decisions differ from the CPU's (near-ties): tolerance 1e-2", flips)
 					}
 					// The clip norm is tight on the GPU's own values, as on
 					// the CPU (TestClipBoundTightOnPresets): at most 1e-4
-					// above the exact norm.
+					// above the exact norm (the ghost norm's worst-case
+					// bound grows with (ρᵢ/‖Gᵢ‖)², so it is exempt).
 					ref := cudaRefGrads(t, e, theta, x, y)
 					for i, g := range ref {
+						if hasGhost(m) {
+							break
+						}
 						n, gn := math.Sqrt(e.bounds.sq[i])*(1+0x1p-40)+e.bounds.share[i], norm64(g)
 						if !(n >= gn && n <= gn*(1+1e-4)) {
 							t.Fatalf("example %d: clip norm %v, exact norm %v: not within [1, 1+1e-4]", i, n, gn)
@@ -340,31 +388,32 @@ func TestCUDANonFiniteExampleAddsZero(t *testing.T) {
 // TestCUDADeterministic: the same inputs give the same bits, on the same
 // engine and on a new one.
 func TestCUDADeterministic(t *testing.T) {
-	m, err := New(MLP([]int{1, 28, 28}, []int{256, 256}, 10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const B = 700
-	rng := rand.New(rand.NewPCG(4, 4))
-	theta := randomTheta(t, m, 4)
-	x, y := randomBatch(m, B, rng)
-	run := func(e *cudaEngine) []float32 {
-		dst := make([]float32, m.numParams)
-		if _, err := e.ClippedSum(dst, theta, x, y, 0.1); err != nil {
-			t.Fatal(err)
+	cnn, _ := Preset("cnn")
+	text, _ := Preset("textbag")
+	specs := []Spec{MLP([]int{1, 28, 28}, []int{256, 256}, 10), cnn, text, cancelSpec()}
+	eachConvMode(t, specs, func(t *testing.T, _ int, m *Model) {
+		const B = 700
+		rng := rand.New(rand.NewPCG(4, 4))
+		theta := randomTheta(t, m, 4)
+		x, y := randomBatch(m, B, rng)
+		run := func(e *cudaEngine) []float32 {
+			dst := make([]float32, m.numParams)
+			if _, err := e.ClippedSum(dst, theta, x, y, 0.1); err != nil {
+				t.Fatal(err)
+			}
+			return dst
 		}
-		return dst
-	}
-	e1 := newCUDAEngine(t, m, B)
-	want := run(e1)
-	for r := 0; r < 5; r++ {
-		if got := run(e1); !slices.Equal(got, want) {
-			t.Fatalf("run %d: other bits", r)
+		e1 := newCUDAEngine(t, m, B)
+		want := run(e1)
+		for r := 0; r < 5; r++ {
+			if got := run(e1); !slices.Equal(got, want) {
+				t.Fatalf("run %d: other bits", r)
+			}
 		}
-	}
-	if got := run(newCUDAEngine(t, m, B)); !slices.Equal(got, want) {
-		t.Fatal("a second engine gives other bits")
-	}
+		if got := run(newCUDAEngine(t, m, B)); !slices.Equal(got, want) {
+			t.Fatal("a second engine gives other bits")
+		}
+	})
 }
 
 // TestCUDAClippedSumIndexedChunks: a Poisson-sized index list longer than
@@ -414,6 +463,93 @@ func TestCUDAClippedSumIndexedChunks(t *testing.T) {
 	}
 }
 
+// TestCUDAClippedSumIndexedEveryLayer is TestClippedSumIndexedEveryLayer on
+// the GPU: for every layer case, both convolution strategies, a chunked
+// sum (six chunks, the float64 accumulator carried between them) agrees
+// with the CPU's single batch.
+func TestCUDAClippedSumIndexedEveryLayer(t *testing.T) {
+	idx := []int{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 38, 39, 0, 11}
+	eachConvMode(t, gradCases(), func(t *testing.T, ci int, m *Model) {
+		rng := rand.New(rand.NewPCG(uint64(ci), 4))
+		x, y := randomBatch(m, 40, rng)
+		d := &dataset.Dataset{Name: "t", X: x, Y: y, Dim: m.InputSize(), Classes: m.Classes(), Vocab: m.vocab}
+		theta := randomTheta(t, m, uint64(ci))
+		big, _ := m.NewWorkspace(len(idx))
+		want := make([]float32, m.NumParams())
+		sub := d.Subset(idx)
+		if _, err := big.ClippedSum(want, theta, sub.X, sub.Y, 0.3); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, m.NumParams())
+		if n, err := newCUDAEngine(t, m, 4).ClippedSumIndexed(got, theta, d, idx, 0.3); err != nil || n != len(idx) {
+			t.Fatalf("n = %d, err = %v", n, err)
+		}
+		if rel := relDiff(got, want); rel > 1e-5 {
+			t.Fatalf("GPU chunked vs CPU single: relative error %.3g", rel)
+		}
+	})
+}
+
+// TestCUDAClipAdversarialLayers is TestClipAgainstReferenceOnIssueCases on
+// the GPU: issue 11's cancellation cases (nearly equal patches with
+// opposite output gradients, where the float32 Gram estimate of the conv's
+// norm cancels to about zero or below), with both convolution strategies
+// and three clip norms, and for every layer case batches with an example
+// of ±3e38 features and random draws of FuzzClippedSum's value alphabet:
+// every example's clipped gradient within C of the GPU's exact reference,
+// a non-finite one adding zero, the sum within its stated error.
+func TestCUDAClipAdversarialLayers(t *testing.T) {
+	for _, ghost := range []bool{true, false} {
+		for di, delta := range []func(int) float32{
+			func(c int) float32 { return float32(1 - 2*(c%2)) },
+			func(int) float32 { return -1 },
+		} {
+			for _, clip := range []float64{1, 0.01, 100} {
+				t.Run(fmt.Sprintf("cancel%d/ghost=%v/C=%g", di, ghost, clip), func(t *testing.T) {
+					m, theta, x, y := cancelCase(t, Gonum{}, delta)
+					m = withConvMode(m, ghost)
+					cudaCheckClip(t, newCUDAEngine(t, m, 1), theta, x, y, clip)
+				})
+			}
+		}
+	}
+	for si, spec := range gradCases() {
+		t.Run(spec.Name, func(t *testing.T) {
+			m, err := NewWithBackend(spec, Gonum{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const B = 5
+			e := newCUDAEngine(t, m, B)
+			rng := rand.New(rand.NewPCG(uint64(si), 12))
+			theta := randomTheta(t, m, uint64(si))
+			x, y := randomBatch(m, B, rng)
+			if m.vocab == 0 {
+				for j := range m.InputSize() {
+					x[2*m.InputSize()+j] = float32(3e38 * float64(1-2*(j%3/2)))
+				}
+			}
+			for _, clip := range []float64{1e-3, 1, 1e3} {
+				cudaCheckClip(t, e, theta, x, y, clip)
+			}
+			if m.vocab > 0 {
+				return // token ids have no value alphabet
+			}
+			for r := 0; r < 30; r++ {
+				raw := make([]byte, 2*(1+rng.IntN(40)))
+				for j := range raw {
+					raw[j] = byte(rng.IntN(256))
+				}
+				xv := decodeValues(raw)
+				for j := range x {
+					x[j] = xv[j%len(xv)]
+				}
+				cudaCheckClip(t, e, theta, x, y, math.Pow(10, rng.Float64()*8-4))
+			}
+		})
+	}
+}
+
 // TestCUDAMeanGradAndEvaluate: the non-private mean gradient and the
 // evaluation agree with the CPU engine's.
 func TestCUDAMeanGradAndEvaluate(t *testing.T) {
@@ -459,17 +595,17 @@ func TestCUDAMeanGradAndEvaluate(t *testing.T) {
 // the same sentinels, and names the layer it has no kernels for.
 func TestCUDAErrors(t *testing.T) {
 	d := cudaTestDevice(t)
-	for _, name := range []string{"cnn", "textbag"} {
+	for _, name := range Presets() {
 		spec, _ := Preset(name)
 		m, err := New(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = d.NewEngine(m, 8)
-		if !errors.Is(err, ErrUnsupportedLayer) {
-			t.Fatalf("%s: NewEngine: %v, want ErrUnsupportedLayer", name, err)
+		e, err := d.NewEngine(m, 8)
+		if err != nil {
+			t.Fatalf("%s: NewEngine: %v (every preset runs on the GPU)", name, err)
 		}
-		t.Logf("%s: %v", name, err)
+		e.Close()
 	}
 	m, _ := New(MLP([]int{4}, []int{3}, 2))
 	if _, err := d.NewEngine(m, 0); !errors.Is(err, ErrShape) {
@@ -556,7 +692,7 @@ func TestCUDASgemmKernelsAgree(t *testing.T) {
 					if err := errors.Join(err1, err2, err3, htod(pa, a), htod(pb, b), htod(pc, c)); err != nil {
 						return err
 					}
-					if err := d.sgemmKernel(big, v, 1, m, n, k, k, 0, 1, pa, lda, pb, ldb, 0, pc, n); err != nil {
+					if err := d.sgemmKernel(big, v, 1, m, n, k, k, 0, 0, 0, 1, pa, lda, pb, ldb, 0, pc, n); err != nil {
 						return err
 					}
 					return dtoh(c, pc)
@@ -702,7 +838,79 @@ func BenchmarkCUDAMLP(b *testing.B) {
 }
 
 // BenchmarkCUDAWide: a wide MLP, 784-4096-4096-10 (20.0M parameters),
-// B = 1024.
+// B = 1024. Without the CPU engine beside it: 1.6 s a step on 16 cores of
+// an H200 machine, a minute of scarce GPU time per run.
 func BenchmarkCUDAWide(b *testing.B) {
-	benchCUDA(b, MLP([]int{1, 28, 28}, []int{4096, 4096}, 10), 1024, true)
+	benchCUDA(b, MLP([]int{1, 28, 28}, []int{4096, 4096}, 10), 1024, false)
+}
+
+// BenchmarkCUDACNN: the "cnn" preset, B = 256.
+func BenchmarkCUDACNN(b *testing.B) {
+	spec, _ := Preset("cnn")
+	benchCUDA(b, spec, 256, true)
+}
+
+// BenchmarkCUDATextBag: the "textbag" preset, B = 256.
+func BenchmarkCUDATextBag(b *testing.B) {
+	spec, _ := Preset("textbag")
+	benchCUDA(b, spec, 256, true)
+}
+
+// TestCUDAActivationsMatchCPU: the GPU's tanh and ReLU give the CPU's bits
+// (tanh32, Go's max(x, 0)) on a million inputs across the whole float32
+// range, special values included, so that activations differ between the
+// engines only where their inputs do.
+func TestCUDAActivationsMatchCPU(t *testing.T) {
+	d := cudaTestDevice(t)
+	rng := rand.New(rand.NewPCG(11, 11))
+	x := make([]float32, 1<<20)
+	for j := range x {
+		switch j % 4 {
+		case 0:
+			x[j] = float32(rng.NormFloat64() * 3)
+		case 1:
+			x[j] = math.Float32frombits(rng.Uint32()) // any bits, NaN and Inf included
+		case 2:
+			x[j] = float32(rng.NormFloat64() * 1e-3)
+		default:
+			x[j] = float32(rng.Float64()*20 - 10)
+		}
+	}
+	x[0], x[1], x[2], x[3] = float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.Copysign(0, -1))
+	for kind, want := range []func(float32) float32{func(v float32) float32 { return max(v, 0) }, tanh32} {
+		got := make([]float32, len(x))
+		err := d.do(func() error {
+			in, err := alloc(4 * len(x))
+			if err != nil {
+				return err
+			}
+			defer cu.MemFree(in)
+			out, err := alloc(4 * len(x))
+			if err != nil {
+				return err
+			}
+			defer cu.MemFree(out)
+			if err := htod(in, x); err != nil {
+				return err
+			}
+			if err := launch1(d.k.actFwd, len(x), sz(len(x)), i32(kind), ptr(in), ptr(out)); err != nil {
+				return err
+			}
+			return dtoh(got, out)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := 0
+		for j, v := range x {
+			if w := want(v); math.Float32bits(got[j]) != math.Float32bits(w) && !(w != w && got[j] != got[j]) {
+				if bad++; bad <= 5 {
+					t.Errorf("kind %d: f(%v) = %v on the GPU, %v on the CPU", kind, v, got[j], w)
+				}
+			}
+		}
+		if bad > 0 {
+			t.Fatalf("kind %d: %d of %d values differ", kind, bad, len(x))
+		}
+	}
 }

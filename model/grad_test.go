@@ -118,6 +118,24 @@ func withConvMode(m *Model, ghost bool) *Model {
 	return &c
 }
 
+// eachConvMode runs f as a subtest "name/ghost=…" for every spec, with
+// its conv layers materializing per-example gradients and then taking the
+// ghost norm (withConvMode), on the pure-Go back end.
+func eachConvMode(t *testing.T, specs []Spec, f func(t *testing.T, si int, m *Model)) {
+	t.Helper()
+	for si, spec := range specs {
+		for _, ghost := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/ghost=%v", spec.Name, ghost), func(t *testing.T) {
+				m, err := NewWithBackend(spec, Gonum{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				f(t, si, withConvMode(m, ghost))
+			})
+		}
+	}
+}
+
 // perExampleNorms returns each example's gradient norm, the slow way.
 func perExampleNorms(t *testing.T, ws *Workspace, theta, x []float32, y []int32) []float64 {
 	t.Helper()
