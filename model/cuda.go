@@ -387,6 +387,7 @@ type cudaEngine struct {
 	permuteIn bool
 	needDin   []bool
 	emb       *cudaEmbedHost // the embedding bag's host-side index, if any
+	stage     *stager        // page-locked staging of θ and the sum (nil: direct copies)
 
 	// host mirrors
 	hstats  []float64
@@ -462,6 +463,7 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
+		e.stage = newStager(P)
 		// grad[0] is never computed, but a first flatten with c = 1 aliases
 		// its output gradient to it.
 		if err := a(&e.grad[0], 4*maxBatch*m.inSize); err != nil {
@@ -509,6 +511,10 @@ func (e *cudaEngine) Close() error {
 			errs = append(errs, cu.MemFree(p))
 		}
 		e.bufs = nil
+		if e.stage != nil {
+			errs = append(errs, e.stage.close())
+			e.stage = nil
+		}
 		return errors.Join(errs...)
 	})
 }
@@ -710,7 +716,11 @@ func (e *cudaEngine) begin(theta []float32) error {
 	if err := htod(e.flags, e.zeroFlg); err != nil {
 		return err
 	}
-	if err := htod(e.theta, theta); err != nil {
+	up := htod[float32]
+	if e.stage != nil {
+		up = e.stage.upload
+	}
+	if err := up(e.theta, theta); err != nil {
 		return err
 	}
 	return launch1(e.d.k.nonfinite, len(theta), sz(len(theta)), ptr(e.theta), ptr(e.flags))
@@ -809,7 +819,11 @@ func (e *cudaEngine) finish(dst []float32) error {
 	if err := launch1(e.d.k.nonfinite, n, sz(n), ptr(e.dst), ptr(off4(e.flags, 1))); err != nil {
 		return err
 	}
-	if err := dtoh(dst, e.dst); err != nil {
+	down := dtoh[float32]
+	if e.stage != nil {
+		down = e.stage.download
+	}
+	if err := down(dst, e.dst); err != nil {
 		return fmt.Errorf("model: cuda: computing the sum: %w", err)
 	}
 	if err := dtoh(e.hflags, e.flags); err != nil {

@@ -816,6 +816,22 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 	})
 	run("gpu-dp", dp)
 	run("gpu-nonprivate", nonprivate)
+	if e.stage != nil {
+		// The same through pageable memory (direct copies), for the
+		// staging's gain in the same run.
+		cudaStaging = false
+		ep := newCUDAEngine(b, m, B)
+		cudaStaging = true
+		run("gpu-transfers-pageable", func() error {
+			return ep.d.do(func() error {
+				if err := ep.begin(theta); err != nil {
+					return err
+				}
+				return ep.finish(dst)
+			})
+		})
+		run("gpu-dp-pageable", func() error { _, err := ep.ClippedSum(dst, theta, x, y, 1); return err })
+	}
 	b.Run("gpu-paired", func(b *testing.B) {
 		tNP, tDP, iters := pairedSteps(b, nonprivate, dp)
 		b.ReportMetric(tNP.Seconds()*1e3/float64(iters), "nonprivate-ms")
@@ -911,6 +927,51 @@ func TestCUDAActivationsMatchCPU(t *testing.T) {
 		}
 		if bad > 0 {
 			t.Fatalf("kind %d: %d of %d values differ", kind, bad, len(x))
+		}
+	}
+}
+
+// TestCUDAStagingRoundTrip: vectors sent up and back through the
+// page-locked staging (whole pieces, a partial last piece, one piece and
+// less) come back with the same bits, and so do two transfers in a row
+// through the same buffers.
+func TestCUDAStagingRoundTrip(t *testing.T) {
+	d := cudaTestDevice(t)
+	for _, n := range []int{stageMin, stagePiece - 1, stagePiece, 2*stagePiece + 12345} {
+		err := d.do(func() error {
+			s := newStager(n)
+			if s == nil {
+				return fmt.Errorf("no staging for %d values", n)
+			}
+			defer s.close()
+			buf, err := alloc(4 * n)
+			if err != nil {
+				return err
+			}
+			defer cu.MemFree(buf)
+			rng := rand.New(rand.NewPCG(uint64(n), 1))
+			for round := 0; round < 2; round++ {
+				src := make([]float32, n)
+				for j := range src {
+					src[j] = math.Float32frombits(rng.Uint32())
+				}
+				got := make([]float32, n)
+				if err := s.upload(buf, src); err != nil {
+					return err
+				}
+				if err := s.download(got, buf); err != nil {
+					return err
+				}
+				for j := range src {
+					if math.Float32bits(got[j]) != math.Float32bits(src[j]) {
+						return fmt.Errorf("n %d round %d: value %d came back as %x, sent %x", n, round, j, math.Float32bits(got[j]), math.Float32bits(src[j]))
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }
