@@ -23,10 +23,24 @@
 // and step_phase_seconds (privatize, commit, release), mean ms per
 // measured step, and the rest of the step.
 //
+// Then, measured in the same process on the same machine: the floor of a
+// step (measureFloor: 4·d bytes through an embedded NATS server to every
+// node and back, and one fsync of a small record), step/floor, and the
+// size of the run's data dir at its end.
+//
+// -engine null gives the nodes an engine that costs nothing (nullEngine: a
+// deterministic, exactly clipped sum of the right shape), so the step is
+// the system's alone; it is selectable here only, never in a product
+// binary. -device cuda:N runs the nodes on a GPU (a binary built with
+// -tags cuda). -json FILE writes the results as a list of objects (model,
+// params, nodes, engine, step_ms, compute_ms, floor_ms, phase_ms,
+// peak_rss_bytes, data_dir_bytes, and more).
+//
 // Usage (docs/BENCHMARKS.md, "The distributed step"):
 //
 //	go run ./bench/step -models mlp,784-2048-1024-10 -nodes 1,3 -steps 40
 //	go run -tags openblas ./bench/step ...   (the OpenBLAS back end)
+//	go run ./bench/step -engine null -models 784-4096-4096-10 -nodes 1 -json step.json
 //
 // A model is a preset name (mlp, cnn, ...) or an MLP written as its layer
 // widths, 784-H1-...-10, passed to local as a --model-spec file.
@@ -59,6 +73,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/internal/cli"
 	"github.com/dpcluster/dpcluster/internal/procstat"
 	"github.com/dpcluster/dpcluster/model"
@@ -77,6 +92,10 @@ type result struct {
 	ComputeAvg float64 `json:"compute_ms"`     // mean over nodes and steps
 	ComputeMax float64 `json:"compute_max_ms"` // the slowest node's mean
 	EngineDP   float64 `json:"engine_dp_ms"`
+	Engine     string  `json:"engine"`   // "null", or the device's engine
+	Device     string  `json:"device"`   // --device
+	FloorMS    float64 `json:"floor_ms"` // measureFloor
+	DataDir    int64   `json:"data_dir_bytes"`
 	// The leader's links, mean ms per measured step: the round (RoundStart
 	// to close: the nodes' work and both transfers), then the
 	// step_phase_seconds phases.
@@ -93,6 +112,12 @@ const resultPrefix = "RESULT "
 
 type flags struct {
 	models, nodes string
+	engine        string
+	device        string
+	dataset       string
+	data          string
+	jsonOut       string
+	floorReps     int
 	steps, warmup int
 	batch         int
 	noise         string
@@ -118,6 +143,12 @@ func main() {
 	flag.StringVar(&f.memprofile, "memprofile", "", "directory for one heap profile per configuration, written at the last step after a collection")
 	flag.BoolVar(&f.child, "child", false, "run one configuration (-models and -nodes each one value) and print its result as JSON")
 	flag.BoolVar(&f.verbose, "v", false, "pass the runs' logs through")
+	flag.StringVar(&f.engine, "engine", "device", "the nodes' engine: device (the real one on -device) or null (costs nothing: times the system around it)")
+	flag.StringVar(&f.device, "device", "cpu", "local's --device: cpu or cuda:N (a binary built with -tags cuda)")
+	flag.StringVar(&f.dataset, "dataset", "fashion-mnist", "local's --dataset")
+	flag.StringVar(&f.data, "data", "", "local's --data (Fashion-MNIST directory; empty: local's search)")
+	flag.StringVar(&f.jsonOut, "json", "", "also write the results to this file as a JSON list")
+	flag.IntVar(&f.floorReps, "floor-reps", 3, "repetitions of the floor measurement (median)")
 	flag.Parse()
 	var err error
 	if f.child {
@@ -148,7 +179,8 @@ func parent(f flags) error {
 	var results []result
 	for _, m := range strings.Split(f.models, ",") {
 		for _, k := range strings.Split(f.nodes, ",") {
-			args := []string{"-child", "-models", m, "-nodes", k,
+			args := []string{"-child", "-models", m, "-nodes", k, "-engine", f.engine, "-device", f.device,
+				"-dataset", f.dataset, "-data", f.data, "-floor-reps", strconv.Itoa(f.floorReps),
 				"-steps", strconv.Itoa(f.steps), "-warmup", strconv.Itoa(f.warmup), "-batch", strconv.Itoa(f.batch),
 				"-noise", f.noise, "-eval-every", strconv.Itoa(f.evalEvery), "-engine-iters", strconv.Itoa(f.engineIters),
 				"-cpuprofile", f.cpuprofile, "-memprofile", f.memprofile, "-v=" + strconv.FormatBool(f.verbose)}
@@ -167,7 +199,49 @@ func parent(f flags) error {
 		}
 	}
 	printTable(os.Stdout, results)
+	if f.jsonOut != "" {
+		return writeJSON(f.jsonOut, results)
+	}
 	return nil
+}
+
+// jsonResult is one configuration in -json's list.
+type jsonResult struct {
+	Model        string             `json:"model"`
+	Params       int                `json:"params"`
+	Nodes        int                `json:"nodes"`
+	Engine       string             `json:"engine"`
+	Device       string             `json:"device"`
+	Backend      string             `json:"backend"`
+	Steps        int                `json:"steps"`
+	StepMS       float64            `json:"step_ms"`
+	StepP50MS    float64            `json:"step_p50_ms"`
+	ComputeMS    float64            `json:"compute_ms"`
+	ComputeMaxMS float64            `json:"compute_max_ms"`
+	FloorMS      float64            `json:"floor_ms"`
+	PhaseMS      map[string]float64 `json:"phase_ms"`
+	EngineDPMS   float64            `json:"engine_dp_ms"`
+	PeakRSS      int64              `json:"peak_rss_bytes"`
+	PeakHeap     uint64             `json:"peak_live_heap_bytes"`
+	DataDir      int64              `json:"data_dir_bytes"`
+}
+
+// writeJSON writes the results to path as a JSON list.
+func writeJSON(path string, rs []result) error {
+	out := make([]jsonResult, len(rs))
+	for i, r := range rs {
+		out[i] = jsonResult{Model: r.Model, Params: r.Params, Nodes: r.Nodes, Engine: r.Engine, Device: r.Device,
+			Backend: r.Backend, Steps: r.Steps, StepMS: r.StepMean, StepP50MS: r.StepP50, ComputeMS: r.ComputeAvg,
+			ComputeMaxMS: r.ComputeMax, FloorMS: r.FloorMS, EngineDPMS: r.EngineDP, PeakRSS: r.PeakRSS,
+			PeakHeap: r.PeakHeap, DataDir: r.DataDir,
+			PhaseMS: map[string]float64{"round": r.Collect, "privatize": r.Privatize, "commit": r.Commit,
+				"release": r.Release, "rest": r.StepMean - r.Collect - r.Privatize - r.Commit - r.Release}}
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 func parseResult(out string) (result, error) {
@@ -182,16 +256,16 @@ func parseResult(out string) (result, error) {
 
 func printTable(w io.Writer, rs []result) {
 	if len(rs) > 0 {
-		fmt.Fprintf(w, "back end %s, noise %s, %d measured steps after %s, GOMAXPROCS %d\n\n",
-			rs[0].Backend, rs[0].Noise, rs[0].Steps, "warm-up", runtime.GOMAXPROCS(0))
+		fmt.Fprintf(w, "back end %s, engine %s on %s, noise %s, %d measured steps after %s, GOMAXPROCS %d\n\n",
+			rs[0].Backend, rs[0].Engine, rs[0].Device, rs[0].Noise, rs[0].Steps, "warm-up", runtime.GOMAXPROCS(0))
 	}
-	fmt.Fprintln(w, "| model | params | k | step ms (p50) | node compute ms (slowest) | step / compute | engine DP ms | step / engine | peak RSS MB | peak live heap MB |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| model | params | k | step ms (p50) | node compute ms (slowest) | step / compute | engine DP ms | step / engine | floor ms | step / floor | peak RSS MB | peak live heap MB | data dir MB |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %s | %d | %d | %.1f (%.1f) | %.1f (%.1f) | %.2f | %.1f | %.2f | %.0f | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %d | %d | %.1f (%.1f) | %.2f (%.2f) | %.2f | %.2f | %.2f | %.1f | %.2f | %.0f | %.0f | %.0f |\n",
 			r.Model, r.Params, r.Nodes, r.StepMean, r.StepP50, r.ComputeAvg, r.ComputeMax,
-			r.StepMean/r.ComputeMax, r.EngineDP, r.StepMean/r.EngineDP,
-			float64(r.PeakRSS)/(1<<20), float64(r.PeakHeap)/(1<<20))
+			r.StepMean/r.ComputeMax, r.EngineDP, r.StepMean/r.EngineDP, r.FloorMS, r.StepMean/r.FloorMS,
+			float64(r.PeakRSS)/(1<<20), float64(r.PeakHeap)/(1<<20), float64(r.DataDir)/(1<<20))
 	}
 	fmt.Fprintln(w, "\nWhere a step goes (leader's metrics, mean ms per step):")
 	fmt.Fprintln(w)
@@ -206,69 +280,8 @@ func printTable(w io.Writer, rs []result) {
 
 // child runs one configuration and prints its result.
 func child(f flags) error {
-	k, err := strconv.Atoi(f.nodes)
-	if err != nil || k < 1 {
-		return fmt.Errorf("-nodes %q: one count ≥ 1 in a child", f.nodes)
-	}
-	if f.steps < 2 || f.warmup < 1 {
-		return errors.New("-steps must be ≥ 2 and -warmup ≥ 1")
-	}
-	dir, err := os.MkdirTemp("", "dpcluster-bench-step-")
+	r, err := runChild(f)
 	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	spec, modelArgs, err := modelFlags(f.models, dir)
-	if err != nil {
-		return err
-	}
-	m, err := model.New(spec)
-	if err != nil {
-		return err
-	}
-	total := f.warmup + f.steps
-	args := append(modelArgs, "--data-dir", filepath.Join(dir, "data"), "--nodes", strconv.Itoa(k),
-		"--max-steps", strconv.Itoa(total), "--batch-size", strconv.Itoa(f.batch), "--noise", f.noise,
-		"--eval-every", strconv.Itoa(f.evalEvery), "--progress", "off", "--run", "bench-step")
-
-	reg := prometheus.NewRegistry()
-	rec := &recorder{warmup: int64(f.warmup), total: int64(total), reg: reg}
-	if f.cpuprofile != "" {
-		rec.profile = filepath.Join(f.cpuprofile, fmt.Sprintf("%s-k%d.pprof", spec.Name, k))
-	}
-	if f.memprofile != "" {
-		rec.heapProfile = filepath.Join(f.memprofile, fmt.Sprintf("%s-k%d.heap.pprof", spec.Name, k))
-	}
-	// The run's logs go to a file, not to memory, unless -v.
-	logs, err := os.Create(filepath.Join(dir, "local.log"))
-	if err != nil {
-		return err
-	}
-	defer logs.Close()
-	var w io.Writer = logs
-	if f.verbose {
-		w = os.Stderr
-	}
-	if err := cli.RunLocal(context.Background(), args, io.Discard, w, cli.LocalHooks{Registry: reg, OnStep: rec.onStep}); err != nil {
-		rec.stopProfile()
-		tail, _ := os.ReadFile(logs.Name())
-		if len(tail) > 4000 {
-			tail = tail[len(tail)-4000:]
-		}
-		return fmt.Errorf("local: %w\n%s", err, tail)
-	}
-	rec.stopProfile()
-	r, err := rec.result()
-	if err != nil {
-		return err
-	}
-	r.PeakRSS, err = procstat.PeakRSS()
-	if err != nil {
-		return err
-	}
-	r.Model, r.Params, r.Nodes, r.Backend, r.Noise, r.Profile = spec.Name, m.NumParams(), k, model.DefaultBackend().Name(), f.noise, rec.profile
-	runtime.GC() // the run's garbage, not the engine, should pay for its collection
-	if r.EngineDP, err = engineStep(m, f.batch, f.engineIters); err != nil {
 		return err
 	}
 	b, err := json.Marshal(r)
@@ -277,6 +290,117 @@ func child(f flags) error {
 	}
 	fmt.Println(resultPrefix + string(b))
 	return nil
+}
+
+// runChild runs one configuration in this process: the run, then the
+// engine's own step and the floor.
+func runChild(f flags) (result, error) {
+	k, err := strconv.Atoi(f.nodes)
+	if err != nil || k < 1 {
+		return result{}, fmt.Errorf("-nodes %q: one count ≥ 1 in a child", f.nodes)
+	}
+	if f.steps < 2 || f.warmup < 1 {
+		return result{}, errors.New("-steps must be ≥ 2 and -warmup ≥ 1")
+	}
+	dir, err := os.MkdirTemp("", "dpcluster-bench-step-")
+	if err != nil {
+		return result{}, err
+	}
+	defer os.RemoveAll(dir)
+	spec, modelArgs, err := modelFlags(f.models, dir)
+	if err != nil {
+		return result{}, err
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		return result{}, err
+	}
+	reg := prometheus.NewRegistry()
+	total := f.warmup + f.steps
+	rec := &recorder{warmup: int64(f.warmup), total: int64(total), reg: reg}
+	if f.cpuprofile != "" {
+		rec.profile = filepath.Join(f.cpuprofile, fmt.Sprintf("%s-k%d.pprof", spec.Name, k))
+	}
+	if f.memprofile != "" {
+		rec.heapProfile = filepath.Join(f.memprofile, fmt.Sprintf("%s-k%d.heap.pprof", spec.Name, k))
+	}
+	dataDir := filepath.Join(dir, "data")
+	args := append(modelArgs, "--data-dir", dataDir, "--nodes", strconv.Itoa(k),
+		"--max-steps", strconv.Itoa(total), "--batch-size", strconv.Itoa(f.batch), "--noise", f.noise,
+		"--eval-every", strconv.Itoa(f.evalEvery), "--progress", "off", "--run", "bench-step",
+		"--device", f.device, "--dataset", f.dataset)
+	if f.data != "" {
+		args = append(args, "--data", f.data)
+	}
+	hooks := cli.LocalHooks{Registry: reg, OnStep: rec.onStep}
+	var dev model.Device
+	switch f.engine {
+	case "null":
+		dev = nullDevice{}
+		hooks.Device = dev
+	case "device":
+		if dev, err = model.OpenDevice(f.device); err != nil {
+			return result{}, err
+		}
+		defer dev.Close()
+	default:
+		return result{}, fmt.Errorf("-engine %q: want device or null", f.engine)
+	}
+	// The run's logs go to a file, not to memory, unless -v.
+	logs, err := os.Create(filepath.Join(dir, "local.log"))
+	if err != nil {
+		return result{}, err
+	}
+	defer logs.Close()
+	var w io.Writer = logs
+	if f.verbose {
+		w = os.Stderr
+	}
+	if err := cli.RunLocal(context.Background(), args, io.Discard, w, hooks); err != nil {
+		rec.stopProfile()
+		tail, _ := os.ReadFile(logs.Name())
+		if len(tail) > 4000 {
+			tail = tail[len(tail)-4000:]
+		}
+		return result{}, fmt.Errorf("local: %w\n%s", err, tail)
+	}
+	rec.stopProfile()
+	r, err := rec.result()
+	if err != nil {
+		return r, err
+	}
+	if r.PeakRSS, err = procstat.PeakRSS(); err != nil {
+		return r, err
+	}
+	if r.DataDir, err = dirBytes(dataDir); err != nil {
+		return r, err
+	}
+	r.Model, r.Params, r.Nodes, r.Backend, r.Noise, r.Profile = spec.Name, m.NumParams(), k, model.DefaultBackend().Name(), f.noise, rec.profile
+	r.Engine, r.Device = f.engine, f.device
+	runtime.GC() // the run's garbage, not the engine, should pay for its collection
+	if r.EngineDP, err = engineStep(dev, m, f.batch, f.engineIters); err != nil {
+		return r, err
+	}
+	if r.FloorMS, err = measureFloor(m.NumParams(), k, dir, f.floorReps); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// dirBytes is the total size of the regular files under dir.
+func dirBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if err == nil {
+			n += info.Size()
+		}
+		return err
+	})
+	return n, err
 }
 
 // modelFlags returns the spec of name and local's flags for it: a preset,
@@ -512,34 +636,39 @@ func histograms(g prometheus.Gatherer, name, label string) (map[string][2]float6
 	return out, nil
 }
 
-// engineStep times the engine's own DP step (Workspace.ClippedSum, as
-// BenchmarkMLPStep/dp) on a batch of B random inputs: the mean of iters
-// steps after one warm-up step, in ms.
-func engineStep(m *model.Model, B, iters int) (float64, error) {
-	ws, err := m.NewWorkspace(B)
+// engineStep times the engine's own DP step on dev (ClippedSumIndexed on
+// B random rows, as a node calls it): the mean of iters steps after one
+// warm-up step, in ms.
+func engineStep(dev model.Device, m *model.Model, B, iters int) (float64, error) {
+	e, err := dev.NewEngine(m, B)
 	if err != nil {
 		return 0, err
 	}
+	defer e.Close()
 	theta := make([]float32, m.NumParams())
 	if err := m.Init(theta, 1); err != nil {
 		return 0, err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	x := make([]float32, B*m.InputSize())
-	for i := range x {
-		x[i] = rng.Float32()
+	d := &dataset.Dataset{Name: "engine-step", Dim: m.InputSize(), Shape: m.InputShape(), Classes: m.Classes(),
+		X: make([]float32, B*m.InputSize()), Y: make([]int32, B)}
+	for i := range d.X {
+		d.X[i] = rng.Float32()
 	}
-	y := make([]int32, B)
-	for i := range y {
-		y[i] = int32(rng.IntN(m.Classes()))
+	for i := range d.Y {
+		d.Y[i] = int32(rng.IntN(m.Classes()))
+	}
+	idx := make([]int, B)
+	for i := range idx {
+		idx[i] = i
 	}
 	dst := make([]float32, m.NumParams())
-	if _, err := ws.ClippedSum(dst, theta, x, y, 1); err != nil {
+	if _, err := e.ClippedSumIndexed(dst, theta, d, idx, 1); err != nil {
 		return 0, err
 	}
 	start := time.Now()
 	for range iters {
-		if _, err := ws.ClippedSum(dst, theta, x, y, 1); err != nil {
+		if _, err := e.ClippedSumIndexed(dst, theta, d, idx, 1); err != nil {
 			return 0, err
 		}
 	}

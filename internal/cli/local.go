@@ -179,11 +179,15 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	// Opened first, closed last: every node's engine is released when its
 	// Run returns, and runLocal waits for all of them below.
-	dev, err := openDevice(f.device, log)
-	if err != nil {
-		return err
+	dev := f.hooks.Device
+	if dev == nil {
+		if dev, err = openDevice(f.device, log); err != nil {
+			return err
+		}
+		defer closeDevice(dev, log)
+	} else {
+		log.Info("compute device (set by the caller)", deviceAttrs(dev.Info())...)
 	}
-	defer closeDevice(dev, log)
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	started := time.Now()

@@ -7,10 +7,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // LocalHooks let a program that runs `coordinator local` inside its own
-// process (bench/step, which times the distributed step) observe the run.
+// process (bench/step, which times the distributed step) observe the run,
+// and give its nodes a device of its own.
 // The command line sets none.
 type LocalHooks struct {
 	// Registry, if not nil, receives the run's metrics, the replica's and
@@ -21,6 +23,10 @@ type LocalHooks struct {
 	// applied step and each evaluation (coordinator.ServerConfig.OnStep),
 	// after the progress bar's update. It must not block.
 	OnStep func(coordinator.Progress)
+	// Device, if not nil, is where the in-process nodes compute instead of
+	// --device's device (a benchmark's engine that costs nothing, say); the
+	// caller closes it after RunLocal returns.
+	Device model.Device
 }
 
 // RunLocal runs `coordinator local` with the flags args in this process,

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
+)
+
+// TestNullEngine: the null engine's sum is deterministic, has the model's
+// shape and norm at most count·C, and the engine checks its arguments as
+// every engine does.
+func TestNullEngine(t *testing.T) {
+	m, err := model.New(model.MLP([]int{5}, []int{7}, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := nullDevice{}.NewEngine(m, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &dataset.Dataset{Name: "t", Dim: 5, Classes: 3, X: make([]float32, 50), Y: make([]int32, 10)}
+	theta := make([]float32, m.NumParams())
+	for _, c := range []struct {
+		idx  []int
+		clip float64
+	}{{[]int{0, 3, 3, 9}, 1}, {[]int{1}, 0.37}, {nil, 2}, {[]int{2, 4, 6, 8, 1, 0, 5}, 1e6}} {
+		dst := make([]float32, m.NumParams())
+		n, err := e.ClippedSumIndexed(dst, theta, d, c.idx, c.clip)
+		if err != nil || n != len(c.idx) {
+			t.Fatalf("n %d err %v", n, err)
+		}
+		var sq float64
+		for _, v := range dst {
+			sq += float64(v) * float64(v)
+		}
+		bound := float64(len(c.idx)) * c.clip
+		if norm := math.Sqrt(sq); !(norm <= bound) || norm < bound*(1-1e-6) {
+			t.Fatalf("%d examples, C %v: norm %v, want count·C = %v (at most, within 1e-6)", len(c.idx), c.clip, norm, bound)
+		}
+		again := make([]float32, m.NumParams())
+		e.ClippedSumIndexed(again, theta, d, c.idx, c.clip)
+		for j := range dst {
+			if dst[j] != again[j] {
+				t.Fatal("not deterministic")
+			}
+		}
+	}
+	dst := make([]float32, m.NumParams())
+	if _, err := e.ClippedSumIndexed(dst, theta, d, []int{10}, 1); !errors.Is(err, model.ErrShape) {
+		t.Fatalf("index out of range: %v", err)
+	}
+	if _, err := e.ClippedSumIndexed(dst[:3], theta, d, []int{1}, 1); !errors.Is(err, model.ErrShape) {
+		t.Fatalf("short dst: %v", err)
+	}
+	if _, err := e.ClippedSumIndexed(dst, theta, d, []int{1}, math.NaN()); !errors.Is(err, model.ErrBadClip) {
+		t.Fatalf("NaN clip: %v", err)
+	}
+}
+
+// TestRunChildNull runs one configuration through the real path (local's
+// embedded NATS, replica, ledger and in-process nodes) with the null engine
+// on the synthetic dataset, and checks that every field -json reports was
+// measured.
+func TestRunChildNull(t *testing.T) {
+	f := flags{models: "mlp", nodes: "2", engine: "null", device: "cpu", dataset: "gaussian", steps: 4, warmup: 2,
+		batch: 64, noise: "discrete", engineIters: 2, floorReps: 1}
+	r, err := runChild(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Model != "mlp" || r.Nodes != 2 || r.Engine != "null" || r.Steps != 4 || r.Params != 269322 {
+		t.Fatalf("result %+v", r)
+	}
+	for name, v := range map[string]float64{"step": r.StepMean, "compute": r.ComputeMax, "floor": r.FloorMS,
+		"round": r.Collect, "commit": r.Commit, "engine": r.EngineDP, "peak RSS": float64(r.PeakRSS),
+		"data dir": float64(r.DataDir)} {
+		if !(v > 0) {
+			t.Errorf("%s = %v, want > 0", name, v)
+		}
+	}
+	// The data dir holds at least the Raft log's step entries (4·d bytes each).
+	if r.DataDir < 4*int64(r.Params) {
+		t.Errorf("data dir %d bytes, less than one step entry", r.DataDir)
+	}
+}
