@@ -1,9 +1,9 @@
 // Package coordinator runs the replicated side of a dpcluster training run:
 // a Raft state machine (FSM) that applies committed noisy gradients with
 // the DP-AdamBC optimizer and charges every release to the privacy ledger,
-// a Replica that runs it over hashicorp/raft with durable stores (LogStore:
-// the Raft log in append-only segment files under raft/, each entry
-// CRC-checked, and the stable store; file snapshots), and the Server, whose leader aggregates node
+// a Replica that runs it over hashicorp/raft with durable stores (package
+// raftlog: the Raft log in append-only segment files under raft/, each
+// entry CRC-checked, and the stable store; file snapshots), and the Server, whose leader aggregates node
 // contributions, adds Gaussian noise exactly once, proposes the step and
 // only then releases θ_t.
 //
@@ -34,7 +34,7 @@
 //   - replica.go: Replica, the only code that touches the raft handle. It
 //     gives the Server what it needs (Role, Term, Leader, Voters,
 //     LeadershipChanges, Barrier, Configure, ProposeStep, ProposeStop,
-//     AddVoter, RemoveVoter); logstore.go and raft_tls.go are its stores
+//     AddVoter, RemoveVoter); raftlog.Store and raft_tls.go are its stores
 //     and transport.
 //   - server.go: the Server and its loop. The loop goroutine owns all of
 //     the protocol state; transport handlers only forward messages to its

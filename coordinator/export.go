@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // Reading a replica's state offline (ReadCommitted), for export.
@@ -102,8 +103,8 @@ func ReadCommitted(dataDir string, init InitFunc) (Committed, error) {
 }
 
 // errRaced marks a read that may have raced with the running replica and
-// is worth retrying.
-var errRaced = errors.New("coordinator: read raced with the replica")
+// is worth retrying (the log store's own such reads included).
+var errRaced = raftlog.ErrRaced
 
 func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 	// 1. The ledger first: everything it charged is in the snapshot or
@@ -138,10 +139,13 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 		return Committed{}, err
 	}
 
-	// 3. The Raft log, read in place (openLogReadOnly): the entries up to
-	// the last charge are committed, so a running replica may compact
-	// them (the open files stay readable) but never rewrites them.
-	logs, err := openLogReadOnly(filepath.Join(dataDir, "raft"))
+	// 3. The Raft log, read in place (raftlog.OpenReadOnly): the entries
+	// up to the last charge are committed, so a running replica may
+	// compact them (the open files stay readable) but never rewrites them.
+	logs, err := raftlog.OpenReadOnly(filepath.Join(dataDir, "raft"))
+	if errors.Is(err, raftlog.ErrNoLog) {
+		return Committed{}, fmt.Errorf("%w: %w", ErrNoReplicaState, err)
+	}
 	if err != nil {
 		return Committed{}, err
 	}

@@ -162,7 +162,7 @@ func TestReadCommittedChecksLedger(t *testing.T) {
 	if err := os.RemoveAll(logPath); err != nil {
 		t.Fatal(err)
 	}
-	s := openTestLogStore(t, logPath) // an empty log
+	s := openTestLog(t, logPath) // an empty log
 	s.Close()
 	if _, err := ReadCommitted(dir, testInit); !errors.Is(err, ErrInconsistentState) {
 		t.Fatalf("ReadCommitted = %v, want ErrInconsistentState", err)

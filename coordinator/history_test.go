@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // testReplicaConfig is openTestReplica's configuration.
@@ -98,7 +99,7 @@ func raftStateExists(t *testing.T, dir string) bool {
 	if _, err := os.Stat(filepath.Join(dir, "raft")); err != nil {
 		return false
 	}
-	s := openTestLogStore(t, filepath.Join(dir, "raft"))
+	s := openTestLog(t, filepath.Join(dir, "raft"))
 	defer s.Close()
 	last, err := s.LastIndex()
 	return err != nil || last > 0
@@ -377,4 +378,14 @@ func TestReplicaResumesBeforeHistoryIDs(t *testing.T) {
 	}
 	removeAllBut(t, dir, LedgerFile)
 	startRefused(t, dir, addr)
+}
+
+// openTestLog opens the Raft log store at path for writing.
+func openTestLog(t *testing.T, path string) *raftlog.Store {
+	t.Helper()
+	s, err := raftlog.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // ReplicaConfig configures one coordinator replica.
@@ -27,7 +28,7 @@ type ReplicaConfig struct {
 	// RaftAddr is the TCP address Raft binds and advertises, host:port.
 	// Ignored (and may be empty) when Transport is set.
 	RaftAddr string
-	// DataDir holds the Raft log (raft/, see LogStore), snapshots and the
+	// DataDir holds the Raft log (raft/, see raftlog.Store), snapshots and the
 	// ledger.
 	DataDir string
 	// Bootstrap starts a new cluster with Peers (or just this replica if
@@ -143,7 +144,7 @@ type Replica struct {
 	cfg       ReplicaConfig
 	raft      *raft.Raft
 	fsm       *FSM
-	logs      *LogStore
+	logs      *raftlog.Store
 	transport raft.Transport
 	tls       *tlsRaftStream // nil: plain TCP
 	log       *slog.Logger
@@ -181,7 +182,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			r.closeStores()
 		}
 	}()
-	if r.logs, err = OpenLogStore(filepath.Join(cfg.DataDir, "raft")); err != nil {
+	if r.logs, err = raftlog.Open(filepath.Join(cfg.DataDir, "raft")); err != nil {
 		return nil, err
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)

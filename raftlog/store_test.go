@@ -1,4 +1,4 @@
-package coordinator
+package raftlog
 
 import (
 	"bytes"
@@ -15,9 +15,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-func openTestLogStore(t *testing.T, path string) *LogStore {
+func openTestLogStore(t *testing.T, path string) *Store {
 	t.Helper()
-	s, err := OpenLogStore(path)
+	s, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func testLogs(from, to uint64, term uint64) []*raft.Log {
 	return out
 }
 
-func checkRange(t *testing.T, s *LogStore, first, last uint64) {
+func checkRange(t *testing.T, s *Store, first, last uint64) {
 	t.Helper()
 	f, err1 := s.FirstIndex()
 	l, err2 := s.LastIndex()
@@ -111,7 +111,7 @@ func TestLogStoreStable(t *testing.T) {
 }
 
 // TestLogStoreDetectsCorruption: a byte flipped inside a stored entry on
-// disk is reported as ErrLogCorrupt, never returned as data.
+// disk is reported as ErrCorrupt, never returned as data.
 func TestLogStoreDetectsCorruption(t *testing.T) {
 	path := t.TempDir()
 	s := openTestLogStore(t, path)
@@ -138,8 +138,8 @@ func TestLogStoreDetectsCorruption(t *testing.T) {
 	}
 	s = openTestLogStore(t, path)
 	defer s.Close()
-	if err := s.GetLog(1, new(raft.Log)); !errors.Is(err, ErrLogCorrupt) {
-		t.Errorf("GetLog of a damaged entry: %v, want ErrLogCorrupt", err)
+	if err := s.GetLog(1, new(raft.Log)); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("GetLog of a damaged entry: %v, want ErrCorrupt", err)
 	}
 }
 
@@ -171,7 +171,7 @@ func smallSegments(t *testing.T, n int64) {
 	t.Cleanup(func() { segmentBytes = old })
 }
 
-func checkEntries(t *testing.T, s *LogStore, from, to, term uint64) {
+func checkEntries(t *testing.T, s *Store, from, to, term uint64) {
 	t.Helper()
 	want := testLogs(from, to, term)
 	var got raft.Log
@@ -331,7 +331,7 @@ func TestLogStoreTornAppend(t *testing.T) {
 			if err := os.WriteFile(seg, damaged, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			ro, err := openLogReadOnly(dir)
+			ro, err := OpenReadOnly(dir)
 			if err != nil {
 				t.Fatalf("read-only open: %v", err)
 			}
@@ -363,11 +363,11 @@ func TestLogStoreTornAppend(t *testing.T) {
 		if err := os.WriteFile(seg, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if s, err := OpenLogStore(dir); !errors.Is(err, ErrLogCorrupt) {
+		if s, err := Open(dir); !errors.Is(err, ErrCorrupt) {
 			if err == nil {
 				s.Close()
 			}
-			t.Fatalf("OpenLogStore = %v, want ErrLogCorrupt", err)
+			t.Fatalf("Open = %v, want ErrCorrupt", err)
 		}
 	})
 }
@@ -397,7 +397,7 @@ func TestLogStoreLocked(t *testing.T) {
 	t.Cleanup(func() { lockTimeout = old })
 	dir := t.TempDir()
 	s := openTestLogStore(t, dir)
-	if s2, err := OpenLogStore(dir); err == nil {
+	if s2, err := Open(dir); err == nil {
 		s2.Close()
 		t.Fatal("a second writer opened the log")
 	}
@@ -435,7 +435,7 @@ func TestLogStoreMigratesBolt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openLogReadOnly(dir); err == nil {
+	if _, err := OpenReadOnly(dir); err == nil {
 		t.Error("a read-only open of an unmigrated log succeeded")
 	}
 	s := openTestLogStore(t, dir)
@@ -474,7 +474,7 @@ func BenchmarkLogStoreAppend(b *testing.B) {
 	for _, d := range []int{269_322, 3_716_106} {
 		b.Run(fmt.Sprintf("d=%d", d), func(b *testing.B) {
 			dir := b.TempDir()
-			s, err := OpenLogStore(filepath.Join(dir, "raft"))
+			s, err := Open(filepath.Join(dir, "raft"))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package coordinator
+package raftlog
 
 import (
 	"encoding/binary"
@@ -22,7 +22,7 @@ import (
 	"github.com/dpcluster/dpcluster/internal/durable"
 )
 
-// LogStore is the replica's durable Raft log and stable store, in the
+// Store is the replica's durable Raft log and stable store, in the
 // directory DataDir/raft:
 //
 //   - wal/<first index>.seg: the log, in segment files of about
@@ -40,7 +40,7 @@ import (
 // Each entry is a header (index, term, append time, type, data and
 // extensions lengths) with its own CRC32C, the data, the extensions, and a
 // CRC32C of those chained from the header's, so a damaged entry is
-// reported (ErrLogCorrupt), never applied. Opening the store reads every
+// reported (ErrCorrupt), never applied. Opening the store reads every
 // header; an entry is checksummed in full when it is read. Only the end of
 // the newest segment may be incomplete after a crash (an append not yet
 // fsynced, so never acknowledged to Raft); opening cuts it off. A damaged
@@ -58,7 +58,7 @@ import (
 // which copied each entry into its pages and wrote it twice, and before
 // that raft-wal v0.4.0, whose log could not be reopened after Raft
 // truncated its tail (hashicorp/raft-wal#31; docs/RELIABILITY.md).
-type LogStore struct {
+type Store struct {
 	dir      string
 	readOnly bool
 	lock     *os.File
@@ -114,7 +114,7 @@ const (
 )
 
 // segmentBytes is the size past which appends go to a new segment, and
-// lockTimeout how long OpenLogStore waits for another process's lock
+// lockTimeout how long Open waits for another process's lock
 // (variables for the tests).
 var (
 	segmentBytes int64 = 64 << 20
@@ -125,24 +125,37 @@ var (
 // key never set (it compares the message).
 var errKeyNotFound = errors.New("not found")
 
-// ErrLogCorrupt is returned for a log entry that fails its checksum or
+// ErrCorrupt is returned for a log entry that fails its checksum or
 // does not decode, and for a log or stable file that does not parse.
-var ErrLogCorrupt = errors.New("coordinator: corrupt Raft log entry")
+var ErrCorrupt = errors.New("raftlog: corrupt Raft log entry")
 
-var errReadOnlyLog = errors.New("coordinator: the Raft log is open read-only")
+// ErrNoLog is returned (wrapped, with the reason) by OpenReadOnly for a
+// directory without a log it can read: none, or one of an earlier version
+// that only Open migrates.
+var ErrNoLog = errors.New("raftlog: no Raft log")
 
-// OpenLogStore opens (creating if needed) the log store in dir, taking its
+// ErrRaced marks a read that may have raced with the process writing the
+// log (a segment removed by compaction between listing and opening it):
+// reading again may succeed.
+var ErrRaced = errors.New("raftlog: read raced with the log's writer")
+
+// castagnoli is the CRC32C table of the records' checksums.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var errReadOnlyLog = errors.New("raftlog: the Raft log is open read-only")
+
+// Open opens (creating if needed) the log store in dir, taking its
 // lock (waiting up to 5 s for another process to release it). A bbolt log
 // of an earlier version in dir (log.db) is migrated into it.
-func OpenLogStore(dir string) (*LogStore, error) {
+func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, walDir), 0o755); err != nil {
-		return nil, fmt.Errorf("coordinator: creating the Raft log directory: %w", err)
+		return nil, fmt.Errorf("raftlog: creating the Raft log directory: %w", err)
 	}
 	lock, err := lockDir(filepath.Join(dir, lockFile), lockTimeout)
 	if err != nil {
 		return nil, err
 	}
-	s := &LogStore{dir: dir, lock: lock}
+	s := &Store{dir: dir, lock: lock}
 	if err := s.load(); err != nil {
 		s.Close()
 		return nil, err
@@ -154,27 +167,27 @@ func OpenLogStore(dir string) (*LogStore, error) {
 	return s, nil
 }
 
-// openLogReadOnly opens the log store in dir for reading, without its lock
+// OpenReadOnly opens the log store in dir for reading, without its lock
 // and without changing any file: an incomplete entry at the end is ignored,
 // not cut off. A replica may be appending and compacting meanwhile; the
 // entries it reads are checksummed, and a file it cannot find is reported
-// as errRaced.
-func openLogReadOnly(dir string) (*LogStore, error) {
+// as ErrRaced.
+func OpenReadOnly(dir string) (*Store, error) {
 	if _, err := os.Stat(filepath.Join(dir, boltLogFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s holds a Raft log of an earlier version (%s); start the replica once to migrate it",
-			ErrNoReplicaState, dir, boltLogFile)
+			ErrNoLog, dir, boltLogFile)
 	}
 	if _, err := os.Stat(filepath.Join(dir, walDir)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%w: no Raft log at %s", ErrNoReplicaState, dir)
+			return nil, fmt.Errorf("%w: no Raft log at %s", ErrNoLog, dir)
 		}
-		return nil, fmt.Errorf("coordinator: %w", err)
+		return nil, fmt.Errorf("raftlog: %w", err)
 	}
-	s := &LogStore{dir: dir, readOnly: true}
+	s := &Store{dir: dir, readOnly: true}
 	if err := s.load(); err != nil {
 		s.Close()
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %w", errRaced, err)
+			return nil, fmt.Errorf("%w: %w", ErrRaced, err)
 		}
 		return nil, err
 	}
@@ -182,7 +195,7 @@ func openLogReadOnly(dir string) (*LogStore, error) {
 }
 
 // Close closes the files and releases the lock.
-func (s *LogStore) Close() error {
+func (s *Store) Close() error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	s.mu.Lock()
@@ -203,7 +216,7 @@ func (s *LogStore) Close() error {
 func lockDir(path string, timeout time.Duration) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: Raft log lock: %w", err)
+		return nil, fmt.Errorf("raftlog: Raft log lock: %w", err)
 	}
 	deadline := time.Now().Add(timeout)
 	for {
@@ -213,14 +226,14 @@ func lockDir(path string, timeout time.Duration) (*os.File, error) {
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
-			return nil, fmt.Errorf("coordinator: the Raft log %s is in use by another process: %w", filepath.Dir(path), err)
+			return nil, fmt.Errorf("raftlog: the Raft log %s is in use by another process: %w", filepath.Dir(path), err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
 // load reads the stable file and every segment's headers.
-func (s *LogStore) load() error {
+func (s *Store) load() error {
 	stable, err := readStable(filepath.Join(s.dir, stableFile))
 	if err != nil {
 		return err
@@ -229,7 +242,7 @@ func (s *LogStore) load() error {
 	var head uint64
 	if v, ok := stable[headKey]; ok {
 		if len(v) != 8 {
-			return fmt.Errorf("%w: stable key %q holds %d bytes", ErrLogCorrupt, headKey, len(v))
+			return fmt.Errorf("%w: stable key %q holds %d bytes", ErrCorrupt, headKey, len(v))
 		}
 		head = binary.BigEndian.Uint64(v)
 	}
@@ -247,10 +260,10 @@ func (s *LogStore) load() error {
 }
 
 // segmentNames lists the segments' first indexes, in order.
-func (s *LogStore) segmentNames() ([]uint64, error) {
+func (s *Store) segmentNames() ([]uint64, error) {
 	ents, err := os.ReadDir(filepath.Join(s.dir, walDir))
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: reading the Raft log directory: %w", err)
+		return nil, fmt.Errorf("raftlog: reading the Raft log directory: %w", err)
 	}
 	var out []uint64
 	for _, e := range ents {
@@ -260,7 +273,7 @@ func (s *LogStore) segmentNames() ([]uint64, error) {
 		}
 		first, err := strconv.ParseUint(name, 10, 64)
 		if err != nil || first == 0 {
-			return nil, fmt.Errorf("%w: unexpected file %s in the Raft log directory", ErrLogCorrupt, e.Name())
+			return nil, fmt.Errorf("%w: unexpected file %s in the Raft log directory", ErrCorrupt, e.Name())
 		}
 		out = append(out, first)
 	}
@@ -268,14 +281,14 @@ func (s *LogStore) segmentNames() ([]uint64, error) {
 	return out, nil
 }
 
-func (s *LogStore) segmentPath(first uint64) string {
+func (s *Store) segmentPath(first uint64) string {
 	return filepath.Join(s.dir, walDir, fmt.Sprintf("%020d%s", first, segSuffix))
 }
 
 // loadSegment scans the headers of the segment named first and indexes its
 // entries from head on. newest says whether it is the last segment, the
 // only one whose end may be an incomplete append.
-func (s *LogStore) loadSegment(first uint64, newest bool, head uint64) error {
+func (s *Store) loadSegment(first uint64, newest bool, head uint64) error {
 	path := s.segmentPath(first)
 	flag := os.O_RDWR
 	if s.readOnly {
@@ -283,12 +296,12 @@ func (s *LogStore) loadSegment(first uint64, newest bool, head uint64) error {
 	}
 	f, err := os.OpenFile(path, flag, 0)
 	if err != nil {
-		return fmt.Errorf("coordinator: opening Raft log segment: %w", err)
+		return fmt.Errorf("raftlog: opening Raft log segment: %w", err)
 	}
 	info, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return fmt.Errorf("coordinator: %w", err)
+		return fmt.Errorf("raftlog: %w", err)
 	}
 	g := &segment{first: first, f: f}
 	end := info.Size()
@@ -299,7 +312,7 @@ func (s *LogStore) loadSegment(first uint64, newest bool, head uint64) error {
 		off := g.size
 		p, index, err := readHeader(f, off, end, hdr[:])
 		if err == nil && index != next {
-			err = fmt.Errorf("%w: entry %d where %d was expected", ErrLogCorrupt, index, next)
+			err = fmt.Errorf("%w: entry %d where %d was expected", ErrCorrupt, index, next)
 		}
 		if err == nil && off+p.size() == end && newest {
 			// The newest entry is checksummed now: a crash may have
@@ -324,11 +337,11 @@ func (s *LogStore) loadSegment(first uint64, newest bool, head uint64) error {
 		// written after it.
 		if err := f.Truncate(g.size); err != nil {
 			f.Close()
-			return fmt.Errorf("coordinator: cutting an incomplete entry off %s: %w", path, err)
+			return fmt.Errorf("raftlog: cutting an incomplete entry off %s: %w", path, err)
 		}
 		if err := f.Sync(); err != nil {
 			f.Close()
-			return fmt.Errorf("coordinator: %w", err)
+			return fmt.Errorf("raftlog: %w", err)
 		}
 	}
 	if len(found) == 0 || next <= head {
@@ -339,7 +352,7 @@ func (s *LogStore) loadSegment(first uint64, newest bool, head uint64) error {
 			return nil
 		}
 		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("coordinator: %w", err)
+			return fmt.Errorf("raftlog: %w", err)
 		}
 		return syncDir(filepath.Join(s.dir, walDir))
 	}
@@ -349,7 +362,7 @@ func (s *LogStore) loadSegment(first uint64, newest bool, head uint64) error {
 	}
 	if s.first != 0 && s.first+uint64(len(s.pos)) != first {
 		f.Close()
-		return fmt.Errorf("%w: segment %s starts at %d, after %d", ErrLogCorrupt, path, first, s.first+uint64(len(s.pos))-1)
+		return fmt.Errorf("%w: segment %s starts at %d, after %d", ErrCorrupt, path, first, s.first+uint64(len(s.pos))-1)
 	}
 	if s.first == 0 {
 		s.first = first
@@ -389,17 +402,17 @@ func tornTail(f *os.File, off, end int64, index uint64) bool {
 // readHeader reads and checks the header at off of a file of end bytes.
 func readHeader(f *os.File, off, end int64, hdr []byte) (recordPos, uint64, error) {
 	if end-off < recHeader {
-		return recordPos{}, 0, fmt.Errorf("%w: %d bytes left, a header is %d", ErrLogCorrupt, end-off, recHeader)
+		return recordPos{}, 0, fmt.Errorf("%w: %d bytes left, a header is %d", ErrCorrupt, end-off, recHeader)
 	}
 	if _, err := f.ReadAt(hdr, off); err != nil {
-		return recordPos{}, 0, fmt.Errorf("coordinator: reading the Raft log: %w", err)
+		return recordPos{}, 0, fmt.Errorf("raftlog: reading the Raft log: %w", err)
 	}
 	if crc32.Checksum(hdr[:recHeader-4], castagnoli) != binary.LittleEndian.Uint32(hdr[recHeader-4:]) {
-		return recordPos{}, 0, fmt.Errorf("%w: header checksum mismatch", ErrLogCorrupt)
+		return recordPos{}, 0, fmt.Errorf("%w: header checksum mismatch", ErrCorrupt)
 	}
 	p := recordPos{dataLen: binary.LittleEndian.Uint32(hdr[24:]), extLen: binary.LittleEndian.Uint32(hdr[28:])}
 	if p.size() > maxRecord || off+p.size() > end {
-		return recordPos{}, 0, fmt.Errorf("%w: an entry of %d bytes at offset %d of a %d-byte segment", ErrLogCorrupt, p.size(), off, end)
+		return recordPos{}, 0, fmt.Errorf("%w: an entry of %d bytes at offset %d of a %d-byte segment", ErrCorrupt, p.size(), off, end)
 	}
 	return p, binary.LittleEndian.Uint64(hdr[0:]), nil
 }
@@ -421,22 +434,22 @@ func putHeader(hdr []byte, l *raft.Log) {
 
 // readRecord reads the entry at p, which must be index, into l, checking
 // both checksums. l's slices are its own.
-func (s *LogStore) readRecord(p recordPos, index uint64, l *raft.Log) error {
+func (s *Store) readRecord(p recordPos, index uint64, l *raft.Log) error {
 	buf := make([]byte, p.size())
 	if _, err := p.seg.f.ReadAt(buf, p.off); err != nil {
 		if errors.Is(err, io.EOF) {
-			return fmt.Errorf("%w: entry %d is cut short", ErrLogCorrupt, index)
+			return fmt.Errorf("%w: entry %d is cut short", ErrCorrupt, index)
 		}
-		return fmt.Errorf("coordinator: reading Raft log entry %d: %w", index, err)
+		return fmt.Errorf("raftlog: reading Raft log entry %d: %w", index, err)
 	}
 	hdr, body := buf[:recHeader], buf[recHeader:len(buf)-4]
 	hcrc := binary.LittleEndian.Uint32(hdr[33:])
 	if crc32.Checksum(hdr[:33], castagnoli) != hcrc ||
 		crc32.Update(hcrc, castagnoli, body) != binary.LittleEndian.Uint32(buf[len(buf)-4:]) {
-		return fmt.Errorf("%w: entry %d: checksum mismatch", ErrLogCorrupt, index)
+		return fmt.Errorf("%w: entry %d: checksum mismatch", ErrCorrupt, index)
 	}
 	if got := binary.LittleEndian.Uint64(hdr[0:]); got != index {
-		return fmt.Errorf("%w: entry %d holds index %d", ErrLogCorrupt, index, got)
+		return fmt.Errorf("%w: entry %d holds index %d", ErrCorrupt, index, got)
 	}
 	*l = raft.Log{
 		Index: index,
@@ -456,20 +469,20 @@ func (s *LogStore) readRecord(p recordPos, index uint64, l *raft.Log) error {
 }
 
 // FirstIndex implements raft.LogStore.
-func (s *LogStore) FirstIndex() (uint64, error) {
+func (s *Store) FirstIndex() (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.first, nil
 }
 
 // LastIndex implements raft.LogStore.
-func (s *LogStore) LastIndex() (uint64, error) {
+func (s *Store) LastIndex() (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.lastLocked(), nil
 }
 
-func (s *LogStore) lastLocked() uint64 {
+func (s *Store) lastLocked() uint64 {
 	if s.first == 0 {
 		return 0
 	}
@@ -478,10 +491,10 @@ func (s *LogStore) lastLocked() uint64 {
 
 // IsMonotonic implements raft.MonotonicLogStore: the log holds no gaps, so
 // Raft removes every entry before it installs a snapshot.
-func (s *LogStore) IsMonotonic() bool { return true }
+func (s *Store) IsMonotonic() bool { return true }
 
 // GetLog implements raft.LogStore.
-func (s *LogStore) GetLog(index uint64, l *raft.Log) error {
+func (s *Store) GetLog(index uint64, l *raft.Log) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.first == 0 || index < s.first || index > s.lastLocked() {
@@ -491,13 +504,13 @@ func (s *LogStore) GetLog(index uint64, l *raft.Log) error {
 }
 
 // StoreLog implements raft.LogStore.
-func (s *LogStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
 // StoreLogs implements raft.LogStore: the entries, which must follow the
 // last one, are written at the end of the newest segment, which is
 // fsynced once; they are visible, and durable, when it returns. On an
 // error (a full disk) the log is as it was.
-func (s *LogStore) StoreLogs(logs []*raft.Log) error {
+func (s *Store) StoreLogs(logs []*raft.Log) error {
 	if s.readOnly {
 		return errReadOnlyLog
 	}
@@ -518,10 +531,10 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 	s.mu.RUnlock()
 	for i, l := range logs {
 		if l.Index != next+uint64(i) {
-			return fmt.Errorf("coordinator: Raft log entry %d does not follow entry %d (the log has no gaps)", l.Index, next+uint64(i)-1)
+			return fmt.Errorf("raftlog: Raft log entry %d does not follow entry %d (the log has no gaps)", l.Index, next+uint64(i)-1)
 		}
 		if uint64(len(l.Data)) > maxRecord/2 || uint64(len(l.Extensions)) > maxRecord/2 {
-			return fmt.Errorf("coordinator: Raft log entry %d of %d bytes is too large", l.Index, len(l.Data)+len(l.Extensions))
+			return fmt.Errorf("raftlog: Raft log entry %d of %d bytes is too large", l.Index, len(l.Data)+len(l.Extensions))
 		}
 	}
 	if h, ok := s.stable[headKey]; ok && len(h) == 8 && next < binary.BigEndian.Uint64(h) {
@@ -550,7 +563,7 @@ func (s *LogStore) StoreLogs(logs []*raft.Log) error {
 		} else {
 			g.f.Truncate(g.size)
 		}
-		return fmt.Errorf("coordinator: appending Raft log entries %d..%d: %w", next, next+uint64(len(logs))-1, err)
+		return fmt.Errorf("raftlog: appending Raft log entries %d..%d: %w", next, next+uint64(len(logs))-1, err)
 	}
 	s.mu.Lock()
 	if created {
@@ -625,11 +638,11 @@ func writeRecords(g *segment, logs []*raft.Log) ([]recordPos, int64, error) {
 }
 
 // createSegment creates the (empty) segment whose first entry is first.
-func (s *LogStore) createSegment(first uint64) (*segment, error) {
+func (s *Store) createSegment(first uint64) (*segment, error) {
 	path := s.segmentPath(first)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: creating Raft log segment: %w", err)
+		return nil, fmt.Errorf("raftlog: creating Raft log segment: %w", err)
 	}
 	if err := syncDir(filepath.Join(s.dir, walDir)); err != nil {
 		f.Close()
@@ -642,7 +655,7 @@ func (s *LogStore) createSegment(first uint64) (*segment, error) {
 // DeleteRange implements raft.LogStore: it deletes entries min..max
 // inclusive, which must be the log's head (after a snapshot) or its tail
 // (a conflicting suffix).
-func (s *LogStore) DeleteRange(min, max uint64) error {
+func (s *Store) DeleteRange(min, max uint64) error {
 	if s.readOnly {
 		return errReadOnlyLog
 	}
@@ -659,13 +672,13 @@ func (s *LogStore) DeleteRange(min, max uint64) error {
 	case max >= last:
 		return s.deleteTail(min)
 	default:
-		return fmt.Errorf("coordinator: deleting Raft log entries %d..%d from %d..%d: only a head or a tail can be deleted", min, max, first, last)
+		return fmt.Errorf("raftlog: deleting Raft log entries %d..%d from %d..%d: only a head or a tail can be deleted", min, max, first, last)
 	}
 }
 
 // deleteHead deletes the entries up to max: it records the new head, then
 // removes the segments that hold only entries before it.
-func (s *LogStore) deleteHead(max uint64) error {
+func (s *Store) deleteHead(max uint64) error {
 	if err := s.setLocked(headKey, binary.BigEndian.AppendUint64(nil, max+1)); err != nil {
 		return err
 	}
@@ -687,7 +700,7 @@ func (s *LogStore) deleteHead(max uint64) error {
 
 // deleteTail deletes the entries from min on: the segments after the one
 // holding min, newest first, then that segment is cut.
-func (s *LogStore) deleteTail(min uint64) error {
+func (s *Store) deleteTail(min uint64) error {
 	s.mu.Lock()
 	p := s.pos[min-s.first]
 	i := sort.Search(len(s.segs), func(i int) bool { return s.segs[i].first > min }) - 1
@@ -711,10 +724,10 @@ func (s *LogStore) deleteTail(min uint64) error {
 		return nil
 	}
 	if err := cut.f.Truncate(p.off); err != nil {
-		return fmt.Errorf("coordinator: deleting Raft log entries from %d: %w", min, err)
+		return fmt.Errorf("raftlog: deleting Raft log entries from %d: %w", min, err)
 	}
 	if err := cut.f.Sync(); err != nil {
-		return fmt.Errorf("coordinator: %w", err)
+		return fmt.Errorf("raftlog: %w", err)
 	}
 	s.mu.Lock()
 	cut.size = p.off
@@ -724,23 +737,23 @@ func (s *LogStore) deleteTail(min uint64) error {
 
 // removeSegments closes and removes segs, in order, then syncs the
 // directory.
-func (s *LogStore) removeSegments(segs []*segment) error {
+func (s *Store) removeSegments(segs []*segment) error {
 	if len(segs) == 0 {
 		return nil
 	}
 	for _, g := range segs {
 		g.f.Close()
 		if err := os.Remove(g.f.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("coordinator: removing Raft log segment: %w", err)
+			return fmt.Errorf("raftlog: removing Raft log segment: %w", err)
 		}
 	}
 	return syncDir(filepath.Join(s.dir, walDir))
 }
 
 // Set implements raft.StableStore.
-func (s *LogStore) Set(key, val []byte) error {
+func (s *Store) Set(key, val []byte) error {
 	if string(key) == headKey {
-		return fmt.Errorf("coordinator: stable key %q is reserved", key)
+		return fmt.Errorf("raftlog: stable key %q is reserved", key)
 	}
 	if s.readOnly {
 		return errReadOnlyLog
@@ -751,7 +764,7 @@ func (s *LogStore) Set(key, val []byte) error {
 }
 
 // setLocked writes the stable file with key set to val; s.wmu is held.
-func (s *LogStore) setLocked(key string, val []byte) error {
+func (s *Store) setLocked(key string, val []byte) error {
 	s.mu.RLock()
 	next := make(map[string][]byte, len(s.stable)+1)
 	for k, v := range s.stable {
@@ -769,7 +782,7 @@ func (s *LogStore) setLocked(key string, val []byte) error {
 }
 
 // Get implements raft.StableStore.
-func (s *LogStore) Get(key []byte) ([]byte, error) {
+func (s *Store) Get(key []byte) ([]byte, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	v, ok := s.stable[string(key)]
@@ -780,18 +793,18 @@ func (s *LogStore) Get(key []byte) ([]byte, error) {
 }
 
 // SetUint64 implements raft.StableStore.
-func (s *LogStore) SetUint64(key []byte, val uint64) error {
+func (s *Store) SetUint64(key []byte, val uint64) error {
 	return s.Set(key, binary.BigEndian.AppendUint64(nil, val))
 }
 
 // GetUint64 implements raft.StableStore.
-func (s *LogStore) GetUint64(key []byte) (uint64, error) {
+func (s *Store) GetUint64(key []byte) (uint64, error) {
 	v, err := s.Get(key)
 	if err != nil {
 		return 0, err
 	}
 	if len(v) != 8 {
-		return 0, fmt.Errorf("%w: stable key %q holds %d bytes", ErrLogCorrupt, key, len(v))
+		return 0, fmt.Errorf("%w: stable key %q holds %d bytes", ErrCorrupt, key, len(v))
 	}
 	return binary.BigEndian.Uint64(v), nil
 }
@@ -819,7 +832,7 @@ func writeStable(path string, kv map[string][]byte) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("coordinator: writing Raft stable store: %w", err)
+		return fmt.Errorf("raftlog: writing Raft stable store: %w", err)
 	}
 	return nil
 }
@@ -831,9 +844,9 @@ func readStable(path string) (map[string][]byte, error) {
 		return kv, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: reading Raft stable store: %w", err)
+		return nil, fmt.Errorf("raftlog: reading Raft stable store: %w", err)
 	}
-	bad := fmt.Errorf("%w: %s does not parse", ErrLogCorrupt, path)
+	bad := fmt.Errorf("%w: %s does not parse", ErrCorrupt, path)
 	if len(b) < len(stableMagic)+8 || string(b[:len(stableMagic)]) != stableMagic ||
 		crc32.Checksum(b[:len(b)-4], castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
 		return nil, bad
@@ -869,7 +882,7 @@ func readStable(path string) (map[string][]byte, error) {
 
 // resetForMigration empties s (a migration cut short left entries in it)
 // and writes stable as its stable keys.
-func (s *LogStore) resetForMigration(stable map[string][]byte) error {
+func (s *Store) resetForMigration(stable map[string][]byte) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	s.mu.Lock()
@@ -893,13 +906,13 @@ func (s *LogStore) resetForMigration(stable map[string][]byte) error {
 // its entries durable.
 func syncDir(dir string) error {
 	if err := durable.SyncDir(dir); err != nil {
-		return fmt.Errorf("coordinator: %w", err)
+		return fmt.Errorf("raftlog: %w", err)
 	}
 	return nil
 }
 
 var (
-	_ raft.LogStore          = (*LogStore)(nil)
-	_ raft.StableStore       = (*LogStore)(nil)
-	_ raft.MonotonicLogStore = (*LogStore)(nil)
+	_ raft.LogStore          = (*Store)(nil)
+	_ raft.StableStore       = (*Store)(nil)
+	_ raft.MonotonicLogStore = (*Store)(nil)
 )

@@ -1,4 +1,4 @@
-package coordinator
+package raftlog
 
 import (
 	"encoding/binary"
@@ -16,7 +16,7 @@ import (
 
 // This file reads the Raft log of earlier versions: one bbolt file,
 // raft/log.db, holding the entries by index in bucket "logs" and Raft's
-// stable keys in bucket "stable". OpenLogStore migrates such a file into
+// stable keys in bucket "stable". Open migrates such a file into
 // the segment log once (migrateBolt) and removes it.
 
 var (
@@ -32,14 +32,14 @@ const boltLogFile = "log.db"
 // removes log.db once they are durable. A gap in the old log's indexes
 // (Raft left one after installing a snapshot into a store that tolerated
 // it) starts the log over after the gap, as Raft would have.
-func migrateBolt(dir string, s *LogStore) error {
+func migrateBolt(dir string, s *Store) error {
 	path := filepath.Join(dir, boltLogFile)
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	db, err := bolt.Open(path, 0o644, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
 	if err != nil {
-		return fmt.Errorf("coordinator: opening the bbolt Raft log %s to migrate it: %w", path, err)
+		return fmt.Errorf("raftlog: opening the bbolt Raft log %s to migrate it: %w", path, err)
 	}
 	defer db.Close()
 	stable := make(map[string][]byte)
@@ -47,7 +47,7 @@ func migrateBolt(dir string, s *LogStore) error {
 	err = db.View(func(tx *bolt.Tx) error {
 		sb, lb := tx.Bucket(bucketStable), tx.Bucket(bucketLogs)
 		if sb == nil || lb == nil {
-			return fmt.Errorf("%w: %s has no Raft log buckets", ErrLogCorrupt, path)
+			return fmt.Errorf("%w: %s has no Raft log buckets", ErrCorrupt, path)
 		}
 		if err := sb.ForEach(func(k, v []byte) error {
 			stable[string(k)] = append([]byte(nil), v...)
@@ -80,12 +80,12 @@ func migrateBolt(dir string, s *LogStore) error {
 			n++
 		}
 		if err := s.StoreLogs(logs[:n]); err != nil {
-			return fmt.Errorf("coordinator: migrating %s: %w", path, err)
+			return fmt.Errorf("raftlog: migrating %s: %w", path, err)
 		}
 		logs = logs[n:]
 	}
 	if err := os.Remove(path); err != nil {
-		return fmt.Errorf("coordinator: migrated %s but cannot remove it: %w", path, err)
+		return fmt.Errorf("raftlog: migrated %s but cannot remove it: %w", path, err)
 	}
 	return syncDir(dir)
 }
@@ -98,15 +98,15 @@ const logHeader = 33
 // slices put in l are copies.
 func decodeLog(v []byte, l *raft.Log) error {
 	if len(v) < logHeader+4 {
-		return fmt.Errorf("%w: %d bytes", ErrLogCorrupt, len(v))
+		return fmt.Errorf("%w: %d bytes", ErrCorrupt, len(v))
 	}
 	body, sum := v[:len(v)-4], binary.LittleEndian.Uint32(v[len(v)-4:])
 	if crc32.Checksum(body, castagnoli) != sum {
-		return fmt.Errorf("%w: checksum mismatch", ErrLogCorrupt)
+		return fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	nd, ne := int(binary.LittleEndian.Uint32(body[24:])), int(binary.LittleEndian.Uint32(body[28:]))
 	if logHeader+nd+ne != len(body) {
-		return fmt.Errorf("%w: lengths %d+%d do not fit %d bytes", ErrLogCorrupt, nd, ne, len(body))
+		return fmt.Errorf("%w: lengths %d+%d do not fit %d bytes", ErrCorrupt, nd, ne, len(body))
 	}
 	*l = raft.Log{
 		Index: binary.LittleEndian.Uint64(body[0:]),
