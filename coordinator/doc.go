@@ -34,7 +34,7 @@
 //   - replica.go: Replica, the only code that touches the raft handle. It
 //     gives the Server what it needs (Role, Term, Leader, Voters,
 //     LeadershipChanges, Barrier, Configure, ProposeStep, ProposeStop,
-//     AddVoter, RemoveVoter); raftlog.Store and raft_tls.go are its stores
+//     AddVoter, RemoveVoter); raftlog.Store and raftnet (TLS) are its stores
 //     and transport.
 //   - server.go: the Server and its loop. The loop goroutine owns all of
 //     the protocol state; transport handlers only forward messages to its

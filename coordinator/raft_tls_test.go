@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/pki"
+	"github.com/dpcluster/dpcluster/raftnet"
 )
 
 // testPKI writes a run's CA and certificates for replicas r1..r3, node-0
@@ -32,9 +33,9 @@ func testPKI(t *testing.T) string {
 }
 
 // loadTLS loads id's certificate from the run's directory dir.
-func loadTLS(t *testing.T, dir, id string) *ReplicaTLS {
+func loadTLS(t *testing.T, dir, id string) *raftnet.TLS {
 	t.Helper()
-	rt, err := LoadReplicaTLS(filepath.Join(dir, pki.CACertFile), filepath.Join(dir, id+".crt"), filepath.Join(dir, id+".key"))
+	rt, err := raftnet.LoadTLS(filepath.Join(dir, pki.CACertFile), filepath.Join(dir, id+".crt"), filepath.Join(dir, id+".key"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,43 +245,15 @@ func TestRaftDialRefusesNonReplica(t *testing.T) {
 			go func() { c.(*tls.Conn).Handshake(); c.Close() }()
 		}
 	}()
-	s, err := listenRaft("127.0.0.1:0")
+	s, err := raftnet.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := newTLSRaftStream(s, loadTLS(t, dir, "r1"), slog.New(slog.DiscardHandler))
+	ts := raftnet.NewTLSStream(s, loadTLS(t, dir, "r1"), slog.New(slog.DiscardHandler))
 	defer ts.Close()
 	if c, err := ts.Dial(raft.ServerAddress(l.Addr().String()), 5*time.Second); err == nil {
 		c.Close()
 		t.Fatal("Dial accepted a node's certificate as a replica")
-	}
-}
-
-// TestTLSRaftStreamCloseAbortsHandshakes: Close returns at once even with
-// a connection that never sends its handshake, and ends every goroutine
-// (it waits for them).
-func TestTLSRaftStreamCloseAbortsHandshakes(t *testing.T) {
-	dir := testPKI(t)
-	s, err := listenRaft("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := newTLSRaftStream(s, loadTLS(t, dir, "r1"), slog.New(slog.DiscardHandler))
-	c, err := net.Dial("tcp", ts.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	time.Sleep(50 * time.Millisecond) // let the handshake start
-	done := make(chan error, 1)
-	go func() { done <- ts.Close() }()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close blocked on a silent connection's handshake")
-	}
-	if _, err := ts.Accept(); !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
 	}
 }
 
@@ -290,7 +263,7 @@ func TestReplicaConfigTLS(t *testing.T) {
 	other.Cert = otherCACert(t, "r1")
 	for _, tc := range []struct {
 		name string
-		tls  *ReplicaTLS
+		tls  *raftnet.TLS
 		ok   bool
 	}{
 		{"own replica certificate", loadTLS(t, dir, "r1"), true},
@@ -298,7 +271,7 @@ func TestReplicaConfigTLS(t *testing.T) {
 		{"node certificate", loadTLS(t, dir, "node-0"), false},
 		{"observer certificate", loadTLS(t, dir, "ops"), false},
 		{"another CA", other, false},
-		{"no certificate", &ReplicaTLS{CAs: other.CAs}, false},
+		{"no certificate", &raftnet.TLS{CAs: other.CAs}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testReplicaConfig(t.TempDir(), "127.0.0.1:0")

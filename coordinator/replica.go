@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/raftlog"
+	"github.com/dpcluster/dpcluster/raftnet"
 )
 
 // ReplicaConfig configures one coordinator replica.
@@ -63,7 +63,7 @@ type ReplicaConfig struct {
 	// connection from anything else (a node's or observer's certificate,
 	// another CA's, plaintext) is refused before Raft reads it. Nil: plain
 	// TCP (a single machine, or a trusted network).
-	TLS *ReplicaTLS
+	TLS *raftnet.TLS
 
 	// Transport, if not nil, carries this replica's Raft traffic instead
 	// of the TCP listener on RaftAddr: tests run a cluster in one process
@@ -131,7 +131,7 @@ func (c ReplicaConfig) Validate() error {
 		return fmt.Errorf("coordinator: Raft address %q is advertised to peers: give a reachable host, not a wildcard", c.RaftAddr)
 	}
 	if c.TLS != nil {
-		if err := c.TLS.check(c.ID); err != nil {
+		if err := c.TLS.Check(c.ID); err != nil {
 			return err
 		}
 	}
@@ -146,7 +146,7 @@ type Replica struct {
 	fsm       *FSM
 	logs      *raftlog.Store
 	transport raft.Transport
-	tls       *tlsRaftStream // nil: plain TCP
+	tls       *raftnet.TLSStream // nil: plain TCP
 	log       *slog.Logger
 }
 
@@ -190,13 +190,13 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		return nil, err
 	}
 	if r.transport = cfg.Transport; r.transport == nil {
-		stream, err := listenRaft(cfg.RaftAddr)
+		stream, err := raftnet.Listen(cfg.RaftAddr)
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
 		}
 		var layer raft.StreamLayer = stream
 		if cfg.TLS != nil {
-			r.tls = newTLSRaftStream(stream, cfg.TLS, log)
+			r.tls = raftnet.NewTLSStream(stream, cfg.TLS, log)
 			layer = r.tls
 		}
 		tc := &raft.NetworkTransportConfig{Stream: layer, MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog}
@@ -375,7 +375,7 @@ func (r *Replica) AddVoter(ctx context.Context, id, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
 	if r.tls != nil {
-		if err := r.tls.checkPeer(ctx, addr, id); err != nil {
+		if err := r.tls.CheckPeer(ctx, addr, id); err != nil {
 			return err
 		}
 	}
@@ -583,48 +583,19 @@ func (d dialAddrs) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 	return "", errNoDialAddr
 }
 
-// raftStream is Raft's TCP stream layer. Unlike raft's own TCP transport,
-// it advertises the address exactly as configured (a DNS name stays a
-// name, so a replica whose container comes back with a new IP keeps the
-// address its peers know), except that a port of 0 advertises the port
-// the listener got.
-type raftStream struct {
-	net.Listener
-	advertise raftAddr
-}
-
-type raftAddr string
-
-func (a raftAddr) Network() string { return "tcp" }
-func (a raftAddr) String() string  { return string(a) }
-
-func listenRaft(addr string) (*raftStream, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	adv := addr
-	if port == "0" {
-		adv = net.JoinHostPort(host, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	}
-	return &raftStream{Listener: l, advertise: raftAddr(adv)}, nil
-}
-
-// Dial implements raft.StreamLayer.
-func (s *raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return net.DialTimeout("tcp", string(address), timeout)
-}
-
-// Addr implements net.Listener: the advertised address.
-func (s *raftStream) Addr() net.Addr { return s.advertise }
-
 // isLeadershipLoss reports whether err is one a deposed (or deposing)
 // leader's Raft operation fails with.
 func isLeadershipLoss(err error) bool {
 	return errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
 		errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrEnqueueTimeout)
 }
+
+// ErrReplicaCert is raftnet.ErrReplicaCert: returned (wrapped, with the
+// reason) by ReplicaConfig.Validate and OpenReplica when the replica's own
+// TLS certificate cannot serve it.
+var ErrReplicaCert = raftnet.ErrReplicaCert
+
+// ErrPeerIdentity is raftnet.ErrPeerIdentity: returned (wrapped) by
+// Replica.AddVoter when the replica answering at the address of a join
+// request does not hold a replica certificate for the ID it names.
+var ErrPeerIdentity = raftnet.ErrPeerIdentity

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/raftnet"
 )
 
 // freeAddr returns a loopback address with a free TCP port.
@@ -114,7 +115,7 @@ func TestReplicaRestartContinues(t *testing.T) {
 // configured (a host name stays a name); port 0 advertises the port it
 // got; a wildcard host is refused.
 func TestRaftAddrAdvertised(t *testing.T) {
-	s, err := listenRaft("localhost:0")
+	s, err := raftnet.Listen("localhost:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestReplicaInjectedTransport(t *testing.T) {
 	addr, trans := raft.NewInmemTransport("")
 	cfg := DefaultReplicaConfig()
 	cfg.ID, cfg.DataDir, cfg.Bootstrap, cfg.Transport = "r1", t.TempDir(), true, trans
-	cfg.TLS = &ReplicaTLS{}
+	cfg.TLS = &raftnet.TLS{}
 	if err := cfg.Validate(); err == nil {
 		t.Error("Transport with TLS accepted")
 	}

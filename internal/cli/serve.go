@@ -22,6 +22,7 @@ import (
 	"github.com/dpcluster/dpcluster/coordinator/dashboard"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/pki"
+	"github.com/dpcluster/dpcluster/raftnet"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -235,12 +236,12 @@ func (f serveFlags) endpoints(peers []raft.Server) []endpoint {
 
 // loadRaftTLS loads the Raft transport's mutual TLS from --tls-ca,
 // --tls-cert and --tls-key: all three, or none (nil: plain TCP).
-func loadRaftTLS(ca, cert, key string) (*coordinator.ReplicaTLS, error) {
+func loadRaftTLS(ca, cert, key string) (*raftnet.TLS, error) {
 	files, err := tlsFiles(ca, cert, key)
 	if err != nil || files.CertFile == "" {
 		return nil, err
 	}
-	return coordinator.LoadReplicaTLS(ca, cert, key)
+	return raftnet.LoadTLS(ca, cert, key)
 }
 
 // parsePeers parses id=host:port,... into Raft servers.

@@ -1,4 +1,4 @@
-package coordinator
+package raftnet
 
 import (
 	"context"
@@ -17,23 +17,24 @@ import (
 	"github.com/dpcluster/dpcluster/pki"
 )
 
-// ErrReplicaCert is returned (wrapped, with the reason) by
-// ReplicaConfig.Validate and LoadReplicaTLS when the replica's own TLS
+// ErrReplicaCert is returned (wrapped, with the reason) by TLS.Check and
+// LoadTLS (and so by coordinator.ReplicaConfig.Validate) when the replica's own TLS
 // certificate cannot serve it: not a replica certificate, another
 // replica's ID, not issued by the configured CA, or expired.
-var ErrReplicaCert = errors.New("coordinator: unusable replica TLS certificate")
+var ErrReplicaCert = errors.New("raftnet: unusable replica TLS certificate")
 
-// ErrPeerIdentity is returned (wrapped) by Replica.AddVoter when the
-// replica answering at the address of a join request does not hold a
-// replica certificate for the ID the request names.
-var ErrPeerIdentity = errors.New("coordinator: the replica at that address holds another identity")
+// ErrPeerIdentity is returned (wrapped) by TLSStream.CheckPeer (and so by
+// coordinator's Replica.AddVoter) when the replica answering at the
+// address of a join request does not hold a replica certificate for the ID
+// the request names.
+var ErrPeerIdentity = errors.New("raftnet: the replica at that address holds another identity")
 
 // raftHandshakeTimeout bounds the TLS handshake of an accepted Raft
 // connection, so that a peer that connects and says nothing holds nothing
 // for long.
 const raftHandshakeTimeout = 10 * time.Second
 
-// ReplicaTLS is the mutual TLS of the Raft transport (issue 12): replicas
+// TLS is the mutual TLS of the Raft transport (issue 12): replicas
 // accept connections only from, and dial only, holders of a replica
 // certificate (pki.RoleReplica) issued by the run's CA.
 //
@@ -43,39 +44,39 @@ const raftHandshakeTimeout = 10 * time.Second
 // its SANs. Replicas are dialed by the addresses in the Raft
 // configuration, which may be DNS names or IPs that change; a host name
 // check would add nothing, since any replica may vote anyway.
-type ReplicaTLS struct {
+type TLS struct {
 	// CAs holds the run's CA certificate: peers must chain to it.
 	CAs *x509.CertPool
 	// Cert is this replica's certificate and key: a replica certificate
-	// issued by the CA whose ID is ReplicaConfig.ID.
+	// issued by the CA whose ID is the replica's (coordinator.ReplicaConfig.ID).
 	Cert tls.Certificate
 }
 
-// LoadReplicaTLS reads the run's CA certificate (PEM) and this replica's
+// LoadTLS reads the run's CA certificate (PEM) and this replica's
 // certificate and key (PEM) from files, as written by
-// `coordinator certs init`. ReplicaConfig.Validate checks the certificate
+// `coordinator certs init`. TLS.Check (coordinator.ReplicaConfig.Validate) checks the certificate
 // against the replica's ID.
-func LoadReplicaTLS(caFile, certFile, keyFile string) (*ReplicaTLS, error) {
+func LoadTLS(caFile, certFile, keyFile string) (*TLS, error) {
 	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: TLS CA: %w", err)
+		return nil, fmt.Errorf("raftnet: TLS CA: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("coordinator: TLS CA: %s holds no PEM certificate", caFile)
+		return nil, fmt.Errorf("raftnet: TLS CA: %s holds no PEM certificate", caFile)
 	}
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s, %s: %v", ErrReplicaCert, certFile, keyFile, err)
 	}
-	return &ReplicaTLS{CAs: pool, Cert: cert}, nil
+	return &TLS{CAs: pool, Cert: cert}, nil
 }
 
-// check returns an error wrapping ErrReplicaCert unless the certificate is
+// Check returns an error wrapping ErrReplicaCert unless the certificate is
 // a replica certificate for id that verifies against CAs now.
-func (t *ReplicaTLS) check(id string) error {
+func (t *TLS) Check(id string) error {
 	if t.CAs == nil {
-		return errors.New("coordinator: replica TLS has no CA pool")
+		return errors.New("raftnet: replica TLS has no CA pool")
 	}
 	if len(t.Cert.Certificate) == 0 || t.Cert.PrivateKey == nil {
 		return fmt.Errorf("%w: no certificate and key", ErrReplicaCert)
@@ -122,7 +123,7 @@ func verifyChain(leaf *x509.Certificate, rest [][]byte, roots *x509.CertPool, us
 // requireReplica is both sides' tls.Config.VerifyConnection: the peer's
 // certificate (its chain already verified against the CA on the server
 // side; verified here on the client side, which skips the host name
-// check, see ReplicaTLS) must name a replica.
+// check, see TLS) must name a replica.
 func requireReplica(roots *x509.CertPool, client bool) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
@@ -149,12 +150,12 @@ func requireReplica(roots *x509.CertPool, client bool) func(tls.ConnectionState)
 	}
 }
 
-// tlsRaftStream is the Raft stream layer over mutual TLS. Its own accept
+// TLSStream is the Raft stream layer over mutual TLS. Its own accept
 // loop handshakes each connection in a goroutine (bounded by
 // raftHandshakeTimeout) and hands Raft only connections from replicas, so
 // a refused peer reaches no Raft code and a slow one blocks no other.
-type tlsRaftStream struct {
-	*raftStream
+type TLSStream struct {
+	*Stream
 	client, server *tls.Config
 	log            *slog.Logger
 
@@ -168,14 +169,14 @@ type tlsRaftStream struct {
 	suppressed int
 }
 
-func newTLSRaftStream(s *raftStream, t *ReplicaTLS, log *slog.Logger) *tlsRaftStream {
-	ts := &tlsRaftStream{
-		raftStream: s,
+func NewTLSStream(s *Stream, t *TLS, log *slog.Logger) *TLSStream {
+	ts := &TLSStream{
+		Stream: s,
 		client: &tls.Config{
 			MinVersion:   tls.VersionTLS13,
 			Certificates: []tls.Certificate{t.Cert},
 			// The chain is verified in VerifyConnection, by CA and role,
-			// without the host name check (see ReplicaTLS).
+			// without the host name check (see TLS).
 			InsecureSkipVerify: true,
 			VerifyConnection:   requireReplica(t.CAs, true),
 		},
@@ -195,7 +196,7 @@ func newTLSRaftStream(s *raftStream, t *ReplicaTLS, log *slog.Logger) *tlsRaftSt
 	return ts
 }
 
-func (s *tlsRaftStream) acceptLoop() {
+func (s *TLSStream) acceptLoop() {
 	defer s.wg.Done()
 	backoff := 5 * time.Millisecond
 	for {
@@ -219,7 +220,7 @@ func (s *tlsRaftStream) acceptLoop() {
 	}
 }
 
-func (s *tlsRaftStream) handshake(c net.Conn) {
+func (s *TLSStream) handshake(c net.Conn) {
 	defer s.wg.Done()
 	tc := tls.Server(c, s.server)
 	ctx, cancel := context.WithTimeout(s.ctx, raftHandshakeTimeout)
@@ -239,7 +240,7 @@ func (s *tlsRaftStream) handshake(c net.Conn) {
 
 // refused logs a refused connection: at most one warning a second, the
 // rest at debug level and counted in the next warning.
-func (s *tlsRaftStream) refused(addr net.Addr, err error) {
+func (s *TLSStream) refused(addr net.Addr, err error) {
 	s.mu.Lock()
 	now := time.Now()
 	warn := now.Sub(s.lastWarn) >= time.Second
@@ -259,7 +260,7 @@ func (s *tlsRaftStream) refused(addr net.Addr, err error) {
 
 // Accept implements net.Listener: the next connection whose peer proved
 // it holds a replica certificate.
-func (s *tlsRaftStream) Accept() (net.Conn, error) {
+func (s *TLSStream) Accept() (net.Conn, error) {
 	select {
 	case c := <-s.conns:
 		return c, nil
@@ -270,7 +271,7 @@ func (s *tlsRaftStream) Accept() (net.Conn, error) {
 
 // Close implements net.Listener: it stops the accept loop, aborts the
 // handshakes in progress and waits for their goroutines.
-func (s *tlsRaftStream) Close() error {
+func (s *TLSStream) Close() error {
 	s.cancel()
 	err := s.Listener.Close()
 	s.wg.Wait()
@@ -279,7 +280,7 @@ func (s *tlsRaftStream) Close() error {
 
 // Dial implements raft.StreamLayer: a TLS connection to a peer that
 // proved it holds a replica certificate, handshaken within timeout.
-func (s *tlsRaftStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+func (s *TLSStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	deadline := time.Now().Add(timeout)
 	c, err := net.DialTimeout("tcp", string(address), timeout)
 	if err != nil {
@@ -295,11 +296,11 @@ func (s *tlsRaftStream) Dial(address raft.ServerAddress, timeout time.Duration) 
 	return tc, nil
 }
 
-// checkPeer dials address and returns nil if the replica answering there
+// CheckPeer dials address and returns nil if the replica answering there
 // proves it holds a replica certificate of the CA for id; otherwise an
 // error wrapping ErrPeerIdentity. The connection is closed at once (Raft,
 // on the other side, sees a connection end before its first command).
-func (s *tlsRaftStream) checkPeer(ctx context.Context, address, id string) error {
+func (s *TLSStream) CheckPeer(ctx context.Context, address, id string) error {
 	wait := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
