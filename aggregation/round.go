@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/dpcluster/dpcluster/internal/parallel"
 )
 
 // Contribution is one node's answer to a round. Sum is owned by the Round
@@ -357,19 +359,15 @@ func (r *Round) validate(c Contribution) Reason {
 	}
 	// One pass: classify non-finite values and accumulate the squared norm
 	// in float64 (no overflow possible from float32 inputs; see the package
-	// doc).
+	// doc), in chunks of valueChunk on several cores, the chunks' sums
+	// added in chunk order (the same bits whatever the core count).
+	parts := make([]valueStats, parallel.Count(len(c.Sum), valueChunk))
+	parallel.Chunks(len(c.Sum), valueChunk, func(k, lo, hi int) { parts[k] = statsOf(c.Sum[lo:hi]) })
 	var ss float64
 	nan, inf := false, false
-	for _, v := range c.Sum {
-		x := float64(v)
-		switch {
-		case x != x:
-			nan = true
-		case math.IsInf(x, 0):
-			inf = true
-		default:
-			ss += x * x
-		}
+	for _, p := range parts {
+		ss += p.ss
+		nan, inf = nan || p.nan, inf || p.inf
 	}
 	switch {
 	case nan:
@@ -381,6 +379,34 @@ func (r *Round) validate(c Contribution) Reason {
 		return ReasonNormBound
 	}
 	return 0
+}
+
+// valueChunk is the number of values one goroutine checks, or sums, at a
+// time: a model-sized vector (20M values at 20M parameters) is checked
+// and summed on every core, and one of at most valueChunk values exactly
+// as by a serial loop.
+const valueChunk = 1 << 16
+
+// valueStats is one chunk's part of validate's pass.
+type valueStats struct {
+	ss       float64 // Σ x² over the finite values
+	nan, inf bool
+}
+
+func statsOf(v []float32) valueStats {
+	var st valueStats
+	for _, f := range v {
+		x := float64(f)
+		switch {
+		case x != x:
+			st.nan = true
+		case math.IsInf(x, 0):
+			st.inf = true
+		default:
+			st.ss += x * x
+		}
+	}
+	return st
 }
 
 // closeLocked closes the round once: sums the accepted contributions in
@@ -405,12 +431,22 @@ func (r *Round) closeLocked(cause Cause) {
 		res.Accepted = append(res.Accepted, n)
 	}
 	slices.Sort(res.Accepted)
+	// Every element sums the nodes in ascending ID order: splitting the
+	// elements over cores leaves each one's sum as the serial loop's.
+	sums := make([][]float32, len(res.Accepted))
+	for j, n := range res.Accepted {
+		sums[j] = r.accepted[n].sum
+	}
+	parallel.Chunks(r.dim, valueChunk, func(_, lo, hi int) {
+		out := res.Sum[lo:hi]
+		for _, v := range sums {
+			for i, x := range v[lo:hi] {
+				out[i] += float64(x)
+			}
+		}
+	})
 	for _, n := range res.Accepted {
 		a := r.accepted[n]
-		sum := res.Sum[:len(a.sum)]
-		for i, v := range a.sum {
-			sum[i] += float64(v)
-		}
 		if res.Count > math.MaxInt64-a.count {
 			res.Count = math.MaxInt64
 		} else {

@@ -14,9 +14,10 @@ import (
 // the ledger, aggregation and the wire, never on the training side (train,
 // model, dataset, sampling, node) or the command line, directly or through
 // another package of this module (issue 13); of the internal packages it
-// may use only two leaves: internal/handoff (the handler-to-loop gate node
-// shares) and internal/durable (crash-safe file writes, shared with the
-// ledger and the PKI). Imports are read from the
+// may use only three leaves: internal/handoff (the handler-to-loop gate node
+// shares), internal/durable (crash-safe file writes, shared with the
+// ledger and the PKI) and internal/parallel (loops over model-sized
+// vectors on several cores, shared with aggregation and dpadam). Imports are read from the
 // source of every non-test file, whatever its build tags.
 func TestDependenciesPointOneWay(t *testing.T) {
 	const module = "github.com/dpcluster/dpcluster/"
@@ -29,7 +30,7 @@ func TestDependenciesPointOneWay(t *testing.T) {
 			return
 		}
 		seen[rel] = true
-		if forbidden[rel] || strings.HasPrefix(rel, "internal/") && rel != "internal/handoff" && rel != "internal/durable" {
+		if forbidden[rel] || strings.HasPrefix(rel, "internal/") && rel != "internal/handoff" && rel != "internal/durable" && rel != "internal/parallel" {
 			t.Errorf("coordinator depends on %s (via %s)", rel, strings.Join(via, " → "))
 			return
 		}

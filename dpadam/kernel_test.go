@@ -3,6 +3,7 @@ package dpadam
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"unsafe"
 )
@@ -105,6 +106,51 @@ func TestFirstNonFinite(t *testing.T) {
 		x[n-1], x[n/2] = float32(math.NaN()), float32(math.Inf(1))
 		if got, want := firstNonFinite(x), n/2; got != want {
 			t.Fatalf("n=%d: firstNonFinite = %d, want %d", n, got, want)
+		}
+	}
+}
+
+// TestAdamBCParallel: a vector of several adamChunk chunks (a partial last
+// one included) is updated on several cores with θ, m and v bit-identical
+// to the serial Go kernel's, the floor count equal, and the diagnostics
+// within rounding of the serial sums and the same bits whatever
+// GOMAXPROCS is.
+func TestAdamBCParallel(t *testing.T) {
+	const n = 3*adamChunk + 13
+	rng := rand.New(rand.NewPCG(7, 8))
+	k := adamConsts{b1: 0.9, c1: 0.1, b2: 0.999, c2: 1 - 0.999, lrM: 1e-3 / (1 - 0.9*0.9),
+		invV: 1 / (1 - 0.999*0.999), phi: 5e-6, gp: 1e-10}
+	theta, m, v, g := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range n {
+		theta[i] = float32(rng.NormFloat64())
+		m[i] = float32(1e-4 * rng.NormFloat64())
+		v[i] = float32(1e-8 * rng.ExpFloat64())
+		g[i] = float32(2e-4 * rng.NormFloat64())
+	}
+	clone := func(x []float32) []float32 { return append([]float32(nil), x...) }
+	theta0, m0, v0 := clone(theta), clone(m), clone(v)
+	var acc lanes
+	floorsSerial := adamBCGo(theta0, m0, v0, g, 0, &k, &acc)
+	sumVSerial, sumUSerial := sum4(&acc.vHat), sum4(&acc.u2)
+	var first [2]float64
+	for run, procs := range []int{1, 2, 8} {
+		prev := runtime.GOMAXPROCS(procs)
+		th, mm, vv := clone(theta), clone(m), clone(v)
+		sumV, sumU, floors := adamBCKernel(th, mm, vv, g, &k)
+		runtime.GOMAXPROCS(prev)
+		if !bitsEqual(th, theta0) || !bitsEqual(mm, m0) || !bitsEqual(vv, v0) {
+			t.Fatalf("GOMAXPROCS %d: θ, m or v differ from the serial kernel's", procs)
+		}
+		if floors != floorsSerial {
+			t.Fatalf("GOMAXPROCS %d: %d floors, serial %d", procs, floors, floorsSerial)
+		}
+		if math.Abs(sumV-sumVSerial) > 1e-12*sumVSerial || math.Abs(sumU-sumUSerial) > 1e-12*sumUSerial {
+			t.Fatalf("GOMAXPROCS %d: Σv̂ %v Σu² %v, serial %v %v", procs, sumV, sumU, sumVSerial, sumUSerial)
+		}
+		if run == 0 {
+			first = [2]float64{sumV, sumU}
+		} else if math.Float64bits(sumV) != math.Float64bits(first[0]) || math.Float64bits(sumU) != math.Float64bits(first[1]) {
+			t.Fatalf("GOMAXPROCS %d: diagnostics %v %v, other bits than with GOMAXPROCS 1 (%v %v)", procs, sumV, sumU, first[0], first[1])
 		}
 	}
 }

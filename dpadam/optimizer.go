@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/dpcluster/dpcluster/internal/parallel"
 )
 
 // Errors returned by Step and New.
@@ -116,7 +118,9 @@ func (o *Optimizer) Dim() int { return o.dim }
 // (|m| < 2^63, v < 2^126, |b| < 2^63/(1−μ)), so a snapshot of any reachable
 // state decodes.
 //
-// Step allocates nothing (only its error values are allocated).
+// Step allocates nothing (only its error values are allocated) for up to
+// adamChunk coordinates; a longer vector is updated on several cores, at
+// the cost of their goroutines.
 func (o *Optimizer) Step(theta, noisyGrad []float32) (Diagnostics, error) {
 	if o.cfg.Algorithm == "" {
 		return Diagnostics{}, ErrUninitialized
@@ -291,19 +295,60 @@ const simdBlock = 1 << 16
 // amd64 with AVX2 the bulk runs in adamBCAVX2, which performs the same
 // IEEE operations per coordinate (4 at a time) and so gives the same bits.
 func adamBCKernel(theta, m, v, g []float32, k *adamConsts) (sumVHat, sumU2 float64, floors int) {
-	var acc lanes
 	n := len(theta)
 	m, v, g = m[:n], v[:n], g[:n]
+	if n <= adamChunk {
+		var acc lanes
+		floors = adamBCRange(theta, m, v, g, k, &acc)
+		return sum4(&acc.vHat), sum4(&acc.u2), floors
+	}
+	return adamBCParallel(theta, m, v, g, *k)
+}
+
+// adamBCParallel is adamBCKernel for longer vectors (a model of millions
+// of parameters): chunks of adamChunk coordinates on several cores. Each
+// coordinate's update is the same operations whichever goroutine runs it,
+// so θ, m and v have the serial loop's bits; each chunk keeps its own
+// lanes (adamChunk is a multiple of 4, so coordinate i stays in lane
+// i mod 4), and the chunks' lanes are added in chunk order: the
+// diagnostics are the same bits on every machine, whatever its core
+// count. (A function of its own, with k by value, so that what its
+// goroutines capture escapes here and not in the short path.)
+func adamBCParallel(theta, m, v, g []float32, k adamConsts) (sumVHat, sumU2 float64, floors int) {
+	parts := make([]lanes, parallel.Count(len(theta), adamChunk))
+	partFloors := make([]int, len(parts))
+	parallel.Chunks(len(theta), adamChunk, func(c, lo, hi int) {
+		partFloors[c] = adamBCRange(theta[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], &k, &parts[c])
+	})
+	var acc lanes
+	for c := range parts {
+		for l := range 4 {
+			acc.vHat[l] += parts[c].vHat[l]
+			acc.u2[l] += parts[c].u2[l]
+		}
+		floors += partFloors[c]
+	}
+	return sum4(&acc.vHat), sum4(&acc.u2), floors
+}
+
+// adamChunk is the number of coordinates one goroutine updates at a time
+// in adamBCKernel: a multiple of 4 (the lanes) and of simdBlock.
+const adamChunk = 1 << 18
+
+// adamBCRange runs the kernel over the whole of its slices (the same
+// length), adding into acc, and returns the floor count: the assembly
+// kernel on blocks of simdBlock, the Go kernel on the rest.
+func adamBCRange(theta, m, v, g []float32, k *adamConsts, acc *lanes) (floors int) {
+	n := len(theta)
 	done := 0
 	if haveAVX2 {
 		for n-done >= 4 {
 			c := min(n-done, simdBlock) &^ 3
-			floors += adamBCAVX2(&theta[done], &m[done], &v[done], &g[done], c, k, &acc)
+			floors += adamBCAVX2(&theta[done], &m[done], &v[done], &g[done], c, k, acc)
 			done += c
 		}
 	}
-	floors += adamBCGo(theta, m, v, g, done, k, &acc)
-	return sum4(&acc.vHat), sum4(&acc.u2), floors
+	return floors + adamBCGo(theta, m, v, g, done, k, acc)
 }
 
 // adamBCGo is the portable kernel for coordinates [start, len(theta)).

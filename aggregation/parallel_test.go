@@ -1,0 +1,86 @@
+package aggregation
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestLargeVectorsSplitOverCores: for a model-sized vector (several of the
+// chunks validate and close split over cores), a NaN or an Inf in any
+// chunk is found, NaN winning over Inf as in one pass; the norm bound is
+// the serial sum's decision; and the closed sum has, bit for bit, the
+// serial loop's value: the nodes added in ascending ID order per element.
+func TestLargeVectorsSplitOverCores(t *testing.T) {
+	const dim = 3*valueChunk + 123
+	rng := rand.New(rand.NewPCG(1, 2))
+	vec := func(scale float64) []float32 {
+		v := make([]float32, dim)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		return v
+	}
+	norm := func(v []float32) float64 {
+		var s float64
+		for _, x := range v {
+			s += float64(x) * float64(x)
+		}
+		return math.Sqrt(s)
+	}
+	nodes := []string{"c", "a", "b"}
+	r, err := NewRound(1, nodes, dim, 1, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := []struct {
+		sum  func() []float32
+		want error
+	}{
+		{func() []float32 { v := vec(1e-4); v[dim-1] = float32(math.NaN()); return v }, ErrNaN},
+		{func() []float32 {
+			v := vec(1e-4)
+			v[5] = float32(math.Inf(1))
+			v[2*valueChunk+9] = float32(math.NaN())
+			return v
+		}, ErrNaN},
+		{func() []float32 { v := vec(1e-4); v[valueChunk] = float32(math.Inf(-1)); return v }, ErrInf},
+		{func() []float32 { v := vec(1); return v }, ErrNormBound}, // norm ≈ √dim ≫ count·C
+	}
+	for i, b := range bad {
+		if err := r.Add(Contribution{NodeID: "a", Step: 1, Count: 2, Sum: b.sum()}); !errors.Is(err, b.want) {
+			t.Fatalf("case %d: %v, want %v", i, err, b.want)
+		}
+	}
+	// At the bound: count·C = 3, a vector scaled to norm 3·(1 − 1e-9) passes.
+	edge := vec(1)
+	f := 3 * (1 - 1e-9) / norm(edge)
+	for i := range edge {
+		edge[i] = float32(float64(edge[i]) * f)
+	}
+	if n := norm(edge); n > 3*(1+1e-6) {
+		t.Fatalf("edge vector norm %v", n)
+	}
+	sums := map[string][]float32{"a": edge, "b": vec(1e-5), "c": vec(1e-5)}
+	counts := map[string]int64{"a": 3, "b": 1, "c": 1}
+	for _, n := range []string{"b", "a", "c"} {
+		if err := r.Add(Contribution{NodeID: n, Step: 1, Count: counts[n], Sum: append([]float32(nil), sums[n]...)}); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+	}
+	res := r.Close()
+	if res.Count != 5 || len(res.Accepted) != 3 {
+		t.Fatalf("count %d accepted %v", res.Count, res.Accepted)
+	}
+	for i := 0; i < dim; i++ {
+		var want float64
+		for _, n := range []string{"a", "b", "c"} {
+			want += float64(sums[n][i])
+		}
+		if math.Float64bits(res.Sum[i]) != math.Float64bits(want) {
+			t.Fatalf("element %d: %v, serial %v", i, res.Sum[i], want)
+		}
+	}
+}
