@@ -92,7 +92,7 @@ type result struct {
 	ComputeAvg float64 `json:"compute_ms"`     // mean over nodes and steps
 	ComputeMax float64 `json:"compute_max_ms"` // the slowest node's mean
 	EngineDP   float64 `json:"engine_dp_ms"`
-	Engine     string  `json:"engine"`   // "null", or the device's engine
+	Engine     string  `json:"engine"`   // "null", or the device's ID and name
 	Device     string  `json:"device"`   // --device
 	FloorMS    float64 `json:"floor_ms"` // measureFloor
 	DataDir    int64   `json:"data_dir_bytes"`
@@ -377,6 +377,9 @@ func runChild(f flags) (result, error) {
 	}
 	r.Model, r.Params, r.Nodes, r.Backend, r.Noise, r.Profile = spec.Name, m.NumParams(), k, model.DefaultBackend().Name(), f.noise, rec.profile
 	r.Engine, r.Device = f.engine, f.device
+	if f.engine == "device" {
+		r.Engine = dev.Info().ID + " (" + dev.Info().Name + ")"
+	}
 	runtime.GC() // the run's garbage, not the engine, should pay for its collection
 	if r.EngineDP, err = engineStep(dev, m, f.batch, f.engineIters); err != nil {
 		return r, err

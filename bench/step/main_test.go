@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/dpcluster/dpcluster/dataset"
@@ -60,29 +61,33 @@ func TestNullEngine(t *testing.T) {
 	}
 }
 
-// TestRunChildNull runs one configuration through the real path (local's
-// embedded NATS, replica, ledger and in-process nodes) with the null engine
-// on the synthetic dataset, and checks that every field -json reports was
-// measured.
-func TestRunChildNull(t *testing.T) {
-	f := flags{models: "mlp", nodes: "2", engine: "null", device: "cpu", dataset: "gaussian", steps: 4, warmup: 2,
-		batch: 64, noise: "discrete", engineIters: 2, floorReps: 1}
-	r, err := runChild(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Model != "mlp" || r.Nodes != 2 || r.Engine != "null" || r.Steps != 4 || r.Params != 269322 {
-		t.Fatalf("result %+v", r)
-	}
-	for name, v := range map[string]float64{"step": r.StepMean, "compute": r.ComputeMax, "floor": r.FloorMS,
-		"round": r.Collect, "commit": r.Commit, "engine": r.EngineDP, "peak RSS": float64(r.PeakRSS),
-		"data dir": float64(r.DataDir)} {
-		if !(v > 0) {
-			t.Errorf("%s = %v, want > 0", name, v)
-		}
-	}
-	// The data dir holds at least the Raft log's step entries (4·d bytes each).
-	if r.DataDir < 4*int64(r.Params) {
-		t.Errorf("data dir %d bytes, less than one step entry", r.DataDir)
+// TestRunChild runs one configuration through the real path (local's
+// embedded NATS, replica, ledger and in-process nodes) with the null
+// engine and with the CPU engine, on the synthetic dataset, and checks that
+// every field -json reports was measured.
+func TestRunChild(t *testing.T) {
+	for _, c := range []struct{ engine, want string }{{"null", "null"}, {"device", "cpu ("}} {
+		t.Run(c.engine, func(t *testing.T) {
+			f := flags{models: "mlp", nodes: "2", engine: c.engine, device: "cpu", dataset: "gaussian", steps: 4, warmup: 2,
+				batch: 64, noise: "discrete", engineIters: 2, floorReps: 1}
+			r, err := runChild(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Model != "mlp" || r.Nodes != 2 || !strings.HasPrefix(r.Engine, c.want) || r.Steps != 4 || r.Params != 269322 {
+				t.Fatalf("result %+v", r)
+			}
+			for name, v := range map[string]float64{"step": r.StepMean, "compute": r.ComputeMax, "floor": r.FloorMS,
+				"round": r.Collect, "commit": r.Commit, "engine": r.EngineDP, "peak RSS": float64(r.PeakRSS),
+				"data dir": float64(r.DataDir)} {
+				if !(v > 0) {
+					t.Errorf("%s = %v, want > 0", name, v)
+				}
+			}
+			// The data dir holds at least the Raft log's step entries (4·d bytes each).
+			if r.DataDir < 4*int64(r.Params) {
+				t.Errorf("data dir %d bytes, less than one step entry", r.DataDir)
+			}
+		})
 	}
 }
