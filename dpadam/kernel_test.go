@@ -40,15 +40,8 @@ func TestAdamBCKernelPaths(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, n := range []int{1, 3, 4, 5, 7, 64, 1001, simdBlock + 5, 2*simdBlock + 12} {
 		for _, phi := range []float64{0, 5e-6, 1} { // floor: (almost) nowhere, on a mix, everywhere
-			k := adamConsts{b1: 0.9, c1: 0.1, b2: 0.999, c2: 1 - 0.999, lrM: 1e-3 / (1 - 0.9*0.9),
-				invV: 1 / (1 - 0.999*0.999), phi: phi, gp: 1e-10}
-			theta, m, v, g := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
-			for i := range n {
-				theta[i] = float32(rng.NormFloat64())
-				m[i] = float32(1e-4 * rng.NormFloat64())
-				v[i] = float32(1e-8 * rng.ExpFloat64())
-				g[i] = float32(2e-4 * rng.NormFloat64())
-			}
+			k := testAdamConsts(phi)
+			theta, m, v, g := randomAdamState(rng, n)
 			theta2, m2, v2 := append([]float32(nil), theta...), append([]float32(nil), m...), append([]float32(nil), v...)
 
 			sumV, sumU, floors := adamBCKernel(theta, m, v, g, &k)
@@ -118,15 +111,8 @@ func TestFirstNonFinite(t *testing.T) {
 func TestAdamBCParallel(t *testing.T) {
 	const n = 3*adamChunk + 13
 	rng := rand.New(rand.NewPCG(7, 8))
-	k := adamConsts{b1: 0.9, c1: 0.1, b2: 0.999, c2: 1 - 0.999, lrM: 1e-3 / (1 - 0.9*0.9),
-		invV: 1 / (1 - 0.999*0.999), phi: 5e-6, gp: 1e-10}
-	theta, m, v, g := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
-	for i := range n {
-		theta[i] = float32(rng.NormFloat64())
-		m[i] = float32(1e-4 * rng.NormFloat64())
-		v[i] = float32(1e-8 * rng.ExpFloat64())
-		g[i] = float32(2e-4 * rng.NormFloat64())
-	}
+	k := testAdamConsts(5e-6)
+	theta, m, v, g := randomAdamState(rng, n)
 	clone := func(x []float32) []float32 { return append([]float32(nil), x...) }
 	theta0, m0, v0 := clone(theta), clone(m), clone(v)
 	var acc lanes
@@ -153,4 +139,24 @@ func TestAdamBCParallel(t *testing.T) {
 			t.Fatalf("GOMAXPROCS %d: diagnostics %v %v, other bits than with GOMAXPROCS 1 (%v %v)", procs, sumV, sumU, first[0], first[1])
 		}
 	}
+}
+
+// testAdamConsts are the kernel constants of step 2 with η = 1e-3, the
+// paper's β's, γ' = 1e-10 and the given Φ.
+func testAdamConsts(phi float64) adamConsts {
+	return adamConsts{b1: 0.9, c1: 0.1, b2: 0.999, c2: 1 - 0.999, lrM: 1e-3 / (1 - 0.9*0.9),
+		invV: 1 / (1 - 0.999*0.999), phi: phi, gp: 1e-10}
+}
+
+// randomAdamState returns θ, m, v and g̃ of n coordinates at the scales of
+// a DP run (g̃ about the noise σC/B, v about its square).
+func randomAdamState(rng *rand.Rand, n int) (theta, m, v, g []float32) {
+	theta, m, v, g = make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range n {
+		theta[i] = float32(rng.NormFloat64())
+		m[i] = float32(1e-4 * rng.NormFloat64())
+		v[i] = float32(1e-8 * rng.ExpFloat64())
+		g[i] = float32(2e-4 * rng.NormFloat64())
+	}
+	return theta, m, v, g
 }
