@@ -231,6 +231,17 @@ func notFound(looked []string) error {
 
 // findFashionFiles returns the paths of the four files in dir, or a
 // description of what is missing.
+// CheckFashionMNISTDir returns nil if dir holds the four Fashion-MNIST
+// files (gzipped or not), and otherwise an error saying what is missing:
+// the directory, every file, or some of them. It reads no data: a command
+// given an explicit directory checks it before anything loads.
+func CheckFashionMNISTDir(dir string) error {
+	if _, missing := findFashionFiles(dir); missing != "" {
+		return fmt.Errorf("%w: %s", ErrNotFound, missing)
+	}
+	return nil
+}
+
 func findFashionFiles(dir string) (paths [4]string, missing string) {
 	var miss []string
 	for i, name := range fashionFiles {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -86,6 +87,10 @@ func writeRunFile(t *testing.T, lines ...string) string {
 		k, v, ok := strings.Cut(l, ": ")
 		if !ok {
 			t.Fatalf("run file line %q is not key: value", l)
+		}
+		if k == "model_spec" { // a spec replaces the preset: a file may not name both
+			keys = slices.DeleteFunc(keys, func(k string) bool { return k == "model" })
+			delete(vals, "model")
 		}
 		if _, seen := vals[k]; !seen {
 			keys = append(keys, k)

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
@@ -109,7 +112,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Model, "model", s.Model, "model preset: "+strings.Join(model.Presets(), "|"))
 	fs.StringVar(&s.ModelSpec, "model-spec", s.ModelSpec, "JSON model spec file (instead of --model)")
 	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian or csv")
-	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory, searched before $DPCLUSTER_DATA, the cache and the Debian package's")
+	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory holding its four files (default: search $DPCLUSTER_DATA, the cache and the Debian package's)")
 	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "CSV file (label column + features) for --dataset csv: private training data, every row trained on")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "csv: separate, public CSV file to evaluate θ on (without it a csv run evaluates nothing)")
 	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
@@ -138,28 +141,104 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 }
 
 // loadRunSpec fills s from the YAML file at path (unknown keys are an
-// error) and then re-applies the flags the user set, so flags win.
+// error), re-applies the flags the user set, so flags win, and checks what
+// can be checked without data (check): every command's first step, before
+// anything loads.
 func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
-	if path == "" {
-		return nil
-	}
-	changed := map[string]string{}
-	fs.Visit(func(f *pflag.Flag) { changed[f.Name] = f.Value.String() })
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("run file: %w", err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(s); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
-		return fmt.Errorf("run file %s: %w", path, err)
-	}
-	for name, v := range changed {
-		if err := fs.Set(name, v); err != nil {
-			return err
+	fileKeys := map[string]bool{}
+	if path != "" {
+		changed := map[string]string{}
+		fs.Visit(func(f *pflag.Flag) { changed[f.Name] = f.Value.String() })
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("run file: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(s); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
+			return fmt.Errorf("run file %s: %w", path, runFileError(err))
+		}
+		var keys map[string]any
+		if err := yaml.Unmarshal(data, &keys); err == nil {
+			for k := range keys {
+				fileKeys[k] = true
+			}
+		}
+		for name, v := range changed {
+			if err := fs.Set(name, v); err != nil {
+				return err
+			}
+		}
+		// A preset on the command line wins over the run file's spec, as
+		// every flag wins over the file (a spec, when set, is the model).
+		if fs.Changed("model") && !fs.Changed("model-spec") {
+			s.ModelSpec = ""
 		}
 	}
-	return nil
+	return s.check(fs, fileKeys)
+}
+
+// unknownField matches yaml.v3's message for a key KnownFields refused.
+var unknownField = regexp.MustCompile(`field (\S+) not found in type \S+`)
+
+// runFileError turns yaml's "field X not found in type cli.runSpec" into
+// `unknown key "X"` and lists the keys a run file may hold.
+func runFileError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	lines := make([]string, len(te.Errors))
+	unknown := false
+	for i, e := range te.Errors {
+		lines[i] = unknownField.ReplaceAllStringFunc(e, func(m string) string {
+			unknown = true
+			return fmt.Sprintf("unknown key %q", unknownField.FindStringSubmatch(m)[1])
+		})
+	}
+	msg := strings.Join(lines, "; ")
+	if unknown {
+		msg += " (a run file's keys: " + strings.Join(runFileKeys(), ", ") + ")"
+	}
+	return errors.New(msg)
+}
+
+// runFileKeys are the keys of runSpec's YAML form, in field order.
+func runFileKeys() []string {
+	t := reflect.TypeFor[runSpec]()
+	var keys []string
+	for i := range t.NumField() {
+		if k, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); k != "" && k != "-" {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// check validates what needs no data, so that a mistake is a one-line
+// error naming the flag and the value as given before anything loads
+// (issue 26): ε is positive and finite; a preset and a spec file are not
+// both given in one place (both flags, or both keys of the run file; a
+// flag overrides the file's choice); an explicit Fashion-MNIST directory
+// holds the data (it is not a hint to search elsewhere). fileKeys are the
+// keys the run file set.
+func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
+	var errs []error
+	if !(s.TargetEpsilon > 0) || math.IsInf(s.TargetEpsilon, 0) {
+		errs = append(errs, fmt.Errorf("--target-epsilon %v: the privacy budget must be a positive, finite ε", s.TargetEpsilon))
+	}
+	flags := fs.Changed("model") && fs.Changed("model-spec")
+	file := fileKeys["model"] && fileKeys["model_spec"] && !fs.Changed("model") && !fs.Changed("model-spec")
+	if flags || file {
+		errs = append(errs, fmt.Errorf("--model %s and --model-spec %s: give one of them (a spec file replaces the preset)", s.Model, s.ModelSpec))
+	}
+	if s.Data != "" && s.Dataset == "fashion-mnist" {
+		if err := dataset.CheckFashionMNISTDir(s.Data); err != nil {
+			errs = append(errs, fmt.Errorf("--data %s: %w (leave --data out to search $%s, the cache and %s)",
+				s.Data, err, dataset.FashionMNISTEnv, dataset.DebianFashionMNISTDir))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // dataOptions are the spec's data choices as dataset.LoadRun takes them.

@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// TestBadInputsRefusedUpFront is issue 26's list of inputs that failed
+// late, silently or with a confusing message: each is now a one-line error
+// that names the flag (or run-file key) and the value as given, before any
+// data is loaded.
+func TestBadInputsRefusedUpFront(t *testing.T) {
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "spec.json")
+	writeFile(t, spec, `{"name":"x","input":[784],"classes":10,"layers":[{"type":"linear","out":10}]}`)
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, "bogus_key: 3\n")
+	both := filepath.Join(dir, "both.yaml")
+	writeFile(t, both, "model: cnn\nmodel_spec: "+spec+"\n")
+	cases := []struct {
+		name    string
+		args    []string
+		want    []string
+		notWant string
+	}{
+		{"negative target epsilon", []string{"--target-epsilon", "-1"}, []string{"--target-epsilon -1:", "positive"}, "0.999999999"},
+		{"infinite target epsilon", []string{"--target-epsilon", "+Inf"}, []string{"--target-epsilon +Inf:"}, ""},
+		{"preset and spec", []string{"--model", "cnn", "--model-spec", spec}, []string{"--model cnn", "--model-spec " + spec}, ""},
+		{"preset and spec in the run file", []string{"--config", both}, []string{"--model cnn", "--model-spec " + spec}, ""},
+		{"missing data directory", []string{"--data", filepath.Join(dir, "nonexistent")}, []string{"--data " + filepath.Join(dir, "nonexistent") + ":", "no such directory"}, ""},
+		{"directory without the data", []string{"--data", dir}, []string{"--data " + dir + ":", "no Fashion-MNIST files"}, ""},
+		{"unknown run-file key", []string{"--config", bad}, []string{`unknown key "bogus_key"`, "line 1", "target_epsilon"}, "cli.runSpec"},
+	}
+	// A flag overrides the run file's choice, either way, with no error:
+	// the file's spec and the flag's preset train the preset.
+	specFile := filepath.Join(dir, "spec.yaml")
+	writeFile(t, specFile, "model_spec: "+spec+"\n")
+	s := defaultRunSpec()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	s.bind(fs)
+	if err := fs.Parse([]string{"--model", "cnn"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := loadRunSpec(&s, specFile, fs); err != nil || s.Model != "cnn" || s.ModelSpec != "" {
+		t.Fatalf("run file's spec, flag's preset: err %v, model %q, spec %q; want the preset", err, s.Model, s.ModelSpec)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"local", "--data-dir", filepath.Join(dir, "d-"+strings.ReplaceAll(tc.name, " ", "-")),
+				"--progress", "off", "--max-steps", "5"}, tc.args...)
+			_, stderr, err := runCmd(t, args...)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if tc.notWant != "" && strings.Contains(err.Error(), tc.notWant) {
+				t.Errorf("error %q mentions %q", err, tc.notWant)
+			}
+			if strings.Contains(stderr, "loading Fashion-MNIST") || strings.Contains(stderr, "searching on") {
+				t.Errorf("data was loaded or searched for before the error:\n%s", stderr)
+			}
+		})
+	}
+}
