@@ -483,7 +483,7 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return l.summary(fsm.State()), ctx.Err()
+			return l.settle(), ctx.Err()
 		case <-l.rep.LeadershipChanges():
 			// checkLeadership re-reads the role at the top of the loop.
 		case <-fsm.Changed():
@@ -559,6 +559,29 @@ func (l *loop) finishWith(st State, err error) {
 
 // fail ends Run with err.
 func (l *loop) fail(err error) { l.finishWith(l.rep.FSM().State(), err) }
+
+// settleTimeout bounds how long an interrupted Run waits for the entries
+// already in the log to be applied (settle).
+const settleTimeout = 2 * time.Second
+
+// settle is the summary of an interrupted Run. A step proposed before the
+// interruption may still be committed and applied, and its ε charged, after
+// the loop stopped: on the leader it waits (a Raft barrier, at most
+// settleTimeout) until every entry in the log is applied, then reports the
+// state, in the summary and in the metrics, so that neither reports less
+// than the ledger charged.
+func (l *loop) settle() Summary {
+	if l.rep.IsLeader() {
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		if err := l.rep.Barrier(ctx); err != nil {
+			l.s.log.Debug("interrupted: entries not settled", "err", err)
+		}
+		cancel()
+	}
+	st := l.rep.FSM().State()
+	l.s.metrics.observe(st, l.rep)
+	return l.summary(st)
+}
 
 func (l *loop) summary(st State) Summary {
 	d, _ := l.rep.FSM().Digest()
