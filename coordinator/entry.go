@@ -20,8 +20,10 @@ type entryType uint8
 
 const (
 	entryConfig entryType = 1 // RunConfig: the run's definition
-	entryStep   entryType = 2 // stepEntry: one noisy gradient
+	entryStep   entryType = 2 // stepEntry: one noisy gradient, charged and applied (logs before the charge-ahead path)
 	entryStop   entryType = 3 // stopEntry: end the run
+	entryCharge entryType = 4 // chargeEntry: the charge of a release, ahead of its g̃
+	entryGrad   entryType = 5 // gradEntry: the g̃ of a committed charge
 )
 
 const entryVersion = 1
@@ -41,6 +43,64 @@ type stepEntry struct {
 	// Round identifies the round that produced it (leader id and term),
 	// for logs and audits.
 	Round string `msgpack:"round"`
+}
+
+// chargeEntry charges one release before it exists outside the leader's
+// memory: the leader proposes it once g̃ is formed, and only after it is
+// committed (durable on a quorum of Raft logs) and applied on the leader
+// (the leader's ledger charged and fsynced) does anything derived from g̃
+// leave the leader: θ_t to the nodes, and g̃ itself in the gradEntry that
+// follows. It holds no tensor. Event is the mechanism the leader says it
+// releases; the state machine charges the run configuration's event and
+// refuses an entry whose Event differs.
+type chargeEntry struct {
+	Step  int64        `msgpack:"step"`
+	Event ledger.Event `msgpack:"event"`
+	Round string       `msgpack:"round"`
+}
+
+// gradEntry carries the g̃ of the charge entry at Raft index Charge, for
+// every replica to apply the optimizer update with. Grad is little-endian
+// float32 bytes, as in stepEntry.
+type gradEntry struct {
+	Step   int64  `msgpack:"step"`
+	Charge uint64 `msgpack:"charge"`
+	Grad   []byte `msgpack:"grad"`
+}
+
+// gradEntryFloats is gradEntry with its Grad read from or written to
+// float32s directly (encodeGradEntry, decodeGradInto).
+type gradEntryFloats struct {
+	Step   int64      `msgpack:"step"`
+	Charge uint64     `msgpack:"charge"`
+	Grad   gradFloats `msgpack:"grad"`
+}
+
+// encodeGradEntry is encodeEntry(entryGrad, gradEntry{...}) with Grad the
+// bytes of g, converted once straight into the entry's buffer
+// (TestGradEntryFastPath).
+func encodeGradEntry(step int64, charge uint64, g []float32) ([]byte, error) {
+	buf := bytes.NewBuffer(make([]byte, 0, 4*len(g)+64))
+	buf.Write([]byte{byte(entryGrad), entryVersion})
+	if err := msgpack.NewEncoder(buf).Encode(gradEntryFloats{Step: step, Charge: charge, Grad: gradFloats{src: g}}); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeGradInto decodes a grad entry's body with g̃ going straight into
+// dst: err is msgpack's error, gradErr says g̃ has the wrong length (as
+// decodeStepInto). The returned entry's Grad is nil.
+func decodeGradInto(body []byte, dst []float32) (g gradEntry, gradErr, err error) {
+	in := gradEntryFloats{Grad: gradFloats{dst: dst}}
+	if err := msgpack.Unmarshal(body, &in); err != nil {
+		return gradEntry{}, nil, err
+	}
+	g = gradEntry{Step: in.Step, Charge: in.Charge}
+	if n := in.Grad.n; n != 4*len(dst) {
+		return g, fmt.Errorf("%w: %d bytes for %d floats", ErrBadEntry, n, len(dst)), nil
+	}
+	return g, nil, nil
 }
 
 // encodeStepEntry is encodeEntry(entryStep, stepEntry{...}) with Grad
@@ -180,7 +240,7 @@ func decodeEntry(data []byte) (entryType, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: version %d (this build reads %d)", ErrBadEntry, data[1], entryVersion)
 	}
 	switch t := entryType(data[0]); t {
-	case entryConfig, entryStep, entryStop:
+	case entryConfig, entryStep, entryStop, entryCharge, entryGrad:
 		return t, data[2:], nil
 	default:
 		return 0, nil, fmt.Errorf("%w: unknown type %d", ErrBadEntry, data[0])

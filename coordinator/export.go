@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/raftlog"
@@ -189,6 +190,14 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 			return Committed{}, err
 		}
 	}
+	// The g̃ of the last charge, if it is in the log: the leader proposes
+	// one g̃ per charge, once the charge is committed, and released the θ
+	// it gives; applying it gives the state the replica reaches when it is
+	// committed. (If it never is, the next leader charges that step again:
+	// the θ read here was released and charged all the same.)
+	if err := replayPendingGrad(fsm, logs, upTo, last); err != nil {
+		return Committed{}, err
+	}
 	// A run configured but not charged yet: its configuration entry was
 	// committed (the ledger's run record is written when it is applied).
 	for i := upTo + 1; i <= last; i++ {
@@ -238,6 +247,8 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 // its model this way when the run ends. ErrNotConfigured before the run
 // configuration is applied.
 func (f *FSM) Committed() (Committed, error) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if f.cfg == nil {
@@ -249,6 +260,96 @@ func (f *FSM) Committed() (Committed, error) {
 	}
 	return Committed{Config: *f.cfg, Step: f.applied, Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
 		Charges: f.ledger.Charges(), Stopped: f.stopped, Digest: digest}, nil
+}
+
+// LoggedRelease is a noisy gradient held in a replica's Raft log.
+type LoggedRelease struct {
+	Step  int64
+	Index uint64 // the entry's Raft index
+	Term  uint64
+	// Charge is the Raft index of the charge it was released under: its
+	// charge entry's for a grad entry; its own for a step entry (logs
+	// written before the charge-ahead path, which charged and released in
+	// one entry).
+	Charge uint64
+}
+
+// LoggedReleases lists the noisy gradients (grad and step entries) that
+// the Raft log under dataDir holds, oldest first, reading it in place
+// (raftlog.OpenReadOnly: the replica may be running, or dead). An audit
+// compares them with a ledger: every g̃ on a disk must have its charge
+// (Charge) in the ledger of every replica that applied that far.
+func LoggedReleases(dataDir string) ([]LoggedRelease, error) {
+	logs, err := raftlog.OpenReadOnly(filepath.Join(dataDir, "raft"))
+	if err != nil {
+		return nil, err
+	}
+	defer logs.Close()
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return nil, err
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return nil, err
+	}
+	var out []LoggedRelease
+	for i := first; i <= last && first > 0; i++ {
+		var e raft.Log
+		if err := logs.GetLog(i, &e); err != nil {
+			return nil, fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
+		}
+		if e.Type != raft.LogCommand {
+			continue
+		}
+		t, body, err := decodeEntry(e.Data)
+		if err != nil || (t != entryGrad && t != entryStep) {
+			continue
+		}
+		var h struct {
+			Step   int64  `msgpack:"step"`
+			Charge uint64 `msgpack:"charge"`
+		}
+		if err := msgpack.Unmarshal(body, &h); err != nil {
+			return nil, fmt.Errorf("%w: entry %d: %v", ErrBadEntry, i, err)
+		}
+		r := LoggedRelease{Step: h.Step, Index: e.Index, Term: e.Term, Charge: h.Charge}
+		if t == entryStep {
+			r.Charge = e.Index
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// replayPendingGrad replays, from the entries after upTo, the grad entry
+// that names fsm's pending charge, if there is one.
+func replayPendingGrad(fsm *FSM, logs *raftlog.Store, upTo, last uint64) error {
+	st := fsm.State()
+	if st.PendingIndex == 0 {
+		return nil
+	}
+	for i := upTo + 1; i <= last; i++ {
+		var e raft.Log
+		if err := logs.GetLog(i, &e); err != nil {
+			return fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
+		}
+		if e.Type != raft.LogCommand {
+			continue
+		}
+		t, body, err := decodeEntry(e.Data)
+		if err != nil || t != entryGrad {
+			continue
+		}
+		var g struct {
+			Step   int64  `msgpack:"step"`
+			Charge uint64 `msgpack:"charge"`
+		}
+		if msgpack.Unmarshal(body, &g) == nil && g.Charge == st.PendingIndex && g.Step == st.PendingStep {
+			return replayEntry(fsm, &e)
+		}
+	}
+	return nil
 }
 
 // replayEntry applies e to fsm as Raft would, failing on what makes a

@@ -33,6 +33,10 @@ var (
 	// applying the log (the ledger could not be made durable, or an entry
 	// could not be decoded). The process must stop; fail closed.
 	ErrFatal = errors.New("coordinator: replica failed")
+	// ErrUnmatchedGrad is returned (in ApplyResult.Err) for a grad entry
+	// that does not name the pending charge: its g̃ is not applied, and the
+	// run stops.
+	ErrUnmatchedGrad = errors.New("coordinator: g̃ without a pending charge")
 )
 
 // InitFunc returns θ₀ for a run. It must be deterministic: every replica
@@ -42,8 +46,12 @@ type InitFunc func(RunConfig) ([]float32, error)
 // ApplyResult is what FSM.Apply returns for each entry (the Response of the
 // raft.ApplyFuture).
 type ApplyResult struct {
-	Step    int64   // step number the entry carried
-	Charged bool    // a ledger record was written for it
+	Step    int64  // step number the entry carried
+	Index   uint64 // a charge entry's Raft index; a grad entry's charge index
+	Charged bool   // a ledger record was written for it
+	// Pending says a charge entry became the pending charge: the grad
+	// entry naming Index will apply its g̃.
+	Pending bool
 	Applied bool    // the optimizer update was applied
 	Epsilon float64 // ε spent after the entry
 	Diag    dpadam.Diagnostics
@@ -55,24 +63,41 @@ type ApplyResult struct {
 //
 // Apply is deterministic: it reads no clock, draws no randomness and does no
 // network I/O, so the same log yields the same θ, optimizer state and ledger
-// records, bit for bit, on every replica. For a step entry it does, in
-// order:
+// records, bit for bit, on every replica.
 //
-//  1. decode and check the entry: g̃ has the run's dimension, the entry's
-//     event is the run configuration's (Event), and g̃ passes
-//     dpadam.CheckGradient, the optimizer's own rule, which the leader
-//     also applies before proposing. An entry that fails is refused: not
-//     charged, not applied, not fatal; a wrong event or an invalid g̃ also
-//     stops the run, since an honest leader never proposes one;
-//  2. unless the ledger has charged the entry already (ledger.Charged:
-//     same Raft history, index at or below its last charge), charge the
-//     configuration's event at the entry's history, term and index:
-//     append a record and fsync (a charge that would exceed the target ε
-//     is refused and the run stops; a ledger that cannot be written, or
-//     one bound to another history, makes the replica fail closed);
-//  3. only then, if the entry is the next step, apply the optimizer update.
-//     A step entry for an already-applied step is charged (the release
-//     happened: its g̃ is committed) but changes nothing.
+// A release reaches the log in two entries (the charge-ahead path):
+//
+//  1. A charge entry (chargeEntry: the step, the event, the round; no
+//     tensor). Its event must be the run configuration's (else it is
+//     refused and the run stops: an honest leader never proposes another).
+//     Unless the ledger holds this entry's charge already (ledger.Charged:
+//     same Raft history, index at or below its last charge), the
+//     configuration's event is charged at the entry's history, term and
+//     index: a record appended and fsynced (a charge that would exceed the
+//     target ε is refused and the run stops; a ledger that cannot be
+//     written, or one bound to another history, makes the replica fail
+//     closed). A charge for the next step, while the run runs, becomes the
+//     pending charge, replacing any earlier one: a leader that died after
+//     its charge committed and before its g̃ did leaves a pending charge no
+//     g̃ will ever match, and the next leader charges the step again (the
+//     first charge stays: its θ may have been released; over-count, never
+//     under-count).
+//  2. A grad entry (gradEntry: g̃, and the Raft index of its charge). If
+//     it names the pending charge, has the run's dimension and passes
+//     dpadam.CheckGradient (the optimizer's own rule, which the leader also
+//     applies before charging), the optimizer update is applied: θ moves.
+//     Anything else is refused (not applied) and, since an honest leader
+//     proposes g̃ only for its own pending charge, stops the run.
+//
+// The leader proposes the grad entry only once the charge entry is
+// committed and applied on the leader, so g̃ is in no log and on no wire
+// before its charge is durable on a quorum, and a g̃ on any replica's disk
+// has a committed charge ahead of it in the log.
+//
+// Logs written before the charge-ahead path hold step entries (stepEntry),
+// which charge and apply in one: decode and check as above, charge, then
+// apply if the entry is the next step (a step entry for an already-applied
+// step is charged, since its g̃ is committed, but changes nothing).
 //
 // After a restart the ledger may already hold charges for entries Raft
 // replays (it is durable; the snapshot may be older); those are not charged
@@ -82,8 +107,17 @@ type ApplyResult struct {
 // the ledger to its Raft history (ledger.Start), and OpenReplica refuses to
 // start a replica whose Raft state does not hold every entry its ledger
 // charged (ledger.CheckRaftState).
+//
+// # Locking
+//
+// tmu guards the tensors (θ, the optimizer, the decode buffer, and
+// thetaStep, the step θ is of); mu guards the rest (configuration, ledger,
+// applied, pending, stopped). A grad entry's decode and update hold tmu
+// only, so State and WouldExceed, which the leader's loop calls on every
+// step, never wait for a model-sized update. Lock order: tmu before mu.
 type FSM struct {
-	mu sync.RWMutex
+	tmu sync.RWMutex // the tensors; taken before mu
+	mu  sync.RWMutex // everything else
 
 	ledgerPath string
 	ledgerOpts []ledger.Option
@@ -91,15 +125,19 @@ type FSM struct {
 	log        *slog.Logger
 
 	ledger  *ledger.Ledger
-	cfg     *RunConfig
-	history string // the Raft history ID the configuration entry carried
-	theta   []float32
-	opt     *dpadam.Optimizer
-	grad    []float32 // decode buffer for g̃
-	applied int64     // last applied step
+	cfg     *RunConfig // set once, under both locks
+	history string     // the Raft history ID the configuration entry carried
+	applied int64      // last applied step
+	pending *pendingCharge
 	diag    dpadam.Diagnostics
 	stopped string // non-empty once the run stopped, with the reason
 	fatal   error
+
+	// Under tmu.
+	theta     []float32
+	opt       *dpadam.Optimizer
+	grad      []float32 // decode buffer for g̃
+	thetaStep int64     // the step θ is of (applied, as tmu's holders see it)
 
 	// changed holds one signal after any Apply or Restore (Changed).
 	changed chan struct{}
@@ -136,6 +174,14 @@ func (f *FSM) notify() {
 	}
 }
 
+// pendingCharge is a committed charge whose g̃ has not been applied: the
+// one grad entry the state machine will accept next.
+type pendingCharge struct {
+	Step  int64  `msgpack:"step"`
+	Index uint64 `msgpack:"index"` // the charge entry's Raft index
+	Round string `msgpack:"round"`
+}
+
 // LedgerFile is the ledger's file name inside a replica's data directory.
 const LedgerFile = "ledger.log"
 
@@ -144,13 +190,21 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	defer f.notify() // after the lock is released
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.fatal != nil {
-		return ApplyResult{Err: f.fatal}
+	defer f.notify() // after the locks are released
+	f.tmu.Lock()
+	defer f.tmu.Unlock()
+	f.mu.RLock()
+	fatal := f.fatal
+	f.mu.RUnlock()
+	if fatal != nil {
+		return ApplyResult{Err: fatal}
 	}
 	t, body, err := decodeEntry(l.Data)
+	if err == nil && t == entryGrad {
+		return f.applyGrad(body) // takes mu only briefly
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if err != nil {
 		return f.fail(err)
 	}
@@ -159,6 +213,8 @@ func (f *FSM) Apply(l *raft.Log) any {
 		return f.applyConfig(body)
 	case entryStep:
 		return f.applyStep(l, body)
+	case entryCharge:
+		return f.applyCharge(l, body)
 	case entryStop:
 		var s stopEntry
 		if err := msgpack.Unmarshal(body, &s); err != nil {
@@ -173,7 +229,8 @@ func (f *FSM) Apply(l *raft.Log) any {
 	return nil
 }
 
-// fail records a fatal error: this replica stops applying.
+// fail records a fatal error: this replica stops applying. Called with
+// f.mu held.
 func (f *FSM) fail(err error) ApplyResult {
 	f.fatal = fmt.Errorf("%w: %w", ErrFatal, err)
 	f.log.Error("replica failed; stopping", "err", err)
@@ -218,15 +275,17 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err != nil {
 		return f.fail(err)
 	}
-	f.cfg, f.history, f.theta, f.opt, f.grad = &c, ce.History, theta, opt, make([]float32, c.Dim)
+	f.cfg, f.history, f.theta, f.opt, f.grad, f.thetaStep = &c, ce.History, theta, opt, make([]float32, c.Dim), 0
 	f.log.Info("run configured", "run", c.Run, "history", ce.History, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
 		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode), "accountant", f.ledger.Accountant())
 	return ApplyResult{}
 }
 
+// applyStep applies a legacy step entry (charge and g̃ in one; see the
+// type's doc comment). Called with both locks held.
 func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
-	// 1. Decode g̃ first (straight into f.grad): an entry that cannot be
+	// Decode g̃ first (straight into f.grad): an entry that cannot be
 	// decoded is refused before anything is charged or applied,
 	// identically on every replica.
 	s, gradErr, err := decodeStepInto(body, f.grad)
@@ -236,82 +295,189 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	if f.cfg == nil {
 		return ApplyResult{Step: s.Step, Err: ErrNotConfigured}
 	}
-	res := ApplyResult{Step: s.Step}
+	res := ApplyResult{Step: s.Step, Epsilon: f.ledger.Spent()}
 	if gradErr != nil {
 		res.Err = gradErr
-		res.Epsilon = f.ledger.Spent()
 		return res
 	}
-	// Then check that the entry is a release of this run: it claims the
-	// configuration's event and its g̃ is one the optimizer accepts
-	// (dpadam.CheckGradient, the rule the leader applies before proposing).
-	// An entry that is not is refused: not charged (the ledger records only
-	// the configuration's mechanism, and this entry is not a release of
-	// it), not applied (θ never reflects it, so nothing derived from it is
-	// broadcast), and not fatal (every replica refuses it alike). An honest
-	// leader never proposes one, so the run stops: fail closed.
+	// A step entry that is not a release of this run (another event, or a
+	// g̃ the optimizer refuses) is refused: not charged, not applied, not
+	// fatal (every replica refuses it alike); the run stops.
 	if err := f.checkStep(s); err != nil {
-		if f.stopped == "" {
-			f.stopped = fmt.Sprintf("refused step %d: %v", s.Step, err)
-			f.log.Error("step entry refused; run stopped", "step", s.Step, "err", err)
-		}
+		f.stopRefused(s.Step, err)
 		res.Err = err
-		res.Epsilon = f.ledger.Spent()
 		return res
 	}
-	// Whether this entry will move θ: the next step, while running.
-	// Anything else is still charged if it is new (its g̃ is committed, so
-	// it counts as released: over-count, never under-count) but is marked
-	// as not applied.
-	willApply := f.stopped == "" && s.Step == f.applied+1
-
-	// 2. Charge the configuration's event, unless the durable ledger
-	// already holds this entry's charge (Raft replaying entries of the
-	// same history after a restart: the ledger decides, see
-	// ledger.Charged).
-	pos := ledger.Position{History: f.history, Term: l.Term, Index: l.Index}
-	charged, err := f.ledger.Charged(pos)
-	if err != nil {
-		return f.fail(err)
-	}
-	if !charged {
-		_, err := f.ledger.Charge(s.Step, f.cfg.Event(), pos, !willApply)
-		switch {
-		case errors.Is(err, ledger.ErrBudgetExceeded):
-			f.stopped = stopBudget
-			f.log.Warn("step refused: privacy budget exhausted", "step", s.Step, "epsilon", f.ledger.Spent())
-			res.Err = err
-			res.Epsilon = f.ledger.Spent()
-			return res
-		case err != nil:
-			return f.fail(err)
-		}
-		res.Charged = true
-	}
-	res.Epsilon = f.ledger.Spent()
-	if !willApply {
-		switch {
-		case f.stopped != "":
-			res.Err = fmt.Errorf("%w: %s", ErrStopped, f.stopped)
-		default:
-			res.Err = fmt.Errorf("coordinator: step %d is not the next step (%d applied)", s.Step, f.applied)
-		}
+	// A new entry is charged even if it will not move θ (its g̃ is
+	// committed, so it counts as released: over-count, never under-count).
+	next := f.stopped == "" && s.Step == f.applied+1
+	charged, refused, fatal := f.charge(l, s.Step, !next)
+	res.Charged, res.Epsilon = charged, f.ledger.Spent()
+	switch {
+	case fatal != nil:
+		res.Err = fatal
+		return res
+	case refused != nil:
+		res.Err = refused
+		return res
+	case !next:
+		res.Err = f.notNext(s.Step)
 		return res
 	}
-	// 3. Apply.
 	diag, err := f.opt.Step(f.theta, f.grad)
 	if err != nil {
 		// Cannot happen for a g̃ that passed checkStep; if it does, this
 		// replica can no longer follow the log.
 		return f.fail(err)
 	}
-	f.applied = s.Step
+	f.applied, f.thetaStep, f.pending = s.Step, s.Step, nil
 	f.diag = diag
 	res.Applied, res.Diag = true, diag
 	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
 		f.stopped = stopMaxSteps
 	}
 	return res
+}
+
+// charge charges the configuration's event for the entry at l (a charge
+// entry, or a legacy step entry) unless the durable ledger holds its
+// charge already (Raft replaying entries of the same history after a
+// restart: the ledger decides, see ledger.Charged). unapplied marks a
+// charge whose g̃ will not move θ. It returns whether a record was
+// written; an error wrapping ledger.ErrBudgetExceeded stops the run (done
+// here); any other error is fatal (returned as fatal, already recorded).
+// Called with f.mu held.
+func (f *FSM) charge(l *raft.Log, step int64, unapplied bool) (charged bool, refused, fatal error) {
+	pos := ledger.Position{History: f.history, Term: l.Term, Index: l.Index}
+	done, err := f.ledger.Charged(pos)
+	if err != nil {
+		return false, nil, f.fail(err).Err
+	}
+	if done {
+		return false, nil, nil
+	}
+	_, err = f.ledger.Charge(step, f.cfg.Event(), pos, unapplied)
+	switch {
+	case errors.Is(err, ledger.ErrBudgetExceeded):
+		f.stopped = stopBudget
+		f.log.Warn("step refused: privacy budget exhausted", "step", step, "epsilon", f.ledger.Spent())
+		return false, err, nil
+	case err != nil:
+		return false, nil, f.fail(err).Err
+	}
+	return true, nil, nil
+}
+
+// applyCharge applies a charge entry (step 1 of the type's doc comment).
+// Called with both locks held.
+func (f *FSM) applyCharge(l *raft.Log, body []byte) ApplyResult {
+	var c chargeEntry
+	if err := msgpack.Unmarshal(body, &c); err != nil {
+		return f.fail(fmt.Errorf("%w: charge: %v", ErrBadEntry, err))
+	}
+	if f.cfg == nil {
+		return ApplyResult{Step: c.Step, Err: ErrNotConfigured}
+	}
+	res := ApplyResult{Step: c.Step, Index: l.Index}
+	if want := f.cfg.Event(); !c.Event.Equal(want) {
+		err := fmt.Errorf("%w: step %d claims %+v, the run configuration's event is %+v", ErrEventMismatch, c.Step, c.Event, want)
+		f.stopRefused(c.Step, err)
+		res.Err, res.Epsilon = err, f.ledger.Spent()
+		return res
+	}
+	next := f.stopped == "" && c.Step == f.applied+1
+	charged, refused, fatal := f.charge(l, c.Step, !next)
+	res.Charged, res.Epsilon = charged, f.ledger.Spent()
+	switch {
+	case fatal != nil:
+		res.Err = fatal
+		return res
+	case refused != nil:
+		f.pending = nil
+		res.Err = refused
+		return res
+	case !next:
+		res.Err = f.notNext(c.Step)
+		return res
+	}
+	if p := f.pending; p != nil {
+		f.log.Info("step charged again: the earlier charge's g̃ was never committed", "step", c.Step,
+			"earlier_index", p.Index, "earlier_round", p.Round, "index", l.Index, "round", c.Round)
+	}
+	f.pending = &pendingCharge{Step: c.Step, Index: l.Index, Round: c.Round}
+	res.Pending = true
+	return res
+}
+
+// applyGrad applies a grad entry (step 2 of the type's doc comment).
+// Called with f.tmu held; it takes f.mu around its reads and writes of
+// the rest of the state, not around the model-sized decode and update.
+func (f *FSM) applyGrad(body []byte) ApplyResult {
+	f.mu.RLock()
+	configured := f.cfg != nil
+	f.mu.RUnlock()
+	g, gradErr, err := decodeGradInto(body, f.grad)
+	if err == nil && configured && gradErr == nil {
+		gradErr = dpadam.CheckGradient(f.grad)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case err != nil:
+		return f.fail(fmt.Errorf("%w: grad: %v", ErrBadEntry, err))
+	case !configured:
+		return ApplyResult{Step: g.Step, Err: ErrNotConfigured}
+	}
+	res := ApplyResult{Step: g.Step, Index: g.Charge, Epsilon: f.ledger.Spent()}
+	p := f.pending
+	switch {
+	case gradErr != nil:
+		res.Err = fmt.Errorf("coordinator: step %d: %w", g.Step, gradErr)
+	case p == nil || p.Index != g.Charge || p.Step != g.Step:
+		res.Err = fmt.Errorf("%w: g̃ of step %d names the charge at index %d, the pending charge is %+v", ErrUnmatchedGrad, g.Step, g.Charge, p)
+	case f.stopped != "" || g.Step != f.applied+1:
+		res.Err = f.notNext(g.Step) // cannot happen while p is pending; kept as a guard
+	}
+	if res.Err != nil {
+		f.stopRefused(g.Step, res.Err)
+		return res
+	}
+	// The update, under tmu only (held by Apply).
+	f.mu.Unlock()
+	diag, err := f.opt.Step(f.theta, f.grad)
+	if err == nil {
+		f.thetaStep = g.Step
+	}
+	f.mu.Lock()
+	if err != nil {
+		// Cannot happen for a g̃ that passed CheckGradient; if it does,
+		// this replica can no longer follow the log.
+		return f.fail(err)
+	}
+	f.applied, f.pending, f.diag = g.Step, nil, diag
+	res.Applied, res.Diag = true, diag
+	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
+		f.stopped = stopMaxSteps
+	}
+	return res
+}
+
+// notNext is why an entry for step does not move θ. Called with f.mu held.
+func (f *FSM) notNext(step int64) error {
+	if f.stopped != "" {
+		return fmt.Errorf("%w: %s", ErrStopped, f.stopped)
+	}
+	return fmt.Errorf("coordinator: step %d is not the next step (%d applied)", step, f.applied)
+}
+
+// stopRefused stops the run after a refused entry an honest leader never
+// proposes (fail closed; every replica refuses it alike). Called with f.mu
+// held.
+func (f *FSM) stopRefused(step int64, err error) {
+	if f.stopped == "" {
+		f.stopped = fmt.Sprintf("refused step %d: %v", step, err)
+		f.log.Error("step entry refused; run stopped", "step", step, "err", err)
+	}
 }
 
 // checkStep reports why a decoded step entry (g̃ in f.grad) is not a
@@ -345,6 +511,10 @@ type State struct {
 	Stopped    string
 	Fatal      error
 	Diag       dpadam.Diagnostics
+	// PendingStep and PendingIndex are the pending charge's step and Raft
+	// index: charged, its g̃ not applied (0: none).
+	PendingStep  int64
+	PendingIndex uint64
 }
 
 // State returns the current state.
@@ -353,6 +523,9 @@ func (f *FSM) State() State {
 	defer f.mu.RUnlock()
 	s := State{Applied: f.applied, Epsilon: f.ledger.Spent(), Charges: f.ledger.Charges(),
 		Stopped: f.stopped, Fatal: f.fatal, Diag: f.diag}
+	if p := f.pending; p != nil {
+		s.PendingStep, s.PendingIndex = p.Step, p.Index
+	}
 	if f.cfg != nil {
 		s.Configured, s.Run = true, f.cfg.Run
 	}
@@ -388,10 +561,25 @@ func (f *FSM) Config() (RunConfig, bool) {
 // Params copies the committed θ into dst (grown as needed) and returns it
 // with the step it belongs to. θ only ever reflects committed entries.
 func (f *FSM) Params(dst []float32) ([]float32, int64) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
 	dst = append(dst[:0], f.theta...)
-	return dst, f.applied
+	return dst, f.thetaStep
+}
+
+// CopyTraining copies the committed θ into theta (grown as needed) and the
+// optimizer's state into opt, read together, and returns θ and the step
+// they are of. It is false before the run is configured. The leader keeps
+// such a copy one step ahead of the state machine (the loop's ahead).
+func (f *FSM) CopyTraining(theta []float32, opt *dpadam.Optimizer) ([]float32, int64, bool) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
+	if f.opt == nil {
+		return theta, 0, false
+	}
+	theta = append(theta[:0], f.theta...)
+	opt.CopyFrom(f.opt)
+	return theta, f.thetaStep, true
 }
 
 // Digest returns the SHA-256 (hex) of the replica's training state: the
@@ -399,16 +587,18 @@ func (f *FSM) Params(dst []float32) ([]float32, int64) {
 // MarshalBinary). Replicas that applied the same log have equal digests;
 // comparing them checks that they agree bit for bit.
 func (f *FSM) Digest() (string, error) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.digestLocked()
 }
 
-// digestLocked is Digest for callers holding f.mu.
+// digestLocked is Digest for callers holding both locks.
 func (f *FSM) digestLocked() (string, error) {
 	h := sha256.New()
 	var buf [8]byte
-	binary.LittleEndian.PutUint64(buf[:], uint64(f.applied))
+	binary.LittleEndian.PutUint64(buf[:], uint64(f.thetaStep))
 	h.Write(buf[:])
 	if f.cfg != nil {
 		theta := make([]byte, 4*len(f.theta))

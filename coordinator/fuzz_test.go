@@ -29,6 +29,8 @@ func FuzzDecodeEntry(f *testing.F) {
 		{entryConfig, float},
 		{entryStep, stepEntry{Step: 3, Event: c.Event(), Grad: make([]byte, 4*testDim), Round: "r1/2/00ff"}},
 		{entryStop, stopEntry{Reason: stopBudget}},
+		{entryCharge, chargeEntry{Step: 3, Event: c.Event(), Round: "r1/2/00ff"}},
+		{entryGrad, gradEntry{Step: 3, Charge: 9, Grad: make([]byte, 4*testDim)}},
 	} {
 		b, err := encodeEntry(e.t, e.body)
 		if err != nil {
@@ -75,6 +77,21 @@ func FuzzDecodeEntry(f *testing.F) {
 			if msgpack.Unmarshal(body, &s) != nil {
 				return
 			}
+			v = s
+		case entryCharge:
+			var s chargeEntry
+			if msgpack.Unmarshal(body, &s) != nil {
+				return
+			}
+			_ = s.Event.Validate()
+			v = s
+		case entryGrad:
+			var s gradEntry
+			if msgpack.Unmarshal(body, &s) != nil {
+				return
+			}
+			g := make([]float32, len(s.Grad)/4)
+			_ = getFloats(g, s.Grad)
 			v = s
 		}
 		again, err := encodeEntry(typ, v)
@@ -260,6 +277,63 @@ func FuzzStepEntryFastPath(f *testing.F) {
 		raw := make([]byte, 4*len(got))
 		putFloats(raw, got)
 		slow, err2 := encodeEntry(entryStep, stepEntry{Step: s.Step, Event: s.Event, Grad: raw, Round: s.Round})
+		if err1 != nil || err2 != nil || !bytes.Equal(fast, slow) {
+			t.Fatalf("encoders differ: %v, %v", err1, err2)
+		}
+	})
+}
+
+// FuzzGradEntryFastPath: decodeGradInto (g̃ straight into the state
+// machine's buffer) has the outcome of msgpack.Unmarshal into a gradEntry
+// then getFloats on any body, and encodeGradEntry writes exactly
+// encodeEntry's bytes.
+func FuzzGradEntryFastPath(f *testing.F) {
+	for _, dim := range []int{0, 3, gradChunk + 5} {
+		g := make([]float32, dim)
+		for i := range g {
+			g[i] = float32(i)*0.25 - 3
+		}
+		data, err := encodeGradEntry(4, 11, g)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data[2:], uint16(dim))
+		f.Add(data[2:], uint16(dim+1))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, dim uint16) {
+		var plain gradEntry
+		plainErr := msgpack.Unmarshal(body, &plain)
+		want := make([]float32, dim)
+		var plainGradErr error
+		if plainErr == nil {
+			plainGradErr = getFloats(want, plain.Grad)
+		}
+		got := make([]float32, dim)
+		g, gradErr, err := decodeGradInto(body, got)
+		if (err == nil) != (plainErr == nil) {
+			t.Fatalf("decode error %v, plain %v", err, plainErr)
+		}
+		if err != nil {
+			return
+		}
+		if (gradErr == nil) != (plainGradErr == nil) {
+			t.Fatalf("grad error %v, plain %v", gradErr, plainGradErr)
+		}
+		if g.Step != plain.Step || g.Charge != plain.Charge {
+			t.Fatalf("fields %+v, plain %+v", g, plain)
+		}
+		if gradErr != nil {
+			return
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("value %d: %v, plain %v", i, got[i], want[i])
+			}
+		}
+		fast, err1 := encodeGradEntry(g.Step, g.Charge, got)
+		raw := make([]byte, 4*len(got))
+		putFloats(raw, got)
+		slow, err2 := encodeEntry(entryGrad, gradEntry{Step: g.Step, Charge: g.Charge, Grad: raw})
 		if err1 != nil || err2 != nil || !bytes.Equal(fast, slow) {
 			t.Fatalf("encoders differ: %v, %v", err1, err2)
 		}

@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
 // heldConsensus is a real Replica whose membership changes and, when
-// holdSteps is set, step proposals block until release is closed (or
+// holdSteps is set, step charges block until release is closed (or
 // their context ends): a Raft operation that never gets its quorum. It
 // also lists extra voters that do not exist, so a removal has something to
 // remove.
@@ -27,6 +28,7 @@ type heldConsensus struct {
 
 	mu    sync.Mutex
 	calls []string
+	grads map[int64][]float32 // g̃ proposed, by step (if not nil)
 }
 
 func (h *heldConsensus) record(call string) {
@@ -65,14 +67,23 @@ func (h *heldConsensus) RemoveVoter(ctx context.Context, id string) error {
 	return h.hold(ctx)
 }
 
-func (h *heldConsensus) ProposeStep(ctx context.Context, step int64, e ledger.Event, g []float32, round string) (ApplyResult, error) {
+func (h *heldConsensus) ProposeGrad(ctx context.Context, step int64, charge uint64, g []float32) (func() (ApplyResult, error), error) {
+	h.mu.Lock()
+	if h.grads != nil {
+		h.grads[step] = slices.Clone(g)
+	}
+	h.mu.Unlock()
+	return h.Replica.ProposeGrad(ctx, step, charge, g)
+}
+
+func (h *heldConsensus) ProposeCharge(ctx context.Context, step int64, e ledger.Event, round string) (ApplyResult, error) {
 	if h.holdSteps.Load() {
 		h.record("step")
 		if err := h.hold(ctx); err != nil {
 			return ApplyResult{}, err
 		}
 	}
-	return h.Replica.ProposeStep(ctx, step, e, g, round)
+	return h.Replica.ProposeCharge(ctx, step, e, round)
 }
 
 // TestServerRoundsGoOnDuringMembershipChange: a membership change whose
@@ -240,14 +251,15 @@ func TestServerRunStopsItsGoroutines(t *testing.T) {
 	}
 }
 
-// TestThetaNeverReleasedBeforeCommit: commit before release, as seen on
+// TestThetaNeverReleasedBeforeCommit: charge before release, as seen on
 // the wire, whatever carries θ (Params, or a RoundStart's optional inline
-// params): while step t's proposal is held (not committed), nothing that
+// params): while step t's charge is held (not committed), nothing that
 // depends on step t goes out — no RoundStart for round t+1, no θ of
-// version t — and every θ that does go out is bit for bit the committed θ
-// of its version (recorded from the state machine as each step is
-// applied, and θ₀ once the run is configured). Every θ version, the
-// final one included, is released.
+// version t — and every θ that does go out is bit for bit θ₀ (recorded
+// from the state machine once the run is configured) moved by the
+// optimizer with the g̃ of each step, as proposed in the grad entries,
+// which is also the state machine's final θ. Every θ version, the final
+// one included, is released.
 func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 	c := testRunConfig()
 	c.MaxSteps = 8
@@ -291,22 +303,14 @@ func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 	}
 	r := openReplicaForServer(t, t.TempDir())
 	waitLeader(t, r)
-	committed := map[uint64][]float32{}
-	var cmu sync.Mutex
-	held := &heldConsensus{Replica: r, release: make(chan struct{})}
+	var theta0 []float32
+	held := &heldConsensus{Replica: r, release: make(chan struct{}), grads: map[int64][]float32{}}
 	cons := &configHook{heldConsensus: held, after: func() { // θ₀, before any step
-		theta, step := r.FSM().Params(nil)
-		cmu.Lock()
-		committed[uint64(step)] = theta
-		cmu.Unlock()
+		theta0, _ = r.FSM().Params(nil)
 	}}
 	scfg := DefaultServerConfig()
 	scfg.Noise, scfg.AnnounceEvery = mechanism.NewSeededNoiseSource(6), 50*time.Millisecond
-	scfg.OnStep = func(p Progress) { // on the loop, right after step p.Step is applied
-		theta, step := r.FSM().Params(nil)
-		cmu.Lock()
-		committed[uint64(step)] = theta
-		cmu.Unlock()
+	scfg.OnStep = func(p Progress) { // on the loop, right after θ of step p.Step is released
 		if p.Step == 3 {
 			// Hold from the next proposal on. Set here, on the loop, not
 			// by the test after it sees step 3: the run's 8 steps could
@@ -323,15 +327,15 @@ func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 
 	waitFor(t, ctx, "step 3", func() bool { return r.FSM().State().Applied >= 3 })
 	waitFor(t, ctx, "a held proposal", func() bool { return held.called("step") })
-	at := uint64(r.FSM().State().Applied)
+	at := r.FSM().State().Charges // steps 1..at are charged; at+1's charge is held
 	// Let the loop run while the proposal is held: several announcements.
 	var announced atomic.Int64
 	if _, err := watch.Subscribe(transport.TopicLeader, func(transport.Message) { announced.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, "3 announcements while the proposal is held", func() bool { return announced.Load() >= 3 })
-	if got := uint64(r.FSM().State().Applied); got != at {
-		t.Fatalf("applied moved from %d to %d while the proposal was held", at, got)
+	if got := r.FSM().State().Charges; got != at {
+		t.Fatalf("charges moved from %d to %d while the charge was held", at, got)
 	}
 	for _, rel := range snapshot() {
 		if rel.version > at || rel.step > at+1 {
@@ -350,9 +354,25 @@ func TestThetaNeverReleasedBeforeCommit(t *testing.T) {
 	waitFor(t, ctx, "the final θ", func() bool {
 		return slices.ContainsFunc(snapshot(), func(r release) bool { return r.kind == "Params" && r.version == uint64(c.MaxSteps) })
 	})
+	// θ of every version, from θ₀ and the proposed g̃ (dpadam is pure).
+	committed := map[uint64][]float32{0: theta0}
+	opt, err := dpadam.New(c.Optimizer, c.Dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theta := slices.Clone(theta0)
+	held.mu.Lock()
+	for v := int64(1); v <= c.MaxSteps; v++ {
+		if _, err := opt.Step(theta, held.grads[v]); err != nil {
+			t.Fatalf("step %d: %v", v, err)
+		}
+		committed[uint64(v)] = slices.Clone(theta)
+	}
+	held.mu.Unlock()
+	if final, _ := r.FSM().Params(nil); !bitsEqual(final, theta) {
+		t.Error("the state machine's final θ is not θ₀ moved by the proposed g̃")
+	}
 	released := map[uint64]bool{} // θ versions released so far
-	cmu.Lock()
-	defer cmu.Unlock()
 	for _, rel := range snapshot() {
 		if rel.kind == "RoundStart" {
 			if rel.version != rel.step-1 {

@@ -60,8 +60,9 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		phaseSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "step_phase_seconds",
 			Help: "The leader's links of a step after its round closed, by phase: privatize (noise over the sum, " +
-				"and the optimizer's check of g̃), commit (proposal to applied here: encoding, the Raft log's fsync, " +
-				"replication, the ledger's charge, the update), release (θ published).",
+				"and the optimizer's check of g̃), commit (the charge entry's proposal to applied here: the Raft log's fsync, " +
+				"replication, the ledger's charge; then the update of the leader's θ), release (θ published), " +
+				"and off the chain, log (g̃'s entry from proposal to applied here, while the next round runs).",
 			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"phase"}),
 		participants: gauge("round_participants", "Nodes whose contribution the last round accepted."),
@@ -108,7 +109,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, r := range Roles() {
 		m.raftState.WithLabelValues(string(r))
 	}
-	for _, p := range []string{phasePrivatize, phaseCommit, phaseRelease} {
+	for _, p := range []string{phasePrivatize, phaseCommit, phaseRelease, phaseLog} {
 		m.phaseSeconds.WithLabelValues(p)
 	}
 	for _, r := range blockReasons {
@@ -193,6 +194,10 @@ const (
 	phasePrivatize = "privatize"
 	phaseCommit    = "commit"
 	phaseRelease   = "release"
+	// phaseLog is the grad entry's, off the chain: from its proposal to
+	// its apply on the leader, while θ_t is released and the next round
+	// runs.
+	phaseLog = "log"
 )
 
 // phase records how long one of a step's links took.

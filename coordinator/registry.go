@@ -65,8 +65,8 @@ func (l *loop) onNeedParams(ctx context.Context, np transport.NeedParams) {
 	if ls == nil || !ls.announcing {
 		return
 	}
-	if np.Version != uint64(l.rep.FSM().State().Applied) {
-		return // only the committed θ is held, and published, here
+	if !l.ahead.valid || np.Version != uint64(l.ahead.step) {
+		return // only the last released θ is held, and published, here
 	}
 	now := time.Now()
 	if now.Sub(l.lastResent[np.Version]) < 200*time.Millisecond {
@@ -77,30 +77,22 @@ func (l *loop) onNeedParams(ctx context.Context, np transport.NeedParams) {
 	l.publishParams(ctx, ls.term)
 }
 
-// publishParams publishes the committed θ and its step, as Params.
+// publishParams publishes the θ this leader last released (ahead, at
+// leading.released), as Params. It is the only θ the leader publishes: the
+// state machine's θ at the start of the term, then each θ_t once step t's
+// charge is committed and applied (onCharged), so nothing uncharged is
+// released (charge before release).
 func (l *loop) publishParams(ctx context.Context, term uint64) {
-	theta, step := l.committedParams()
-	if theta == nil {
+	a := &l.ahead
+	if !a.valid {
 		return
 	}
 	err := l.s.conn.Publish(ctx, transport.Params{
-		Run: l.s.run.Run, Step: uint64(step), Version: uint64(step), Term: term, Values: theta,
+		Run: l.s.run.Run, Step: uint64(a.step), Version: uint64(a.step), Term: term, Values: a.theta,
 	})
 	if err != nil && ctx.Err() == nil {
-		l.log.Warn("publishing parameters failed", "step", step, "err", err)
+		l.log.Warn("publishing parameters failed", "step", a.step, "err", err)
 	}
-}
-
-// committedParams returns the committed θ and the step it is θ of, from
-// the state machine, in the loop's buffer (valid until the next call; no
-// model-sized allocation per step). It is the only source of the θ the
-// leader publishes: the state machine holds θ_t only once step t's entry
-// is committed and applied (ledger charged), so nothing uncommitted can
-// be released (commit before release).
-func (l *loop) committedParams() ([]float32, int64) {
-	theta, step := l.rep.FSM().Params(l.theta)
-	l.theta = theta
-	return theta, step
 }
 
 // publish sends m, logging a failure (at debug level: core NATS is

@@ -450,15 +450,57 @@ func (r *Replica) Configure(ctx context.Context, c RunConfig) error {
 	return res.Err
 }
 
-// ProposeStep proposes the noisy gradient g̃ of a step and waits until it is
-// committed and applied here. The caller must not release θ_t before this
-// returns with res.Applied.
-func (r *Replica) ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error) {
-	data, err := encodeStepEntry(step, event, noisyGrad, round)
+// ProposeCharge proposes the charge of step's release (chargeEntry) and
+// waits until it is committed and applied here: the ledger charged and
+// fsynced. With res.Pending, the grad entry naming res.Index will apply
+// its g̃; nothing derived from g̃ may leave the caller before this returns
+// so.
+func (r *Replica) ProposeCharge(ctx context.Context, step int64, event ledger.Event, round string) (ApplyResult, error) {
+	data, err := encodeEntry(entryCharge, chargeEntry{Step: step, Event: event, Round: round})
 	if err != nil {
 		return ApplyResult{}, err
 	}
 	return r.propose(ctx, data)
+}
+
+// ProposeGrad appends step's g̃ for the charge entry at Raft index charge
+// (gradEntry). It returns once the entry holds its place in the leader's
+// log queue, so an entry proposed after it comes after it in the log; wait
+// then blocks until it is committed and applied here. g must not change
+// until wait returns.
+func (r *Replica) ProposeGrad(ctx context.Context, step int64, charge uint64, g []float32) (wait func() (ApplyResult, error), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	data, err := encodeGradEntry(step, charge, g)
+	if err != nil {
+		return nil, err
+	}
+	f := r.raft.Apply(data, timeout(ctx))
+	return func() (ApplyResult, error) {
+		if err := f.Error(); err != nil {
+			return ApplyResult{}, err
+		}
+		res, _ := f.Response().(ApplyResult)
+		return res, nil
+	}, nil
+}
+
+// ProposeStep proposes step's release through the charge-ahead path and
+// waits for both entries: the charge, then (if it is pending) g̃. It
+// returns the grad entry's result, or the charge's if that did not become
+// pending. For tests and tools that drive a replica step by step; the
+// Server pipelines the two (round.go).
+func (r *Replica) ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error) {
+	res, err := r.ProposeCharge(ctx, step, event, round)
+	if err != nil || !res.Pending {
+		return res, err
+	}
+	wait, err := r.ProposeGrad(ctx, step, res.Index, noisyGrad)
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	return wait()
 }
 
 // ProposeStop proposes the end of the run.

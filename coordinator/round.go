@@ -25,7 +25,7 @@ const (
 	phaseConfigure                  // 1. the run configuration's proposal in flight
 	phaseIdle                       // no round open, no proposal in flight: advance decides
 	phaseRound                      // 2-3. a round is open
-	phaseProposing                  // 5. a step's (or the stop's) proposal in flight
+	phaseProposing                  // 5. a step's charge (or the stop) in flight
 	phaseDraining                   // the run stopped: waiting for the voters' reports
 )
 
@@ -43,6 +43,24 @@ type leading struct {
 	announcing   bool
 	nextAnnounce time.Time
 	drain        draining // phaseDraining only
+	// released is the step whose θ this leader last published (θ_0 for
+	// none): the state machine's applied step at the start of the term,
+	// then each step whose charge is applied (onCharged). The next round
+	// is released+1.
+	released int64
+}
+
+// aheadState is θ and the optimizer state at step: a copy of the state
+// machine's, moved one step ahead with a g̃ as soon as its charge is
+// applied here, so that θ_t is released without waiting for g̃'s entry to
+// be written to the log. Step is a pure function of (state, θ, g̃), so
+// ahead equals what every replica computes when it applies the grad entry,
+// bit for bit (TestLeaderAheadMatchesReplicas). It belongs to the loop.
+type aheadState struct {
+	theta []float32
+	opt   dpadam.Optimizer
+	step  int64
+	valid bool
 }
 
 type openRound struct {
@@ -124,10 +142,50 @@ func (l *loop) onLeading(ctx context.Context, done opKind) {
 		l.fail(fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, l.s.run.Run))
 		return
 	}
-	ls.log.Info("leading", "step", l.rep.FSM().State().Applied)
+	if err := l.syncAhead(); err != nil {
+		l.fail(err)
+		return
+	}
+	ls.released = l.ahead.step
+	ls.log.Info("leading", "step", ls.released)
 	ls.phase = phaseIdle
 	ls.announcing, ls.nextAnnounce = true, time.Now() // at once, at the top of the loop
 	l.publishParams(ctx, ls.term)
+}
+
+// syncAhead makes ahead a copy of the state machine's θ and optimizer.
+func (l *loop) syncAhead() error {
+	a := &l.ahead
+	theta, step, ok := l.rep.FSM().CopyTraining(a.theta, &a.opt)
+	if !ok {
+		a.valid = false
+		return fmt.Errorf("coordinator: the run is not configured")
+	}
+	a.theta, a.step, a.valid = theta, step, true
+	return nil
+}
+
+// stepAhead moves ahead to step t with g̃ (θ_t = update(θ_{t−1}, g̃)),
+// copying the state machine's state first if ahead is not at t−1. Called
+// once t's charge is applied (pending): the state machine is then at
+// t−1.
+func (l *loop) stepAhead(t int64, g []float32) error {
+	a := &l.ahead
+	if !a.valid || a.step != t-1 {
+		if err := l.syncAhead(); err != nil {
+			return err
+		}
+		if a.step != t-1 {
+			a.valid = false
+			return fmt.Errorf("coordinator: step %d's charge is pending but the state machine is at step %d", t, a.step)
+		}
+	}
+	if _, err := a.opt.Step(a.theta, g); err != nil {
+		a.valid = false
+		return err
+	}
+	a.step = t
+	return nil
 }
 
 // advance lets an idle leader decide what comes next: the end of the run,
@@ -149,6 +207,9 @@ func (l *loop) advance(ctx context.Context) {
 		l.finish(ctx, st)
 		return
 	}
+	if last := l.s.run.MaxSteps; last > 0 && ls.released >= last {
+		return // the last step is released; the run stops when its g̃ is applied (onState)
+	}
 	exceed, err := fsm.WouldExceed()
 	if err != nil {
 		l.fail(err)
@@ -168,16 +229,33 @@ func (l *loop) advance(ctx context.Context) {
 		ls.retryAt = time.Now().Add(50 * time.Millisecond)
 		return
 	}
-	l.openRound(ctx, st.Applied+1, nodes, shards)
+	l.openRound(ctx, ls.released+1, nodes, shards)
 }
 
-// proposeStop proposes the end of the run.
+// proposeStop proposes the end of the run, after the last g̃ proposed.
 func (l *loop) proposeStop(reason string) {
 	ls := l.lead
 	ls.phase = phaseProposing
+	queued := l.gradQueued
 	l.start(opStop, ls.term, func(ctx context.Context) opResult {
+		if err := waitQueued(ctx, queued); err != nil {
+			return opResult{err: err}
+		}
 		return opResult{err: l.rep.ProposeStop(ctx, reason)}
 	})
+}
+
+// waitQueued waits until queued is closed (nil: at once) or ctx ends.
+func waitQueued(ctx context.Context, queued <-chan struct{}) error {
+	if queued == nil {
+		return nil
+	}
+	select {
+	case <-queued:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // setBlocked records why the leader opens no round (nil: it may open
@@ -287,11 +365,7 @@ func (l *loop) closeRound(ctx context.Context) {
 	}
 	// 4. Noise over the sum, by the run's noise mode; then clear the sum
 	// and the noise. The Result's Sum is this round's own buffer.
-	g := l.grad
-	l.grad = nil
-	if g == nil {
-		g = make([]float32, l.s.run.Dim) // the previous buffer is held by a deposed term's proposal
-	}
+	g := l.getGrad()
 	privStart := time.Now()
 	err := l.awaitNoise()
 	if err == nil {
@@ -310,7 +384,7 @@ func (l *loop) closeRound(ctx context.Context) {
 	// run stops, since drawing noise again until g̃ passes would make the
 	// release depend on the sum through the rejection.
 	if err := dpadam.CheckGradient(g); err != nil {
-		l.grad = g
+		l.putGrad(g)
 		ls.log.Error("noisy gradient invalid; stopping the run", "step", t, "err", err)
 		l.proposeStop(fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, err))
 		return
@@ -318,13 +392,19 @@ func (l *loop) closeRound(ctx context.Context) {
 	l.s.metrics.phase(phasePrivatize, time.Since(privStart))
 	ls.log.Debug("round closed", "step", t, "participants", len(res.Accepted), "missing", len(res.Missing),
 		"rejected", len(res.Rejected), "round_ms", time.Since(or.started).Milliseconds())
-	// 5. Propose, and wait (on the operation's goroutine) for commit and
-	// local apply. The proposal owns g until its result hands it back.
+	// 5. Propose the charge, after the previous g̃ (its grad entry holds
+	// its place in the log first), and wait (on the operation's goroutine)
+	// for its commit and local apply. g̃ stays in this process's memory
+	// until then; the proposal owns g until its result hands it back.
 	ls.phase = phaseProposing
 	event, round := l.s.run.Event(), fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, or.id)
 	inFlight := stepInFlight{step: t, participants: len(res.Accepted), started: or.started, proposed: time.Now()}
-	l.start(opStep, ls.term, func(ctx context.Context) opResult {
-		ar, err := l.rep.ProposeStep(ctx, t, event, g, round)
+	queued := l.gradQueued
+	l.start(opCharge, ls.term, func(ctx context.Context) opResult {
+		if err := waitQueued(ctx, queued); err != nil {
+			return opResult{err: err, g: g, step: inFlight}
+		}
+		ar, err := l.rep.ProposeCharge(ctx, t, event, round)
 		return opResult{ar: ar, err: err, g: g, step: inFlight}
 	})
 	// Start drawing the noise of round t+1 now: it depends on nothing,
@@ -364,38 +444,108 @@ func (l *loop) awaitNoise() error {
 	return err
 }
 
-// onStepApplied releases θ_t once its step is committed and applied here
-// (step 6), then evaluates and reports progress.
-func (l *loop) onStepApplied(ctx context.Context, s stepInFlight, ar ApplyResult) {
+// onCharged continues step t once its charge is committed and applied
+// here (the ledger charged and fsynced on this replica, the entry durable
+// on a quorum): θ_t = update(θ_{t−1}, g̃) on ahead, then g̃ to the log in
+// its grad entry (proposeGrad, on a goroutine of its own) and θ_t to the
+// nodes (step 6), then evaluation and progress. Nothing derived from g̃ left
+// this process before.
+func (l *loop) onCharged(ctx context.Context, s stepInFlight, ar ApplyResult, g []float32) {
 	ls := l.lead
 	ls.phase = phaseIdle
-	if !ar.Applied {
-		// Refused by the state machine (budget, stop): advance sees the
-		// stopped state.
+	if !ar.Pending {
+		// Refused by the state machine (budget, stop), or not the next
+		// step there: advance sees the stopped state, or the next round
+		// is over the state machine's step again.
 		ls.log.Info("step not applied", "step", s.step, "reason", ar.Err)
+		l.ahead.valid = false
+		if err := l.syncAhead(); err == nil && l.ahead.step != ls.released {
+			ls.released = l.ahead.step
+			l.publishParams(ctx, ls.term)
+		}
 		return
 	}
-	applied := time.Now()
-	l.s.metrics.phase(phaseCommit, applied.Sub(s.proposed))
+	if err := l.stepAhead(s.step, g); err != nil {
+		l.putGrad(g)
+		l.fail(err)
+		return
+	}
+	l.proposeGrad(ls.term, s, ar.Index, g)
+	ls.released = s.step
+	charged := time.Now()
+	l.s.metrics.phase(phaseCommit, charged.Sub(s.proposed))
 	// 6. Release θ_t.
 	l.publishParams(ctx, ls.term)
-	l.s.metrics.phase(phaseRelease, time.Since(applied))
+	l.s.metrics.phase(phaseRelease, time.Since(charged))
 	took := time.Since(s.started) // round open to θ_t released; not the evaluation below
 	p := Progress{
 		Step: s.step, MaxSteps: l.s.run.MaxSteps, Epsilon: ar.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon,
 		Participants: s.participants,
 	}
-	ls.log.Debug("step committed", "step", s.step, "epsilon", ar.Epsilon, "participants", s.participants,
+	ls.log.Debug("step charged and released", "step", s.step, "epsilon", ar.Epsilon, "participants", s.participants,
 		"step_ms", took.Milliseconds())
 	cfg := l.s.cfg
 	if cfg.Evaluator != nil && cfg.EvalEvery > 0 && s.step%cfg.EvalEvery == 0 {
-		l.evaluate(&p)
+		l.evaluate(&p, l.ahead.theta, l.ahead.step)
 	}
 	l.s.metrics.stepApplied(p)
 	l.recordStep(p, took)
 	l.statusDirty = true
 	if cfg.OnStep != nil {
 		cfg.OnStep(p)
+	}
+}
+
+// proposeGrad proposes step s's g̃ for the charge entry at index, on a
+// goroutine of its own that reports (opGrad) once the entry is applied
+// here. gradQueued is closed as soon as the entry holds its place in the
+// log: the next charge and the stop wait for it, so they follow it.
+func (l *loop) proposeGrad(term uint64, s stepInFlight, index uint64, g []float32) {
+	queued := make(chan struct{})
+	l.gradQueued = queued
+	l.ops.Add(1)
+	go func() {
+		defer l.ops.Done()
+		started := time.Now()
+		wait, err := l.rep.ProposeGrad(l.opCtx, s.step, index, g)
+		close(queued)
+		r := opResult{kind: opGrad, term: term, g: g, step: s, err: err}
+		if err == nil {
+			r.ar, r.err = wait()
+		}
+		if r.err == nil {
+			l.s.metrics.phase(phaseLog, time.Since(started)) // here: Run may return before the loop reads r
+		}
+		select {
+		case l.results <- r:
+		case <-l.opCtx.Done():
+		}
+	}()
+}
+
+// onGradApplied records a grad entry applied here. One the state machine
+// refused stops the run there (advance sees it).
+func (l *loop) onGradApplied(r opResult) {
+	if !r.ar.Applied {
+		l.lead.log.Error("g̃ not applied", "step", r.step.step, "reason", r.ar.Err)
+		l.ahead.valid = false
+	}
+}
+
+// getGrad returns a noisy-gradient buffer of the run's dimension.
+func (l *loop) getGrad() []float32 {
+	if n := len(l.grads); n > 0 {
+		g := l.grads[n-1]
+		l.grads = l.grads[:n-1]
+		return g
+	}
+	return make([]float32, l.s.run.Dim)
+}
+
+// putGrad gives a noisy-gradient buffer back (at most two are kept).
+func (l *loop) putGrad(g []float32) {
+	if len(g) == l.s.run.Dim && len(l.grads) < 2 {
+		l.grads = append(l.grads, g)
 	}
 }
 
@@ -429,10 +579,10 @@ func noiseModeLabel(mode string) string {
 	return mode
 }
 
-// evaluate scores the committed θ on the evaluation data and records it
-// in p. The log line and the metrics are labelled by ServerConfig.EvalData.
-func (l *loop) evaluate(p *Progress) {
-	theta, step := l.rep.FSM().Params(nil)
+// evaluate scores θ of step (released: its charge is applied) on the
+// evaluation data and records it in p. The log line and the metrics are
+// labelled by ServerConfig.EvalData.
+func (l *loop) evaluate(p *Progress, theta []float32, step int64) {
 	m, err := l.s.cfg.Evaluator.Evaluate(theta)
 	if err != nil {
 		l.log.Warn("evaluation failed", "step", step, "err", err)
@@ -456,7 +606,8 @@ func (l *loop) finish(ctx context.Context, st State) {
 		if l.last.EvalStep == st.Applied && st.Applied > 0 {
 			p.Eval, p.EvalStep, p.EvalData = l.last.Eval, l.last.EvalStep, l.last.EvalData // θ has not moved since
 		} else {
-			l.evaluate(&p)
+			theta, step := l.rep.FSM().Params(nil)
+			l.evaluate(&p, theta, step)
 		}
 		if p.EvalStep > 0 {
 			sum.Final, sum.FinalEvaluated, sum.EvalData = p.Eval, true, p.EvalData

@@ -148,10 +148,10 @@ type Summary struct {
 // Raft log. *Replica implements it over hashicorp/raft; tests may wrap a
 // Replica to hold or fail an operation.
 //
-// The blocking operations (Barrier, Configure, ProposeStep, ProposeStop,
-// AddVoter, RemoveVoter) are called from goroutines the Server owns, never
-// from its loop or a transport handler, and may be called concurrently
-// with the other methods.
+// The blocking operations (Barrier, Configure, ProposeCharge, ProposeGrad
+// and its wait, ProposeStop, AddVoter, RemoveVoter) are called from
+// goroutines the Server owns, never from its loop or a transport handler,
+// and may be called concurrently with the other methods.
 type Consensus interface {
 	ID() string
 	// Addr is the Raft address this replica advertises (join requests).
@@ -169,7 +169,8 @@ type Consensus interface {
 
 	Barrier(ctx context.Context) error
 	Configure(ctx context.Context, c RunConfig) error
-	ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error)
+	ProposeCharge(ctx context.Context, step int64, event ledger.Event, round string) (ApplyResult, error)
+	ProposeGrad(ctx context.Context, step int64, charge uint64, noisyGrad []float32) (wait func() (ApplyResult, error), err error)
 	ProposeStop(ctx context.Context, reason string) error
 	AddVoter(ctx context.Context, id, addr string) error
 	RemoveVoter(ctx context.Context, id string) error
@@ -357,7 +358,8 @@ type opKind int
 const (
 	opBarrier opKind = iota
 	opConfigure
-	opStep
+	opCharge // a step's charge entry
+	opGrad   // a step's grad entry, after its charge
 	opStop
 	opMembership
 )
@@ -368,10 +370,10 @@ type opResult struct {
 	term uint64 // the leadership term it was started in
 	err  error
 	ar   ApplyResult
-	// g is the noisy gradient an opStep proposed, handed back to the loop
-	// (its owner while no proposal holds it).
+	// g is the noisy gradient an opCharge or opGrad held, handed back to
+	// the loop (its owner while no proposal holds it).
 	g []float32
-	// step carries what the loop needs after an opStep.
+	// step carries what the loop needs after an opCharge or opGrad.
 	step stepInFlight
 	// control is an opMembership's request.
 	control transport.Control
@@ -407,10 +409,17 @@ type loop struct {
 	blockLogged   string
 	blockLoggedAt time.Time
 
-	// grad is the noisy-gradient buffer while no proposal holds it.
-	grad []float32
-	// theta is the buffer committedParams copies the committed θ into.
-	theta []float32
+	// grads are noisy-gradient buffers no proposal holds (at most two are
+	// in use: one g̃ in its grad entry while the next is charged).
+	grads [][]float32
+	// ahead is θ and the optimizer as the leader releases them: the state
+	// machine's, plus the step whose charge is applied and whose grad
+	// entry may not be yet (aheadState).
+	ahead aheadState
+	// gradQueued is closed once the last grad entry proposed holds its
+	// place in the log (nil: none proposed in this Run), so that the next
+	// charge or stop is proposed after it.
+	gradQueued chan struct{}
 	// pending is the discrete noise of the next release, drawn during the
 	// previous step's proposal or while the round's nodes compute, by a
 	// goroutine of the loop's (startNoise). While drawing is non-nil that
@@ -607,10 +616,12 @@ func (l *loop) start(kind opKind, term uint64, op func(ctx context.Context) opRe
 // onResult handles an operation's result.
 func (l *loop) onResult(ctx context.Context, r opResult) {
 	switch r.kind {
-	case opStep:
-		if len(r.g) == l.s.run.Dim {
-			l.grad = r.g // the buffer is the loop's again
+	case opCharge:
+		if !r.ar.Pending || r.err != nil || l.lead == nil || r.term != l.lead.term {
+			l.putGrad(r.g) // not handed on to a grad entry: the loop's again
 		}
+	case opGrad:
+		l.putGrad(r.g)
 	case opMembership:
 		l.memberBusy = false
 		if r.err != nil && ctx.Err() == nil {
@@ -637,8 +648,10 @@ func (l *loop) onResult(ctx context.Context, r opResult) {
 	switch r.kind {
 	case opBarrier, opConfigure:
 		l.onLeading(ctx, r.kind)
-	case opStep:
-		l.onStepApplied(ctx, r.step, r.ar)
+	case opCharge:
+		l.onCharged(ctx, r.step, r.ar, r.g)
+	case opGrad:
+		l.onGradApplied(r)
 	case opStop:
 		ls.phase = phaseIdle
 	}

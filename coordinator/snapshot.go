@@ -46,6 +46,11 @@ type snapshotBody struct {
 	// History is the Raft history ID of the configuration entry (empty in
 	// snapshots written before history IDs).
 	History string `msgpack:"history,omitempty"`
+	// Pending is the pending charge (FSM): a snapshot taken between a
+	// charge entry and its grad entry carries it, so a replica restored
+	// from it applies that grad entry as the others do. Absent in
+	// snapshots written before the charge-ahead path.
+	Pending *pendingCharge `msgpack:"pending,omitempty"`
 }
 
 type fsmSnapshot struct {
@@ -57,6 +62,8 @@ type fsmSnapshot struct {
 // and the optimizer state is taken here, and Persist (which may run
 // concurrently with later Applies) reads only the immutable ledger prefix.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if f.fatal != nil {
@@ -64,7 +71,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	}
 	head, seq := f.ledger.Head()
 	s := &fsmSnapshot{ledgerPath: f.ledgerPath, body: snapshotBody{
-		Applied: f.applied, Stopped: f.stopped,
+		Applied: f.applied, Stopped: f.stopped, Pending: f.pending,
 		LedgerSize: f.ledger.Size(), LedgerHead: head.Hash, LedgerSeq: seq,
 	}}
 	if f.cfg != nil {
@@ -145,6 +152,8 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
+	f.tmu.Lock()
+	defer f.tmu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.reconcileLedger(snap); err != nil {
@@ -152,7 +161,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	b := snap.Body
 	f.cfg, f.history, f.theta, f.opt, f.grad = nil, "", nil, nil, nil
-	f.applied, f.stopped, f.diag = b.Applied, b.Stopped, dpadam.Diagnostics{}
+	f.applied, f.thetaStep, f.stopped, f.diag, f.pending = b.Applied, b.Applied, b.Stopped, dpadam.Diagnostics{}, b.Pending
 	if b.Configured {
 		c := b.Config
 		theta := make([]float32, c.Dim)
@@ -195,7 +204,7 @@ func decodeSnapshot(data []byte) (snapshotFile, error) {
 }
 
 // reconcileLedger makes the local ledger hold at least the snapshot's
-// ledger prefix. Called with f.mu held.
+// ledger prefix. Called with both locks held.
 func (f *FSM) reconcileLedger(snap snapshotFile) error {
 	local, err := os.ReadFile(f.ledgerPath)
 	if err != nil {

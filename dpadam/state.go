@@ -210,3 +210,29 @@ func (o *Optimizer) UnmarshalBinary(data []byte) error {
 	*o = n
 	return nil
 }
+
+// CopyFrom makes o a copy of src: the configuration, the step count and
+// the state vectors, reusing o's vectors where they have the right
+// length. Steps applied to the copy are bit-identical to the same steps
+// applied to src (Step is a pure function of the state). It is how a
+// coordinator's leader keeps a second optimizer one step ahead of its
+// replicated state machine without a model-sized allocation per step.
+func (o *Optimizer) CopyFrom(src *Optimizer) {
+	o.cfg, o.dim, o.step = src.cfg, src.dim, src.step
+	o.m = copyVec(o.m, src.m)
+	o.v = copyVec(o.v, src.v)
+	o.b = copyVec(o.b, src.b)
+}
+
+// copyVec returns dst holding src's values (nil for a nil src), reusing
+// dst's array when it has src's length.
+func copyVec(dst, src []float32) []float32 {
+	if src == nil {
+		return nil
+	}
+	if len(dst) != len(src) {
+		dst = make([]float32, len(src))
+	}
+	copy(dst, src)
+	return dst
+}

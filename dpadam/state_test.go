@@ -205,3 +205,43 @@ func TestUnmarshalEveryTruncation(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyFromContinuesIdentically: a copy (into a fresh optimizer and into
+// one of another algorithm and size, whose vectors are replaced) steps to
+// the same bits as the original, and stepping the copy leaves the original
+// untouched.
+func TestCopyFromContinuesIdentically(t *testing.T) {
+	const dim = 53
+	for _, alg := range algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			src, theta := trained(t, alg, dim, 7)
+			before := stateBytes(t, src)
+			other, _ := trained(t, SGDM, 5, 2)
+			for _, dst := range []*Optimizer{{}, other} {
+				dst.CopyFrom(src)
+				if !optimizersEqual(dst, src) {
+					t.Fatalf("CopyFrom: got %+v, want %+v", *dst, *src)
+				}
+				th := append([]float32(nil), theta...)
+				for _, g := range noisyGrads(31, src.cfg, 3, dim) {
+					if _, err := dst.Step(th, g); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !bytes.Equal(stateBytes(t, src), before) {
+					t.Fatal("stepping the copy changed the original")
+				}
+				ref, _ := trained(t, alg, dim, 7)
+				thRef := append([]float32(nil), theta...)
+				for _, g := range noisyGrads(31, src.cfg, 3, dim) {
+					if _, err := ref.Step(thRef, g); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !optimizersEqual(dst, ref) || !bitsEqual(th, thRef) {
+					t.Fatal("the copy's steps differ from the original's")
+				}
+			}
+		})
+	}
+}

@@ -22,9 +22,15 @@ type AuditReport struct {
 	// Problems lists every failed check; empty when OK.
 	Problems []string `json:"problems"`
 
-	Records  int   `json:"records"`
-	Charges  int   `json:"charges"`
-	Replays  int   `json:"replays"`
+	Records int `json:"records"`
+	Charges int `json:"charges"`
+	Replays int `json:"replays"`
+	// Recharges counts charges for a step already charged as applied: the
+	// leader that charged it first died (or was deposed) after the charge
+	// was committed and before its g̃ was, and the next leader released
+	// the step again with fresh noise. Both releases are charged.
+	Recharges int `json:"recharges"`
+	// Applied counts the distinct steps charged as applied.
 	Applied  int   `json:"applied_steps"`
 	LastStep int64 `json:"last_step"`
 	// TornBytes is the size of a torn tail (a crash during the last
@@ -138,6 +144,7 @@ func Audit(path string) (AuditReport, error) {
 	}
 	var lastIndex, lastTerm uint64
 	lastApplied := int64(math.MinInt64)
+	var lastAppliedTerm uint64
 	var recomputeFailed, rdpFailed bool
 	for _, r := range recs[1:] {
 		if r.Kind != RecordCharge {
@@ -184,13 +191,20 @@ func Audit(path string) (AuditReport, error) {
 				r.Seq, r.Step, r.Term, lastTerm))
 		}
 		lastTerm = max(lastTerm, r.Term)
-		if r.Replay {
+		switch {
+		case r.Replay:
 			rep.Replays++
-		} else {
+		case r.Step == lastApplied && r.Term > lastAppliedTerm:
+			// Charged again by a later term's leader: the first charge's
+			// g̃ never committed (charge-ahead). Within one term a leader
+			// charges each step once.
+			rep.Recharges++
+			lastAppliedTerm = r.Term
+		default:
 			if r.Step <= lastApplied {
-				rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: step %d applied after step %d", r.Seq, r.Step, lastApplied))
+				rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: step %d applied after step %d in term %d", r.Seq, r.Step, lastApplied, lastAppliedTerm))
 			}
-			lastApplied = r.Step
+			lastApplied, lastAppliedTerm = r.Step, r.Term
 			rep.Applied++
 		}
 		rep.LastStep = max(rep.LastStep, r.Step)

@@ -117,7 +117,10 @@ type Record struct {
 	Index uint64 `json:"index,omitempty"`
 	// Replay marks a charge for a step that had already been applied: the
 	// release happened (it was committed), so it is charged, but the
-	// update was not applied again.
+	// update was not applied again. A step may also be charged twice
+	// without Replay (AuditReport.Recharges): charged ahead of its g̃ by a
+	// leader that died before the g̃ was committed, then again by the next
+	// leader.
 	Replay bool `json:"replay,omitempty"`
 	// Epsilon is ε spent so far, at the run's δ, by the run record's
 	// accountant (RDP over DefaultOrders, or PLD: see pldBudget.epsilon),

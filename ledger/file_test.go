@@ -265,7 +265,19 @@ func TestAuditStepOrder(t *testing.T) {
 	if !rep.OK || rep.Charges != 4 || rep.Replays != 1 || rep.Applied != 3 {
 		t.Fatalf("audit with a replay: %+v", rep)
 	}
-	mustCharge(3, 7, false) // step 3 applied twice
+	// Step 4 charged ahead in term 1, its g̃ never committed; the term 2
+	// leader charges it again: a recharge, not a problem.
+	mustCharge(4, 7, false)
+	if _, err := l.Charge(4, e, at(2, 8), false); err != nil {
+		t.Fatal(err)
+	}
+	rep, _ = Audit(path)
+	if !rep.OK || rep.Charges != 6 || rep.Recharges != 1 || rep.Applied != 4 || rep.LastStep != 4 {
+		t.Fatalf("audit with a recharge: %+v", rep)
+	}
+	if _, err := l.Charge(4, e, at(2, 9), false); err != nil { // step 4 applied twice in one term
+		t.Fatal(err)
+	}
 	if rep, _ := Audit(path); rep.OK {
 		t.Errorf("audit passed a step applied twice: %+v", rep)
 	}

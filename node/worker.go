@@ -487,9 +487,15 @@ type session struct {
 	// still be on its way (different topics, different goroutines).
 	deferred map[string]transport.Status
 	params   map[uint64]transport.Vector
-	seen     map[roundKey]struct{}
-	maxStep  uint64
-	pending  *pendingRound
+	// paramsTerm is the term of the leader that published each version
+	// in params. A round uses a version only from its own term's leader:
+	// a leader releases θ_t once step t is charged, before its g̃ is
+	// committed, so a deposed leader's θ_t may differ from the θ_t its
+	// successor releases after charging step t again.
+	paramsTerm map[uint64]uint64
+	seen       map[roundKey]struct{}
+	maxStep    uint64
+	pending    *pendingRound
 	// end is set when the run is over for this node.
 	end *ending
 }
@@ -501,7 +507,7 @@ type ending struct {
 
 func newSession(w *Worker) *session {
 	return &session{w: w, leaders: make(map[string]uint64), deferred: make(map[string]transport.Status),
-		params: make(map[uint64]transport.Vector), seen: make(map[roundKey]struct{})}
+		params: make(map[uint64]transport.Vector), paramsTerm: make(map[uint64]uint64), seen: make(map[roundKey]struct{})}
 }
 
 // loop is the single goroutine that owns the protocol state. It returns
@@ -686,9 +692,9 @@ func (s *session) onRound(ctx context.Context, rs transport.RoundStart) {
 		s.pending = nil
 	}
 	if len(rs.Params) > 0 {
-		s.store(rs.ParamsVersion, rs.Params)
+		s.store(rs.ParamsVersion, rs.Term, rs.Params)
 	}
-	if theta, ok := s.params[rs.ParamsVersion]; ok {
+	if theta, ok := s.params[rs.ParamsVersion]; ok && s.paramsTerm[rs.ParamsVersion] == rs.Term {
 		s.answer(ctx, rs, deadline, theta)
 		return
 	}
@@ -794,11 +800,17 @@ func (s *session) onTimer(ctx context.Context) {
 	}
 }
 
-// store keeps a validated parameter version, evicting the lowest beyond
-// maxParamsKept. It reports whether v is new.
-func (s *session) store(version uint64, v transport.Vector) bool {
-	if _, ok := s.params[version]; ok {
-		return false
+// store keeps a validated parameter version published in term, evicting
+// the lowest beyond maxParamsKept. It reports whether v is new: a version
+// not held, or held from an older term (replaced).
+func (s *session) store(version, term uint64, v transport.Vector) bool {
+	if old, ok := s.params[version]; ok {
+		if s.paramsTerm[version] >= term {
+			return false
+		}
+		s.params[version] = append(old[:0], v...)
+		s.paramsTerm[version] = term
+		return true
 	}
 	// A copy in a buffer of our own: the decoded values may sit at any
 	// 4-byte offset of a message buffer, and the BLAS kernels' summation
@@ -815,10 +827,13 @@ func (s *session) store(version uint64, v transport.Vector) bool {
 		if version > lowest { // else v itself is the one evicted
 			buf = s.params[lowest]
 			delete(s.params, lowest)
+			delete(s.paramsTerm, lowest)
 			s.params[version] = append(buf[:0], v...)
+			s.paramsTerm[version] = term
 		}
 	} else {
 		s.params[version] = append(buf, v...)
+		s.paramsTerm[version] = term
 	}
 	w := s.w
 	var highest uint64
@@ -843,11 +858,11 @@ func (s *session) onParams(ctx context.Context, p transport.Params) {
 		w.log.Warn("node: invalid params dropped", "version", p.Version, "term", p.Term, "reason", err.Error())
 		return
 	}
-	if !s.store(p.Version, p.Values) {
+	if !s.store(p.Version, p.Term, p.Values) {
 		return
 	}
 	w.log.Debug("node: params received", "version", p.Version, "term", p.Term)
-	if pr := s.pending; pr != nil && pr.rs.ParamsVersion == p.Version {
+	if pr := s.pending; pr != nil && pr.rs.ParamsVersion == p.Version && pr.rs.Term == p.Term {
 		s.pending = nil
 		s.answer(ctx, pr.rs, pr.deadline, s.params[p.Version])
 	}

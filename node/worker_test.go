@@ -852,3 +852,37 @@ func TestNewWorkerErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestParamsOfADeposedTermNotUsed: a leader releases θ_t once step t is
+// charged, before its g̃ is committed, so a new leader may charge step t
+// again and release a different θ_t. A round of the new term must not be
+// computed on the θ_t cached from the old one: the node asks for the
+// version, and answers once the new term's θ_t arrives.
+func TestParamsOfADeposedTermNotUsed(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+
+	l.announce("r1", 1)
+	recv(t, l.joins, "join for the term 1 leader")
+	l.params(1, 1, fx.theta) // the deposed leader's θ_1
+	eventually(t, "params stored", func() bool { return r.w.Stats().ParamsVersion == 1 })
+	l.announce("r2", 2)
+	recv(t, l.joins, "join for the term 2 leader")
+	rs := fx.round(2, 5, 2, wait) // needs version 1, held only from term 1
+	rs.Leader = "r2"
+	l.publish(rs)
+	if s := recv(t, l.needs, "params request"); s.Version != 1 {
+		t.Errorf("params request for version %d, want 1", s.Version)
+	}
+	none(t, l.contribs, "contribution computed on the deposed term's θ")
+	theta1 := append([]float32(nil), fx.theta...)
+	theta1[0] += 0.5
+	l.params(1, 2, theta1)
+	c := recv(t, l.contribs, "contribution after the term 2 params arrived")
+	if c.Step != 2 || c.RoundID != 5 {
+		t.Errorf("answered %d/%d, want 2/5", c.Step, c.RoundID)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,6 +52,9 @@ type Options struct {
 	// Logger receives every replica's, server's and node's logs (nil:
 	// discarded).
 	Logger *slog.Logger
+	// CrashAt, if set, kills the leader at a point of its commit path
+	// (crash.go).
+	CrashAt *CrashAt
 }
 
 // DefaultOptions returns 3 replicas, 3 nodes, seed 1, 40 steps, rounds of
@@ -127,6 +131,8 @@ type Cluster struct {
 	cut      map[[2]string]bool // the current partition, both directions
 	nodeIDs  []string
 
+	crashOnce atomic.Bool // CrashAt has fired
+
 	wg sync.WaitGroup // every goroutine the cluster starts
 }
 
@@ -143,6 +149,8 @@ type member struct {
 	sum     coordinator.Summary
 	err     error
 	removed bool
+	crashed bool          // killed by Crash (removed too)
+	closed  chan struct{} // closed once Crash closed it
 }
 
 type worker struct {
@@ -241,7 +249,7 @@ func (c *Cluster) clientConfig(role pki.Role, name string) transport.ClientConfi
 // (ServerConfig.Join).
 func (c *Cluster) startReplica(id string, peers []raft.Server) error {
 	addr, trans := raft.NewInmemTransport(raft.ServerAddress(id))
-	m := &member{id: id, addr: addr, trans: trans, dir: filepath.Join(c.base, id), done: make(chan struct{})}
+	m := &member{id: id, addr: addr, trans: trans, dir: filepath.Join(c.base, id), done: make(chan struct{}), closed: make(chan struct{})}
 	c.mu.Lock()
 	if _, dup := c.replicas[id]; dup {
 		c.mu.Unlock()
@@ -281,7 +289,11 @@ func (c *Cluster) startReplica(id string, peers []raft.Server) error {
 	scfg.DrainTimeout = 2 * time.Second
 	scfg.Join = peers == nil
 	scfg.Noise = mechanism.NewSeededNoiseSource(c.opts.Seed + 1 + uint64(len(c.order)))
-	srv, err := coordinator.NewServer(rep, m.conn, c.Run, scfg, c.log)
+	var cons coordinator.Consensus = rep
+	if c.opts.CrashAt != nil {
+		cons = &crashHooks{Replica: rep, c: c, id: id}
+	}
+	srv, err := coordinator.NewServer(cons, m.conn, c.Run, scfg, c.log)
 	if err != nil {
 		return err
 	}
@@ -404,6 +416,17 @@ func (c *Cluster) Applied() int64 {
 	var top int64
 	for _, m := range c.live() {
 		top = max(top, m.replica.FSM().State().Applied)
+	}
+	return top
+}
+
+// Charged returns the highest step charged on any live replica: applied,
+// or charged ahead of its g̃ (the pending charge).
+func (c *Cluster) Charged() int64 {
+	var top int64
+	for _, m := range c.live() {
+		st := m.replica.FSM().State()
+		top = max(top, st.Applied, st.PendingStep)
 	}
 	return top
 }

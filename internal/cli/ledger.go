@@ -336,8 +336,8 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(rep.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
-	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d applied steps), last step %d\n",
-		rep.Records, rep.Charges, rep.Replays, rep.Applied, rep.LastStep)
+	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d recharges, %d applied steps), last step %d\n",
+		rep.Records, rep.Charges, rep.Replays, rep.Recharges, rep.Applied, rep.LastStep)
 	printAuditEpsilon(w, rep)
 	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
 	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)
