@@ -141,6 +141,41 @@ type FSM struct {
 
 	// changed holds one signal after any Apply or Restore (Changed).
 	changed chan struct{}
+
+	// Snapshots by bytes (Replica.snapshots): snapModels is
+	// ReplicaConfig.SnapshotModels, sinceSnap the g̃ bytes applied since
+	// the last snapshot and stopAsked whether the stopped run's snapshot
+	// was asked for (under mu); wantSnap holds one request.
+	snapModels int64
+	sinceSnap  int64
+	stopAsked  bool
+	wantSnap   chan struct{}
+
+	// onConfigured, if set, is told the run's dimension once it is
+	// configured (applied or restored): the replica sizes its log's
+	// segments to the model.
+	onConfigured func(dim int)
+}
+
+// askSnapshots asks the replica (Replica.snapshots, which reads State) for
+// a snapshot when the g̃ applied since the last one reach snapModels
+// copies of the model, and once when the run has stopped; without
+// blocking: a request waiting stands for any number. Called with f.mu
+// held, after every entry.
+func (f *FSM) askSnapshots() {
+	if f.cfg == nil {
+		return
+	}
+	bytes := f.snapModels > 0 && f.sinceSnap >= f.snapModels*4*int64(f.cfg.Dim)
+	stop := f.stopped != "" && !f.stopAsked
+	if !bytes && !stop {
+		return
+	}
+	f.stopAsked = f.stopAsked || stop
+	select {
+	case f.wantSnap <- struct{}{}:
+	default:
+	}
 }
 
 // NewFSM opens (or creates) the ledger under dataDir and returns a state
@@ -155,7 +190,7 @@ func NewFSM(dataDir string, init InitFunc, log *slog.Logger, opts ...ledger.Opti
 		return nil, err
 	}
 	return &FSM{ledgerPath: path, ledgerOpts: opts, init: init, log: log, ledger: l,
-		changed: make(chan struct{}, 1)}, nil
+		changed: make(chan struct{}, 1), wantSnap: make(chan struct{}, 1)}, nil
 }
 
 // Changed returns a channel that holds a signal after the state changed
@@ -193,6 +228,11 @@ func (f *FSM) Apply(l *raft.Log) any {
 	defer f.notify() // after the locks are released
 	f.tmu.Lock()
 	defer f.tmu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.askSnapshots()
+		f.mu.Unlock()
+	}()
 	f.mu.RLock()
 	fatal := f.fatal
 	f.mu.RUnlock()
@@ -276,6 +316,9 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 		return f.fail(err)
 	}
 	f.cfg, f.history, f.theta, f.opt, f.grad, f.thetaStep = &c, ce.History, theta, opt, make([]float32, c.Dim), 0
+	if f.onConfigured != nil {
+		f.onConfigured(c.Dim)
+	}
 	f.log.Info("run configured", "run", c.Run, "history", ce.History, "dim", c.Dim, "q", c.SampleRate,
 		"sigma", c.Optimizer.NoiseMultiplier, "target_epsilon", c.TargetEpsilon, "delta", c.Delta,
 		"optimizer", c.Optimizer.Algorithm, "seed_policy", c.SeedPolicy, "noise_mode", noiseModeLabel(c.NoiseMode), "accountant", f.ledger.Accountant())
@@ -331,6 +374,7 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 		return f.fail(err)
 	}
 	f.applied, f.thetaStep, f.pending = s.Step, s.Step, nil
+	f.sinceSnap += 4 * int64(len(f.grad))
 	f.diag = diag
 	res.Applied, res.Diag = true, diag
 	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
@@ -455,6 +499,7 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 		return f.fail(err)
 	}
 	f.applied, f.pending, f.diag = g.Step, nil, diag
+	f.sinceSnap += 4 * int64(len(f.grad))
 	res.Applied, res.Diag = true, diag
 	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
 		f.stopped = stopMaxSteps

@@ -50,13 +50,27 @@ type ReplicaConfig struct {
 	LeaderLeaseTimeout time.Duration
 	CommitTimeout      time.Duration
 	// SnapshotThreshold is how many log entries trigger a snapshot and
-	// TrailingLogs how many stay after one: each step entry carries g̃
-	// (4 bytes per parameter), so these bound the log's disk use at about
-	// (SnapshotThreshold+TrailingLogs)·4·dim bytes.
+	// TrailingLogs how many stay after one, while the run is running
+	// (once it has stopped, a last snapshot keeps FinalTrailingLogs).
+	// Each step writes two entries, a small charge and g̃ (4 bytes per
+	// parameter), so the log's disk use is bounded by bytes
+	// (SnapshotModels) as well as by entries.
 	SnapshotThreshold uint64
 	TrailingLogs      uint64
 	SnapshotInterval  time.Duration
 	SnapshotsRetained int
+	// SnapshotModels takes a snapshot once the g̃ applied since the last
+	// one amount to this many copies of the model (4·dim bytes each;
+	// 0: never by bytes). A snapshot holds θ and the optimizer's state (3
+	// copies for Adam and DP-AdamBC), so with one snapshot retained the
+	// Raft state on disk stays under about (3 + SnapshotModels +
+	// TrailingLogs/2) copies, plus a snapshot being written.
+	SnapshotModels int
+	// FinalTrailingLogs is TrailingLogs once the run has stopped: the
+	// replica then takes a last snapshot and keeps this many entries, so
+	// a finished run's data dir holds the snapshot, at most
+	// FinalTrailingLogs/2 g̃ and the ledger.
+	FinalTrailingLogs uint64
 
 	// TLS, if set, runs the Raft transport over mutual TLS: this replica
 	// and its peers must hold replica certificates of one CA, and a
@@ -85,8 +99,11 @@ type ReplicaConfig struct {
 // DefaultReplicaConfig returns the defaults: heartbeat, election and lease
 // timeouts of 500 ms (failover in about a second; 200-300 ms made leaders
 // step down needlessly on a loaded 2-core machine, where a follower's
-// fsync can stall it for a few hundred milliseconds),
-// snapshots every 64 entries with 32 trailing, 2 snapshots retained.
+// fsync can stall it for a few hundred milliseconds); a snapshot every 64
+// entries or every 4 models' worth of g̃, whichever comes first, with 8
+// entries (4 steps) trailing while the run runs and 2 (its last step) once
+// it has stopped; one snapshot retained. A follower more than about 4
+// steps behind catches up from a snapshot rather than the log.
 func DefaultReplicaConfig() ReplicaConfig {
 	return ReplicaConfig{
 		HeartbeatTimeout:   500 * time.Millisecond,
@@ -94,9 +111,11 @@ func DefaultReplicaConfig() ReplicaConfig {
 		LeaderLeaseTimeout: 500 * time.Millisecond,
 		CommitTimeout:      20 * time.Millisecond,
 		SnapshotThreshold:  64,
-		TrailingLogs:       32,
+		TrailingLogs:       8,
 		SnapshotInterval:   5 * time.Second,
-		SnapshotsRetained:  2,
+		SnapshotsRetained:  1,
+		SnapshotModels:     4,
+		FinalTrailingLogs:  2,
 	}
 }
 
@@ -119,6 +138,8 @@ func (c ReplicaConfig) Validate() error {
 		return errors.New("coordinator: snapshot threshold must be positive")
 	case c.SnapshotsRetained < 1:
 		return errors.New("coordinator: must retain at least one snapshot")
+	case c.SnapshotModels < 0:
+		return errors.New("coordinator: snapshot models must not be negative")
 	}
 	if c.Transport != nil {
 		return nil
@@ -148,6 +169,10 @@ type Replica struct {
 	transport raft.Transport
 	tls       *raftnet.TLSStream // nil: plain TCP
 	log       *slog.Logger
+
+	// The snapshot goroutine (snapshots): stop ends it, stopped is closed
+	// when it has.
+	stop, stopped chan struct{}
 }
 
 // OpenReplica opens (creating if needed) the replica's data dir, starts
@@ -175,6 +200,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
+	fsm.snapModels = int64(cfg.SnapshotModels)
 	r := &Replica{cfg: cfg, fsm: fsm, log: log}
 	ok := false
 	defer func() {
@@ -185,6 +211,8 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if r.logs, err = raftlog.Open(filepath.Join(cfg.DataDir, "raft")); err != nil {
 		return nil, err
 	}
+	logs := r.logs
+	fsm.onConfigured = func(dim int) { logs.SetSegmentBytes(segmentBytesFor(dim)) }
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)
 	if err != nil {
 		return nil, err
@@ -257,8 +285,44 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		}
 		return f.Configuration()
 	})
+	r.stop, r.stopped = make(chan struct{}), make(chan struct{})
+	go r.snapshots()
 	ok = true
 	return r, nil
+}
+
+// segmentBytesFor is the Raft log's segment size for a model of dim
+// parameters: one g̃ entry (4·dim bytes), at least 1 MiB. Compaction frees
+// whole segments, so the log then keeps at most about one g̃ more than
+// Raft asks it to.
+func segmentBytesFor(dim int) int64 { return max(4*int64(dim), 1<<20) }
+
+// snapshots takes the snapshots the state machine asks for (FSM.wantSnap):
+// when the g̃ applied since the last one reach SnapshotModels copies of
+// the model, and once the run has stopped, after lowering TrailingLogs to
+// FinalTrailingLogs. It runs from OpenReplica until Close.
+func (r *Replica) snapshots() {
+	defer close(r.stopped)
+	final := false
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.fsm.wantSnap:
+		}
+		if !final && r.fsm.State().Stopped != "" {
+			final = true
+			rc := r.raft.ReloadableConfig()
+			rc.TrailingLogs = r.cfg.FinalTrailingLogs
+			if err := r.raft.ReloadConfig(rc); err != nil {
+				r.log.Warn("keeping the trailing log entries", "err", err)
+			}
+		}
+		err := r.raft.Snapshot().Error()
+		if err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) {
+			r.log.Warn("snapshot failed", "err", err)
+		}
+	}
 }
 
 func (r *Replica) closeStores() {
@@ -530,6 +594,8 @@ func (r *Replica) Close() error {
 		}
 	}
 	err := r.raft.Shutdown().Error()
+	close(r.stop)
+	<-r.stopped
 	r.closeStores()
 	return err
 }

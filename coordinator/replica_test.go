@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -32,6 +33,7 @@ func openTestReplica(t *testing.T, dir, addr string, opts ...ledger.Option) *Rep
 	cfg.LedgerOptions = opts
 	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", addr, dir, true
 	cfg.SnapshotThreshold, cfg.TrailingLogs = 8, 4
+	cfg.SnapshotModels = 0 // snapshots when a test asks (TestSnapshotsBoundedByBytes sets it)
 	r, err := OpenReplica(cfg, testInit)
 	if err != nil {
 		t.Fatal(err)
@@ -212,5 +214,57 @@ func TestReplicaCloseTransfersLeadership(t *testing.T) {
 			t.Fatal("no new leader 5 s after the leader closed: leadership was not transferred")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSnapshotsBoundedByBytes: with snapshots every SnapshotModels models'
+// worth of g̃ (and none by entry count in the test's time), the Raft log
+// never holds more than about SnapshotModels steps plus the trailing
+// entries, whatever the step count; once the run stops, a last snapshot
+// leaves FinalTrailingLogs entries.
+func TestSnapshotsBoundedByBytes(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultReplicaConfig()
+	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", freeAddr(t), dir, true
+	cfg.SnapshotThreshold, cfg.SnapshotInterval = 1<<20, time.Hour // never by entries
+	cfg.SnapshotModels, cfg.TrailingLogs, cfg.FinalTrailingLogs = 2, 4, 2
+	r, err := OpenReplica(cfg, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	waitLeader(t, r)
+	c := testRunConfig()
+	grads := noisyGrads(30, 8)
+	entries := func() uint64 {
+		first, _ := r.logs.FirstIndex()
+		last, _ := r.logs.LastIndex()
+		return last - first + 1
+	}
+	most := uint64(0)
+	for s := 1; s <= len(grads); s++ {
+		runSteps(t, r, c, grads, s, s)
+		most = max(most, entries())
+	}
+	// 2 steps' entries (4) since the last snapshot and 4 trailing, plus
+	// the steps appended while a snapshot is taken (asynchronously; these
+	// steps take a millisecond). Without snapshots: 61 entries.
+	if most > 20 {
+		t.Errorf("the log held up to %d entries over 30 steps", most)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.ProposeStop(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for entries() > cfg.FinalTrailingLogs {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped run's log still holds %d entries", entries())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if snaps, _ := os.ReadDir(filepath.Join(dir, "snapshots")); len(snaps) != 1 {
+		t.Errorf("%d snapshots retained, want 1", len(snaps))
 	}
 }

@@ -64,12 +64,13 @@ type fsmSnapshot struct {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.tmu.RLock()
 	defer f.tmu.RUnlock()
-	f.mu.RLock()
-	defer f.mu.RUnlock()
+	f.mu.Lock() // for sinceSnap
+	defer f.mu.Unlock()
 	if f.fatal != nil {
 		return nil, f.fatal
 	}
 	head, seq := f.ledger.Head()
+	f.sinceSnap = 0
 	s := &fsmSnapshot{ledgerPath: f.ledgerPath, body: snapshotBody{
 		Applied: f.applied, Stopped: f.stopped, Pending: f.pending,
 		LedgerSize: f.ledger.Size(), LedgerHead: head.Hash, LedgerSeq: seq,
@@ -176,6 +177,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			return fmt.Errorf("%w: optimizer dimension %d, config %d", ErrBadSnapshot, opt.Dim(), c.Dim)
 		}
 		f.cfg, f.history, f.theta, f.opt, f.grad = &c, b.History, theta, &opt, make([]float32, c.Dim)
+		if f.onConfigured != nil {
+			f.onConfigured(c.Dim)
+		}
 	}
 	f.log.Info("restored snapshot", "step", f.applied, "ledger_records", b.LedgerSeq)
 	return nil

@@ -66,6 +66,9 @@ type Store struct {
 	// wmu serializes the changes (StoreLogs, DeleteRange, Set): Raft makes
 	// them from one goroutine at a time, but the store does not rely on it.
 	wmu sync.Mutex
+	// segBytes is this store's segment size (SetSegmentBytes; 0:
+	// segmentBytes). Under wmu.
+	segBytes int64
 
 	// mu guards the fields below. GetLog holds it shared while it reads a
 	// file, so a segment is closed only when no read can be using it; an
@@ -165,6 +168,18 @@ func Open(dir string) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// SetSegmentBytes sets the size past which appends go to a new segment
+// (n ≤ 0: the default, 64 MiB). Compaction frees disk a whole segment at a
+// time, so the log's disk use after a compaction exceeds what Raft keeps
+// by up to one segment: a replica sizes segments to its model (a g̃ entry
+// of 4·dim bytes), so that this slack is at most about one entry at any
+// model size. It applies to the next append.
+func (s *Store) SetSegmentBytes(n int64) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.segBytes = max(n, 0)
 }
 
 // OpenReadOnly opens the log store in dir for reading, without its lock
@@ -524,8 +539,12 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	if s.first == 0 {
 		next = logs[0].Index
 	}
+	limit := segmentBytes
+	if s.segBytes > 0 {
+		limit = s.segBytes
+	}
 	var g *segment
-	if n := len(s.segs); n > 0 && s.segs[n-1].size < segmentBytes {
+	if n := len(s.segs); n > 0 && s.segs[n-1].size < limit {
 		g = s.segs[n-1]
 	}
 	s.mu.RUnlock()

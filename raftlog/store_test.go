@@ -526,3 +526,32 @@ func BenchmarkLogStoreAppend(b *testing.B) {
 		})
 	}
 }
+
+// TestSetSegmentBytes: a store's own segment size takes effect from the
+// next append (entries of 1041 bytes with their framing, a new segment
+// once one holds 3000: three entries per file), and 0 goes back to the
+// default (the last file takes all the rest).
+func TestSetSegmentBytes(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestLogStore(t, dir)
+	s.SetSegmentBytes(3000)
+	for i := uint64(1); i <= 16; i++ {
+		l := &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: bytes.Repeat([]byte{byte(i)}, 1000)}
+		if err := s.StoreLogs([]*raft.Log{l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(segmentFiles(t, dir)); n != 6 {
+		t.Errorf("%d segment files for 16 entries of 1 KB in segments past 3 KB, want 6", n)
+	}
+	s.SetSegmentBytes(0)
+	for i := uint64(17); i <= 40; i++ {
+		l := &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: bytes.Repeat([]byte{byte(i)}, 1000)}
+		if err := s.StoreLogs([]*raft.Log{l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(segmentFiles(t, dir)); n != 6 {
+		t.Errorf("%d segment files after going back to the default size, want 6", n)
+	}
+}

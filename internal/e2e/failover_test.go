@@ -294,11 +294,16 @@ func observeReplicas(reps []*replicaProc, paused map[*replicaProc]bool) (step in
 }
 
 // checkRunEnd waits for the run to end and checks its invariants: every
-// replica exits 0 having applied cfg.maxSteps steps, every node exits 0,
-// the replicas' state digests (θ and optimizer state) are identical, their
+// replica exits 0 having applied the same N steps, every node exits 0, the
+// replicas' state digests (θ and optimizer state) are identical, their
 // ledgers are byte-identical, and each ledger passes `coordinator ledger
-// audit --expect-steps` (steps 1..maxSteps applied once each, in order,
-// each charged and committed) with charges ≥ applied.
+// audit --expect-steps N` (steps 1..N applied in order, each charged and
+// committed). N is cfg.maxSteps, or fewer if the budget ran out first:
+// a leader killed after a step's charge committed and before its g̃ did
+// costs one more charge of that step (a recharge, by the next term's
+// leader), and σ is calibrated for exactly maxSteps charges. Then every
+// charge the budget allows was made (charges ≥ maxSteps) and each is an
+// applied step, a recharge or a replay.
 func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) {
 	h.t.Helper()
 	t := h.t
@@ -306,17 +311,28 @@ func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) 
 	// the final state digest.
 	digests := map[string]string{}
 	digestRE := regexp.MustCompile(`state sha256 ([0-9a-f]{64})`)
-	want := fmt.Sprintf("run %s finished after %d steps (max steps reached)", cfg.run, cfg.maxSteps)
+	endRE := regexp.MustCompile(fmt.Sprintf(`run %s finished after (\d+) steps \((max steps reached|privacy budget exhausted)\)`, regexp.QuoteMeta(cfg.run)))
+	steps := -1
+	var reason string
 	for _, r := range reps {
 		if ps := r.p.Wait(3 * time.Minute); ps.ExitCode() != 0 {
 			h.Fatalf("%s: %v, want exit 0", r.id, ps)
 		}
 		logs := r.p.Logs()
 		m := digestRE.FindStringSubmatch(logs)
-		if !strings.Contains(logs, want) || m == nil {
-			h.Fatalf("%s's output lacks %q or the state digest", r.id, want)
+		e := endRE.FindStringSubmatch(logs)
+		if e == nil || m == nil {
+			h.Fatalf("%s's output lacks %q or the state digest", r.id, endRE)
 		}
+		n, _ := strconv.Atoi(e[1])
+		if steps >= 0 && (n != steps || e[2] != reason) {
+			h.Fatalf("%s finished after %d steps (%s), another replica after %d (%s)", r.id, n, e[2], steps, reason)
+		}
+		steps, reason = n, e[2]
 		digests[r.id] = m[1]
+	}
+	if (reason == "max steps reached") != (steps == cfg.maxSteps) || steps > cfg.maxSteps {
+		h.Fatalf("the run finished after %d of %d steps: %s", steps, cfg.maxSteps, reason)
 	}
 	for _, n := range nodes {
 		if ps := n.Wait(30 * time.Second); ps.ExitCode() != 0 {
@@ -328,8 +344,8 @@ func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) 
 		h.Fatalf("replicas disagree on θ and optimizer state: %v", digests)
 	}
 
-	// Identical ledgers, each auditing clean with exactly the configured
-	// applied steps; charges ≥ applied (replays are over-counts).
+	// Identical ledgers, each auditing clean with exactly the applied
+	// steps; charges ≥ applied (recharges and replays are over-counts).
 	var first []byte
 	for _, r := range reps {
 		b, err := os.ReadFile(filepath.Join(r.dataDir, "ledger.log"))
@@ -341,10 +357,14 @@ func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) 
 		} else if !bytes.Equal(b, first) {
 			h.Fatalf("%s's ledger (%d bytes) differs from %s's (%d bytes)", r.id, len(b), reps[0].id, len(first))
 		}
-		rep, code, out := h.Audit(r.dataDir, cfg.maxSteps)
-		if code != 0 || !rep.OK || rep.Applied != cfg.maxSteps || rep.Charges < rep.Applied {
-			h.Fatalf("%s: ledger audit exit %d: ok %v, %d charges, %d applied, problems %q\n%s",
-				r.id, code, rep.OK, rep.Charges, rep.Applied, rep.Problems, out)
+		rep, code, out := h.Audit(r.dataDir, steps)
+		if code != 0 || !rep.OK || rep.Applied != steps || rep.Charges != rep.Applied+rep.Recharges+rep.Replays ||
+			(steps < cfg.maxSteps && rep.Charges < cfg.maxSteps) {
+			h.Fatalf("%s: ledger audit exit %d: ok %v, %d charges, %d applied, %d recharges, %d replays, problems %q\n%s",
+				r.id, code, rep.OK, rep.Charges, rep.Applied, rep.Recharges, rep.Replays, rep.Problems, out)
+		}
+		if r == reps[0] {
+			t.Logf("ledger: %d charges, %d applied steps, %d recharges, %d replays", rep.Charges, rep.Applied, rep.Recharges, rep.Replays)
 		}
 	}
 }
