@@ -84,3 +84,47 @@ func TestLargeVectorsSplitOverCores(t *testing.T) {
 		}
 	}
 }
+
+// TestSumBufferReused: a round given a buffer (WithSumBuffer) closes into
+// it, whatever it held (here NaN, or the previous round's sum), with the
+// bits a round with a fresh sum gets; a buffer of another length is
+// ignored.
+func TestSumBufferReused(t *testing.T) {
+	const dim = 2*valueChunk + 7
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]float64, dim)
+	for i := range buf {
+		buf[i] = math.NaN()
+	}
+	for round := uint64(1); round <= 2; round++ {
+		v := make([]float32, dim)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * 1e-5)
+		}
+		run := func(opts ...Option) Result {
+			r, err := NewRound(round, []string{"a"}, dim, 1, time.Now().Add(time.Hour), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Add(Contribution{NodeID: "a", Step: round, Count: 1, Sum: append([]float32(nil), v...)}); err != nil {
+				t.Fatal(err)
+			}
+			return r.Close()
+		}
+		fresh, reused := run(), run(WithSumBuffer(buf))
+		if &reused.Sum[0] != &buf[0] {
+			t.Fatal("the round did not close into the buffer it was given")
+		}
+		for i := range fresh.Sum {
+			if math.Float64bits(fresh.Sum[i]) != math.Float64bits(reused.Sum[i]) {
+				t.Fatalf("round %d, element %d: %v in the reused buffer, %v fresh", round, i, reused.Sum[i], fresh.Sum[i])
+			}
+		}
+	}
+	if res := func() Result {
+		r, _ := NewRound(3, nil, dim, 1, time.Now().Add(time.Hour), WithSumBuffer(make([]float64, 5)))
+		return r.Close()
+	}(); len(res.Sum) != dim {
+		t.Errorf("a buffer of the wrong length was used: %d elements", len(res.Sum))
+	}
+}

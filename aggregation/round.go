@@ -212,6 +212,15 @@ func WithShardSizes(sizes map[string]int64) Option {
 	return func(r *Round) { r.shard = sizes }
 }
 
+// WithSumBuffer makes the Result's Sum buf (if it has the round's
+// dimension; else it is ignored) instead of a new slice, overwritten
+// whatever it held: a caller can hand the same buffer to every round, so
+// the model-sized sum is not allocated, and its pages faulted in, every
+// step. The caller must not use buf until the round is closed.
+func WithSumBuffer(buf []float64) Option {
+	return func(r *Round) { r.sumBuf = buf }
+}
+
 // Round accumulates the contributions of one step. It is safe for
 // concurrent use. Its one timer (the deadline) is stopped at close.
 type Round struct {
@@ -223,6 +232,7 @@ type Round struct {
 	deadline   time.Time
 	registered map[string]bool
 	shard      map[string]int64
+	sumBuf     []float64 // WithSumBuffer
 
 	mu       sync.Mutex
 	accepted map[string]accepted
@@ -420,9 +430,13 @@ func (r *Round) closeLocked(cause Cause) {
 	if r.timer != nil {
 		r.timer.Stop()
 	}
+	sum := r.sumBuf
+	if len(sum) != r.dim {
+		sum = make([]float64, r.dim)
+	}
 	res := Result{
 		Step:             r.step,
-		Sum:              make([]float64, r.dim),
+		Sum:              sum,
 		Rejected:         slices.Clone(r.rejected),
 		RejectedByReason: maps.Clone(r.byReason),
 		ClosedBy:         cause,
@@ -439,6 +453,7 @@ func (r *Round) closeLocked(cause Cause) {
 	}
 	parallel.Chunks(r.dim, valueChunk, func(_, lo, hi int) {
 		out := res.Sum[lo:hi]
+		clear(out) // the buffer may hold a previous round's values
 		for _, v := range sums {
 			for i, x := range v[lo:hi] {
 				out[i] += float64(x)

@@ -172,16 +172,8 @@ func TestFSMSnapshotBetweenChargeAndGrad(t *testing.T) {
 	mustApply(t, a, chargeLog(t, 2, 1, 1, c))
 	mustApply(t, a, gradLog(t, 3, 1, 1, 2, g[0]))
 	mustApply(t, a, chargeLog(t, 4, 1, 2, c))
-	snap, err := a.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
 	b := newTestFSM(t, t.TempDir())
-	if err := b.Restore(readCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+	if err := b.Restore(readCloser{bytes.NewReader(persistSnapshot(t, a))}); err != nil {
 		t.Fatal(err)
 	}
 	if st := b.State(); st.PendingIndex != 4 || st.PendingStep != 2 || st.Applied != 1 {
@@ -197,4 +189,19 @@ func TestFSMSnapshotBetweenChargeAndGrad(t *testing.T) {
 	if da != db {
 		t.Error("the restored replica diverged")
 	}
+}
+
+// persistSnapshot returns the bytes of a snapshot of f, as Raft would
+// store them.
+func persistSnapshot(t *testing.T, f *FSM) []byte {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	return sink.Bytes()
 }

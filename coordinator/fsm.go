@@ -353,18 +353,7 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	}
 	// A new entry is charged even if it will not move θ (its g̃ is
 	// committed, so it counts as released: over-count, never under-count).
-	next := f.stopped == "" && s.Step == f.applied+1
-	charged, refused, fatal := f.charge(l, s.Step, !next)
-	res.Charged, res.Epsilon = charged, f.ledger.Spent()
-	switch {
-	case fatal != nil:
-		res.Err = fatal
-		return res
-	case refused != nil:
-		res.Err = refused
-		return res
-	case !next:
-		res.Err = f.notNext(s.Step)
+	if !f.chargeNext(l, s.Step, &res) {
 		return res
 	}
 	diag, err := f.opt.Step(f.theta, f.grad)
@@ -403,13 +392,33 @@ func (f *FSM) charge(l *raft.Log, step int64, unapplied bool) (charged bool, ref
 	_, err = f.ledger.Charge(step, f.cfg.Event(), pos, unapplied)
 	switch {
 	case errors.Is(err, ledger.ErrBudgetExceeded):
-		f.stopped = stopBudget
+		f.stopped, f.pending = stopBudget, nil
 		f.log.Warn("step refused: privacy budget exhausted", "step", step, "epsilon", f.ledger.Spent())
 		return false, err, nil
 	case err != nil:
 		return false, nil, f.fail(err).Err
 	}
 	return true, nil, nil
+}
+
+// chargeNext charges the release at l, of step (charge), into res, and
+// reports whether it moves θ: the next step, while the run runs. When not,
+// res.Err says why. Called with f.mu held.
+func (f *FSM) chargeNext(l *raft.Log, step int64, res *ApplyResult) bool {
+	next := f.stopped == "" && step == f.applied+1
+	charged, refused, fatal := f.charge(l, step, !next)
+	res.Charged, res.Epsilon = charged, f.ledger.Spent()
+	switch {
+	case fatal != nil:
+		res.Err = fatal
+	case refused != nil:
+		res.Err = refused
+	case !next:
+		res.Err = f.notNext(step)
+	default:
+		return true
+	}
+	return false
 }
 
 // applyCharge applies a charge entry (step 1 of the type's doc comment).
@@ -429,19 +438,7 @@ func (f *FSM) applyCharge(l *raft.Log, body []byte) ApplyResult {
 		res.Err, res.Epsilon = err, f.ledger.Spent()
 		return res
 	}
-	next := f.stopped == "" && c.Step == f.applied+1
-	charged, refused, fatal := f.charge(l, c.Step, !next)
-	res.Charged, res.Epsilon = charged, f.ledger.Spent()
-	switch {
-	case fatal != nil:
-		res.Err = fatal
-		return res
-	case refused != nil:
-		f.pending = nil
-		res.Err = refused
-		return res
-	case !next:
-		res.Err = f.notNext(c.Step)
+	if !f.chargeNext(l, c.Step, &res) {
 		return res
 	}
 	if p := f.pending; p != nil {

@@ -111,7 +111,7 @@ func (l *loop) stepDown(why string) {
 		return
 	}
 	if ls.round != nil {
-		ls.round.r.Close()
+		clear(ls.round.r.Close().Sum) // discarded unreleased
 		ls.round = nil
 	}
 	l.awaitNoise()
@@ -292,8 +292,11 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 	started := time.Now()
 	deadline := started.Add(l.s.cfg.RoundTimeout)
 	run := l.s.run
+	if len(l.sum) != run.Dim {
+		l.sum = make([]float64, run.Dim)
+	}
 	r, err := aggregation.NewRound(uint64(t), nodes, run.Dim, run.Optimizer.ClipNorm, deadline,
-		aggregation.WithRoundID(id), aggregation.WithShardSizes(shards))
+		aggregation.WithRoundID(id), aggregation.WithShardSizes(shards), aggregation.WithSumBuffer(l.sum))
 	if err != nil {
 		l.fail(err)
 		return

@@ -409,6 +409,9 @@ type loop struct {
 	blockLogged   string
 	blockLoggedAt time.Time
 
+	// sum is the rounds' sum buffer (aggregation.WithSumBuffer): the open
+	// round's until it closes, cleared once its noisy gradient is formed.
+	sum []float64
 	// grads are noisy-gradient buffers no proposal holds (at most two are
 	// in use: one g̃ in its grad entry while the next is charged).
 	grads [][]float32

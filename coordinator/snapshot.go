@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -64,9 +65,11 @@ type fsmSnapshot struct {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.tmu.RLock()
 	defer f.tmu.RUnlock()
-	f.mu.Lock() // for sinceSnap
-	defer f.mu.Unlock()
+	// The small state under mu, released before the model-sized copies:
+	// State and WouldExceed do not wait for them.
+	f.mu.Lock()
 	if f.fatal != nil {
+		defer f.mu.Unlock()
 		return nil, f.fatal
 	}
 	head, seq := f.ledger.Head()
@@ -75,8 +78,10 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		Applied: f.applied, Stopped: f.stopped, Pending: f.pending,
 		LedgerSize: f.ledger.Size(), LedgerHead: head.Hash, LedgerSeq: seq,
 	}}
-	if f.cfg != nil {
-		s.body.Configured, s.body.Config, s.body.History = true, *f.cfg, f.history
+	cfg, history := f.cfg, f.history
+	f.mu.Unlock()
+	if cfg != nil {
+		s.body.Configured, s.body.Config, s.body.History = true, *cfg, history
 		s.body.Theta = make([]byte, 4*len(f.theta))
 		putFloats(s.body.Theta, f.theta)
 		opt, err := f.opt.MarshalBinary()
@@ -114,21 +119,53 @@ func (s *fsmSnapshot) write(w io.Writer) error {
 	if _, err := io.ReadFull(lf, prefix); err != nil {
 		return fmt.Errorf("coordinator: reading ledger for snapshot: %w", err)
 	}
-	body, err := msgpack.Marshal(snapshotFile{Body: s.body, Ledger: prefix})
-	if err != nil {
+	// The body is encoded twice, first only to count its bytes (the
+	// header holds its length), then straight to w and its CRC: no
+	// model-sized buffer holds the encoding.
+	file := snapshotFile{Body: s.body, Ledger: prefix}
+	var n countingWriter
+	if err := msgpack.NewEncoder(&n).Encode(file); err != nil {
 		return err
 	}
 	var hdr [16]byte
 	copy(hdr[:8], snapMagic[:])
-	binary.LittleEndian.PutUint64(hdr[8:], uint64(len(body)))
-	var tail [4]byte
-	binary.LittleEndian.PutUint32(tail[:], crc32.Checksum(body, castagnoli))
-	for _, b := range [][]byte{hdr[:], body, tail[:]} {
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
+	binary.LittleEndian.PutUint64(hdr[8:], uint64(n.n))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
 	}
-	return nil
+	crc := crc32.New(castagnoli)
+	out := &countingWriter{w: io.MultiWriter(w, crc)}
+	bw := bufio.NewWriterSize(out, 1<<20)
+	if err := msgpack.NewEncoder(bw).Encode(file); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if out.n != n.n {
+		return fmt.Errorf("coordinator: snapshot body encoded to %d bytes, then %d", n.n, out.n)
+	}
+	var tail [4]byte
+	binary.LittleEndian.PutUint32(tail[:], crc.Sum32())
+	_, err = w.Write(tail[:])
+	return err
+}
+
+// countingWriter counts the bytes written through it to w (nil: counts
+// only).
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.w == nil {
+		c.n += int64(len(p))
+		return len(p), nil
+	}
+	k, err := c.w.Write(p)
+	c.n += int64(k)
+	return k, err
 }
 
 // Release is a no-op: the snapshot holds no resources.
