@@ -111,6 +111,8 @@ func TestProcessFailoverTLS(t *testing.T) {
 // default 1000 steps with the leader SIGKILLed about every 50 steps. It
 // runs only when DPCLUSTER_SOAK_STEPS is set (it takes minutes) and logs
 // every failover time (leader killed → next step committed).
+// DPCLUSTER_SOAK_HIDDEN (e.g. 2048,1024: 3.7M parameters) trains an MLP
+// of those hidden widths instead of logreg.
 func TestProcessFailoverSoak(t *testing.T) {
 	steps := int(envUint(t, "DPCLUSTER_SOAK_STEPS", 0))
 	if steps == 0 {
@@ -119,6 +121,15 @@ func TestProcessFailoverSoak(t *testing.T) {
 	seed := envUint(t, "DPCLUSTER_E2E_SEED", 1)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	plan := failoverPlan{cfg: runConfig{run: "e2e-soak", maxSteps: steps, nodes: 3, roundTimeout: 2 * time.Second}}
+	if h := os.Getenv("DPCLUSTER_SOAK_HIDDEN"); h != "" {
+		for _, w := range strings.Split(h, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(w))
+			if err != nil || n < 1 {
+				t.Fatalf("DPCLUSTER_SOAK_HIDDEN=%q: %q is not a width", h, w)
+			}
+			plan.cfg.hidden = append(plan.cfg.hidden, n)
+		}
+	}
 	for at := 40 + rng.IntN(20); at < steps-30; at += 40 + rng.IntN(20) {
 		kind := killLeader
 		if r := rng.IntN(10); r == 0 {

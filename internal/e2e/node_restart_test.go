@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // runConfig is a small, fast training run shared by the process tests:
@@ -26,7 +29,11 @@ type runConfig struct {
 	maxSteps     int
 	nodes        int
 	roundTimeout time.Duration
-	file         string // the run file, once written
+	// hidden, if set, trains an MLP with these hidden widths on the
+	// 784-feature data (model_spec) instead of logreg: 2048,1024 is 3.7M
+	// parameters.
+	hidden []int
+	file   string // the run file, once written
 }
 
 // writeRunFile writes the run definition to a YAML run file under the
@@ -34,8 +41,20 @@ type runConfig struct {
 func (c *runConfig) writeRunFile(h *Harness) {
 	h.t.Helper()
 	c.file = filepath.Join(h.Dir("run"), "run.yaml")
-	body := fmt.Sprintf("run: %s\ndataset: gaussian\nmodel: logreg\nbatch_size: 100\nmax_steps: %d\n"+
-		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, c.maxSteps, c.roundTimeout, c.nodes)
+	modelLine := "model: logreg"
+	if len(c.hidden) > 0 {
+		spec, err := json.Marshal(model.MLP([]int{1, 28, 28}, c.hidden, 10))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		specFile := filepath.Join(h.Dir("run"), "model.json")
+		if err := os.WriteFile(specFile, spec, 0o644); err != nil {
+			h.t.Fatal(err)
+		}
+		modelLine = "model_spec: " + specFile
+	}
+	body := fmt.Sprintf("run: %s\ndataset: gaussian\n%s\nbatch_size: 100\nmax_steps: %d\n"+
+		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, modelLine, c.maxSteps, c.roundTimeout, c.nodes)
 	if err := os.WriteFile(c.file, []byte(body), 0o644); err != nil {
 		h.t.Fatal(err)
 	}
