@@ -520,11 +520,16 @@ func (r *Replica) Configure(ctx context.Context, c RunConfig) error {
 // its g̃; nothing derived from g̃ may leave the caller before this returns
 // so.
 func (r *Replica) ProposeCharge(ctx context.Context, step int64, event ledger.Event, round string) (ApplyResult, error) {
+	crashPoint(CrashBeforeCharge, step)
 	data, err := encodeEntry(entryCharge, chargeEntry{Step: step, Event: event, Round: round})
 	if err != nil {
 		return ApplyResult{}, err
 	}
-	return r.propose(ctx, data)
+	res, err := r.propose(ctx, data)
+	if err == nil {
+		crashPoint(CrashChargeCommitted, step)
+	}
+	return res, err
 }
 
 // ProposeGrad appends step's g̃ for the charge entry at Raft index charge
@@ -536,15 +541,18 @@ func (r *Replica) ProposeGrad(ctx context.Context, step int64, charge uint64, g 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	crashPoint(CrashBeforeGrad, step)
 	data, err := encodeGradEntry(step, charge, g)
 	if err != nil {
 		return nil, err
 	}
 	f := r.raft.Apply(data, timeout(ctx))
 	return func() (ApplyResult, error) {
+		crashPoint(CrashGradQueued, step)
 		if err := f.Error(); err != nil {
 			return ApplyResult{}, err
 		}
+		crashPoint(CrashGradApplied, step)
 		res, _ := f.Response().(ApplyResult)
 		return res, nil
 	}, nil

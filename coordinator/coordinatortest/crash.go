@@ -13,27 +13,17 @@ import (
 	"github.com/dpcluster/dpcluster/ledger"
 )
 
-// The points of a leader's commit path at which Options.CrashAt can kill
-// it, in the order a step passes them (round.go):
+// The crash points of the leader's commit path (coordinator.CrashPoints).
 const (
-	// CrashBeforeCharge: the round closed and g̃ is formed, in the
-	// leader's memory only; its charge is not proposed.
-	CrashBeforeCharge = "before-charge"
-	// CrashChargeCommitted: the charge is committed and applied on the
-	// leader (its ledger charged); θ_t is not released, g̃ not proposed.
-	CrashChargeCommitted = "charge-committed"
-	// CrashBeforeGrad: the charge is applied; the leader releases θ_t
-	// (concurrently) but never proposes g̃.
-	CrashBeforeGrad = "before-grad"
-	// CrashGradQueued: g̃'s entry is in the leader's log and may have
-	// reached followers; it is not committed.
-	CrashGradQueued = "grad-queued"
-	// CrashGradApplied: g̃'s entry is committed and applied on the leader.
-	CrashGradApplied = "grad-applied"
+	CrashBeforeCharge    = coordinator.CrashBeforeCharge
+	CrashChargeCommitted = coordinator.CrashChargeCommitted
+	CrashBeforeGrad      = coordinator.CrashBeforeGrad
+	CrashGradQueued      = coordinator.CrashGradQueued
+	CrashGradApplied     = coordinator.CrashGradApplied
 )
 
 // CrashPoints lists the crash points in commit-path order.
-var CrashPoints = []string{CrashBeforeCharge, CrashChargeCommitted, CrashBeforeGrad, CrashGradQueued, CrashGradApplied}
+var CrashPoints = coordinator.CrashPoints
 
 // CrashAt kills the leader when it reaches Point for Step (once, in the
 // run): the replica is cut from every other replica and node at once (the

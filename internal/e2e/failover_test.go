@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/ledger"
 )
 
 // faultKind is one kind of injected fault.
@@ -26,10 +29,14 @@ const (
 	killLeader    faultKind = iota // SIGKILL the Raft leader, restart it once a new leader committed a step
 	pauseFollower                  // SIGSTOP a follower for `steps` steps, then SIGCONT
 	killNode                       // SIGKILL a node, restart it
+	// crashAtPoint: the leader SIGKILLs itself at the commit-path point
+	// the test put in coordinator.CrashAtEnv (for step at); it is
+	// restarted once the others went on.
+	crashAtPoint
 )
 
 func (k faultKind) String() string {
-	return [...]string{"kill-leader", "pause-follower", "kill-node"}[k]
+	return [...]string{"kill-leader", "pause-follower", "kill-node", "crash-at-point"}[k]
 }
 
 // fault is injected once the cluster has applied step at.
@@ -105,6 +112,30 @@ func TestProcessFailoverTLS(t *testing.T) {
 	}
 	t.Logf("seed %d: faults %v", seed, plan.faults)
 	runFailover(t, plan)
+}
+
+// TestProcessLeaderKilledOnTheCommitPath: for each point of a step's
+// commit path (coordinator.CrashPoints: before the charge, once it is
+// committed, before g̃ is proposed, with g̃ queued, once g̃ is applied)
+// the leader process SIGKILLs itself there at step 15 (a binary built
+// with -tags dpcrashpoints), and is restarted once the others went on.
+// The run ends as TestProcessFailover's must (checkRunEnd: identical
+// digests and ledgers, clean audits), and every g̃ on any replica's disk
+// is charged in the ledger.
+func TestProcessLeaderKilledOnTheCommitPath(t *testing.T) {
+	for _, point := range coordinator.CrashPoints {
+		t.Run(point, func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "crashed")
+			t.Setenv(coordinator.CrashAtEnv, fmt.Sprintf("%s:%d:%s", point, 15, marker))
+			runFailover(t, failoverPlan{
+				cfg:    runConfig{run: "e2e-crash", maxSteps: 40, nodes: 3, roundTimeout: 2 * time.Second},
+				faults: []fault{{at: 15, kind: crashAtPoint}},
+			})
+			if _, err := os.Stat(marker); err != nil {
+				t.Errorf("no replica crashed at %s: %v", point, err)
+			}
+		})
+	}
 }
 
 // TestProcessFailoverSoak is the long run of docs/RELIABILITY.md: by
@@ -269,6 +300,29 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			n.Kill()
 			t.Logf("step %d: killed %s", step, n.Name())
 			n.Restart()
+		case crashAtPoint:
+			var dead *replicaProc
+			h.WaitFor(2*time.Minute, "a replica killed at the crash point", func() (bool, error) {
+				for _, r := range reps {
+					if !r.p.Running() {
+						dead = r
+						return true, nil
+					}
+				}
+				if s, _ := observe(); s >= cfg.maxSteps {
+					return false, fmt.Errorf("the run finished (step %d) and no replica crashed", s)
+				}
+				return false, nil
+			})
+			step, leader := waitStep(f.at+1, true)
+			t.Logf("%s killed itself at %s; step %d committed by the others", dead.id, os.Getenv(coordinator.CrashAtEnv), step)
+			// The dead leader's disk as it left it, and the others' now:
+			// every g̃ in them is charged in the new leader's ledger (it
+			// applied every committed entry before leading, and each g̃'s
+			// charge was committed before the g̃ was proposed). The logs
+			// are read first, the ledger after.
+			checkReleasesCharged(h, reps, leader)
+			dead.p.Restart()
 		}
 	}
 
@@ -378,6 +432,43 @@ func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) 
 			t.Logf("ledger: %d charges, %d applied steps, %d recharges, %d replays", rep.Charges, rep.Applied, rep.Recharges, rep.Replays)
 		}
 	}
+	checkReleasesCharged(h, reps, reps[0])
+}
+
+// checkReleasesCharged checks that no g̃ reached a disk uncharged: every
+// noisy gradient in any replica's Raft log (coordinator.LoggedReleases),
+// read first, has its charge, a record at its charge's Raft index for its
+// step, in the ledger of replica by, read after.
+func checkReleasesCharged(h *Harness, reps []*replicaProc, by *replicaProc) {
+	h.t.Helper()
+	logged := map[string][]coordinator.LoggedRelease{}
+	for _, r := range reps {
+		rel, err := coordinator.LoggedReleases(r.dataDir)
+		if err != nil {
+			h.Fatalf("%s: reading its Raft log: %v", r.id, err)
+		}
+		logged[r.id] = rel
+	}
+	recs, _, err := ledger.ReadFile(filepath.Join(by.dataDir, "ledger.log"))
+	if err != nil {
+		h.Fatalf("reading %s's ledger: %v", by.id, err)
+	}
+	charged := map[uint64]int64{}
+	for _, r := range recs {
+		if r.Kind == ledger.RecordCharge {
+			charged[r.Index] = r.Step
+		}
+	}
+	n := 0
+	for _, r := range reps {
+		for _, g := range logged[r.id] {
+			if step, ok := charged[g.Charge]; !ok || step != g.Step {
+				h.Fatalf("%s's disk holds the g̃ of step %d (Raft index %d) with no charge at index %d in %s's ledger", r.id, g.Step, g.Index, g.Charge, by.id)
+			}
+		}
+		n += len(logged[r.id])
+	}
+	h.t.Logf("%d g̃ entries on the replicas' disks, each charged in %s's ledger", n, by.id)
 }
 
 // runFlags are the run definition every replica is given: the run file,

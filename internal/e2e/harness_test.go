@@ -96,7 +96,10 @@ func buildBinaries(dir string) (Binaries, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool, "build", "-ldflags=-w", "-o", dir+string(filepath.Separator),
+	// -tags dpcrashpoints: the coordinator can kill itself at a point of
+	// its commit path when coordinator.CrashAtEnv asks (only
+	// TestProcessLeaderKilledOnTheCommitPath sets it).
+	cmd := exec.CommandContext(ctx, goTool, "build", "-tags", "dpcrashpoints", "-ldflags=-w", "-o", dir+string(filepath.Separator),
 		modulePath+"/cmd/coordinator", modulePath+"/cmd/node", modulePath+"/internal/e2e/natsserver")
 	// The test binary's own -race is not in the environment, but a
 	// GOFLAGS=-race would be; the binaries are built without it (faster).

@@ -40,14 +40,15 @@ type runConfig struct {
 // test's directory, for replicas and nodes alike.
 func (c *runConfig) writeRunFile(h *Harness) {
 	h.t.Helper()
-	c.file = filepath.Join(h.Dir("run"), "run.yaml")
+	dir := h.Dir("run")
+	c.file = filepath.Join(dir, "run.yaml")
 	modelLine := "model: logreg"
 	if len(c.hidden) > 0 {
 		spec, err := json.Marshal(model.MLP([]int{1, 28, 28}, c.hidden, 10))
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		specFile := filepath.Join(h.Dir("run"), "model.json")
+		specFile := filepath.Join(dir, "model.json")
 		if err := os.WriteFile(specFile, spec, 0o644); err != nil {
 			h.t.Fatal(err)
 		}
