@@ -1,31 +1,36 @@
 // Package coordinator runs the replicated side of a dpcluster training run:
-// a Raft state machine (FSM) that applies committed noisy gradients with
-// the DP-AdamBC optimizer and charges every release to the privacy ledger,
-// a Replica that runs it over hashicorp/raft with durable stores (package
-// raftlog: the Raft log in append-only segment files under raft/, each
-// entry CRC-checked, and the stable store; file snapshots), and the Server, whose leader aggregates node
-// contributions, adds Gaussian noise exactly once, proposes the step and
-// only then releases θ_t.
+// a Raft state machine (FSM) that charges every release to the privacy
+// ledger and applies committed noisy gradients with the DP-AdamBC
+// optimizer, a Replica that runs it over hashicorp/raft with durable stores
+// (package raftlog: the Raft log in append-only segment files under raft/,
+// each entry CRC-checked, and the stable store; file snapshots), and the
+// Server, whose leader aggregates node contributions, adds Gaussian noise
+// exactly once, gets the release charged on a quorum and only then
+// releases θ_t.
 //
 // The order of operations for a step, on which the privacy guarantees rest
-// (DESIGN.md; the same list, in more detail, documents Server and FSM):
+// (the same list, in more detail, documents Server and FSM; PROTOCOL.md,
+// step 7):
 //
 //  1. The leader, after Barrier, opens round t over the live registered
 //     nodes — only nodes that run the run's model, name their shard and,
 //     in a private run, sample from the CSPRNG are registered, and no round
 //     opens while their shards overlap (admission.go) — and collects
 //     contributions (package aggregation validates them).
-//  2. It draws z ~ N(0, σ²C²I) from a CSPRNG and forms g̃ = (S + z)/B.
-//     S never leaves its memory. A g̃ that fails dpadam.CheckGradient is
-//     not proposed; the run stops.
-//  3. It proposes the step entry (t, g̃, ledger event) to Raft.
-//  4. Every replica's FSM applies the committed entry deterministically:
-//     refuse it, uncharged, if its event is not the run configuration's
-//     or its g̃ fails dpadam.CheckGradient; charge the configuration's
-//     event to the ledger, bound to this Raft history (append, fsync;
-//     refuse if over budget; fail closed if the write fails), then update
-//     θ and the optimizer state.
-//  5. Only after the entry is applied on the leader is θ_t published.
+//  2. It draws z from a CSPRNG (the discrete Gaussian by default) and forms
+//     g̃ = (S + z)/B. S never leaves its memory. A g̃ that fails
+//     dpadam.CheckGradient is not proposed; the run stops.
+//  3. It proposes the charge entry (t, ledger event; no tensor) to Raft.
+//     Every replica's FSM charges the configuration's event when it
+//     applies it, bound to this Raft history (append, fsync; refuse if
+//     over budget; fail closed if the write fails), refusing, uncharged,
+//     an entry whose event is not the configuration's.
+//  4. Only after the charge is committed and applied on the leader does
+//     anything derived from g̃ leave it: θ_t (computed on a copy of the
+//     optimizer one step ahead) to the nodes, and g̃ in the grad entry.
+//  5. Every replica's FSM applies the grad entry that names its pending
+//     charge deterministically: θ and the optimizer state move. Any other
+//     grad entry is refused and stops the run.
 //
 // Structure. One concern per file, one owner per piece of state:
 //
@@ -33,7 +38,7 @@
 //     randomness, no network); entry.go its log entries.
 //   - replica.go: Replica, the only code that touches the raft handle. It
 //     gives the Server what it needs (Role, Term, Leader, Voters,
-//     LeadershipChanges, Barrier, Configure, ProposeStep, ProposeStop,
+//     LeadershipChanges, Barrier, Configure, ProposeCharge, ProposeGrad, ProposeStop,
 //     AddVoter, RemoveVoter); raftlog.Store and raftnet (TLS) are its stores
 //     and transport.
 //   - server.go: the Server and its loop. The loop goroutine owns all of

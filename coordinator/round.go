@@ -55,7 +55,8 @@ type leading struct {
 // applied here, so that θ_t is released without waiting for g̃'s entry to
 // be written to the log. Step is a pure function of (state, θ, g̃), so
 // ahead equals what every replica computes when it applies the grad entry,
-// bit for bit (TestLeaderAheadMatchesReplicas). It belongs to the loop.
+// bit for bit (TestThetaNeverReleasedBeforeCommit, coordinatortest.Check).
+// It belongs to the loop.
 type aheadState struct {
 	theta []float32
 	opt   dpadam.Optimizer

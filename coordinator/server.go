@@ -202,10 +202,15 @@ var _ Consensus = (*Replica)(nil)
 //     new leadership or an empty round; clear S and z. Nothing un-noised leaves this function. Check g̃ with
 //     dpadam.CheckGradient, the rule the state machine applies: if it
 //     fails, propose the end of the run instead of the step.
-//  5. Propose the step entry (t, g̃, the ledger event) and wait until it is
-//     committed and applied here: the state machine has charged the
-//     ledger (fsynced) and then updated θ.
-//  6. Only then publish Params(θ_t).
+//  5. Propose the charge entry (t, the ledger event, the round; no
+//     tensor) and wait until it is committed and applied here: the state
+//     machine has charged the ledger (fsynced). g̃ is still only in this
+//     process's memory.
+//  6. Only then compute θ_t on the loop's copy of the optimizer one step
+//     ahead (aheadState), publish Params(θ_t), and propose the grad entry
+//     (t, the charge's index, g̃) on a goroutine of its own; every replica
+//     moves θ when it commits, while the next round runs. The next charge
+//     (or the stop) is proposed after it.
 //
 // Before opening a round the leader checks that one more step fits the
 // budget; if not, it proposes the end of the run (the state machine
