@@ -153,8 +153,11 @@ type FSM struct {
 
 	// onConfigured, if set, is told the run's dimension once it is
 	// configured (applied or restored): the replica sizes its log's
-	// segments to the model.
+	// segments to the model. onStopped, if set, is called once, in the
+	// Apply that stops the run, before any snapshot of the stopped state
+	// can be taken: the replica lowers TrailingLogs there.
 	onConfigured func(dim int)
+	onStopped    func()
 }
 
 // askSnapshots asks the replica (Replica.snapshots, which reads State) for
@@ -170,6 +173,9 @@ func (f *FSM) askSnapshots() {
 	stop := f.stopped != "" && !f.stopAsked
 	if !bytes && !stop {
 		return
+	}
+	if stop && f.onStopped != nil {
+		f.onStopped()
 	}
 	f.stopAsked = f.stopAsked || stop
 	select {

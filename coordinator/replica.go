@@ -173,6 +173,10 @@ type Replica struct {
 	// The snapshot goroutine (snapshots): stop ends it, stopped is closed
 	// when it has.
 	stop, stopped chan struct{}
+	// rf is raft once NewRaft returned, and finalLater says the run
+	// stopped before (finalTrailing).
+	rf         atomic.Pointer[raft.Raft]
+	finalLater atomic.Bool
 }
 
 // OpenReplica opens (creating if needed) the replica's data dir, starts
@@ -213,6 +217,13 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	}
 	logs := r.logs
 	fsm.onConfigured = func(dim int) { logs.SetSegmentBytes(segmentBytesFor(dim)) }
+	fsm.onStopped = func() {
+		if rf := r.rf.Load(); rf != nil {
+			r.finalTrailing(rf)
+		} else {
+			r.finalLater.Store(true)
+		}
+	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)
 	if err != nil {
 		return nil, err
@@ -278,6 +289,10 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		return nil, fmt.Errorf("coordinator: starting Raft: %w", err)
 	}
 	rf := r.raft
+	r.rf.Store(rf)
+	if r.finalLater.Load() {
+		r.finalTrailing(rf)
+	}
 	raftLog.setConfiguration(func() raft.Configuration {
 		f := rf.GetConfiguration()
 		if f.Error() != nil {
@@ -299,29 +314,32 @@ func segmentBytesFor(dim int) int64 { return max(4*int64(dim), 1<<20) }
 
 // snapshots takes the snapshots the state machine asks for (FSM.wantSnap):
 // when the g̃ applied since the last one reach SnapshotModels copies of
-// the model, and once the run has stopped, after lowering TrailingLogs to
-// FinalTrailingLogs. It runs from OpenReplica until Close.
+// the model, and once the run has stopped (by then TrailingLogs is
+// FinalTrailingLogs: finalTrailing). It runs from OpenReplica until Close.
 func (r *Replica) snapshots() {
 	defer close(r.stopped)
-	final := false
 	for {
 		select {
 		case <-r.stop:
 			return
 		case <-r.fsm.wantSnap:
 		}
-		if !final && r.fsm.State().Stopped != "" {
-			final = true
-			rc := r.raft.ReloadableConfig()
-			rc.TrailingLogs = r.cfg.FinalTrailingLogs
-			if err := r.raft.ReloadConfig(rc); err != nil {
-				r.log.Warn("keeping the trailing log entries", "err", err)
-			}
-		}
 		err := r.raft.Snapshot().Error()
 		if err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) && !errors.Is(err, raft.ErrRaftShutdown) {
 			r.log.Warn("snapshot failed", "err", err)
 		}
+	}
+}
+
+// finalTrailing lowers TrailingLogs to FinalTrailingLogs once the run has
+// stopped. The state machine calls it (onStopped) in the Apply that stops
+// the run, so every snapshot of the stopped state, the one it then asks
+// for or one raft takes meanwhile, compacts the log down to it.
+func (r *Replica) finalTrailing(rf *raft.Raft) {
+	rc := rf.ReloadableConfig()
+	rc.TrailingLogs = r.cfg.FinalTrailingLogs
+	if err := rf.ReloadConfig(rc); err != nil {
+		r.log.Warn("keeping the trailing log entries", "err", err)
 	}
 }
 
