@@ -205,3 +205,24 @@ func persistSnapshot(t *testing.T, f *FSM) []byte {
 	}
 	return sink.Bytes()
 }
+
+// TestFSMGradAfterStop: a stop entry between a charge and its g̃ does not
+// refuse the g̃: the step was charged while the run ran and its θ may
+// have been released, so every replica ends on that θ.
+func TestFSMGradAfterStop(t *testing.T) {
+	c := testRunConfig()
+	g := noisyGrads(1, 9)
+	f := newTestFSM(t, t.TempDir())
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	mustApply(t, f, chargeLog(t, 2, 1, 1, c))
+	mustApply(t, f, logEntry(t, 3, entryStop, stopEntry{Reason: "test"}))
+	if res := mustApply(t, f, gradLog(t, 4, 1, 1, 2, g[0])); !res.Applied {
+		t.Fatalf("g̃ after the stop: %+v", res)
+	}
+	if got, step := f.Params(nil); step != 1 || !bitsEqual(got, reference(t, c, g)) {
+		t.Errorf("θ at step %d differs from the optimizer run over the g̃", step)
+	}
+	if st := f.State(); st.Stopped != "test" || st.Applied != 1 {
+		t.Errorf("state: %+v", st)
+	}
+}

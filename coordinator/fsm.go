@@ -482,8 +482,11 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 		res.Err = fmt.Errorf("coordinator: step %d: %w", g.Step, gradErr)
 	case p == nil || p.Index != g.Charge || p.Step != g.Step:
 		res.Err = fmt.Errorf("%w: g̃ of step %d names the charge at index %d, the pending charge is %+v", ErrUnmatchedGrad, g.Step, g.Charge, p)
-	case f.stopped != "" || g.Step != f.applied+1:
-		res.Err = f.notNext(g.Step) // cannot happen while p is pending; kept as a guard
+	case g.Step != f.applied+1:
+		// Cannot happen: a charge is pending only for the next step. A
+		// stop entry between the charge and its g̃ does not refuse it:
+		// the step was charged while the run ran, and its θ released.
+		res.Err = f.notNext(g.Step)
 	}
 	if res.Err != nil {
 		f.stopRefused(g.Step, res.Err)
