@@ -568,6 +568,11 @@ type State struct {
 	PendingIndex uint64
 }
 
+// Charged is the last step charged and so released (its θ may be out):
+// Applied, or the pending charge's step, one ahead. Epsilon is the ε
+// spent through it; reports pair the two.
+func (s State) Charged() int64 { return max(s.Applied, s.PendingStep) }
+
 // State returns the current state.
 func (f *FSM) State() State {
 	f.mu.RLock()

@@ -511,7 +511,11 @@ func (l *loop) proposeGrad(term uint64, s stepInFlight, index uint64, g []float3
 	go func() {
 		defer l.ops.Done()
 		started := time.Now()
-		wait, err := l.rep.ProposeGrad(l.opCtx, s.step, index, g)
+		// Not cancelled with the run: the step is charged and θ_t may be
+		// out, so its g̃ goes to the log even if Run is returning (settle
+		// waits for it). Raft bounds the wait: the entry commits, or the
+		// leadership (or raft) ends.
+		wait, err := l.rep.ProposeGrad(context.WithoutCancel(l.opCtx), s.step, index, g)
 		close(queued)
 		r := opResult{kind: opGrad, term: term, g: g, step: s, err: err}
 		if err == nil {

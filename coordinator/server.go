@@ -131,6 +131,10 @@ type Summary struct {
 	Epsilon float64 // ε spent (at the run's δ)
 	Delta   float64
 	Charges uint64 // ledger charge records (≥ Steps)
+	// Charged is the last step charged (State.Charged): Steps, or one
+	// more when the run ended between a step's charge and its update (an
+	// interruption cut it off; it is counted in Epsilon).
+	Charged int64
 	Stopped string // why the run stopped
 	// Final is the evaluation of the final θ (leader with an Evaluator
 	// only; FinalEvaluated says whether it is set) on data EvalData:
@@ -443,6 +447,9 @@ type loop struct {
 	// statusDirty says the state machine changed since Status was last
 	// rebuilt (status.go).
 	statusDirty bool
+	// configChecked says the log's run configuration was compared with
+	// the Server's (onState).
+	configChecked bool
 }
 
 type exit struct {
@@ -559,10 +566,21 @@ func (l *loop) onState() {
 	st := l.rep.FSM().State()
 	l.s.metrics.observe(st, l.rep)
 	l.s.metrics.nodeCount(l.nodes.count())
-	switch {
-	case st.Fatal != nil:
+	if st.Fatal != nil {
 		l.finishWith(st, st.Fatal)
-	case st.Stopped != "" && l.lead == nil && !l.rep.IsLeader():
+		return
+	}
+	if st.Configured && !l.configChecked {
+		// Whatever this replica's role, and before a stopped run ends Run:
+		// the log's run must be the one this replica was given (a finished
+		// run restored from its last snapshot is stopped at once).
+		l.configChecked = true
+		if c, ok := l.rep.FSM().Config(); ok && !sameConfig(c, l.s.run) {
+			l.finishWith(st, fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, l.s.run.Run))
+			return
+		}
+	}
+	if st.Stopped != "" && l.lead == nil && !l.rep.IsLeader() {
 		l.finishWith(st, nil)
 	}
 }
@@ -583,13 +601,18 @@ const settleTimeout = 2 * time.Second
 
 // settle is the summary of an interrupted Run. A step proposed before the
 // interruption may still be committed and applied, and its ε charged, after
-// the loop stopped: on the leader it waits (a Raft barrier, at most
-// settleTimeout) until every entry in the log is applied, then reports the
-// state, in the summary and in the metrics, so that neither reports less
-// than the ledger charged.
+// the loop stopped: on the leader it waits (at most settleTimeout) for the
+// last g̃ to be queued and then for a Raft barrier, so that every entry in
+// the log is applied, then reports the state, in the summary and in the
+// metrics, so that neither reports less than the ledger charged.
 func (l *loop) settle() Summary {
 	if l.rep.IsLeader() {
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		// The last g̃ proposed goes to the log even now (proposeGrad);
+		// the barrier comes after it.
+		if err := waitQueued(ctx, l.gradQueued); err != nil {
+			l.s.log.Debug("interrupted: the last g̃ not queued", "err", err)
+		}
 		if err := l.rep.Barrier(ctx); err != nil {
 			l.s.log.Debug("interrupted: entries not settled", "err", err)
 		}
@@ -602,7 +625,8 @@ func (l *loop) settle() Summary {
 
 func (l *loop) summary(st State) Summary {
 	d, _ := l.rep.FSM().Digest()
-	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: l.s.run.Delta, Charges: st.Charges, Stopped: st.Stopped, Digest: d}
+	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: l.s.run.Delta, Charges: st.Charges, Charged: st.Charged(),
+		Stopped: st.Stopped, Digest: d}
 }
 
 // start runs op on a goroutine of its own and sends its result to the

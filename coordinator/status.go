@@ -291,20 +291,23 @@ func (l *loop) publishStatus(final bool) {
 	}
 	l.statusDirty = false
 	st := l.rep.FSM().State()
-	if st.Applied > 0 {
-		b.addStep(StepPoint{Step: st.Applied, Epsilon: Float(st.Epsilon)})
+	// ε is paired with the last step charged: with the charge-ahead path
+	// the ledger may hold the next step's charge before its g̃ is applied.
+	step := st.Charged()
+	if step > 0 {
+		b.addStep(StepPoint{Step: step, Epsilon: Float(st.Epsilon)})
 	}
 	if l.last.EvalStep > 0 {
 		b.addEval(evalPoint(l.last))
 	}
-	if !final && st.Applied == b.builtStep && now.Sub(b.builtAt) < statusEvery && b.status.Load() != nil {
+	if !final && step == b.builtStep && now.Sub(b.builtAt) < statusEvery && b.status.Load() != nil {
 		return
 	}
-	b.builtAt, b.builtStep = now, st.Applied
+	b.builtAt, b.builtStep = now, step
 	run := l.s.run
 	out := &Status{
 		Run: run.Run, Replica: l.rep.ID(), Role: l.rep.Role(), Term: l.rep.Term(), Leader: l.rep.Leader(),
-		Step: st.Applied, MaxSteps: run.MaxSteps, Epsilon: Float(st.Epsilon), TargetEpsilon: Float(run.TargetEpsilon),
+		Step: step, MaxSteps: run.MaxSteps, Epsilon: Float(st.Epsilon), TargetEpsilon: Float(run.TargetEpsilon),
 		Delta: Float(run.Delta), Accountant: run.AccountantName(), NoiseMode: noiseModeLabel(run.NoiseMode),
 		Private: run.SeedPolicy == seed.Crypto, Stopped: st.Stopped, Blocked: l.blocked.String(),
 		Nodes: make([]NodeStatus, 0, len(l.nodes.nodes)), Updated: now,

@@ -279,7 +279,14 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		}
 	}
 	if interrupted(ctx, runErr) {
-		fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", sum.Steps, sum.Epsilon)
+		if sum.Charged > sum.Steps {
+			// The interruption fell between step Charged's charge and its
+			// update: charged (its release may be out), not applied.
+			fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f, charged through step %d); run the same command to resume\n",
+				sum.Steps, sum.Epsilon, sum.Charged)
+		} else {
+			fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", sum.Steps, sum.Epsilon)
+		}
 		if committed.Step > 0 {
 			fmt.Fprintf(cmd.OutOrStdout(), "model: %s (θ at step %d, safetensors)\n", modelPath, committed.Step)
 		}
