@@ -20,7 +20,8 @@ type Metrics struct {
 	step         prometheus.Gauge
 	epsilon      prometheus.Gauge
 	target       prometheus.Gauge
-	charges      prometheus.Gauge
+	charges      prometheus.Counter
+	chargesSeen  uint64 // the ledger's charge count charges has reached
 	stopped      prometheus.Gauge
 	roundSeconds prometheus.Histogram
 	phaseSeconds *prometheus.HistogramVec
@@ -50,7 +51,11 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		step:    gauge("step", "Last applied training step."),
 		epsilon: gauge("epsilon_spent", "Privacy spent so far (ε at the run's δ, by the run's accountant)."),
 		target:  gauge("epsilon_target", "The run's privacy budget ε."),
-		charges: gauge("ledger_charges", "Charge records in the privacy ledger (≥ applied steps)."),
+		charges: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "ledger_charges_total",
+			Help:        "Charge records in the privacy ledger (≥ applied steps; a counter: the ledger only grows).",
+			ConstLabels: labels,
+		}),
 		stopped: gauge("stopped", "1 once the run has stopped."),
 		roundSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "round_seconds",
@@ -136,7 +141,10 @@ func (m *Metrics) observe(st State, c Consensus) {
 	}
 	m.step.Set(float64(st.Applied))
 	m.epsilon.Set(st.Epsilon)
-	m.charges.Set(float64(st.Charges))
+	if st.Charges > m.chargesSeen { // the ledger only grows
+		m.charges.Add(float64(st.Charges - m.chargesSeen))
+		m.chargesSeen = st.Charges
+	}
 	if st.Stopped != "" {
 		m.stopped.Set(1)
 	}

@@ -221,7 +221,7 @@ func testServerTrainsOverNATS(t *testing.T, mode string) {
 	}
 	for name, want := range map[string]float64{
 		"dpcluster_coordinator_step":                         steps,
-		"dpcluster_coordinator_ledger_charges":               steps,
+		"dpcluster_coordinator_ledger_charges_total":         steps,
 		"dpcluster_coordinator_contributions_accepted_total": 3 * steps,
 		"dpcluster_coordinator_round_participants":           3,
 		"dpcluster_coordinator_epsilon_spent":                sum.Epsilon,

@@ -64,9 +64,9 @@ func TestCPUDeviceAnswersRounds(t *testing.T) {
 
 	info := dev.Info()
 	wants := []string{
-		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node=%q} 1`, info.Name, testNode),
-		fmt.Sprintf(`dpcluster_node_device_memory_bytes{node=%q} 0`, testNode),
-		fmt.Sprintf(`dpcluster_node_rounds_total{node=%q,result="answered"} 2`, testNode),
+		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node=%q,run=%q} 1`, info.Name, testNode, testRun),
+		fmt.Sprintf(`dpcluster_node_device_memory_bytes{node=%q,run=%q} 0`, testNode, testRun),
+		fmt.Sprintf(`dpcluster_node_rounds_total{node=%q,result="answered",run=%q} 2`, testNode, testRun),
 	}
 	// The node counts a round as answered just after publishing its
 	// contribution, so the second count may land after recv returned:

@@ -32,15 +32,16 @@ type metrics struct {
 	deviceMemory  prometheus.Gauge
 }
 
-// newMetrics registers the collectors on reg with the constant label
-// node=id. A collector already registered under the same name and labels
-// (a Worker with the same ID built again on the same registry) is reused.
-// A nil reg returns nil: no metrics.
-func newMetrics(reg prometheus.Registerer, id string) (*metrics, error) {
+// newMetrics registers the collectors on reg with the constant labels
+// run and node=id (the coordinator's series carry run too). A collector
+// already registered under the same name and labels (a Worker with the
+// same ID built again on the same registry) is reused. A nil reg returns
+// nil: no metrics.
+func newMetrics(reg prometheus.Registerer, run, id string) (*metrics, error) {
 	if reg == nil {
 		return nil, nil
 	}
-	labels := prometheus.Labels{"node": id}
+	labels := prometheus.Labels{"run": run, "node": id}
 	m := &metrics{
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dpcluster", Subsystem: "node", Name: "rounds_total",

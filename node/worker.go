@@ -202,7 +202,7 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	for _, o := range opts {
 		o(&w.opts)
 	}
-	met, err := newMetrics(cfg.Registerer, cfg.ID)
+	met, err := newMetrics(cfg.Registerer, cfg.Run, cfg.ID)
 	if err != nil {
 		return nil, err
 	}

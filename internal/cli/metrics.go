@@ -7,11 +7,49 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// newRegistry returns the registry a command exports its metrics from,
+// with what every Prometheus target is expected to export beside its own
+// series: the Go runtime's (go_*), the process's (process_*) and
+// dpcluster_build_info.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo())
+	return reg
+}
+
+// buildInfo is dpcluster_build_info: always 1, labelled with the module
+// version, the VCS revision (and whether the tree was modified) and the Go
+// version the binary was built with, from its build information ("" where
+// the build recorded none, as in tests).
+func buildInfo() prometheus.Collector {
+	labels := prometheus.Labels{"version": "", "revision": "", "modified": "", "goversion": runtime.Version()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		labels["version"] = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				labels["revision"] = s.Value
+			case "vcs.modified":
+				labels["modified"] = s.Value
+			}
+		}
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dpcluster", Name: "build_info",
+		Help:        "The build of this binary (always 1): module version, VCS revision, whether the tree was modified, Go version.",
+		ConstLabels: labels})
+	g.Set(1)
+	return g
+}
 
 // metricsShutdownTimeout bounds the graceful shutdown of the metrics server
 // (in-flight scrapes) once its context ends.

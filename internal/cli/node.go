@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/dataset"
@@ -279,8 +277,7 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	defer cancelRun()
 	var metricsDone <-chan error
 	if f.metricsAddr != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg := newRegistry()
 		cfg.Registerer = reg
 		if _, metricsDone, err = serveMetrics(runCtx, f.metricsAddr, reg, nil, log); err != nil {
 			return err

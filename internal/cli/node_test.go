@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -340,12 +341,20 @@ func scrapeNodeMetrics(t *testing.T, logs *lockedBuffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`dpcluster_node_rounds_total{node="n1",result="answered"} 2`,
-		`dpcluster_node_rounds_total{node="n1",result="skipped_params_mismatch"} 1`,
-		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node="n1"} 1`, cpuInfo(t).Name),
-		`dpcluster_node_device_memory_bytes{node="n1"} 0`} {
+	for _, want := range []string{`dpcluster_node_rounds_total{node="n1",result="answered",run="cli-e2e"} 2`,
+		`dpcluster_node_rounds_total{node="n1",result="skipped_params_mismatch",run="cli-e2e"} 1`,
+		fmt.Sprintf(`dpcluster_node_device_info{compute_capability="",device="cpu",name=%q,node="n1",run="cli-e2e"} 1`, cpuInfo(t).Name),
+		`dpcluster_node_device_memory_bytes{node="n1",run="cli-e2e"} 0`,
+		"# TYPE go_goroutines gauge", "# TYPE process_cpu_seconds_total counter",
+		"# TYPE dpcluster_build_info gauge", `goversion="` + runtime.Version() + `"`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	// Every dpcluster series names its run.
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "dpcluster_node_") && !strings.Contains(line, `run="cli-e2e"`) {
+			t.Errorf("series without its run: %s", line)
 		}
 	}
 }
@@ -478,5 +487,35 @@ func TestNodeSkipsCalibration(t *testing.T) {
 	}
 	if shard.Len() != int(r.TotalExamples)/2 {
 		t.Errorf("shard of %d examples, want half of %d", shard.Len(), r.TotalExamples)
+	}
+}
+
+// TestRegistryConventions: the registry every command exports from has the
+// Go runtime's and the process's collectors and dpcluster_build_info (1,
+// labelled with the Go version).
+func TestRegistryConventions(t *testing.T) {
+	mfs, err := newRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		have[mf.GetName()] = true
+		if mf.GetName() != "dpcluster_build_info" {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if m.GetGauge().GetValue() != 1 || labels["goversion"] != runtime.Version() {
+			t.Errorf("dpcluster_build_info = %v %v", m.GetGauge().GetValue(), labels)
+		}
+	}
+	for _, name := range []string{"go_goroutines", "go_memstats_heap_alloc_bytes", "process_cpu_seconds_total", "process_resident_memory_bytes", "dpcluster_build_info"} {
+		if !have[name] {
+			t.Errorf("the registry lacks %s", name)
+		}
 	}
 }

@@ -346,7 +346,7 @@ func (o *openedServer) close() {
 func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, opts serverOptions, log *slog.Logger) (o *openedServer, err error) {
 	o = &openedServer{registry: opts.registry}
 	if o.registry == nil {
-		o.registry = prometheus.NewRegistry()
+		o.registry = newRegistry()
 	}
 	defer func() {
 		if err != nil {
