@@ -297,6 +297,19 @@ either way.`,
 			if err != nil {
 				return err
 			}
+			if report != "" {
+				// Where the report went: on stdout after the audit's text,
+				// on stderr beside --json (whose stdout is one object).
+				out := cmd.OutOrStdout()
+				if asJSON {
+					out = cmd.ErrOrStderr()
+				}
+				abs, err := filepath.Abs(report)
+				if err != nil {
+					abs = report
+				}
+				fmt.Fprintf(out, "report   %s\n", abs)
+			}
 			if !rep.OK {
 				return fmt.Errorf("%w: %s: %d problem(s)", errAuditFailed, path, len(rep.Problems))
 			}

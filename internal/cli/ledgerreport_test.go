@@ -31,8 +31,8 @@ func TestLedgerAuditReport(t *testing.T) {
 	if err != nil {
 		t.Fatalf("audit --report: %v", err)
 	}
-	if !strings.Contains(text, "audit    OK") {
-		t.Errorf("audit --report does not print the audit:\n%s", text)
+	if !strings.Contains(text, "audit    OK") || !strings.Contains(text, "report   "+html+"\n") {
+		t.Errorf("audit --report does not print the audit and where the report went:\n%s", text)
 	}
 	page, err := os.ReadFile(html)
 	if err != nil {
