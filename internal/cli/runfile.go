@@ -238,7 +238,54 @@ func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 				s.Data, err, dataset.FashionMNISTEnv, dataset.DebianFashionMNISTDir))
 		}
 	}
+	if !(s.BatchSize > 0) || math.IsInf(s.BatchSize, 0) {
+		errs = append(errs, fmt.Errorf("--batch-size %v: the expected batch size must be a positive, finite number of examples", s.BatchSize))
+	}
+	if err := model.CheckClipNorm(s.Clip); err != nil {
+		errs = append(errs, fmt.Errorf("--clip %v: must be in [%g, %g]: %w", s.Clip, model.MinClipNorm, model.MaxClipNorm, err))
+	}
+	if err := s.checkOptimizer(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// optimizer is the spec's optimizer configuration, with σ and B left to
+// the run plan (RunPlan fills them in).
+func (s *runSpec) optimizer() dpadam.Config {
+	opt := dpadam.DefaultConfig()
+	opt.Algorithm = dpadam.Algorithm(s.Algorithm)
+	opt.LearningRate, opt.Beta1, opt.Beta2, opt.AdamEps = s.LR, s.Beta1, s.Beta2, s.AdamEps
+	opt.GammaPrime, opt.Momentum, opt.ClipNorm = s.GammaPrime, s.Momentum, s.Clip
+	return opt
+}
+
+// checkOptimizer applies the optimizer's own rule (dpadam.Config.Validate)
+// to the spec's settings before anything is loaded, and names the flag
+// whose value it refuses.
+func (s *runSpec) checkOptimizer() error {
+	opt := s.optimizer()
+	// σ and B are not known yet (σ may be calibrated), and C is checked
+	// against the nodes' range above: valid stand-ins leave the check to
+	// the optimizer's own settings.
+	opt.NoiseMultiplier, opt.ExpectedBatchSize, opt.ClipNorm = 1, 1, 1
+	err := opt.Validate()
+	if err == nil {
+		return nil
+	}
+	for _, f := range []struct {
+		field, flag string
+		val         any
+	}{
+		{"unknown algorithm", "--algorithm", s.Algorithm}, {"LearningRate", "--lr", s.LR},
+		{"Beta1", "--beta1", s.Beta1}, {"Beta2", "--beta2", s.Beta2}, {"AdamEps", "--adam-eps", s.AdamEps},
+		{"GammaPrime", "--gamma-prime", s.GammaPrime}, {"Momentum", "--momentum", s.Momentum},
+	} {
+		if strings.Contains(err.Error(), f.field) {
+			return fmt.Errorf("%s %v: %w", f.flag, f.val, err)
+		}
+	}
+	return fmt.Errorf("optimizer settings: %w", err)
 }
 
 // dataOptions are the spec's data choices as dataset.LoadRun takes them.
@@ -280,10 +327,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool, dataDir string
 	if err != nil {
 		return coordinator.RunConfig{}, err
 	}
-	opt := dpadam.DefaultConfig()
-	opt.Algorithm = dpadam.Algorithm(s.Algorithm)
-	opt.LearningRate, opt.Beta1, opt.Beta2, opt.AdamEps = s.LR, s.Beta1, s.Beta2, s.AdamEps
-	opt.GammaPrime, opt.Momentum, opt.ClipNorm = s.GammaPrime, s.Momentum, s.Clip
+	opt := s.optimizer()
 	return coordinator.RunPlan{
 		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
 		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,

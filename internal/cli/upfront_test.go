@@ -33,6 +33,11 @@ func TestBadInputsRefusedUpFront(t *testing.T) {
 		{"missing data directory", []string{"--data", filepath.Join(dir, "nonexistent")}, []string{"--data " + filepath.Join(dir, "nonexistent") + ":", "no such directory"}, ""},
 		{"directory without the data", []string{"--data", dir}, []string{"--data " + dir + ":", "no Fashion-MNIST files"}, ""},
 		{"unknown run-file key", []string{"--config", bad}, []string{`unknown key "bogus_key"`, "line 1", "target_epsilon"}, "cli.runSpec"},
+		{"negative learning rate", []string{"--lr", "-1"}, []string{"--lr -1:", "LearningRate = -1, want > 0"}, ""},
+		{"unknown algorithm", []string{"--algorithm", "adam"}, []string{"--algorithm adam:", `unknown algorithm "adam"`, "dp-adam"}, ""},
+		{"beta2 of one", []string{"--beta2", "1"}, []string{"--beta2 1:", "want in [0, 1)"}, ""},
+		{"zero batch size", []string{"--batch-size", "0"}, []string{"--batch-size 0:", "positive"}, ""},
+		{"clip norm out of range", []string{"--clip", "0"}, []string{"--clip 0:"}, ""},
 	}
 	// A flag overrides the run file's choice, either way, with no error:
 	// the file's spec and the flag's preset train the preset.
