@@ -170,6 +170,32 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
+// ErrInUse is returned (wrapped) by InUse for a log another open Store
+// holds.
+var ErrInUse = errors.New("raftlog: the Raft log is in use by another process")
+
+// InUse reports, without waiting, whether a Store is open for writing on
+// the log in dir (its lock is held): an error wrapping ErrInUse if so, nil
+// if not or if dir holds no log. It is an early, friendly check (a command
+// asks before loading its data); Open still takes the lock.
+func InUse(dir string) error {
+	f, err := os.Open(filepath.Join(dir, lockFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("raftlog: Raft log lock: %w", err)
+	}
+	defer f.Close()
+	switch err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		return fmt.Errorf("%w: %s", ErrInUse, dir)
+	case err != nil:
+		return fmt.Errorf("raftlog: Raft log lock: %w", err)
+	}
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+}
+
 // SetSegmentBytes sets the size past which appends go to a new segment
 // (n ≤ 0: the default, 64 MiB). Compaction frees disk a whole segment at a
 // time, so the log's disk use after a compaction exceeds what Raft keeps

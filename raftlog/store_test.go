@@ -555,3 +555,22 @@ func TestSetSegmentBytes(t *testing.T) {
 		t.Errorf("%d segment files after going back to the default size, want 6", n)
 	}
 }
+
+// TestInUse: a directory without a log, or with a closed one, is free; an
+// open Store's is in use.
+func TestInUse(t *testing.T) {
+	dir := t.TempDir()
+	if err := InUse(dir); err != nil {
+		t.Fatalf("no log: %v", err)
+	}
+	s := openTestLogStore(t, dir)
+	if err := InUse(dir); !errors.Is(err, ErrInUse) {
+		t.Fatalf("open store: %v, want ErrInUse", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := InUse(dir); err != nil {
+		t.Fatalf("closed store: %v", err)
+	}
+}

@@ -192,6 +192,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	defer stop()
 	started := time.Now()
 	seeded := f.insecureSeed != 0
+	if err := checkDataDirFree(f.dataDir); err != nil {
+		return err
+	}
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)

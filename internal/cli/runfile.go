@@ -24,6 +24,7 @@ import (
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // runSpec is a training run as a user describes it: the YAML run file
@@ -248,6 +249,20 @@ func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// checkDataDirFree refuses, before any data is loaded, a data dir whose
+// Raft log another coordinator holds open (a second local or serve on the
+// same directory). The replica takes the lock itself later; this only
+// says so early and plainly.
+func checkDataDirFree(dataDir string) error {
+	if err := raftlog.InUse(filepath.Join(dataDir, "raft")); err != nil {
+		if errors.Is(err, raftlog.ErrInUse) {
+			return fmt.Errorf("--data-dir %s: another coordinator is running on it (its Raft log is locked); stop it, or give another --data-dir", dataDir)
+		}
+		return fmt.Errorf("--data-dir %s: %w", dataDir, err)
+	}
+	return nil
 }
 
 // optimizer is the spec's optimizer configuration, with σ and B left to

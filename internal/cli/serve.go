@@ -145,6 +145,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
+	if err := checkDataDirFree(f.dataDir); err != nil {
+		return err
+	}
 	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)
 	if err != nil {
 		return err

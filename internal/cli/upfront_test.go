@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // TestBadInputsRefusedUpFront is issue 26's list of inputs that failed
@@ -72,5 +74,24 @@ func TestBadInputsRefusedUpFront(t *testing.T) {
 				t.Errorf("data was loaded or searched for before the error:\n%s", stderr)
 			}
 		})
+	}
+}
+
+// TestDataDirInUseRefusedUpFront: a second coordinator on a data dir whose
+// Raft log is open (here: held by the test) is refused before any data is
+// loaded, with an error naming the directory and what to do.
+func TestDataDirInUseRefusedUpFront(t *testing.T) {
+	dir := t.TempDir()
+	held, err := raftlog.Open(filepath.Join(dir, "raft"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	_, stderr, err := runCmd(t, "local", "--data-dir", dir, "--progress", "off", "--max-steps", "5")
+	if err == nil || !strings.Contains(err.Error(), "--data-dir "+dir+": another coordinator is running on it") {
+		t.Fatalf("local on a data dir in use: %v", err)
+	}
+	if strings.Contains(stderr, "loading Fashion-MNIST") || strings.Contains(stderr, "searching on") {
+		t.Errorf("data was loaded or searched for before the error:\n%s", stderr)
 	}
 }
