@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -488,5 +490,27 @@ func TestFSMDigest(t *testing.T) {
 	da2, _ := a.Digest()
 	if dr, _ := r.Digest(); dr != da2 {
 		t.Error("restored replica's digest differs")
+	}
+}
+
+// TestConfigDiff: a changed setting is named with both values, nested
+// fields dotted; the model spec only as differing; equal configurations
+// have no difference.
+func TestConfigDiff(t *testing.T) {
+	a := testRunConfig()
+	if d := ConfigDiff(a, a); len(d) != 0 {
+		t.Errorf("equal configurations differ: %v", d)
+	}
+	b := a
+	b.Optimizer.LearningRate, b.MaxSteps, b.ModelSpec = 0.5, 7, []byte("{}")
+	d := ConfigDiff(a, b)
+	want := []string{"model_spec differs", "optimizer.LearningRate is 0.001 in the log, 0.5 given", "max_steps is 0 in the log, 7 given"}
+	if !slices.Equal(d, want) {
+		t.Errorf("ConfigDiff = %q, want %q", d, want)
+	}
+	err := runMismatch(a, b)
+	if !errors.Is(err, ErrRunMismatch) || !strings.Contains(err.Error(), "optimizer.LearningRate is 0.001 in the log, 0.5 given") ||
+		!strings.Contains(err.Error(), "new data directory") {
+		t.Errorf("runMismatch: %v", err)
 	}
 }

@@ -140,7 +140,7 @@ func (l *loop) onLeading(ctx context.Context, done opKind) {
 		l.fail(fmt.Errorf("coordinator: the run configuration was committed but is not applied"))
 		return
 	case !sameConfig(c, l.s.run):
-		l.fail(fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, l.s.run.Run))
+		l.fail(runMismatch(c, l.s.run))
 		return
 	}
 	if err := l.syncAhead(); err != nil {

@@ -1,9 +1,12 @@
 package coordinator
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"strings"
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -201,4 +204,51 @@ func (c RunConfig) Validate() error {
 		return bad("expected batch size %v must equal q·N = %v", c.Optimizer.ExpectedBatchSize, b)
 	}
 	return nil
+}
+
+// runMismatch is the error of a replica given run while its log holds the
+// run configuration logged: ErrRunMismatch, naming every field that
+// differs with both values (ConfigDiff) and what to do.
+func runMismatch(logged, run RunConfig) error {
+	diff := ConfigDiff(logged, run)
+	if len(diff) == 0 {
+		diff = []string{"(no field differs; the encodings do)"}
+	}
+	return fmt.Errorf("%w: the log holds run %q, and %s; continue the run with its settings, or start a new run (with its own budget) in a new data directory",
+		ErrRunMismatch, logged.Run, strings.Join(diff, ", "))
+}
+
+// ConfigDiff lists the fields in which given differs from logged, by their
+// JSON names (nested ones dotted), as "NAME is A in the log, B given";
+// the model spec is compared but not printed.
+func ConfigDiff(logged, given RunConfig) []string {
+	var out []string
+	var walk func(prefix string, a, b reflect.Value)
+	walk = func(prefix string, a, b reflect.Value) {
+		t := a.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" {
+				name = f.Name
+			}
+			name = prefix + name
+			fa, fb := a.Field(i), b.Field(i)
+			switch {
+			case f.Type.Kind() == reflect.Struct:
+				walk(name+".", fa, fb)
+			case f.Type == reflect.TypeFor[[]byte]():
+				if !bytes.Equal(fa.Bytes(), fb.Bytes()) {
+					out = append(out, name+" differs")
+				}
+			case !reflect.DeepEqual(fa.Interface(), fb.Interface()):
+				out = append(out, fmt.Sprintf("%s is %v in the log, %v given", name, fa.Interface(), fb.Interface()))
+			}
+		}
+	}
+	walk("", reflect.ValueOf(logged), reflect.ValueOf(given))
+	return out
 }

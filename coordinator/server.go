@@ -576,7 +576,7 @@ func (l *loop) onState() {
 		// run restored from its last snapshot is stopped at once).
 		l.configChecked = true
 		if c, ok := l.rep.FSM().Config(); ok && !sameConfig(c, l.s.run) {
-			l.finishWith(st, fmt.Errorf("%w: log has run %q, this replica was given %q", ErrRunMismatch, c.Run, l.s.run.Run))
+			l.finishWith(st, runMismatch(c, l.s.run))
 			return
 		}
 	}
