@@ -150,6 +150,7 @@ type member struct {
 	err     error
 	removed bool
 	crashed bool          // killed by Crash (removed too)
+	killed  chan struct{} // closed when Crash starts stopping it
 	closed  chan struct{} // closed once Crash closed it
 }
 
@@ -249,7 +250,7 @@ func (c *Cluster) clientConfig(role pki.Role, name string) transport.ClientConfi
 // (ServerConfig.Join).
 func (c *Cluster) startReplica(id string, peers []raft.Server) error {
 	addr, trans := raft.NewInmemTransport(raft.ServerAddress(id))
-	m := &member{id: id, addr: addr, trans: trans, dir: filepath.Join(c.base, id), done: make(chan struct{}), closed: make(chan struct{})}
+	m := &member{id: id, addr: addr, trans: trans, dir: filepath.Join(c.base, id), done: make(chan struct{}), killed: make(chan struct{}), closed: make(chan struct{})}
 	c.mu.Lock()
 	if _, dup := c.replicas[id]; dup {
 		c.mu.Unlock()

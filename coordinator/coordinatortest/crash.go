@@ -52,9 +52,27 @@ func (h *crashHooks) at(ctx context.Context, point string, step int64) error {
 		return nil
 	}
 	h.c.cutOff(h.id)
+	killed := h.c.member(h.id).killed
 	go h.c.Crash(h.id)
-	<-ctx.Done()
-	return ctx.Err()
+	// The operation never returns a result, as in a crash; it ends when
+	// Crash stops the replica (a grad proposal's ctx is not cancelled
+	// with the Server: it waits for killed).
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-killed:
+		return errCrashed
+	}
+}
+
+// errCrashed ends an operation of a replica Crash killed.
+var errCrashed = errors.New("coordinatortest: the replica crashed")
+
+// member returns replica id's member.
+func (c *Cluster) member(id string) *member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.replicas[id]
 }
 
 func (h *crashHooks) ProposeCharge(ctx context.Context, step int64, e ledger.Event, round string) (coordinator.ApplyResult, error) {
@@ -117,6 +135,7 @@ func (c *Cluster) Crash(id string) {
 	}
 	m.removed, m.crashed = true, true
 	c.mu.Unlock()
+	close(m.killed)
 	m.stop()
 	<-m.done
 	if err := m.replica.Close(); err != nil {
