@@ -399,17 +399,10 @@ func TestFSMSnapshotRestore(t *testing.T) {
 	for i := range 7 {
 		mustApply(t, a, stepLog(t, uint64(i+2), int64(i+1), c, grads[i]))
 	}
-	snap, err := a.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
+	snap := persistSnapshot(t, a)
 	dirB := t.TempDir()
 	b := newTestFSM(t, dirB)
-	if err := b.Restore(readCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+	if err := b.Restore(readCloser{bytes.NewReader(snap)}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 7; i < 12; i++ {
@@ -431,7 +424,7 @@ func TestFSMSnapshotRestore(t *testing.T) {
 	}
 	// Restoring an older snapshot over a ledger that is ahead keeps the
 	// ledger, and replayed entries are not charged twice.
-	if err := a.Restore(readCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+	if err := a.Restore(readCloser{bytes.NewReader(snap)}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 7; i < 12; i++ {
@@ -447,7 +440,7 @@ func TestFSMSnapshotRestore(t *testing.T) {
 		t.Errorf("audit after replay: %+v", rep)
 	}
 	// Corrupt snapshots are refused.
-	bad := bytes.Clone(sink.Bytes())
+	bad := bytes.Clone(snap)
 	bad[len(bad)/2] ^= 1
 	if err := b.Restore(readCloser{bytes.NewReader(bad)}); !errors.Is(err, ErrBadSnapshot) {
 		t.Errorf("corrupt snapshot: %v", err)

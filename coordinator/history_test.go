@@ -293,14 +293,7 @@ func TestFSMHistoryBinding(t *testing.T) {
 	if res := mustApply(t, f, stepLog(t, 8, 4, c, grads[3])); !res.Applied || !res.Charged {
 		t.Errorf("step after the refused configuration: %+v", res)
 	}
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
+	snap := persistSnapshot(t, f)
 	f.Close()
 
 	// The same ledger under a Raft log of another history.
@@ -320,7 +313,7 @@ func TestFSMHistoryBinding(t *testing.T) {
 	mustApply(t, o, configLog(t, 2, c, h2))
 	mustApply(t, o, stepLog(t, 3, 1, c, grads[1]))
 	before, _ := os.ReadFile(filepath.Join(other, LedgerFile))
-	if err := o.Restore(readCloser{bytes.NewReader(sink.Bytes())}); !errors.Is(err, ledger.ErrHistoryMismatch) {
+	if err := o.Restore(readCloser{bytes.NewReader(snap)}); !errors.Is(err, ledger.ErrHistoryMismatch) {
 		t.Errorf("Restore of another history's snapshot: %v", err)
 	}
 	if after, _ := os.ReadFile(filepath.Join(other, LedgerFile)); !bytes.Equal(before, after) {
@@ -331,7 +324,7 @@ func TestFSMHistoryBinding(t *testing.T) {
 	}
 	// Into a fresh replica it restores, and charges go on in h1.
 	n := newTestFSM(t, t.TempDir())
-	if err := n.Restore(readCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+	if err := n.Restore(readCloser{bytes.NewReader(snap)}); err != nil {
 		t.Fatal(err)
 	}
 	if h, ok := n.configuredHistory(); !ok || h != h1 {

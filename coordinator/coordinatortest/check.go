@@ -152,16 +152,9 @@ func (c *Cluster) Check(t testing.TB) {
 	}
 	charges := make(map[string]map[int64]int) // replica → step → charges
 	for _, m := range c.live() {
-		recs, _, err := ledger.ReadFile(filepath.Join(m.dir, coordinator.LedgerFile))
-		if err != nil {
-			t.Errorf("replica %s: reading the ledger: %v", m.id, err)
-			continue
-		}
 		charges[m.id] = make(map[int64]int)
-		for _, r := range recs {
-			if r.Kind == ledger.RecordCharge {
-				charges[m.id][r.Step]++
-			}
+		for _, r := range chargeRecords(t, m) {
+			charges[m.id][r.Step]++
 		}
 	}
 	o := c.obs
@@ -212,6 +205,18 @@ func (c *Cluster) Check(t testing.TB) {
 			t.Errorf("replica %s: ledger has %d charges, state machine %d, applied %d", m.id, rep.Charges, st.Charges, rep.Applied)
 		}
 	}
+}
+
+// chargeRecords returns the charge records of m's ledger (none, after
+// failing t, if it cannot be read).
+func chargeRecords(t testing.TB, m *member) []ledger.Record {
+	t.Helper()
+	recs, _, err := ledger.ReadFile(filepath.Join(m.dir, coordinator.LedgerFile))
+	if err != nil {
+		t.Errorf("replica %s: reading the ledger: %v", m.id, err)
+		return nil
+	}
+	return slices.DeleteFunc(recs, func(r ledger.Record) bool { return r.Kind != ledger.RecordCharge })
 }
 
 func bitsEqual(a, b []float32) bool {

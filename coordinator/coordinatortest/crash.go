@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -185,16 +184,9 @@ func (c *Cluster) CheckDisks(t testing.TB) {
 		if m.removed {
 			continue
 		}
-		recs, _, err := ledger.ReadFile(filepath.Join(m.dir, coordinator.LedgerFile))
-		if err != nil {
-			t.Errorf("replica %s: reading the ledger: %v", m.id, err)
-			continue
-		}
 		charged[m.id] = make(map[uint64]int64)
-		for _, r := range recs {
-			if r.Kind == ledger.RecordCharge {
-				charged[m.id][r.Index] = r.Step
-			}
+		for _, r := range chargeRecords(t, m) {
+			charged[m.id][r.Index] = r.Step
 		}
 	}
 	releases := 0
@@ -243,12 +235,8 @@ func (c *Cluster) Charges(t testing.TB, step int64) map[string]int {
 	t.Helper()
 	out := make(map[string]int)
 	for _, m := range c.live() {
-		recs, _, err := ledger.ReadFile(filepath.Join(m.dir, coordinator.LedgerFile))
-		if err != nil {
-			t.Fatalf("replica %s: reading the ledger: %v", m.id, err)
-		}
-		for _, r := range recs {
-			if r.Kind == ledger.RecordCharge && r.Step == step {
+		for _, r := range chargeRecords(t, m) {
+			if r.Step == step {
 				out[m.id]++
 			}
 		}
