@@ -68,6 +68,14 @@ type gradEntry struct {
 	Grad   []byte `msgpack:"grad"`
 }
 
+// entryHeader is the step and charge index of a grad or step entry (a
+// step entry has no charge field), decoded without its g̃ (msgpack skips
+// the bytes), for the readers of a log that do not apply it.
+type entryHeader struct {
+	Step   int64  `msgpack:"step"`
+	Charge uint64 `msgpack:"charge"`
+}
+
 // gradEntryFloats is gradEntry with its Grad read from or written to
 // float32s directly (encodeGradEntry, decodeGradInto).
 type gradEntryFloats struct {

@@ -306,10 +306,7 @@ func LoggedReleases(dataDir string) ([]LoggedRelease, error) {
 		if err != nil || (t != entryGrad && t != entryStep) {
 			continue
 		}
-		var h struct {
-			Step   int64  `msgpack:"step"`
-			Charge uint64 `msgpack:"charge"`
-		}
+		var h entryHeader
 		if err := msgpack.Unmarshal(body, &h); err != nil {
 			return nil, fmt.Errorf("%w: entry %d: %v", ErrBadEntry, i, err)
 		}
@@ -341,10 +338,7 @@ func replayPendingGrad(fsm *FSM, logs *raftlog.Store, upTo, last uint64) error {
 		if err != nil || t != entryGrad {
 			continue
 		}
-		var g struct {
-			Step   int64  `msgpack:"step"`
-			Charge uint64 `msgpack:"charge"`
-		}
+		var g entryHeader
 		if msgpack.Unmarshal(body, &g) == nil && g.Charge == st.PendingIndex && g.Step == st.PendingStep {
 			return replayEntry(fsm, &e)
 		}

@@ -464,9 +464,6 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 	configured := f.cfg != nil
 	f.mu.RUnlock()
 	g, gradErr, err := decodeGradInto(body, f.grad)
-	if err == nil && configured && gradErr == nil {
-		gradErr = dpadam.CheckGradient(f.grad)
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
@@ -492,16 +489,24 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 		f.stopRefused(g.Step, res.Err)
 		return res
 	}
-	// The update, under tmu only (held by Apply).
+	// The update, under tmu only (held by Apply). Step applies the
+	// validity rule itself (dpadam.CheckGradient) before it writes
+	// anything: a g̃ it refuses is refused here, not fatal, and g̃ is
+	// scanned once.
 	f.mu.Unlock()
 	diag, err := f.opt.Step(f.theta, f.grad)
 	if err == nil {
 		f.thetaStep = g.Step
 	}
 	f.mu.Lock()
-	if err != nil {
-		// Cannot happen for a g̃ that passed CheckGradient; if it does,
-		// this replica can no longer follow the log.
+	switch {
+	case errors.Is(err, dpadam.ErrNonFinite):
+		res.Err = fmt.Errorf("coordinator: step %d: %w", g.Step, err)
+		f.stopRefused(g.Step, res.Err)
+		return res
+	case err != nil:
+		// Cannot happen for a g̃ of the run's dimension; if it does, this
+		// replica can no longer follow the log.
 		return f.fail(err)
 	}
 	f.applied, f.pending, f.diag = g.Step, nil, diag
