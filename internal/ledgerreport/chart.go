@@ -2,7 +2,9 @@
 // over the training steps against the run's target, with the replays and
 // the new Raft terms (leader changes and restarts) marked, as a
 // self-contained HTML page (inline SVG, no scripts, no external assets)
-// or as a PNG image drawn with the standard library alone.
+// or as a PNG image (text set in the Go font, golang.org/x/image). Both
+// draw the same chart: a title, axes with ticks, tick labels and titles,
+// and a legend naming each series drawn (layout.go).
 //
 // The data comes from package ledger: ledger.NewTimeline for the points
 // and marks, ledger.Audit for the verdict. This package only draws.
@@ -20,14 +22,16 @@ import (
 )
 
 // The chart's size in pixels (SVG user units and PNG pixels alike) and
-// its plot area's margins.
+// its plot area's margins: the title and the legend above the plot, the
+// ε tick labels and the y axis title left of it, the step tick labels and
+// the x axis title below it.
 const (
 	Width        = 960
-	Height       = 480
-	marginLeft   = 72
-	marginRight  = 24
-	marginTop    = 24
-	marginBottom = 48
+	Height       = 540
+	marginLeft   = 84
+	marginRight  = 28
+	marginTop    = 76
+	marginBottom = 64
 )
 
 // chart maps (step, ε) to image coordinates: x grows with the step from

@@ -14,8 +14,10 @@ import (
 // verdict and figures, the chart as inline SVG (class "epsilon": a
 // polyline with one point per charge; "target": the target ε line;
 // "new-term": one vertical line per new Raft term; "replay": one circle
-// per replay), the marks as a table, and what they mean. It needs no
-// script and loads nothing.
+// per replay; with the PNG's title, axis titles, tick labels and legend,
+// in the same places and words, the legend's swatches of class
+// "swatch epsilon" and so on), the marks as a table, and what they mean.
+// It needs no script and loads nothing.
 func HTML(w io.Writer, tl ledger.Timeline, rep ledger.AuditReport) error {
 	return page.Execute(w, newPageData(tl, rep))
 }
@@ -34,20 +36,24 @@ type pageData struct {
 	Replays  []markData
 	Spent    float64
 	Applied  int
+	// The chart's title, axis titles and legend, where the PNG draws
+	// them, and where its other text goes (layout.go).
+	Title          string
+	XTitle, YTitle struct {
+		Text string
+		X, Y float64
+	}
+	Legend                                          legendBox
+	TitleY, YTickGap, XTickBaseline, TermDX, TermDY float64
 	// GridRatio bounds a PLD ledger's ε above the PLD accountant's ε of
 	// exactly its charges (ledger.PLDGridRatio).
 	GridRatio float64
 }
 
-type tick struct {
-	Pos   float64
-	Label string
-}
-
 type markData struct {
 	X, Y  float64
 	Title string
-	Label string
+	Label string // a new term's "term N", "" where it would not fit
 	Mark  ledger.Mark
 }
 
@@ -68,18 +74,18 @@ func newPageData(tl ledger.Timeline, rep ledger.AuditReport) pageData {
 	d.Points = pts.String()
 	d.Plot.X1, d.Plot.X2, d.Plot.Y1, d.Plot.Y2 = marginLeft, Width-marginRight, marginTop, Height-marginBottom
 	d.Target.X1, d.Target.X2, d.Target.Y = marginLeft, Width-marginRight, c.y(tl.TargetEpsilon)
-	for _, s := range c.stepTicks(8) {
-		d.XTicks = append(d.XTicks, tick{Pos: c.x(s), Label: strconv.FormatInt(s, 10)})
-	}
-	for _, e := range c.epsTicks(6) {
-		d.YTicks = append(d.YTicks, tick{Pos: c.y(e), Label: strconv.FormatFloat(e, 'g', 4, 64)})
-	}
+	d.XTicks, d.YTicks = c.xTicks(), c.yTicks()
+	d.Title, d.Legend = chartTitle(tl), newLegend(tl)
+	d.TitleY, d.YTickGap, d.XTickBaseline, d.TermDX, d.TermDY = titleBaseline, yTickLabelGap, xTickBaseline, termLabelOffset, termLabelBase
+	d.XTitle.Text, d.XTitle.X, d.XTitle.Y = xAxisTitle, (d.Plot.X1+d.Plot.X2)/2, d.Plot.Y2+xTitleBaseline
+	d.YTitle.Text, d.YTitle.X, d.YTitle.Y = yAxisTitle, yTitleCenter, (d.Plot.Y1+d.Plot.Y2)/2
+	terms := termLabels(c, tl)
 	for _, m := range tl.Marks {
 		p := tl.Points[m.Point]
 		md := markData{X: c.x(p.Step), Y: c.y(p.Epsilon), Mark: m}
 		switch m.Kind {
 		case ledger.MarkNewTerm:
-			md.Label = fmt.Sprintf("term %d", m.Term)
+			md.Label, terms = terms[0], terms[1:] // "" where it would not fit
 			md.Title = fmt.Sprintf("new Raft term %d (after term %d) at step %d, record %d: a leader change or a restart", m.Term, m.PrevTerm, m.Step, m.Seq)
 			d.Terms = append(d.Terms, md)
 		case ledger.MarkReplay:
@@ -109,8 +115,12 @@ table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 td, th { padding: 0.15rem 0.8rem 0.15rem 0; text-align: left; vertical-align: top; }
 .ok { color: #1a7f37; font-weight: bold; } .failed { color: #c00; font-weight: bold; }
 svg { max-width: 100%; height: auto; border: 1px solid #ddd; }
-svg text { font-size: 12px; fill: #444; }
+svg text { font-size: 13px; fill: #444; }
+svg text.title { font-size: 16px; font-weight: bold; fill: #222; }
+svg text.axis-title { font-size: 14px; }
+svg text.term { fill: #7b3fb5; }
 .axis { stroke: #888; } .grid { stroke: #eee; }
+.legend-box { fill: #fff; stroke: #ccc; }
 .epsilon { fill: none; stroke: #1f5fbf; stroke-width: 2; }
 .target { stroke: #c00; stroke-width: 1.5; stroke-dasharray: 6 4; }
 .new-term { stroke: #7b3fb5; stroke-width: 1.5; stroke-dasharray: 3 3; }
@@ -141,23 +151,39 @@ code { font-size: 0.9em; }
 {{- end}}
 <h2>ε over steps</h2>
 <svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {{.Width}} {{.Height}}" width="{{.Width}}" height="{{.Height}}" role="img" aria-label="ε spent over training steps">
+<text class="title" x="{{f .Plot.X1}}" y="{{f .TitleY}}">{{.Title}}</text>
+<rect class="legend-box" x="{{f .Legend.X}}" y="{{f .Legend.Y}}" width="{{f .Legend.W}}" height="{{f .Legend.H}}"/>
+{{- range .Legend.Items}}
+{{- if eq .Series "epsilon"}}
+<line class="swatch epsilon" x1="{{f .X}}" y1="{{f $.Legend.Mid}}" x2="{{f .End}}" y2="{{f $.Legend.Mid}}"/>
+{{- else if eq .Series "target"}}
+<line class="swatch target" x1="{{f .X}}" y1="{{f $.Legend.Mid}}" x2="{{f .End}}" y2="{{f $.Legend.Mid}}"/>
+{{- else if eq .Series "new-term"}}
+<line class="swatch new-term" x1="{{f .Center}}" y1="{{plus $.Legend.Mid -8}}" x2="{{f .Center}}" y2="{{plus $.Legend.Mid 8}}"/>
+{{- else if eq .Series "replay"}}
+<circle class="swatch replay" cx="{{f .Center}}" cy="{{f $.Legend.Mid}}" r="5"/>
+{{- end}}
+<text class="legend" x="{{f .TextX}}" y="{{f $.Legend.Baseline}}" textLength="{{f .TextW}}" lengthAdjust="spacingAndGlyphs">{{.Label}}</text>
+{{- end}}
 {{- range .YTicks}}
 <line class="grid" x1="{{f $.Plot.X1}}" y1="{{f .Pos}}" x2="{{f $.Plot.X2}}" y2="{{f .Pos}}"/>
-<text x="{{f $.Plot.X1}}" y="{{f .Pos}}" dx="-6" dy="4" text-anchor="end">{{.Label}}</text>
+<line class="axis" x1="{{plus $.Plot.X1 -5}}" y1="{{f .Pos}}" x2="{{f $.Plot.X1}}" y2="{{f .Pos}}"/>
+<text x="{{f $.Plot.X1}}" y="{{f .Pos}}" dx="-{{$.YTickGap}}" dy="5" text-anchor="end">{{.Label}}</text>
 {{- end}}
 {{- range .XTicks}}
 <line class="axis" x1="{{f .Pos}}" y1="{{f $.Plot.Y2}}" x2="{{f .Pos}}" y2="{{plus $.Plot.Y2 5}}"/>
-<text x="{{f .Pos}}" y="{{f $.Plot.Y2}}" dy="18" text-anchor="middle">{{.Label}}</text>
+<text x="{{f .Pos}}" y="{{f $.Plot.Y2}}" dy="{{$.XTickBaseline}}" text-anchor="middle">{{.Label}}</text>
 {{- end}}
 <line class="axis" x1="{{f .Plot.X1}}" y1="{{f .Plot.Y2}}" x2="{{f .Plot.X2}}" y2="{{f .Plot.Y2}}"/>
 <line class="axis" x1="{{f .Plot.X1}}" y1="{{f .Plot.Y1}}" x2="{{f .Plot.X1}}" y2="{{f .Plot.Y2}}"/>
-<text x="{{f .Plot.X2}}" y="{{f .Plot.Y2}}" dy="36" text-anchor="end">step</text>
-<text x="16" y="{{f .Plot.Y1}}" dy="4">ε</text>
+<text class="axis-title" x="{{f .XTitle.X}}" y="{{f .XTitle.Y}}" text-anchor="middle">{{.XTitle.Text}}</text>
+<text class="axis-title" transform="translate({{f .YTitle.X}} {{f .YTitle.Y}}) rotate(-90)" dy="5" text-anchor="middle">{{.YTitle.Text}}</text>
 <line class="target" x1="{{f .Target.X1}}" y1="{{f .Target.Y}}" x2="{{f .Target.X2}}" y2="{{f .Target.Y}}"><title>target ε = {{g .Timeline.TargetEpsilon}}</title></line>
-<text x="{{f .Target.X2}}" y="{{f .Target.Y}}" dy="-5" text-anchor="end">target ε = {{g .Timeline.TargetEpsilon}}</text>
 {{- range .Terms}}
 <line class="new-term" x1="{{f .X}}" y1="{{f $.Plot.Y1}}" x2="{{f .X}}" y2="{{f $.Plot.Y2}}"><title>{{.Title}}</title></line>
-<text x="{{f .X}}" y="{{f $.Plot.Y1}}" dx="3" dy="10">{{.Label}}</text>
+{{- if .Label}}
+<text class="term" x="{{f .X}}" y="{{f $.Plot.Y1}}" dx="{{$.TermDX}}" dy="{{$.TermDY}}">{{.Label}}</text>
+{{- end}}
 {{- end}}
 <polyline class="epsilon" points="{{.Points}}"><title>ε spent after each charge</title></polyline>
 {{- range .Replays}}

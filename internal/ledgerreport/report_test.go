@@ -203,14 +203,7 @@ func TestPNG(t *testing.T) {
 		t.Fatalf("image is %v, want %dx%d", r, Width, Height)
 	}
 	c := newChart(tl)
-	at := func(x, y float64) [3]uint32 {
-		r, g, b, _ := img.At(int(math.Round(x)), int(math.Round(y))).RGBA()
-		return [3]uint32{r >> 8, g >> 8, b >> 8}
-	}
-	rgb := func(c interface{ RGBA() (r, g, b, a uint32) }) [3]uint32 {
-		r, g, b, _ := c.RGBA()
-		return [3]uint32{r >> 8, g >> 8, b >> 8}
-	}
+	at := func(x, y float64) [3]uint32 { return pixelAt(img, x, y) }
 	// The target line: dashes of 8 pixels from the plot's left edge.
 	if got := at(marginLeft+3, c.y(tl.TargetEpsilon)); got != rgb(colorTarget) {
 		t.Errorf("target line pixel %v, want %v", got, rgb(colorTarget))
@@ -244,7 +237,8 @@ func TestPNG(t *testing.T) {
 			t.Errorf("segment %d→%d: midpoint pixel %v, want the ε line %v", i-1, i, got, rgb(colorEpsilon))
 		}
 	}
-	// Left of the y axis: background only.
+	// Left of the y axis, away from the tick labels and the axis title:
+	// background only.
 	if got := at(marginLeft/2, Height/2); got != rgb(colorBackground) {
 		t.Errorf("outside the plot: pixel %v, want background", got)
 	}
