@@ -25,6 +25,7 @@ func newCertsInitCmd() *cobra.Command {
 		replicas, nodes, observers []string
 		hosts                      []string
 		days                       int
+		bundles                    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "init",
@@ -37,10 +38,18 @@ says what a certificate from your own CA must contain. Every certificate is vali
 
 If DIR already holds ca.crt and ca.key, init issues the IDs given with that CA, so that a node
 can be added later. It never overwrites a file: an ID whose files exist is refused, and nothing
-is written. Copy each ID's two files and ca.crt (never ca.key) to that machine.`,
+is written. Copy each ID's two files and ca.crt (never ca.key) to that machine.
+
+With --bundles init also writes, for every ID it issues, the folder DIR/hosts/ID/ (mode 0700)
+holding exactly what that machine needs: ca.crt, ID.crt and ID.key (mode 0600), never ca.key.
+Copy the folder's contents to the machine (deploy/README.md). An ID whose folder exists is
+refused too, before anything is written; a later init with --bundles adds only the new IDs'
+folders.`,
 		Example: `  coordinator certs init --dir certs --replicas r1,r2,r3 --nodes node-0,node-1,node-2 \
       --observers ops --hosts 10.0.0.1,10.0.0.2,10.0.0.3,coord.example.com
-  coordinator certs init --dir certs --nodes node-3    # later: one more node, same CA`,
+  coordinator certs init --dir certs --nodes node-3    # later: one more node, same CA
+  coordinator certs init --dir certs --bundles --replicas r1,r2,r3 --nodes node-0,node-1 \
+      --hosts 10.0.0.1,10.0.0.2,10.0.0.3               # and certs/hosts/ID/ per machine`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" {
@@ -68,7 +77,19 @@ is written. Copy each ID's two files and ca.crt (never ca.key) to that machine.`
 			for i, h := range hosts {
 				hosts[i] = strings.TrimSpace(h)
 			}
+			if bundles {
+				for _, n := range names {
+					if err := pki.CheckBundleFree(dir, n.ID); err != nil {
+						return err
+					}
+				}
+			}
 			written, err := pki.Init(dir, names, hosts, days)
+			for i := 0; bundles && err == nil && i < len(names); i++ {
+				var w []string
+				w, err = pki.WriteBundle(dir, names[i].ID)
+				written = append(written, w...)
+			}
 			for _, p := range written {
 				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", p)
 			}
@@ -81,6 +102,7 @@ is written. Copy each ID's two files and ca.crt (never ca.key) to that machine.`
 	fs.StringSliceVar(&nodes, "nodes", nil, "node IDs, comma-separated")
 	fs.StringSliceVar(&observers, "observers", nil, "observer IDs (operators' tools), comma-separated")
 	fs.StringSliceVar(&hosts, "hosts", nil, "DNS names and IP addresses of the machines, comma-separated, put in every certificate besides localhost and 127.0.0.1")
+	fs.BoolVar(&bundles, "bundles", false, "also write DIR/hosts/ID/ per ID: ca.crt, ID.crt and ID.key, what that machine needs (never ca.key)")
 	fs.IntVar(&days, "days", 365, "validity of the certificates in days (a new CA: max(days, 10 years))")
 	return cmd
 }

@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,5 +107,121 @@ func TestCertsInitErrors(t *testing.T) {
 		if _, err := os.Stat(dir); err == nil {
 			t.Errorf("%s: created %s", tc.name, dir)
 		}
+	}
+}
+
+// TestCertsInitBundles: --bundles writes, for every ID issued,
+// DIR/hosts/ID/ holding exactly ca.crt, ID.crt and ID.key (folders 0700,
+// the key 0600) and never ca.key; the bundle's certificate chains to the
+// CA and names the ID's role and ID. A later init adds only the new IDs'
+// bundles, and refuses one whose folder exists, writing nothing.
+func TestCertsInitBundles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	out, _, err := runCmd(t, "certs", "init", "--dir", dir, "--bundles", "--replicas", "r1,r2",
+		"--nodes", "node-0", "--observers", "ops", "--hosts", "10.0.0.1")
+	if err != nil {
+		t.Fatalf("certs init --bundles: %v\n%s", err, out)
+	}
+	roles := map[string]pki.Role{"r1": pki.RoleReplica, "r2": pki.RoleReplica, "node-0": pki.RoleNode, "ops": pki.RoleObserver}
+	ca, err := pki.LoadCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	checkBundle := func(id string, role pki.Role) {
+		t.Helper()
+		b := filepath.Join(dir, "hosts", id)
+		ents, err := os.ReadDir(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		if want := []string{"ca.crt", id + ".crt", id + ".key"}; !slices.Equal(names, want) {
+			t.Errorf("%s holds %q, want %q", b, names, want)
+		}
+		for p, mode := range map[string]os.FileMode{b: 0o700, filepath.Dir(b): 0o700,
+			filepath.Join(b, "ca.crt"): 0o644, filepath.Join(b, id+".crt"): 0o644, filepath.Join(b, id+".key"): 0o600} {
+			if fi, err := os.Stat(p); err != nil {
+				t.Error(err)
+			} else if fi.Mode().Perm() != mode {
+				t.Errorf("%s: mode %v, want %v", p, fi.Mode().Perm(), mode)
+			}
+		}
+		for _, f := range []string{"ca.crt", id + ".crt", id + ".key"} {
+			if !strings.Contains(out, "wrote "+filepath.Join(b, f)+"\n") {
+				t.Errorf("output does not name %s:\n%s", filepath.Join(b, f), out)
+			}
+		}
+		if got, _ := os.ReadFile(filepath.Join(b, "ca.crt")); !bytes.Equal(got, ca.CertPEM()) {
+			t.Errorf("%s/ca.crt is not the CA's certificate", b)
+		}
+		pair, err := tls.LoadX509KeyPair(filepath.Join(b, id+".crt"), filepath.Join(b, id+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bundleRoots := x509.NewCertPool()
+		if pem, _ := os.ReadFile(filepath.Join(b, "ca.crt")); !bundleRoots.AppendCertsFromPEM(pem) {
+			t.Fatalf("%s/ca.crt holds no certificate", b)
+		}
+		if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: bundleRoots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, DNSName: "10.0.0.1"}); err != nil {
+			t.Errorf("%s: %v", id, err)
+		}
+		if gotRole, gotID, err := pki.Identity(pair.Leaf); err != nil || gotRole != role || gotID != id {
+			t.Errorf("%s: Identity %s %q, %v; want %s %q", b, gotRole, gotID, err, role, id)
+		}
+	}
+	for id, role := range roles {
+		checkBundle(id, role)
+	}
+	if got, want := strings.Count(out, "\n"), 2*(1+len(roles))+3*len(roles); got != want {
+		t.Errorf("printed %d lines, want %d:\n%s", got, want, out)
+	}
+	noCAKey := func() {
+		t.Helper()
+		err := filepath.WalkDir(filepath.Join(dir, "hosts"), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Name() == "ca.key" {
+				t.Errorf("a bundle holds the CA's key: %s", p)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	noCAKey()
+
+	// One more node: the same CA, its files and its bundle only.
+	out, _, err = runCmd(t, "certs", "init", "--dir", dir, "--bundles", "--nodes", "node-1", "--hosts", "10.0.0.1")
+	if err != nil {
+		t.Fatalf("adding node-1: %v", err)
+	}
+	var want string
+	for _, p := range []string{"node-1.key", "node-1.crt", "hosts/node-1/ca.crt", "hosts/node-1/node-1.key", "hosts/node-1/node-1.crt"} {
+		want += "wrote " + filepath.Join(dir, p) + "\n"
+	}
+	if out != want {
+		t.Errorf("adding node-1 printed %q, want %q", out, want)
+	}
+	checkBundle("node-1", pki.RoleNode)
+	noCAKey()
+	if ents, _ := os.ReadDir(filepath.Join(dir, "hosts")); len(ents) != len(roles)+1 {
+		t.Errorf("hosts/ holds %d bundles, want %d", len(ents), len(roles)+1)
+	}
+
+	// A bundle folder that exists (the ID's own files do not): refused,
+	// naming it, before anything is written.
+	if err := os.Mkdir(filepath.Join(dir, "hosts", "node-2"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = runCmd(t, "certs", "init", "--dir", dir, "--bundles", "--nodes", "node-2")
+	if !errors.Is(err, fs.ErrExist) || !strings.Contains(err.Error(), filepath.Join("hosts", "node-2")) || out != "" {
+		t.Errorf("node-2 with an existing bundle folder: %v, printed %q; want an error naming the folder", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node-2.key")); err == nil {
+		t.Error("a refused init wrote node-2.key")
 	}
 }
