@@ -51,80 +51,170 @@ func ReadCSV(r io.Reader, opts CSVOptions) (*Dataset, error) {
 	if opts.Classes < 0 {
 		return nil, fmt.Errorf("%w: Classes %d < 0", ErrCSV, opts.Classes)
 	}
+	d, err := readCSV(r, csvSpec{
+		comma:  opts.Comma,
+		header: opts.Header,
+		layout: func(_ []string, width, line int) (csvLayout, error) {
+			return positionalLayout(opts.LabelColumn, width, line)
+		},
+		labels: newLabeler(nil, opts.Classes, "CSVOptions.Classes"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCSV, err)
+	}
+	d.Name = opts.Name
+	return d, nil
+}
+
+// csvSpec says how readCSV reads a CSV table.
+type csvSpec struct {
+	comma  rune // field separator; 0 means ','
+	header bool // the first record is a header
+	// layout chooses the label and feature fields. It is called once:
+	// with the header at the header record, or else with a nil header at
+	// the first data record, of width fields at line.
+	layout func(header []string, width, line int) (csvLayout, error)
+	labels *labeler
+	// deferLabels reads labels as names resolved at the end (labeler.
+	// resolve with sniffing) instead of integers or names in Labels.
+	deferLabels bool
+	// maxValues, if > 0, bounds rows × features.
+	maxValues int
+}
+
+// csvLayout is which fields of a record are the label and the features.
+type csvLayout struct {
+	label    int
+	features []int
+}
+
+// csvError is an error at a CSV line (1-based; 0: the whole input) and
+// field (0-based; -1: the whole record). ReadCSV and ReadFile format the
+// position their own way.
+type csvError struct {
+	line, field int
+	msg         string
+	cause       error
+}
+
+// Error formats the error the way ReadCSV reports it.
+func (e *csvError) Error() string {
+	switch {
+	case e.line > 0 && e.field >= 0:
+		return fmt.Sprintf("line %d, column %d: %s", e.line, e.field+1, e.msg)
+	case e.line > 0:
+		return fmt.Sprintf("line %d: %s", e.line, e.msg)
+	}
+	return e.msg
+}
+
+func (e *csvError) Unwrap() error { return e.cause }
+
+// positionalLayout is ReadCSV's layout: the label at index label
+// (negative counts from the end), every other field a feature.
+func positionalLayout(label, width, line int) (csvLayout, error) {
+	if width < 2 {
+		return csvLayout{}, &csvError{line: line, field: -1, msg: fmt.Sprintf("%d column(s), need a label and at least one feature", width)}
+	}
+	col := label
+	if col < 0 {
+		col += width
+	}
+	if col < 0 || col >= width {
+		return csvLayout{}, &csvError{field: -1, msg: fmt.Sprintf("label column %d outside the %d columns", label, width)}
+	}
+	l := csvLayout{label: col}
+	for j := range width {
+		if j != col {
+			l.features = append(l.features, j)
+		}
+	}
+	return l, nil
+}
+
+// readCSV reads a CSV table by spec: every record as wide as the first,
+// fields trimmed of spaces, lines starting with '#' comments, features
+// finite float32 numbers. Errors are *csvError. The result has no Name.
+func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 	cr := csv.NewReader(r)
-	if opts.Comma != 0 {
-		cr.Comma = opts.Comma
+	if spec.comma != 0 {
+		cr.Comma = spec.comma
 	}
 	cr.Comment = '#'
 	cr.ReuseRecord = true
 	cr.FieldsPerRecord = -1 // checked here, for a clearer message
-	d := &Dataset{Name: opts.Name}
-	cols, labelCol := 0, 0
-	maxLabel := int64(-1)
-	first := true // only to skip the header
+	d := &Dataset{}
+	var layout csvLayout
+	width := 0 // of every record; 0 until the first
 	for {
 		rec, err := cr.Read()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrCSV, err)
+			var pe *csv.ParseError
+			if errors.As(err, &pe) {
+				return nil, &csvError{line: pe.Line, field: -1, msg: pe.Err.Error(), cause: err}
+			}
+			return nil, &csvError{field: -1, msg: err.Error(), cause: err}
 		}
 		line, _ := cr.FieldPos(0)
-		if first && opts.Header {
-			first = false
-			cols = len(rec)
-			continue
+		for j := range rec {
+			rec[j] = strings.TrimSpace(rec[j])
 		}
-		if cols == 0 {
-			cols = len(rec)
-		}
-		if len(rec) != cols {
-			return nil, fmt.Errorf("%w: line %d: %d columns, want %d", ErrCSV, line, len(rec), cols)
-		}
-		if d.Dim == 0 { // first data row
-			if cols < 2 {
-				return nil, fmt.Errorf("%w: line %d: %d column(s), need a label and at least one feature", ErrCSV, line, cols)
+		if width == 0 {
+			width = len(rec)
+			var header []string
+			if spec.header {
+				header = rec
 			}
-			labelCol = opts.LabelColumn
-			if labelCol < 0 {
-				labelCol += cols
+			if layout, err = spec.layout(header, width, line); err != nil {
+				return nil, err
 			}
-			if labelCol < 0 || labelCol >= cols {
-				return nil, fmt.Errorf("%w: label column %d outside the %d columns", ErrCSV, opts.LabelColumn, cols)
-			}
-			d.Dim = cols - 1
-		}
-		for j, f := range rec {
-			f = strings.TrimSpace(f)
-			if j == labelCol {
-				l, err := strconv.ParseInt(f, 10, 32)
-				if err != nil || l < 0 {
-					return nil, fmt.Errorf("%w: line %d, column %d: label %q is not a non-negative integer", ErrCSV, line, j+1, f)
-				}
-				if opts.Classes > 0 && l >= int64(opts.Classes) {
-					return nil, fmt.Errorf("%w: line %d, column %d: label %d with only %d classes", ErrCSV, line, j+1, l, opts.Classes)
-				}
-				maxLabel = max(maxLabel, l)
-				d.Y = append(d.Y, int32(l))
+			d.Dim = len(layout.features)
+			if spec.header {
 				continue
 			}
-			v, err := strconv.ParseFloat(f, 32)
+		}
+		if len(rec) != width {
+			return nil, &csvError{line: line, field: -1, msg: fmt.Sprintf("%d columns, want %d", len(rec), width)}
+		}
+		if spec.maxValues > 0 && len(d.X) > spec.maxValues-d.Dim {
+			return nil, &csvError{line: line, field: -1, msg: fmt.Sprintf("more than %d feature values", spec.maxValues)}
+		}
+		var y int32
+		if spec.deferLabels {
+			y, err = spec.labels.deferName(rec[layout.label], line)
+		} else {
+			y, err = spec.labels.fromText(rec[layout.label])
+		}
+		if err != nil {
+			return nil, &csvError{line: line, field: layout.label, msg: err.Error()}
+		}
+		d.Y = append(d.Y, y)
+		for _, j := range layout.features {
+			v, err := strconv.ParseFloat(rec[j], 32)
 			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-				return nil, fmt.Errorf("%w: line %d, column %d: %q is not a finite number", ErrCSV, line, j+1, f)
+				return nil, &csvError{line: line, field: j, msg: fmt.Sprintf("%q is not a finite number", rec[j])}
 			}
 			d.X = append(d.X, float32(v))
 		}
 	}
 	if d.Len() == 0 {
-		return nil, fmt.Errorf("%w: no data rows", ErrCSV)
+		return nil, &csvError{field: -1, msg: "no data rows"}
 	}
-	d.Classes = opts.Classes
-	if d.Classes == 0 {
-		if maxLabel >= maxInferredClasses {
-			return nil, fmt.Errorf("%w: label %d would infer more than %d classes; set CSVOptions.Classes", ErrCSV, maxLabel, maxInferredClasses)
+	if spec.deferLabels {
+		if line, err := spec.labels.resolve(d.Y, true); err != nil {
+			field := layout.label
+			if line == 0 {
+				field = -1
+			}
+			return nil, &csvError{line: line, field: field, msg: err.Error()}
 		}
-		d.Classes = int(maxLabel) + 1
+	}
+	var err error
+	if d.Classes, d.LabelNames, err = spec.labels.finish(); err != nil {
+		return nil, &csvError{field: -1, msg: err.Error()}
 	}
 	return d, nil
 }

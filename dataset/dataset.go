@@ -1,6 +1,9 @@
 // Package dataset holds dpcluster's in-memory labelled datasets and the code
-// that produces them: the IDX reader (MNIST / Fashion-MNIST format) with
-// Fashion-MNIST discovery, a CSV reader for tabular data, seeded synthetic
+// that produces them: ReadFile for the files users hold (CSV with or
+// without a header, NPY/NPZ, Parquet, folders of images per class; every
+// reader fuzzed, every bad row a one-line error), the Schema a run of
+// nodes with their own data must share, the IDX reader (MNIST /
+// Fashion-MNIST format) with Fashion-MNIST discovery, seeded synthetic
 // generators (a Gaussian mixture and a Zipf-distributed many-class task), a
 // token-sequence builder, train/test splitting and sharding across nodes.
 //
@@ -51,6 +54,12 @@ type Dataset struct {
 	Classes int
 	// Vocab is the vocabulary size for token datasets (0 otherwise).
 	Vocab int
+	// LabelNames are the class names in class order when the labels came
+	// from names (an image folder's sub-folders, a string label column,
+	// FileOptions.Labels); nil for integer labels. When set, it has Classes
+	// distinct, non-empty entries. It is not part of ContentHash; see
+	// LabelSetHash.
+	LabelNames []string
 }
 
 // MaxTokenID is the largest vocabulary size a token dataset may use: ids must
@@ -71,8 +80,9 @@ func (d *Dataset) Row(i int) []float32 {
 }
 
 // Subset returns a new Dataset holding copies of the rows idx, in the order
-// given (duplicates allowed). Metadata (Name, Dim, Shape, Classes, Vocab) is
-// copied. It panics if an index is out of range (programmer error).
+// given (duplicates allowed). Metadata (Name, Dim, Shape, Classes, Vocab,
+// LabelNames) is copied. It panics if an index is out of range (programmer
+// error).
 func (d *Dataset) Subset(idx []int) *Dataset {
 	out := d.emptyLike(len(idx))
 	d.Gather(out.X, out.Y, idx)
@@ -85,14 +95,19 @@ func (d *Dataset) emptyLike(n int) *Dataset {
 	if d.Shape != nil {
 		shape = append([]int(nil), d.Shape...)
 	}
+	var names []string
+	if d.LabelNames != nil {
+		names = append([]string(nil), d.LabelNames...)
+	}
 	return &Dataset{
-		Name:    d.Name,
-		X:       make([]float32, n*d.Dim),
-		Y:       make([]int32, n),
-		Dim:     d.Dim,
-		Shape:   shape,
-		Classes: d.Classes,
-		Vocab:   d.Vocab,
+		Name:       d.Name,
+		X:          make([]float32, n*d.Dim),
+		Y:          make([]int32, n),
+		Dim:        d.Dim,
+		Shape:      shape,
+		Classes:    d.Classes,
+		Vocab:      d.Vocab,
+		LabelNames: names,
 	}
 }
 
@@ -118,8 +133,9 @@ func (d *Dataset) Gather(dstX []float32, dstY []int32, idx []int) {
 
 // Validate checks the Dataset invariants: Dim ≥ 1, len(X) == Len()*Dim,
 // Shape (if set) has positive entries whose product is Dim, Classes ≥ 1,
-// every label in [0, Classes), and every feature finite. For token datasets
-// (Vocab > 0) it also requires Vocab ≤ MaxTokenID and every value to be an
+// LabelNames (if set) has Classes distinct non-empty entries, every label
+// in [0, Classes), and every feature finite. For token datasets (Vocab > 0)
+// it also requires Vocab ≤ MaxTokenID and every value to be an
 // integer in [-1, Vocab), with -1 meaning padding. Errors wrap ErrInvalid and
 // name the first offending row.
 func (d *Dataset) Validate() error {
@@ -151,6 +167,21 @@ func (d *Dataset) Validate() error {
 		}
 		if prod != d.Dim {
 			return fmt.Errorf("%w: Shape %v has product %d, want Dim %d", ErrInvalid, d.Shape, prod, d.Dim)
+		}
+	}
+	if d.LabelNames != nil {
+		if len(d.LabelNames) != d.Classes {
+			return fmt.Errorf("%w: %d label names for %d classes", ErrInvalid, len(d.LabelNames), d.Classes)
+		}
+		seen := make(map[string]int, len(d.LabelNames))
+		for i, name := range d.LabelNames {
+			if name == "" {
+				return fmt.Errorf("%w: class %d has an empty label name", ErrInvalid, i)
+			}
+			if j, dup := seen[name]; dup {
+				return fmt.Errorf("%w: label name %q is class %d and class %d", ErrInvalid, name, j, i)
+			}
+			seen[name] = i
 		}
 	}
 	for i, y := range d.Y {

@@ -1,0 +1,110 @@
+package dataset
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// readCSVData reads a CSV file for ReadFile: headerless with the label in
+// the first column when o.LabelColumn is "" (ReadCSV's format), otherwise
+// with a header naming the label and feature columns. Its errors about
+// the content wrap ErrCSV as well as ErrFormat.
+func readCSVData(path string, o FileOptions) (*Dataset, error) {
+	spec := csvSpec{
+		comma:     ',',
+		labels:    newLabeler(o.Labels, o.Classes, "FileOptions.Classes"),
+		maxValues: maxReadValues,
+	}
+	var header []string
+	if o.LabelColumn == "" {
+		if o.FeatureColumns != nil {
+			return nil, optionsErr(path, "FeatureColumns needs a CSV header: set LabelColumn")
+		}
+		spec.layout = func(_ []string, width, line int) (csvLayout, error) {
+			return positionalLayout(0, width, line)
+		}
+	} else {
+		spec.header = true
+		spec.deferLabels = o.Labels == nil
+		spec.layout = func(h []string, _, line int) (csvLayout, error) {
+			header = slices.Clone(h) // the reader reuses h
+			return namedLayout(header, o.LabelColumn, o.FeatureColumns, line)
+		}
+	}
+	f, _, err := openData(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	d, err := readCSV(f, spec)
+	if err != nil {
+		var ce *csvError
+		if !errors.As(err, &ce) { // not expected: readCSV returns *csvError
+			return nil, formatErr(path, errors.Join(ErrCSV, err), "%v", err)
+		}
+		pos := path
+		if ce.line > 0 {
+			pos = fmt.Sprintf("%s:%d", path, ce.line)
+		}
+		if ce.field >= 0 {
+			if ce.field < len(header) {
+				pos = fmt.Sprintf("%s: column %q", pos, header[ce.field])
+			} else {
+				pos = fmt.Sprintf("%s: column %d", pos, ce.field+1)
+			}
+		}
+		return nil, formatErr(pos, errors.Join(ErrCSV, ce.cause), "%s", ce.msg)
+	}
+	return d, nil
+}
+
+// namedLayout finds the label column and the feature columns (nil: every
+// other column) by name in a CSV header read at line.
+func namedLayout(header []string, label string, features []string, line int) (csvLayout, error) {
+	fail := func(format string, args ...any) (csvLayout, error) {
+		return csvLayout{}, &csvError{line: line, field: -1, msg: fmt.Sprintf(format, args...)}
+	}
+	index := make(map[string]int, len(header))
+	dup := make(map[string]bool)
+	for j, name := range header {
+		if _, ok := index[name]; ok {
+			dup[name] = true
+		}
+		index[name] = j
+	}
+	find := func(name string) (int, error) {
+		j, ok := index[name]
+		switch {
+		case !ok:
+			return 0, &csvError{line: line, field: -1, msg: fmt.Sprintf("no column %q; the header has columns %s", name, quoteList(header, 20))}
+		case dup[name]:
+			return 0, &csvError{line: line, field: -1, msg: fmt.Sprintf("column %q appears more than once in the header", name)}
+		}
+		return j, nil
+	}
+	var l csvLayout
+	var err error
+	if l.label, err = find(label); err != nil {
+		return csvLayout{}, err
+	}
+	if features == nil {
+		for j := range header {
+			if j != l.label {
+				l.features = append(l.features, j)
+			}
+		}
+		if len(l.features) == 0 {
+			return fail("no feature columns besides the label column %q", label)
+		}
+		return l, nil
+	}
+	for _, name := range features {
+		j, err := find(name)
+		if err != nil {
+			return csvLayout{}, err
+		}
+		l.features = append(l.features, j)
+	}
+	return l, nil
+}

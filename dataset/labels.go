@@ -1,0 +1,185 @@
+package dataset
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// labeler maps label values to classes by FileOptions' rules (Labels and
+// Classes, see FileOptions). Its errors carry no position: callers add the
+// file, row and column.
+//
+// Labels come in three kinds: integers (class = the integer), names looked
+// up in a given list (Labels), and names without a list, which are
+// deferred: Y holds provisional ids (distinct names in first-seen order)
+// until resolve sorts the names and rewrites Y with the final classes.
+type labeler struct {
+	names      []string         // FileOptions.Labels; nil if none
+	index      map[string]int32 // names → class
+	classes    int              // the class count to enforce; 0 infers it
+	classesOpt string           // the option that sets classes, for messages
+	maxInt     int64            // largest integer label so far; -1 if none
+
+	texts    []string         // deferred names, first-seen order
+	textID   map[string]int32 // texts → provisional id
+	firstRow []int            // row where each deferred name first appears
+	resolved []string         // the class names after resolve
+}
+
+// newLabeler returns a labeler for the class names (nil: none) and class
+// count (0: infer) that the option classesOpt sets.
+func newLabeler(names []string, classes int, classesOpt string) *labeler {
+	l := &labeler{names: names, classes: classes, classesOpt: classesOpt, maxInt: -1}
+	if names != nil {
+		l.index = make(map[string]int32, len(names))
+		for i, n := range names {
+			l.index[n] = int32(i)
+		}
+	}
+	return l
+}
+
+// lookup returns the class of the name s in the given list.
+func (l *labeler) lookup(s string) (int32, error) {
+	c, ok := l.index[s]
+	if !ok {
+		return 0, fmt.Errorf("label %q is not in Labels %s", s, quoteList(l.names, 8))
+	}
+	return c, nil
+}
+
+// fromInt returns the class of the integer label v: v itself, or with
+// Labels the index of v written in decimal.
+func (l *labeler) fromInt(v int64) (int32, error) {
+	if l.names != nil {
+		return l.lookup(strconv.FormatInt(v, 10))
+	}
+	switch {
+	case v < 0:
+		return 0, fmt.Errorf("label %d is not a non-negative integer", v)
+	case l.classes > 0 && v >= int64(l.classes):
+		return 0, fmt.Errorf("label %d with only %d classes", v, l.classes)
+	case v > math.MaxInt32:
+		return 0, fmt.Errorf("label %d is too large", v)
+	}
+	l.maxInt = max(l.maxInt, v)
+	return int32(v), nil
+}
+
+// fromFloat returns the class of a label stored as a float, which must be
+// an exact integer.
+func (l *labeler) fromFloat(v float64) (int32, error) {
+	if v != math.Trunc(v) || math.Abs(v) > 1<<62 { // also NaN and ±Inf
+		return 0, fmt.Errorf("label %v is not a non-negative integer", v)
+	}
+	return l.fromInt(int64(v))
+}
+
+// fromText returns the class of a label written as text: a name in Labels,
+// or without Labels a non-negative integer.
+func (l *labeler) fromText(s string) (int32, error) {
+	if l.names != nil {
+		return l.lookup(s)
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("label %q is not a non-negative integer", s)
+	}
+	return l.fromInt(v)
+}
+
+// deferName returns the provisional id of the name s, first seen at row.
+func (l *labeler) deferName(s string, row int) (int32, error) {
+	if id, ok := l.textID[s]; ok {
+		return id, nil
+	}
+	if len(l.texts) >= maxInferredClasses {
+		return 0, fmt.Errorf("more than %d distinct labels; give FileOptions.Labels", maxInferredClasses)
+	}
+	if s == "" || strings.ContainsRune(s, 0) {
+		return 0, fmt.Errorf("label %q is empty or contains a NUL byte", s)
+	}
+	if l.textID == nil {
+		l.textID = make(map[string]int32)
+	}
+	id := int32(len(l.texts))
+	l.textID[s] = id
+	l.texts = append(l.texts, s)
+	l.firstRow = append(l.firstRow, row)
+	return id, nil
+}
+
+// resolve turns the provisional ids in y into classes. With sniff (CSV,
+// whose cells have no type), names that are all numbers are read as
+// integer labels; otherwise the classes are the distinct names in sorted
+// order. An error comes with the row of the offending label (0 if none).
+func (l *labeler) resolve(y []int32, sniff bool) (row int, err error) {
+	if len(l.texts) == 0 {
+		return 0, nil
+	}
+	class := make([]int32, len(l.texts))
+	numeric := sniff
+	for _, t := range l.texts {
+		if _, err := strconv.ParseFloat(t, 64); err != nil {
+			numeric = false
+			break
+		}
+	}
+	if numeric {
+		for id, t := range l.texts { // first-seen order: the first error is at the lowest row
+			if class[id], err = l.fromText(t); err != nil {
+				return l.firstRow[id], err
+			}
+		}
+	} else {
+		l.resolved = slices.Clone(l.texts)
+		slices.Sort(l.resolved)
+		if l.classes > 0 && len(l.resolved) != l.classes {
+			return 0, fmt.Errorf("the label column has %d distinct names but Classes is %d; give FileOptions.Labels to set the classes and their order", len(l.resolved), l.classes)
+		}
+		for id, t := range l.texts {
+			c, _ := slices.BinarySearch(l.resolved, t)
+			class[id] = int32(c)
+		}
+	}
+	for i, id := range y {
+		y[i] = class[id]
+	}
+	return 0, nil
+}
+
+// finish returns the number of classes and the class names (nil for
+// integer labels).
+func (l *labeler) finish() (classes int, names []string, err error) {
+	switch {
+	case l.names != nil:
+		return len(l.names), slices.Clone(l.names), nil
+	case l.resolved != nil:
+		return len(l.resolved), l.resolved, nil
+	case l.classes > 0:
+		return l.classes, nil, nil
+	case l.maxInt >= maxInferredClasses:
+		return 0, nil, fmt.Errorf("label %d would infer more than %d classes; set %s", l.maxInt, maxInferredClasses, l.classesOpt)
+	}
+	return int(l.maxInt) + 1, nil, nil
+}
+
+// quoteList formats names as a list of quoted strings, eliding all but
+// the first most.
+func quoteList(names []string, most int) string {
+	var b strings.Builder
+	for i, n := range names {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if i == most {
+			fmt.Fprintf(&b, "… (%d in all)", len(names))
+			break
+		}
+		b.WriteString(strconv.Quote(n))
+	}
+	return "[" + b.String() + "]"
+}
