@@ -185,19 +185,54 @@ func Presets() []string { return []string{"logreg", "mlp", "cnn", "textbag"} }
 // Preset returns a built-in spec for Fashion-MNIST-shaped data
 // ([1, 28, 28] inputs, 10 classes); "textbag" uses a 10000-token
 // vocabulary, 64-dimensional embeddings, 64 hidden units, 4 classes and
-// sequences of 128 tokens. Use the constructors (LogReg, MLP, CNN, TextBag)
-// for other shapes.
+// sequences of 128 tokens. PresetFor shapes a preset for other data; the
+// constructors (LogReg, MLP, CNN, TextBag) build other sizes.
 func Preset(name string) (Spec, error) {
-	img := []int{1, 28, 28}
+	if name == "textbag" {
+		return TextBag(10000, 64, 64, 4, 128), nil
+	}
+	return PresetFor(name, []int{1, 28, 28}, 10, 0)
+}
+
+// PresetFor returns the preset name shaped by the data it is to train on:
+// its per-example input shape, number of classes and, for token data, its
+// vocabulary (0 for numeric features). logreg and mlp take any input
+// (flattened; mlp has two hidden layers of 256); cnn needs images
+// ([C, H, W], at least 8×8 for its first 8×8 convolution); textbag needs
+// token sequences ([L] with vocab > 0; 64-dimensional embeddings, 64
+// hidden units). An input the preset cannot take is an error naming the
+// preset, the shape and what it needs.
+func PresetFor(name string, input []int, classes, vocab int) (Spec, error) {
+	bad := func(format string, args ...any) (Spec, error) {
+		return Spec{}, fmt.Errorf("%w: preset %s: %s", ErrInvalidSpec, name, fmt.Sprintf(format, args...))
+	}
+	if classes < 1 {
+		return bad("%d classes: the data needs at least 1", classes)
+	}
+	if shapeSize(input) < 1 {
+		return bad("input shape %v is not a shape", input)
+	}
+	switch name {
+	case "logreg", "mlp", "cnn":
+		if vocab > 0 {
+			return bad("the data is token sequences (vocabulary %d): use --model textbag or a spec with an embedding", vocab)
+		}
+	}
 	switch name {
 	case "logreg":
-		return LogReg(img, 10), nil
+		return LogReg(input, classes), nil
 	case "mlp":
-		return MLP(img, []int{256, 256}, 10), nil
+		return MLP(input, []int{256, 256}, classes), nil
 	case "cnn":
-		return CNN(img, 10), nil
+		if len(input) != 3 || input[1] < 8 || input[2] < 8 {
+			return bad("needs images of shape [C, H, W] with H, W ≥ 8; the data has shape %v (use --model mlp, or --input-shape for an image folder)", input)
+		}
+		return CNN(input, classes), nil
 	case "textbag":
-		return TextBag(10000, 64, 64, 4, 128), nil
+		if vocab < 1 || len(input) != 1 {
+			return bad("needs token sequences (shape [L] and a vocabulary); the data has shape %v and vocabulary %d", input, vocab)
+		}
+		return TextBag(vocab, 64, 64, classes, input[0]), nil
 	}
 	return Spec{}, fmt.Errorf("%w: unknown preset %q (have %v)", ErrInvalidSpec, name, Presets())
 }

@@ -242,3 +242,60 @@ func FuzzParseSpec(f *testing.F) {
 		}
 	})
 }
+
+// TestPresetForShapesByData: a preset takes its input shape, classes and
+// vocabulary from the data, and refuses data it cannot take with an
+// error naming the preset and the shape.
+func TestPresetForShapesByData(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		input        []int
+		classes, voc int
+		params       int    // the built model's parameter count; 0 with an error
+		err          string // substring of the error
+	}{
+		{"logreg", []int{20}, 3, 0, 20*3 + 3, ""},
+		{"mlp", []int{20}, 3, 0, (20*256 + 256) + (256*256 + 256) + (256*3 + 3), ""},
+		{"mlp", []int{3, 8, 8}, 2, 0, (192*256 + 256) + (256*256 + 256) + (256*2 + 2), ""},
+		{"cnn", []int{3, 32, 32}, 5, 0, -1, ""},
+		{"cnn", []int{20}, 3, 0, 0, "needs images of shape [C, H, W]"},
+		{"cnn", []int{1, 4, 4}, 3, 0, 0, "H, W ≥ 8"},
+		{"textbag", []int{32}, 4, 500, 500*64 + (64*64 + 64) + (64*4 + 4), ""},
+		{"textbag", []int{20}, 3, 0, 0, "needs token sequences"},
+		{"mlp", []int{32}, 4, 500, 0, "token sequences (vocabulary 500)"},
+		{"mlp", []int{20}, 0, 0, 0, "0 classes"},
+		{"mlp", []int{0}, 2, 0, 0, "not a shape"},
+		{"resnet", []int{20}, 2, 0, 0, "unknown preset"},
+	} {
+		spec, err := PresetFor(tc.name, tc.input, tc.classes, tc.voc)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("PresetFor(%s, %v, %d, %d) error %v, want one containing %q", tc.name, tc.input, tc.classes, tc.voc, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("PresetFor(%s, %v): %v", tc.name, tc.input, err)
+		}
+		m, err := New(spec)
+		if err != nil {
+			t.Fatalf("PresetFor(%s, %v): New: %v", tc.name, tc.input, err)
+		}
+		if tc.params > 0 && m.NumParams() != tc.params {
+			t.Errorf("PresetFor(%s, %v): %d parameters, want %d", tc.name, tc.input, m.NumParams(), tc.params)
+		}
+		if !slices.Equal(m.InputShape(), tc.input) || m.Classes() != tc.classes {
+			t.Errorf("PresetFor(%s, %v, %d): model input %v, %d classes", tc.name, tc.input, tc.classes, m.InputShape(), m.Classes())
+		}
+	}
+	// The Fashion-MNIST presets are PresetFor on its shape.
+	for _, name := range []string{"logreg", "mlp", "cnn"} {
+		a, _ := Preset(name)
+		b, _ := PresetFor(name, []int{1, 28, 28}, 10, 0)
+		ha, _ := a.Hash()
+		hb, _ := b.Hash()
+		if ha != hb {
+			t.Errorf("Preset(%s) and PresetFor(%s, [1 28 28], 10) differ", name, name)
+		}
+	}
+}
