@@ -54,6 +54,46 @@ func TestAdmitNode(t *testing.T) {
 	}
 }
 
+// TestAdmitNodeOwnData: in a run whose nodes bring their own data, a
+// node is admitted only with the run's data schema and no shard claim;
+// the schema is checked before the model, and a run of shard-holding
+// nodes refuses a node with its own data.
+func TestAdmitNodeOwnData(t *testing.T) {
+	local := testRunConfig()
+	local.DataSchema = "shape [20], 3 classes, labels 0123456789abcdef"
+	shared := testRunConfig()
+	ok := nodeReport{id: "n", modelHash: local.ModelHash, seedPolicy: seed.Crypto, dataSchema: local.DataSchema,
+		shard: shardClaim{size: 700}}
+	for _, tc := range []struct {
+		name          string
+		mod           func(*nodeReport)
+		local, shared string // the verdict in a run of own-data nodes and in a run of shards
+	}{
+		{"valid", func(*nodeReport) {}, "", rejectShardIdentity},
+		{"another shape", func(n *nodeReport) { n.dataSchema = "shape [10], 3 classes, labels 0123456789abcdef" }, rejectDataSchema, rejectShardIdentity},
+		{"another label set", func(n *nodeReport) { n.dataSchema = "shape [20], 3 classes, labels fedcba9876543210" }, rejectDataSchema, rejectShardIdentity},
+		{"another schema and model", func(n *nodeReport) { n.dataSchema, n.modelHash = "shape [10]", "other" }, rejectDataSchema, rejectModelHash},
+		{"no schema (a shard node)", func(n *nodeReport) {
+			n.dataSchema, n.shard = "", shardClaim{index: 0, count: 3, seed: 1, size: 700}
+		}, rejectDataSchema, ""},
+		{"schema and a shard claim", func(n *nodeReport) { n.shard = shardClaim{index: 0, count: 3, seed: 1, size: 700} }, rejectShardIdentity, rejectShardIdentity},
+		{"schema and a shard seed", func(n *nodeReport) { n.shard.seed = 5 }, rejectShardIdentity, rejectShardIdentity},
+		{"negative size", func(n *nodeReport) { n.shard.size = -1 }, rejectShardIdentity, rejectShardIdentity},
+		{"another model", func(n *nodeReport) { n.modelHash = "other" }, rejectModelHash, rejectModelHash},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := ok
+			tc.mod(&n)
+			if got := admitNode(local, n); got != tc.local {
+				t.Errorf("own-data run: admitNode = %q, want %q", got, tc.local)
+			}
+			if got := admitNode(shared, n); got != tc.shared {
+				t.Errorf("shard run: admitNode = %q, want %q", got, tc.shared)
+			}
+		})
+	}
+}
+
 func TestCheckShards(t *testing.T) {
 	sh := func(index, count int, seed uint64, size int64) shardClaim {
 		return shardClaim{index: index, count: count, seed: seed, size: size}
@@ -76,6 +116,10 @@ func TestCheckShards(t *testing.T) {
 		{"more than N", map[string]shardClaim{"a": sh(0, 2, 1, 6), "b": sh(1, 2, 1, 6)}, 10, blockShardSizes, "more than N = 10"},
 		{"exactly N", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 1, 5)}, 10, "", ""},
 		{"sizes that overflow int64", map[string]shardClaim{"a": sh(0, 2, 1, math.MaxInt64), "b": sh(1, 2, 1, math.MaxInt64)}, math.MaxInt64, blockShardSizes, ""},
+		// Nodes with their own data claim count 0: no overlap rule, only N.
+		{"own data", map[string]shardClaim{"a": sh(0, 0, 0, 3), "b": sh(0, 0, 0, 5), "c": sh(0, 0, 0, 2)}, 10, "", ""},
+		{"own data, more than N", map[string]shardClaim{"a": sh(0, 0, 0, 6), "b": sh(0, 0, 0, 5)}, 10, blockShardSizes, "more than N = 10 examples (node b: 5, the nodes before it: 6)"},
+		{"own data beside a shard", map[string]shardClaim{"a": sh(0, 0, 0, 3), "b": sh(0, 2, 1, 5)}, 10, blockShardSplit, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := checkShards(tc.claims, tc.n)

@@ -102,6 +102,11 @@ func (p RunPlan) RunConfigCached(dir string, log *slog.Logger) (RunConfig, error
 	return c, nil
 }
 
+// PlannedEpsilon is the ε that c's σ spends over c.MaxSteps steps at
+// c.Delta, by c's accountant (plannedEpsilon): what a run that is not
+// stopped early spends.
+func (c RunConfig) PlannedEpsilon() (float64, error) { return plannedEpsilon(c) }
+
 // plannedEpsilon is the ε that c's σ spends over c.MaxSteps steps at
 // c.Delta, by c's accountant: the quantity RunConfig calibrates σ for,
 // with the same accountant calls (ledger.PLDEventEpsilon for PLD,

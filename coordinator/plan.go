@@ -72,6 +72,10 @@ type RunPlan struct {
 	// source: the run's SeedPolicy is then seed.Seeded, and it is NOT
 	// private. Otherwise seed.Crypto.
 	Seeded bool
+	// DataSchema, for a run whose nodes bring their own data, is what
+	// that data must look like (RunConfig.DataSchema); N is then
+	// TotalExamples, declared in advance (no data is loaded here).
+	DataSchema string
 }
 
 // RunConfig derives the replicated run configuration from the plan:
@@ -144,7 +148,7 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 	c := RunConfig{
 		Run: p.Run, ModelSpec: p.ModelSpec, ModelHash: p.ModelHash, Dim: p.Dim, InitSeed: p.InitSeed,
 		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: p.TargetEpsilon, Delta: p.Delta,
-		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode, Accountant: accountant,
+		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode, Accountant: accountant, DataSchema: p.DataSchema,
 	}
 	if p.Sigma == 0 {
 		if p.MaxSteps <= 0 {

@@ -39,9 +39,16 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		l.s.metrics.nodeRefused(reason)
 		if l.lead != nil && l.nodes.shouldWarn(id, time.Now()) {
 			l.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
-				"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count)
+				"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count,
+				"data_schema", n.dataSchema, "run_data_schema", l.s.run.DataSchema)
+			detail := reason
+			if reason == rejectDataSchema {
+				// The node is told what the run's data looks like (public:
+				// the run file says it).
+				detail += ": " + l.s.run.DataSchema
+			}
 			l.publish(ctx, transport.Status{
-				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: reason,
+				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: detail,
 			})
 		}
 		return
@@ -50,8 +57,13 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 	if _, join := m.(transport.Join); join || isNew {
 		// A Join is sent at a node's start and on a new leader term: a
 		// restarted node shows up here even if it was still registered.
-		l.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
-			"shard_seed", c.seed, "seed_policy", n.seedPolicy)
+		if c.count == 0 {
+			l.log.Info("node joined with its own data", "node", id, "examples", c.size, "data_schema", n.dataSchema,
+				"seed_policy", n.seedPolicy)
+		} else {
+			l.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
+				"shard_seed", c.seed, "seed_policy", n.seedPolicy)
+		}
 	}
 	if ls := l.lead; ls != nil && ls.phase == phaseIdle {
 		ls.retryAt = time.Time{} // a new node may make a round possible

@@ -69,6 +69,17 @@ type RunConfig struct {
 	// what they meant then: RDP. Omitted when empty, so such a
 	// configuration re-encodes to the same bytes.
 	Accountant string `json:"accountant,omitempty" msgpack:"accountant,omitempty"`
+	// DataSchema, if not empty, says the run's nodes bring their own data
+	// (node-local data) and what it must look like: dataset.Schema's
+	// String (input shape, classes, a hash of the label names). A node
+	// then claims no shard of a shared training set; it reports its
+	// schema and its example count, and admitNode refuses it unless the
+	// schema is this one. TotalExamples is then the N the run file
+	// declares, which the live nodes' counts may not exceed
+	// (checkShards). Empty for a run whose nodes cut one training set into
+	// IID shards, and for configurations written before the field existed
+	// (omitted when empty: they re-encode to the same bytes).
+	DataSchema string `json:"data_schema,omitempty" msgpack:"data_schema,omitempty"`
 }
 
 // Accountants (RunConfig.Accountant). The ledger's run record names the

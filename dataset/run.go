@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
-	"path/filepath"
-	"strings"
 )
 
 // Names of the datasets a run can train on (RunOptions.Dataset, a run
@@ -15,7 +14,15 @@ import (
 const (
 	NameFashionMNIST = "fashion-mnist"
 	NameGaussian     = "gaussian"
-	NameCSV          = "csv"
+	// NameFile is a data file in any format ReadFile reads; NameCSV is
+	// the same (its older name).
+	NameFile = "file"
+	NameCSV  = "csv"
+	// NameLocal is a run whose nodes each bring their own data file: the
+	// replicas load no training data, and each node reads its own with
+	// ReadFile; the run's Schema says what every node's data looks like.
+	// LoadRun does not load it.
+	NameLocal = "local"
 )
 
 // The synthetic "gaussian" dataset: a fixed draw, so every process of a run
@@ -27,6 +34,20 @@ const (
 	gaussianTestShare  = 1.0 / 6 // 10000 training rows, 2000 test rows
 	csvSplitSeed       = 1       // the rows EvalHoldout holds out
 )
+
+// KnownTrainSize returns the number of training examples of the dataset
+// name before it is loaded, where that is fixed: 60000 for Fashion-MNIST,
+// 10000 for the gaussian data; 0 for a file, whose size only reading it
+// tells.
+func KnownTrainSize(name string) int64 {
+	switch name {
+	case NameFashionMNIST:
+		return 60000
+	case NameGaussian:
+		return int64(math.Round(gaussianExamples * (1 - gaussianTestShare)))
+	}
+	return 0
+}
 
 // ErrRunOptions is returned (wrapped, naming the option by its run-file
 // key) by RunOptions.Validate and LoadRun for options that do not describe
@@ -53,13 +74,17 @@ type RunOptions struct {
 	// then $DPCLUSTER_DATA, the user cache, the Debian package's
 	// directory).
 	Dir string
-	// Path is the CSV training file: no header, the label in the first
-	// column (ReadCSV). Its rows are private training data: all of them are
-	// the training set unless EvalHoldout is set.
+	// Path is the training file (NameFile, NameCSV), read with ReadFile
+	// and File. Its rows are private training data: all of them are the
+	// training set unless EvalHoldout is set.
 	Path string
-	// EvalPath is, for NameCSV, a separate CSV file of public evaluation
-	// data (same format). It must not be the training file. Without it
-	// (and without EvalHoldout) a CSV run evaluates nothing.
+	// File says how Path and EvalPath are read (ReadFile). Its Classes, if
+	// 0, is the Model's.
+	File FileOptions
+	// EvalPath is, for NameFile, a separate file of public evaluation
+	// data, read like Path with the training data's classes and label
+	// names. It must not be the training file. Without it (and without
+	// EvalHoldout) a file run evaluates nothing.
 	EvalPath string
 	// EvalHoldout, if not 0, is for NameCSV the fraction in (0, 1) of
 	// Path's rows (chosen with a fixed seed) held out of the training set
@@ -100,12 +125,12 @@ func (o RunOptions) Validate() error {
 		if o.Path != "" || o.Dir != "" {
 			return bad("dataset gaussian is generated: it takes neither data nor data_path")
 		}
-	case NameCSV:
+	case NameFile, NameCSV:
 		if o.Path == "" {
-			return bad("dataset csv needs data_path FILE")
+			return bad("dataset %s needs data_path FILE", o.Dataset)
 		}
 		if o.Dir != "" {
-			return bad("data is the Fashion-MNIST directory; give data_path FILE for csv")
+			return bad("data is the Fashion-MNIST directory; give data_path FILE for %s", o.Dataset)
 		}
 		if o.EvalPath != "" && o.EvalHoldout != 0 {
 			return bad("give eval_path (public evaluation data) or eval_split_from_train (NON-PRIVATE), not both")
@@ -113,11 +138,13 @@ func (o RunOptions) Validate() error {
 		if o.EvalHoldout != 0 && !(o.EvalHoldout > 0 && o.EvalHoldout < 1) {
 			return bad("eval_split_from_train %v must be a fraction in (0, 1)", o.EvalHoldout)
 		}
+	case NameLocal:
+		return bad("dataset local: each node loads its own file (ReadFile); LoadRun loads no shared training set")
 	default:
-		return bad("dataset must be %s, %s or %s, not %q", NameFashionMNIST, NameGaussian, NameCSV, o.Dataset)
+		return bad("dataset must be %s, %s or %s, not %q", NameFashionMNIST, NameGaussian, NameFile, o.Dataset)
 	}
-	if o.Dataset != NameCSV && (o.EvalPath != "" || o.EvalHoldout != 0) {
-		return bad("eval_path and eval_split_from_train are for dataset csv: %s evaluates on its own public test split", o.Dataset)
+	if o.Dataset != NameCSV && o.Dataset != NameFile && (o.EvalPath != "" || o.EvalHoldout != 0) {
+		return bad("eval_path and eval_split_from_train are for dataset file: %s evaluates on its own public test split", o.Dataset)
 	}
 	return nil
 }
@@ -160,8 +187,8 @@ func LoadRun(ctx context.Context, o RunOptions) (train *Dataset, eval EvalSet, e
 			all.Shape = o.Model.InputShape()
 			train, eval.Data, err = Split(all, gaussianTestShare, gaussianDataSeed)
 		}
-	case NameCSV:
-		train, eval, err = loadRunCSV(o)
+	case NameFile, NameCSV:
+		train, eval, err = loadRunFile(o)
 	}
 	if err != nil {
 		return nil, EvalSet{}, err
@@ -183,10 +210,14 @@ func LoadRun(ctx context.Context, o RunOptions) (train *Dataset, eval EvalSet, e
 	return train, eval, nil
 }
 
-// loadRunCSV reads the training file and the evaluation data of a CSV run
-// (see LoadRun).
-func loadRunCSV(o RunOptions) (train *Dataset, eval EvalSet, err error) {
-	if train, err = readCSVFile(o.Path, o.Model); err != nil {
+// loadRunFile reads the training file and the evaluation data of a file
+// run (see LoadRun).
+func loadRunFile(o RunOptions) (train *Dataset, eval EvalSet, err error) {
+	fo := o.File
+	if fo.Classes == 0 && fo.Labels == nil && o.Model != nil {
+		fo.Classes = o.Model.Classes()
+	}
+	if train, err = ReadFile(o.Path, fo); err != nil {
 		return nil, EvalSet{}, err
 	}
 	switch {
@@ -201,31 +232,17 @@ func loadRunCSV(o RunOptions) (train *Dataset, eval EvalSet, err error) {
 		} else if same {
 			return nil, EvalSet{}, fmt.Errorf("%w: eval_path %s is the training file %s: evaluation data must be separate, public data", ErrRunOptions, o.EvalPath, o.Path)
 		}
-		if eval.Data, err = readCSVFile(o.EvalPath, o.Model); err != nil {
+		// The evaluation data is read with the training data's classes, so
+		// that a class name means the same class in both.
+		fo.Labels, fo.Classes = train.LabelNames, train.Classes
+		if len(fo.InputShape) == 0 {
+			fo.InputShape = train.Shape
+		}
+		if eval.Data, err = ReadFile(o.EvalPath, fo); err != nil {
 			return nil, EvalSet{}, fmt.Errorf("eval_path: %w", err)
 		}
 	}
 	return train, eval, nil
-}
-
-// readCSVFile reads a CSV file in the run's csv format, with the model's
-// number of classes when m is set.
-func readCSVFile(path string, m Shaper) (*Dataset, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	co := DefaultCSVOptions()
-	co.Name = strings.TrimSuffix(filepath.Base(path), ".csv")
-	if m != nil {
-		co.Classes = m.Classes()
-	}
-	d, err := ReadCSV(f, co)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return d, nil
 }
 
 // sameFile reports whether paths a and b name the same file (through links

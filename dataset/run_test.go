@@ -60,8 +60,8 @@ func TestRunOptionsValidate(t *testing.T) {
 		{"both evaluations", RunOptions{Dataset: NameCSV, Path: "a.csv", EvalPath: "b.csv", EvalHoldout: 0.2}, "not both"},
 		{"holdout 1", RunOptions{Dataset: NameCSV, Path: "a.csv", EvalHoldout: 1}, "eval_split_from_train"},
 		{"holdout negative", RunOptions{Dataset: NameCSV, Path: "a.csv", EvalHoldout: -0.1}, "eval_split_from_train"},
-		{"eval path for gaussian", RunOptions{Dataset: NameGaussian, EvalPath: "b.csv"}, "for dataset csv"},
-		{"holdout for fashion", RunOptions{Dataset: NameFashionMNIST, EvalHoldout: 0.2}, "for dataset csv"},
+		{"eval path for gaussian", RunOptions{Dataset: NameGaussian, EvalPath: "b.csv"}, "for dataset file"},
+		{"holdout for fashion", RunOptions{Dataset: NameFashionMNIST, EvalHoldout: 0.2}, "for dataset file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.o.Validate()

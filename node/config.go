@@ -49,6 +49,10 @@ const (
 	// RejectShardIdentity: the node's Join or Heartbeat lacks a valid
 	// shard identity or seed policy (an older node).
 	RejectShardIdentity = "shard_identity"
+	// RejectDataSchema: in a run whose nodes bring their own data, the
+	// node's data schema is not the run's. The Status.Detail is
+	// "data_schema: " followed by the run's schema.
+	RejectDataSchema = "data_schema"
 )
 
 // Config configures a Worker. Start from DefaultConfig.
@@ -75,10 +79,18 @@ type Config struct {
 	// with seed ShardSeed (dataset.ShardIID). The node reports them, with
 	// its shard size and seed policy, in Join and Heartbeat; the leader
 	// opens no round while two live nodes claim the same part. Required:
-	// ShardCount ≥ 1 and 0 ≤ ShardIndex < ShardCount.
+	// ShardCount ≥ 1 and 0 ≤ ShardIndex < ShardCount, unless DataSchema is
+	// set.
 	ShardIndex int
 	ShardCount int
 	ShardSeed  uint64
+	// DataSchema, in a run whose nodes bring their own data, is this
+	// node's data schema (dataset.Schema's String). The node then holds
+	// its own data, not a shard of a shared training set: ShardIndex,
+	// ShardCount and ShardSeed must be 0. It is reported in Join and
+	// Heartbeat; the leader refuses a node whose schema is not the run's
+	// (RejectDataSchema).
+	DataSchema string
 	// HeartbeatEvery is the period of Heartbeat messages. Default 1 s.
 	HeartbeatEvery time.Duration
 	// MaxBatch is the compute engine's capacity in examples, allocated by
@@ -137,7 +149,11 @@ func (c Config) Validate() error {
 	if !(c.ClipNorm > 0) || math.IsInf(c.ClipNorm, 0) {
 		bad("ClipNorm %v must be the run's clip norm C, positive and finite", c.ClipNorm)
 	}
-	if c.ShardCount < 1 {
+	if c.DataSchema != "" {
+		if c.ShardIndex != 0 || c.ShardCount != 0 || c.ShardSeed != 0 {
+			bad("a node with its own data (DataSchema %q) claims no shard: ShardIndex, ShardCount and ShardSeed must be 0", c.DataSchema)
+		}
+	} else if c.ShardCount < 1 {
 		bad("ShardCount %d must be ≥ 1", c.ShardCount)
 	} else if c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount {
 		bad("ShardIndex %d must be in [0, ShardCount %d)", c.ShardIndex, c.ShardCount)

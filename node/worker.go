@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -371,7 +372,8 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 			c := &w.cfg
 			err := w.conn.Publish(ctx, transport.Heartbeat{Run: c.Run, NodeID: c.ID,
 				ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
-				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy()})
+				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
+				DataSchema: c.DataSchema})
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, transport.ErrClosed):
@@ -400,7 +402,8 @@ func (w *Worker) join(ctx context.Context) error {
 	c := &w.cfg
 	err := w.conn.Publish(ctx, transport.Join{Run: c.Run, NodeID: c.ID,
 		ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(),
-		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy()})
+		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
+		DataSchema: c.DataSchema})
 	if err != nil && !errors.Is(err, transport.ErrClosed) && ctx.Err() == nil {
 		w.log.Warn("node: join not sent (heartbeats will register the node)", "err", err)
 		return nil
@@ -903,6 +906,13 @@ func (s *session) apply(st transport.Status) {
 		w.log.Info("node: run stopped", "from", st.From, "step", st.Step, "detail", st.Detail)
 		s.end = &ending{reason: "stopped"}
 	case transport.StatusRejected:
+		if run, ok := strings.CutPrefix(st.Detail, RejectDataSchema+": "); ok {
+			w.log.Error("node: the coordinator refuses this node: its data does not have the run's schema",
+				"data_schema", w.cfg.DataSchema, "run_data_schema", run, "from", st.From)
+			s.end = &ending{reason: "refused",
+				err: fmt.Errorf("%w: this node's data has %s; the run's data has %s", ErrRefused, w.cfg.DataSchema, run)}
+			return
+		}
 		switch st.Detail {
 		case RejectModelHash:
 			w.log.Error("node: coordinator runs a different model", "model_hash", w.m.Hash(), "from", st.From)

@@ -132,6 +132,12 @@ type Message interface {
 // public configuration. They are optional fields (added in envelope version
 // 1); the coordinator refuses a node that omits them (ShardCount 0 or an
 // empty SeedPolicy).
+//
+// DataSchema, in a run whose nodes bring their own data, is the node's
+// data schema (dataset.Schema's String: input shape, classes and a hash of
+// the label names); the node then claims no shard (ShardIndex, ShardCount
+// and ShardSeed 0) and ShardSize is its own example count. The leader
+// refuses a node whose schema is not the run's. Omitted when empty.
 type Join struct {
 	Run        string      `msgpack:"run"`
 	NodeID     string      `msgpack:"node"`
@@ -141,6 +147,7 @@ type Join struct {
 	ShardCount int         `msgpack:"shard_count"`
 	ShardSeed  uint64      `msgpack:"shard_seed"`
 	SeedPolicy seed.Policy `msgpack:"seed_policy"`
+	DataSchema string      `msgpack:"data_schema,omitempty"`
 }
 
 // Leave announces that a node stops taking part. Reason is free text for
@@ -164,6 +171,7 @@ type Heartbeat struct {
 	ShardCount int         `msgpack:"shard_count"`
 	ShardSeed  uint64      `msgpack:"shard_seed"`
 	SeedPolicy seed.Policy `msgpack:"seed_policy"`
+	DataSchema string      `msgpack:"data_schema,omitempty"`
 }
 
 // RoundStart opens round Step. RoundID is a fresh random nonce per round: a

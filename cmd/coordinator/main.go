@@ -5,13 +5,18 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/dpcluster/dpcluster/internal/cli"
 )
 
 func main() {
 	if err := cli.NewCoordinatorCmd().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "coordinator:", err)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "coordinator: ") { // the package's own errors say it already
+			msg = "coordinator: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
 	}
 }

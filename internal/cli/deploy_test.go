@@ -28,7 +28,7 @@ func TestExampleRunFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := spec.runConfig(m, 60000, false, "", nil) // Fashion-MNIST's training split
+	rc, err := spec.runConfig(m, 60000, "", false, "", nil) // Fashion-MNIST's training split
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -285,8 +285,8 @@ func TestEvalDataFlagErrors(t *testing.T) {
 		{"fraction NaN", []string{"--eval-split-from-train", "NaN"}, "eval_split_from_train"},
 		{"eval path is the training file", []string{"--eval-path", data}, "training file"},
 		{"eval path links to the training file", []string{"--eval-path", link}, "training file"},
-		{"missing eval file", []string{"--eval-path", filepath.Join(dir, "nope.csv")}, "eval_path"},
-		{"eval file does not fit the model", []string{"--eval-path", wide}, "eval_path"},
+		{"missing eval file", []string{"--eval-path", filepath.Join(dir, "nope.csv")}, "--eval-path"},
+		{"eval file does not fit the model", []string{"--eval-path", wide}, "--eval-path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := runCmd(t, csvLocalArgs(t, data, spec, tc.args...)...)
@@ -295,7 +295,7 @@ func TestEvalDataFlagErrors(t *testing.T) {
 			}
 		})
 	}
-	// The eval flags are for csv only: Fashion-MNIST has its public t10k
+	// The eval flags are for data files (csv) only: Fashion-MNIST has its public t10k
 	// files and the gaussian data is public and synthetic.
 	for _, args := range [][]string{
 		{"--dataset", "gaussian", "--eval-path", eval},
@@ -303,8 +303,8 @@ func TestEvalDataFlagErrors(t *testing.T) {
 		{"--dataset", "fashion-mnist", "--eval-path", eval},
 	} {
 		_, _, err := runCmd(t, append([]string{"local", "--model", "logreg", "--data-dir", t.TempDir()}, args...)...)
-		if err == nil || !strings.Contains(err.Error(), "for dataset csv") {
-			t.Errorf("%v: err = %v, want one saying the option is for dataset csv", args, err)
+		if err == nil || !strings.Contains(err.Error(), "for dataset file") {
+			t.Errorf("%v: err = %v, want one saying the option is for dataset file", args, err)
 		}
 	}
 }

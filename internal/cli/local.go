@@ -111,7 +111,7 @@ func newLocalCmd() *cobra.Command { return newLocalCmdHooks(LocalHooks{}) }
 // newLocalCmdHooks is the local command whose run reports to hooks.
 func newLocalCmdHooks(hooks LocalHooks) *cobra.Command {
 	spec := defaultRunSpec()
-	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "dpcluster-data", device: "cpu", hooks: hooks}
+	f := localFlags{nodes: 3, progress: "auto", logFormat: "text", dataDir: "", device: "cpu", hooks: hooks}
 	cmd := &cobra.Command{
 		Use:   "local",
 		Short: "Train in one process: embedded NATS, one coordinator replica, k in-process nodes",
@@ -135,13 +135,18 @@ present that certificate, other processes (coordinator status) their own.`,
 			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
 				return err
 			}
+			if !cmd.Flags().Changed("data-dir") {
+				// One directory per run, so that two runs on different
+				// data never meet in one log.
+				f.dataDir = filepath.Join("dpcluster-data", spec.Run)
+			}
 			return runLocal(cmd, spec, f)
 		},
 	}
 	fs := cmd.Flags()
 	spec.bind(fs)
 	fs.StringVar(&f.config, "config", "", "YAML run file; flags override it")
-	fs.StringVar(&f.dataDir, "data-dir", f.dataDir, "directory for the replica's Raft log, snapshots and privacy ledger")
+	fs.StringVar(&f.dataDir, "data-dir", f.dataDir, "directory for the replica's Raft log, snapshots and privacy ledger (default: dpcluster-data/RUN, RUN the run's name)")
 	fs.IntVar(&f.nodes, "nodes", f.nodes, "number of in-process nodes (the training set is split IID among them)")
 	fs.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "if non-zero, seed noise and sampling: reproducible and NOT private")
 	fs.StringVar(&f.progress, "progress", f.progress, "progress bar: auto (on a terminal), on or off")
@@ -168,6 +173,10 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	if spec.Dataset == "none" {
 		return errors.New("local needs a dataset to shard among its nodes")
+	}
+	if spec.Dataset == dataset.NameLocal {
+		return errors.New("--dataset local is for nodes that each bring their own file (coordinator serve and node processes: docs/DATA.md); " +
+			"local cuts one training set among its in-process nodes: give --data-path FILE")
 	}
 	natsTLS, err := tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey)
 	if err != nil {
@@ -199,6 +208,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)
 	if err != nil {
+		return err
+	}
+	if err := spec.checkPlannedBudget(pr.cfg); err != nil {
 		return err
 	}
 	rc := pr.cfg
@@ -317,8 +329,15 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(res)
 	}
-	fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs (%.1fs to the first step, %.1fs stepping, %.1fs after the last)\n",
-		rc.Run, res.Steps, res.Stopped, res.Seconds, res.Timing.ToFirstStep, res.Timing.Stepping, res.Timing.AfterLastStep)
+	if firstStep.IsZero() && res.Steps > 0 {
+		// Nothing was trained here: the data dir holds a finished run.
+		fmt.Fprintf(out, "run %s is already finished: %d steps (%s); nothing was trained. A run's budget is spent once: "+
+			"to train more, start a new run with its own budget in another --data-dir (and another --run)\n",
+			rc.Run, res.Steps, res.Stopped)
+	} else {
+		fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs (%.1fs to the first step, %.1fs stepping, %.1fs after the last)\n",
+			rc.Run, res.Steps, res.Stopped, res.Seconds, res.Timing.ToFirstStep, res.Timing.Stepping, res.Timing.AfterLastStep)
+	}
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(out, line)
 	}

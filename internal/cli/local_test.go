@@ -138,7 +138,7 @@ func TestLocalFlagErrors(t *testing.T) {
 	cases := []flagCase{
 		{[]string{"--nodes", "0"}, "--nodes"},
 		{[]string{"--dataset", "none"}, "needs a dataset"},
-		{[]string{"--dataset", "mnist"}, "dataset must be"},
+		{[]string{"--dataset", "mnist"}, `--dataset "mnist": must be one of`},
 		{[]string{"--model", "nope"}, "--model"},
 		{[]string{"--max-steps", "0"}, "max_steps"},
 		{[]string{"--batch-size", "1e9"}, "batch_size"},
@@ -239,5 +239,31 @@ func TestLocalDevice(t *testing.T) {
 	want := fmt.Sprintf(`"msg":"compute device","device":"cpu","device_name":%q,"device_memory_bytes":0,"compute_capability":""`, cpuInfo(t).Name)
 	if !strings.Contains(logs.String(), want) {
 		t.Errorf("logs lack %s:\n%s", want, logs.String())
+	}
+}
+
+// TestLocalFinishedRunSaysSo: `local` on the data dir of a finished run
+// trains nothing and says that the run is finished and how to train more
+// (a new run, with its own budget), instead of "trained … for N steps".
+func TestLocalFinishedRunSaysSo(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	args := []string{"local", "--dataset", "gaussian", "--model", "logreg", "--batch-size", "100", "--max-steps", "5",
+		"--data-dir", dir, "--progress", "off"}
+	out, _, err := runCmd(t, args...)
+	if err != nil || !strings.Contains(out, "trained gaussian-logreg for 5 steps") {
+		t.Fatalf("first run: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"run gaussian-logreg is already finished: 5 steps (max steps reached); nothing was trained",
+		"start a new run with its own budget in another --data-dir"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("second run's output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "trained gaussian-logreg") {
+		t.Errorf("second run says it trained:\n%s", out)
 	}
 }

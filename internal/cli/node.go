@@ -198,7 +198,7 @@ func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slo
 	// the configuration with a stand-in σ and then clears it.
 	calibrate := spec.Sigma == 0
 	if calibrate {
-		spec.Sigma = 1
+		spec.Sigma, spec.sigmaStandIn = 1, true
 	}
 	pr, err := spec.prepare(ctx, false, "", log)
 	if err != nil {
@@ -206,6 +206,19 @@ func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slo
 	}
 	if calibrate {
 		pr.cfg.Optimizer.NoiseMultiplier = 0 // not the node's to know
+	}
+	if spec.Dataset == dataset.NameLocal {
+		// The node's own data, checked against the run's schema: the
+		// replicas loaded none, and there is nothing to cut.
+		sc, err := spec.schema()
+		if err != nil {
+			return pr, nil, err
+		}
+		own, err := spec.readLocal(spec.DataPath, sc)
+		if err != nil {
+			return pr, nil, fmt.Errorf("--data-path: %w", err)
+		}
+		return pr, own, nil
 	}
 	views, err := dataset.ShardViewsIID(pr.train, count, spec.ShardSeed)
 	if err != nil {
@@ -236,6 +249,13 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	if spec.Dataset == "none" {
 		return errors.New("a node needs the training data: dataset none is for coordinator serve only")
 	}
+	local := spec.Dataset == dataset.NameLocal
+	if local && spec.DataPath == "" {
+		return errors.New("--dataset local: each node brings its own data: give this node's file with --data-path FILE")
+	}
+	if local && (cmd.Flags().Changed("shard-index") || cmd.Flags().Changed("shard-count")) {
+		return errors.New("--shard-index and --shard-count cut one shared training set; with --dataset local this node trains on its own --data-path")
+	}
 	log, err := nodeLogger(cmd.ErrOrStderr(), f.logFormat, f.logLevel)
 	if err != nil {
 		return err
@@ -256,15 +276,22 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 		return err
 	}
 	m, rc := pr.model, pr.cfg
-	log.Info("shard loaded", "run", rc.Run, "dataset", spec.Dataset, "shard", fmt.Sprintf("%d/%d", f.shardIndex, f.shardCount),
-		"shard_seed", spec.ShardSeed, "examples", shard.Len(), "total_examples", rc.TotalExamples, "q", rc.SampleRate,
-		"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
-		"backend", m.Backend().Name())
-
 	cfg := node.DefaultConfig()
 	cfg.ID, cfg.Run, cfg.HeartbeatEvery = f.id, rc.Run, f.heartbeat
 	cfg.SampleRate, cfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
-	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = f.shardIndex, f.shardCount, spec.ShardSeed
+	if local {
+		cfg.DataSchema = dataset.SchemaOf(shard).String()
+		log.Info("own data loaded", "run", rc.Run, "data_path", spec.DataPath, "examples", shard.Len(),
+			"data_schema", cfg.DataSchema, "total_examples", rc.TotalExamples, "q", rc.SampleRate,
+			"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
+			"backend", m.Backend().Name())
+	} else {
+		cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = f.shardIndex, f.shardCount, spec.ShardSeed
+		log.Info("shard loaded", "run", rc.Run, "dataset", spec.Dataset, "shard", fmt.Sprintf("%d/%d", f.shardIndex, f.shardCount),
+			"shard_seed", spec.ShardSeed, "examples", shard.Len(), "total_examples", rc.TotalExamples, "q", rc.SampleRate,
+			"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
+			"backend", m.Backend().Name())
+	}
 	opts := []node.Option{node.WithDevice(dev)}
 	if cmd.Flags().Changed("insecure-seed") {
 		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",

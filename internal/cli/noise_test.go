@@ -27,7 +27,7 @@ func TestRunConfigNoise(t *testing.T) {
 	}
 	const n = 60000
 	spec := defaultRunSpec()
-	c, err := spec.runConfig(m, n, false, "", nil)
+	c, err := spec.runConfig(m, n, "", false, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestRunConfigNoise(t *testing.T) {
 	}
 	pldSigma := c.Optimizer.NoiseMultiplier
 	spec.Accountant = coordinator.AccountantRDP
-	if c, err = spec.runConfig(m, n, false, "", nil); err != nil {
+	if c, err = spec.runConfig(m, n, "", false, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	eps, _, err := ledger.EventEpsilon(nil, c.Event(), spec.MaxSteps, spec.Delta)
@@ -57,7 +57,7 @@ func TestRunConfigNoise(t *testing.T) {
 	}
 	floatSpec := defaultRunSpec()
 	floatSpec.Noise, floatSpec.Accountant = coordinator.NoiseFloat, coordinator.AccountantRDP
-	fc, err := floatSpec.runConfig(m, n, false, "", nil)
+	fc, err := floatSpec.runConfig(m, n, "", false, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestRunConfigNoise(t *testing.T) {
 		t.Errorf("discrete σ %v, float σ %v", s, f)
 	}
 	spec.Noise = "gaussian"
-	if _, err := spec.runConfig(m, n, false, "", nil); err == nil || !strings.Contains(err.Error(), "noise \"gaussian\"") {
+	if _, err := spec.runConfig(m, n, "", false, "", nil); err == nil || !strings.Contains(err.Error(), "noise \"gaussian\"") {
 		t.Errorf("unknown noise: %v", err)
 	}
 }
@@ -109,7 +109,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 		spec := defaultRunSpec()
 		spec.keepLegacyNoise(tc.dir, log)
 		spec.keepLegacyAccountant(tc.dir, log)
-		c, err := spec.runConfig(m, 10000, false, "", nil)
+		c, err := spec.runConfig(m, 10000, "", false, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func TestRunFileAccountant(t *testing.T) {
 		if err := loadRunSpec(&spec, file(body), fs); err != nil {
 			return coordinator.RunConfig{}, err
 		}
-		return spec.runConfig(m, 10000, false, "", nil)
+		return spec.runConfig(m, 10000, "", false, "", nil)
 	}
 	for _, tc := range []struct {
 		body string
@@ -203,7 +203,7 @@ func TestRunFileAccountant(t *testing.T) {
 		spec := defaultRunSpec()
 		spec.Noise, spec.Accountant = coordinator.NoiseFloat, coordinator.AccountantPLD
 		spec.keepLegacyAccountant(tc.dir, log)
-		c, err := spec.runConfig(m, 10000, false, "", nil)
+		c, err := spec.runConfig(m, 10000, "", false, "", nil)
 		if err != nil || c.Accountant != tc.want {
 			t.Errorf("%s: accountant %q (%v), want %q", tc.dir, c.Accountant, err, tc.want)
 		}

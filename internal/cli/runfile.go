@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/raftlog"
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 // runSpec is a training run as a user describes it: the YAML run file
@@ -38,12 +40,24 @@ type runSpec struct {
 	Model     string `yaml:"model"`
 	ModelSpec string `yaml:"model_spec"`
 	// Dataset is fashion-mnist, gaussian (a fixed synthetic Gaussian
-	// mixture shaped by the model), csv, or, for serve only, none. The
-	// nodes must load the same data (they and the coordinator both use
-	// dataset.LoadRun).
+	// mixture shaped by the model), file (csv is the same: a data file in
+	// any format dataset.ReadFile reads, cut into IID shards), local (each
+	// node brings its own data file; the replicas load none), or, for
+	// serve only, none. Except with local, the nodes load the same data as
+	// the replicas (they all use dataset.LoadRun) and take IID shards.
 	Dataset  string `yaml:"dataset"`
 	Data     string `yaml:"data"`      // fashion-mnist: directory searched first
-	DataPath string `yaml:"data_path"` // csv: the (private) training file
+	DataPath string `yaml:"data_path"` // file: the (private) training file; local: the node's own
+	// LabelColumn, FeatureColumns, Labels, Classes and InputShape say how
+	// a data file is read (dataset.FileOptions) and, for dataset local,
+	// what every node's data must look like (the run's dataset.Schema:
+	// InputShape and Classes or Labels). Labels are the class names in
+	// class order.
+	LabelColumn    string   `yaml:"label_column"`
+	FeatureColumns []string `yaml:"feature_columns"`
+	Labels         []string `yaml:"labels"`
+	Classes        int      `yaml:"classes"`
+	InputShape     []int    `yaml:"input_shape"`
 	// EvalPath (csv) is a separate, public evaluation file; EvalHoldout
 	// (csv) instead holds that fraction of DataPath out of training for a
 	// NON-PRIVATE evaluation. See dataset.RunOptions.
@@ -77,6 +91,9 @@ type runSpec struct {
 	Accountant string `yaml:"accountant"`
 	// legacyAccountant is set by keepLegacyAccountant, never by the user.
 	legacyAccountant bool
+	// sigmaStandIn says Sigma is a node's stand-in (a node derives q and C,
+	// never σ, which is the leader's): nothing is checked against it.
+	sigmaStandIn bool
 
 	Algorithm  string  `yaml:"algorithm"`
 	LR         float64 `yaml:"lr"`
@@ -112,12 +129,18 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Run, "run", s.Run, "run name (scopes NATS subjects and the ledger)")
 	fs.StringVar(&s.Model, "model", s.Model, "model preset: "+strings.Join(model.Presets(), "|"))
 	fs.StringVar(&s.ModelSpec, "model-spec", s.ModelSpec, "JSON model spec file (instead of --model)")
-	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian or csv")
+	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian, file (csv), or local (each node its own --data-path); --data-path alone means file")
 	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory holding its four files (default: search $DPCLUSTER_DATA, the cache and the Debian package's)")
-	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "CSV file (label column + features) for --dataset csv: private training data, every row trained on")
-	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "csv: separate, public CSV file to evaluate θ on (without it a csv run evaluates nothing)")
+	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "private training data: a .csv, .npy, .npz or .parquet file, or a folder of images per class "+
+		"(docs/DATA.md); with --dataset local, this node's own file")
+	fs.StringVar(&s.LabelColumn, "label-column", s.LabelColumn, "CSV (with a header) or Parquet: the label column's name (CSV without it: no header, label first)")
+	fs.StringSliceVar(&s.FeatureColumns, "feature-columns", s.FeatureColumns, "CSV or Parquet: the feature columns by name, in order (default: every column but the label)")
+	fs.StringSliceVar(&s.Labels, "labels", s.Labels, "the class names in class order (default: integer labels, or the sorted names the data holds)")
+	fs.IntVar(&s.Classes, "classes", s.Classes, "number of classes (default: from the labels)")
+	fs.IntSliceVar(&s.InputShape, "input-shape", s.InputShape, "per-example input shape, e.g. 3,32,32: the size images are resized to (default: the first image's); with --dataset local, the run's")
+	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")
 	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
-		"csv: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")
+		"file: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")
 	fs.Int64Var(&s.TotalExamples, "total-examples", s.TotalExamples, "N, training examples across all nodes (default: from the dataset)")
 	fs.Float64Var(&s.BatchSize, "batch-size", s.BatchSize, "expected batch size B (q = B/N)")
 	fs.Float64Var(&s.Clip, "clip", s.Clip, "per-example clipping norm C")
@@ -176,7 +199,48 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 			s.ModelSpec = ""
 		}
 	}
+	given := func(flag, key string) bool { return fs.Changed(flag) || fileKeys[key] }
+	// A data file alone says what to train on: --data-path x.csv is
+	// --dataset file.
+	if s.DataPath != "" && !given("dataset", "dataset") {
+		s.Dataset = dataset.NameFile
+	}
+	if !given("run", "run") {
+		s.Run = s.derivedRunName()
+	}
 	return s.check(fs, fileKeys)
+}
+
+// derivedRunName is the run name when none is given: the data's and the
+// model's names ("fashion-mlp", "patients-mlp" for --data-path
+// patients.csv, "gaussian-cnn"), with every character a run name does not
+// allow replaced by '-'. A run whose nodes bring their own data has no
+// name to derive (check requires one); serve without data keeps the
+// default.
+func (s *runSpec) derivedRunName() string {
+	mdl := s.Model
+	if s.ModelSpec != "" {
+		mdl = strings.TrimSuffix(filepath.Base(s.ModelSpec), filepath.Ext(s.ModelSpec))
+	}
+	var data string
+	switch s.Dataset {
+	case dataset.NameFashionMNIST:
+		data = "fashion"
+	case dataset.NameGaussian:
+		data = "gaussian"
+	case dataset.NameCSV, dataset.NameFile:
+		base := filepath.Base(filepath.Clean(s.DataPath))
+		data = strings.TrimSuffix(base, filepath.Ext(base))
+	default:
+		return s.Run
+	}
+	name := []byte(data + "-" + mdl)
+	for i, c := range name {
+		if !transport.ValidRunName(string(c)) {
+			name[i] = '-'
+		}
+	}
+	return string(name[:min(len(name), 64)])
 }
 
 // unknownField matches yaml.v3's message for a key KnownFields refused.
@@ -248,7 +312,84 @@ func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 	if err := s.checkOptimizer(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, s.checkData(fs.Changed("run") || fileKeys["run"])...)
 	return errors.Join(errs...)
+}
+
+// runDatasets are the values of --dataset.
+var runDatasets = []string{dataset.NameFashionMNIST, dataset.NameGaussian, dataset.NameFile, dataset.NameCSV, dataset.NameLocal, "none"}
+
+// checkData checks the data options before anything is read: a known
+// dataset; for a data file, that it exists in a format the loader reads;
+// the class names agreeing with the class count; and, for a run whose
+// nodes bring their own data, everything the replicas need in advance
+// (a run name, the schema, N). runNamed says the run name was given.
+func (s *runSpec) checkData(runNamed bool) []error {
+	var errs []error
+	if !slices.Contains(runDatasets, s.Dataset) {
+		return []error{fmt.Errorf("--dataset %q: must be one of %s", s.Dataset, strings.Join(runDatasets, ", "))}
+	}
+	for _, n := range s.InputShape {
+		if n < 1 {
+			errs = append(errs, fmt.Errorf("--input-shape %v: every size must be ≥ 1", s.InputShape))
+			break
+		}
+	}
+	if s.Classes < 0 || (s.Labels != nil && s.Classes != 0 && s.Classes != len(s.Labels)) {
+		errs = append(errs, fmt.Errorf("--classes %d with %d --labels: give the class names, or their number, or both agreeing", s.Classes, len(s.Labels)))
+	}
+	switch s.Dataset {
+	case dataset.NameFile, dataset.NameCSV:
+		if s.DataPath == "" {
+			errs = append(errs, fmt.Errorf("--dataset %s needs --data-path FILE (a .csv, .npy, .npz or .parquet file, or a folder of images per class)", s.Dataset))
+		} else if err := checkDataFile("--data-path", s.DataPath); err != nil {
+			errs = append(errs, err)
+		} else if f, _ := dataset.FormatOf(s.DataPath); f == dataset.FormatImageFolder && len(s.InputShape) == 0 {
+			// Every process of the run derives the same default from
+			// the same folder.
+			shape, err := dataset.ImageFolderShape(s.DataPath)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--data-path: %w", err))
+			}
+			s.InputShape = shape
+		}
+	case dataset.NameLocal:
+		if !runNamed {
+			errs = append(errs, errors.New("--dataset local: name the run (run: NAME in the run file, or --run): every replica and node must agree on it, and nothing they share names it"))
+		}
+		if len(s.InputShape) == 0 || (s.Classes == 0 && s.Labels == nil) {
+			errs = append(errs, errors.New("--dataset local: the run file must say what every node's data looks like: input_shape (e.g. [20]) and classes (or labels: the class names)"))
+		}
+		if s.TotalExamples <= 0 {
+			errs = append(errs, errors.New("--dataset local: give total_examples, N, the examples the nodes hold together: q = batch_size/N is fixed before any node joins"))
+		}
+		if s.EvalHoldout != 0 {
+			errs = append(errs, errors.New("--dataset local: eval_split_from_train needs the training data on the replicas; give eval_path (public data) or neither"))
+		}
+		if s.DataPath != "" {
+			if err := checkDataFile("--data-path", s.DataPath); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if s.EvalPath != "" {
+		if err := checkDataFile("--eval-path", s.EvalPath); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// checkDataFile says, without reading it, whether path is a data file the
+// loader can read: it exists and its format is known.
+func checkDataFile(flag, path string) error {
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("%s %s: %w", flag, path, errors.Unwrap(err))
+	}
+	if _, err := dataset.FormatOf(path); err != nil {
+		return fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	return nil
 }
 
 // checkDataDirFree refuses, before any data is loaded, a data dir whose
@@ -304,18 +445,64 @@ func (s *runSpec) checkOptimizer() error {
 }
 
 // dataOptions are the spec's data choices as dataset.LoadRun takes them.
+// A nil m leaves the options' Model nil (no typed nil in the interface).
 func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) dataset.RunOptions {
-	return dataset.RunOptions{
+	o := dataset.RunOptions{
 		Dataset: s.Dataset, Dir: s.Data, Path: s.DataPath, EvalPath: s.EvalPath, EvalHoldout: s.EvalHoldout,
-		Model: m, Log: log,
+		File: s.fileOptions(), Log: log,
+	}
+	if m != nil {
+		o.Model = m
+	}
+	return o
+}
+
+// fileOptions say how a data file is read (dataset.ReadFile).
+func (s *runSpec) fileOptions() dataset.FileOptions {
+	return dataset.FileOptions{
+		LabelColumn: s.LabelColumn, FeatureColumns: s.FeatureColumns, Labels: s.Labels, Classes: s.Classes,
+		InputShape: s.InputShape,
 	}
 }
 
-// loadData loads the training set and the evaluation set with the loader
-// every node uses (dataset.LoadRun), so that the coordinator's N is the
-// total of the nodes' shards.
-func (s *runSpec) loadData(ctx context.Context, m *model.Model, log *slog.Logger) (*dataset.Dataset, dataset.EvalSet, error) {
-	return dataset.LoadRun(ctx, s.dataOptions(m, log))
+// schema is the run's data schema for a run whose nodes bring their own
+// data: the run file's input_shape, classes and labels.
+func (s *runSpec) schema() (dataset.Schema, error) {
+	sc := dataset.Schema{Shape: s.InputShape, Classes: s.Classes, Labels: s.Labels}
+	if sc.Classes == 0 {
+		sc.Classes = len(s.Labels)
+	}
+	if err := sc.Validate(); err != nil {
+		return sc, fmt.Errorf("the run file's data schema (input_shape, classes, labels): %w", err)
+	}
+	return sc, nil
+}
+
+// modelFor builds the run's model for data of the given input shape,
+// classes and vocabulary: the preset shaped by them (model.PresetFor), or
+// the spec file, which must fit them. A nil shape means no data is known
+// (serve without data): the preset's own shape.
+func (s *runSpec) modelFor(shape []int, classes, vocab int) (*model.Model, error) {
+	if s.ModelSpec != "" {
+		m, err := loadModel("", s.ModelSpec)
+		if err != nil || shape == nil {
+			return m, err
+		}
+		if !slices.Equal(m.InputShape(), shape) || m.Classes() != classes {
+			return nil, fmt.Errorf("--model-spec %s takes input shape %v and %d classes; the data has shape %v and %d classes "+
+				"(write a spec for the data: examples/models/ has some, or use a preset, which takes the data's shape)",
+				s.ModelSpec, m.InputShape(), m.Classes(), shape, classes)
+		}
+		return m, nil
+	}
+	if shape == nil {
+		return loadModel(s.Model, "")
+	}
+	spec, err := model.PresetFor(s.Model, shape, classes, vocab)
+	if err != nil {
+		return nil, fmt.Errorf("--model: %w", err)
+	}
+	return model.New(spec)
 }
 
 // evalKind is how the coordinator labels evaluations on eval.
@@ -328,10 +515,11 @@ func evalKind(eval dataset.EvalSet) coordinator.EvalData {
 
 // runConfig turns the spec into the replicated run configuration
 // (coordinator.RunPlan.RunConfig derives N, q = B/N, σ and the seed
-// policy); n is the loaded data's size (0: none). With a dataDir (a
+// policy); n is the loaded data's size (0: none), schema the run's data
+// schema when its nodes bring their own data (else ""). With a dataDir (a
 // replica's) a calibrated σ is remembered there and reused by the next
 // start (RunPlan.RunConfigCached).
-func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool, dataDir string, log *slog.Logger) (coordinator.RunConfig, error) {
+func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool, dataDir string, log *slog.Logger) (coordinator.RunConfig, error) {
 	// Nodes clip only within model.CheckClipNorm's range (outside it the
 	// float error analysis no longer holds), so they would skip every
 	// round of a run configured outside it: refuse it here, at start.
@@ -348,7 +536,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, seeded bool, dataDir string
 		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
-		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant,
+		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema,
 	}.RunConfigCached(dataDir, log)
 }
 
@@ -416,26 +604,118 @@ type preparedRun struct {
 	cfg   coordinator.RunConfig
 }
 
-// prepare builds the model, loads the data (unless the dataset is "none",
-// which serve allows: N then comes from --total-examples and nothing is
-// evaluated) and derives the run configuration, remembering a calibrated
-// σ in dataDir if it is not "" (a replica's data directory).
+// prepare builds the model, loads the data and derives the run
+// configuration, remembering a calibrated σ in dataDir if it is not "" (a
+// replica's data directory). The model is shaped by the data: a file's
+// shape and classes (the data is loaded first), Fashion-MNIST's, or, for a
+// run whose nodes bring their own data, the run's schema. With dataset
+// none (serve only) or local nothing is loaded here: N then comes from
+// total_examples and nothing but an eval_path is evaluated.
 func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log *slog.Logger) (preparedRun, error) {
 	var pr preparedRun
 	var err error
-	if pr.model, err = loadModel(s.Model, s.ModelSpec); err != nil {
-		return pr, err
-	}
 	var n int64
-	if s.Dataset != "none" {
-		if pr.train, pr.eval, err = s.loadData(ctx, pr.model, log); err != nil {
+	var schema string
+	switch s.Dataset {
+	case "none":
+		if pr.model, err = s.modelFor(nil, 0, 0); err != nil {
 			return pr, err
 		}
+	case dataset.NameLocal:
+		sc, err := s.schema()
+		if err != nil {
+			return pr, err
+		}
+		schema = sc.String()
+		if pr.model, err = s.modelFor(sc.Shape, sc.Classes, sc.Vocab); err != nil {
+			return pr, err
+		}
+		if s.EvalPath != "" {
+			if pr.eval.Data, err = s.readLocal(s.EvalPath, sc); err != nil {
+				return pr, fmt.Errorf("--eval-path: %w", err)
+			}
+		}
+	case dataset.NameFile, dataset.NameCSV:
+		if pr.train, pr.eval, err = dataset.LoadRun(ctx, s.dataOptions(nil, log)); err != nil {
+			if f, _ := dataset.FormatOf(s.DataPath); f == dataset.FormatCSV && s.LabelColumn == "" && errors.Is(err, dataset.ErrCSV) {
+				err = fmt.Errorf("%w (without --label-column a CSV file has no header and its label in the first column; "+
+					"a file with a header: --label-column NAME)", err)
+			}
+			return pr, err
+		}
+		sc := dataset.SchemaOf(pr.train)
+		if pr.model, err = s.modelFor(sc.Shape, sc.Classes, sc.Vocab); err != nil {
+			return pr, err
+		}
+		if ev := pr.eval.Data; ev != nil && !pr.eval.Holdout {
+			if err := pr.model.CheckDataset(ev); err != nil {
+				return pr, fmt.Errorf("--eval-path %s does not fit the model the training data shapes: %w", s.EvalPath, err)
+			}
+		}
+	default:
+		if pr.model, err = s.modelFor(nil, 0, 0); err != nil {
+			return pr, err
+		}
+		// A σ that cannot reach max_steps within the budget is refused
+		// before the data loads, where N is known in advance.
+		if n0 := dataset.KnownTrainSize(s.Dataset); n0 > 0 && s.Sigma > 0 && s.MaxSteps > 0 {
+			c, err := s.runConfig(pr.model, n0, "", seeded, "", log)
+			if err == nil {
+				err = s.checkPlannedBudget(c)
+			}
+			if err != nil {
+				return pr, err
+			}
+		}
+		if pr.train, pr.eval, err = dataset.LoadRun(ctx, s.dataOptions(pr.model, log)); err != nil {
+			return pr, err
+		}
+	}
+	if pr.train != nil {
 		n = int64(pr.train.Len())
 		tuneGC(log, dataBytes(pr.train, pr.eval.Data))
 	}
-	pr.cfg, err = s.runConfig(pr.model, n, seeded, dataDir, log)
+	pr.cfg, err = s.runConfig(pr.model, n, schema, seeded, dataDir, log)
 	return pr, err
+}
+
+// readLocal reads a data file of a run whose nodes bring their own data
+// (a node's own file, or the replicas' public evaluation file) and checks
+// it against the run's schema: the class names map to the run's classes,
+// and images are resized to the run's input shape.
+func (s *runSpec) readLocal(path string, sc dataset.Schema) (*dataset.Dataset, error) {
+	fo := s.fileOptions()
+	fo.Labels, fo.Classes = sc.Labels, sc.Classes
+	if f, _ := dataset.FormatOf(path); f != dataset.FormatImageFolder {
+		fo.InputShape = nil // the data says its shape; the schema check compares it
+	}
+	d, err := dataset.ReadFile(path, fo)
+	if err != nil {
+		return nil, err
+	}
+	if err := sc.Check(d); err != nil {
+		return nil, fmt.Errorf("%s: %w (the run file's input_shape, classes and labels say what every node's data must be)", path, err)
+	}
+	return d, nil
+}
+
+// checkPlannedBudget refuses, before training, a run whose given σ would
+// spend more than the budget before max_steps: the ledger would stop it
+// early, which the user did not ask for. With σ calibrated, or no step
+// limit (train until the budget is spent), there is nothing to check.
+func (s *runSpec) checkPlannedBudget(c coordinator.RunConfig) error {
+	if s.Sigma == 0 || s.sigmaStandIn || c.MaxSteps == 0 {
+		return nil
+	}
+	eps, err := c.PlannedEpsilon()
+	if err != nil {
+		return err
+	}
+	if eps > c.TargetEpsilon {
+		return fmt.Errorf("--sigma %g spends ε = %.4g over --max-steps %d, more than --target-epsilon %g: the ledger would stop the run early; "+
+			"raise --sigma, lower --max-steps, raise the budget, or leave --sigma out to calibrate it", s.Sigma, eps, c.MaxSteps, c.TargetEpsilon)
+	}
+	return nil
 }
 
 // serverConfig is the round loop's configuration from the spec.
@@ -484,7 +764,7 @@ func evalLabel(eval dataset.EvalSet) string {
 // replica has none to report (a follower, a failed evaluation).
 func evalSummary(eval dataset.EvalSet, sum coordinator.Summary) string {
 	if eval.Data == nil {
-		return "no evaluation: no evaluation data (a csv run evaluates on a separate public file: --eval-path FILE)"
+		return "no evaluation: no evaluation data (a data-file run evaluates on a separate public file: --eval-path FILE)"
 	}
 	if !sum.FinalEvaluated {
 		return ""

@@ -152,6 +152,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := spec.checkPlannedBudget(pr.cfg); err != nil {
+		return err
+	}
 	natsTLS, err := tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey)
 	if err != nil {
 		return err

@@ -20,6 +20,8 @@ func TestBadInputsRefusedUpFront(t *testing.T) {
 	writeFile(t, spec, `{"name":"x","input":[784],"classes":10,"layers":[{"type":"linear","out":10}]}`)
 	bad := filepath.Join(dir, "bad.yaml")
 	writeFile(t, bad, "bogus_key: 3\n")
+	txt := filepath.Join(dir, "notes.txt")
+	writeFile(t, txt, "some text\n")
 	both := filepath.Join(dir, "both.yaml")
 	writeFile(t, both, "model: cnn\nmodel_spec: "+spec+"\n")
 	cases := []struct {
@@ -40,6 +42,12 @@ func TestBadInputsRefusedUpFront(t *testing.T) {
 		{"beta2 of one", []string{"--beta2", "1"}, []string{"--beta2 1:", "want in [0, 1)"}, ""},
 		{"zero batch size", []string{"--batch-size", "0"}, []string{"--batch-size 0:", "positive"}, ""},
 		{"clip norm out of range", []string{"--clip", "0"}, []string{"--clip 0:"}, ""},
+		{"missing data file", []string{"--data-path", filepath.Join(dir, "none.csv")}, []string{"--data-path " + filepath.Join(dir, "none.csv") + ": no such file"}, ""},
+		{"unknown data format", []string{"--data-path", txt}, []string{"--data-path " + txt + ":", ".csv", ".parquet"}, ""},
+		{"sigma that cannot reach max steps", []string{"--sigma", "1", "--target-epsilon", "0.1", "--max-steps", "1000"},
+			[]string{"--sigma 1 spends ε =", "over --max-steps 1000", "--target-epsilon 0.1"}, ""},
+		{"own data without a schema", []string{"--dataset", "local"}, []string{"input_shape", "total_examples", "name the run"}, ""},
+		{"classes and labels disagree", []string{"--data-path", txt, "--classes", "3", "--labels", "a,b"}, []string{"--classes 3 with 2 --labels"}, ""},
 	}
 	// A flag overrides the run file's choice, either way, with no error:
 	// the file's spec and the flag's preset train the preset.
