@@ -43,8 +43,12 @@ type FileOptions struct {
 	// ([C,H,W], C = 1 for grayscale or 3 for RGB; images are resized to
 	// H×W with bilinear interpolation and scaled to [0,1]); for other
 	// formats, if set, the features are checked to have its product and
-	// the Dataset's Shape is set to it.
+	// the Dataset's Shape is set to it. For a text folder it is [SeqLen].
 	InputShape []int
+	// SeqLen and Vocab configure a text folder's HashTokenizer: the tokens
+	// kept per document (0: InputShape's one entry, else DefaultSeqLen)
+	// and the number of token ids (0: DefaultTextVocab).
+	SeqLen, Vocab int
 }
 
 // Format names, what FormatOf returns.
@@ -54,6 +58,7 @@ const (
 	FormatNPZ         = "npz"
 	FormatParquet     = "parquet"
 	FormatImageFolder = "images"
+	FormatTextFolder  = "text"
 )
 
 // ErrFormat is wrapped by every ReadFile error about the content of a file.
@@ -144,6 +149,9 @@ func openData(path string) (*os.File, int64, error) {
 func FormatOf(path string) (string, error) {
 	st, statErr := os.Stat(path)
 	if statErr == nil && st.IsDir() {
+		if isTextFolder(path) {
+			return FormatTextFolder, nil
+		}
 		return FormatImageFolder, nil
 	}
 	ext := strings.ToLower(filepath.Ext(path))
@@ -160,7 +168,7 @@ func FormatOf(path string) (string, error) {
 	if statErr != nil {
 		return "", fileOpenErr(path, statErr)
 	}
-	return "", formatErr(path, nil, "unknown data file format %q: want .csv, .npy, .npz, .parquet or a directory of images (one sub-folder per class)", ext)
+	return "", formatErr(path, nil, "unknown data file format %q: want .csv, .npy, .npz, .parquet or a directory of images or .txt documents (one sub-folder per class)", ext)
 }
 
 // ReadFile reads path in its format (FormatOf) into a Dataset that passes
@@ -177,7 +185,9 @@ func FormatOf(path string) (string, error) {
 //   - .parquet: numeric feature columns and an integer, float (holding
 //     integers) or string label column, chosen by name; nulls are errors.
 //   - a directory: an image folder DIR/<class>/*.png|*.jpg|*.jpeg, read as
-//     o.InputShape [C,H,W].
+//     o.InputShape [C,H,W]; or, if its first class sub-folder holds .txt
+//     files, a text folder DIR/<class>/*.txt, one document per file,
+//     tokenized by a HashTokenizer (o.SeqLen, o.Vocab) into token ids.
 //
 // Labels follow o.Labels and o.Classes; the Dataset's LabelNames is set
 // when the labels came from names. Errors about the file's content wrap
@@ -208,6 +218,12 @@ func ReadFile(path string, o FileOptions) (*Dataset, error) {
 		d, err = readParquetFile(path, o)
 	case FormatImageFolder:
 		d, err = readImageFolder(path, o)
+	case FormatTextFolder:
+		if len(o.InputShape) == 3 { // [C,H,W]: the caller wants images
+			d, err = readImageFolder(path, o)
+		} else {
+			d, err = readTextFolder(path, o)
+		}
 	}
 	if err != nil {
 		return nil, err

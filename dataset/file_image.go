@@ -45,34 +45,9 @@ func readImageFolder(dir string, o FileOptions) (*Dataset, error) {
 	if len(shape) != 3 || (shape[0] != 1 && shape[0] != 3) {
 		return nil, optionsErr(dir, "an image folder needs InputShape [C,H,W] with C 1 (grayscale) or 3 (RGB), not %v", shape)
 	}
-	entries, err := os.ReadDir(dir)
+	classDirs, classes, lab, err := classFolders(dir, o, "*.png|*.jpg|*.jpeg")
 	if err != nil {
-		return nil, fileOpenErr(dir, err)
-	}
-	lab := newLabeler(o.Labels, o.Classes, "FileOptions.Classes")
-	var classDirs []string
-	var classes []int32 // provisional (labeler.deferName) without Labels
-	for _, e := range entries {
-		if !visible(dir, e, fs.ModeDir) {
-			continue
-		}
-		var c int32
-		if o.Labels != nil {
-			c, err = lab.fromText(e.Name())
-		} else {
-			c, err = lab.deferName(e.Name(), 0)
-		}
-		if err != nil {
-			return nil, formatErr(filepath.Join(dir, e.Name()), nil, "class sub-folder: %v", err)
-		}
-		classDirs = append(classDirs, e.Name())
-		classes = append(classes, c)
-	}
-	if len(classDirs) == 0 {
-		return nil, formatErr(dir, nil, "no class sub-folders: want DIR/<class>/*.png|*.jpg|*.jpeg")
-	}
-	if _, err := lab.resolve(classes, false); err != nil {
-		return nil, formatErr(dir, nil, "%v", err)
+		return nil, err
 	}
 	d := &Dataset{Dim: shape[0] * shape[1] * shape[2]}
 	for k, name := range classDirs {
@@ -103,17 +78,70 @@ func readImageFolder(dir string, o FileOptions) (*Dataset, error) {
 	return d, nil
 }
 
+// classFolders lists the class sub-folders of a folder of examples per
+// class (images or text): their names in sorted order and each one's
+// class, provisional (labeler.deferName) unless o.Labels names them; the
+// labeler finishes the classes once the examples are read. want says
+// what a sub-folder holds, for the error when there is none.
+func classFolders(dir string, o FileOptions, want string) ([]string, []int32, *labeler, error) {
+	names, err := classFoldersOnly(dir)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	lab := newLabeler(o.Labels, o.Classes, "FileOptions.Classes")
+	classes := make([]int32, len(names))
+	for i, name := range names {
+		if o.Labels != nil {
+			classes[i], err = lab.fromText(name)
+		} else {
+			classes[i], err = lab.deferName(name, 0)
+		}
+		if err != nil {
+			return nil, nil, nil, formatErr(filepath.Join(dir, name), nil, "class sub-folder: %v", err)
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil, nil, formatErr(dir, nil, "no class sub-folders: want DIR/<class>/%s", want)
+	}
+	if _, err := lab.resolve(classes, false); err != nil {
+		return nil, nil, nil, formatErr(dir, nil, "%v", err)
+	}
+	return names, classes, lab, nil
+}
+
+// classFoldersOnly returns the names of dir's visible sub-folders, in
+// sorted order.
+func classFoldersOnly(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fileOpenErr(dir, err)
+	}
+	var names []string
+	for _, e := range entries {
+		if visible(dir, e, fs.ModeDir) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
 // imageFiles returns the paths of the images in the class folder sub, in
 // sorted order: its visible regular files with an extension ReadFile
 // reads.
 func imageFiles(sub string) ([]string, error) {
+	return classFiles(sub, func(ext string) bool { _, ok := imageCodecs[ext]; return ok })
+}
+
+// classFiles returns the paths of the visible regular files of the class
+// folder sub whose lower-case extension keep accepts, in sorted order.
+func classFiles(sub string, keep func(ext string) bool) ([]string, error) {
 	entries, err := os.ReadDir(sub)
 	if err != nil {
 		return nil, fileOpenErr(sub, err)
 	}
 	var files []string
 	for _, e := range entries {
-		if _, ok := imageCodecs[strings.ToLower(filepath.Ext(e.Name()))]; ok && visible(sub, e, 0) {
+		if keep(strings.ToLower(filepath.Ext(e.Name()))) && visible(sub, e, 0) {
 			files = append(files, filepath.Join(sub, e.Name()))
 		}
 	}
@@ -208,16 +236,12 @@ const maxDefaultImageSide = 64
 // model is gray and [3,H,W] otherwise, with the longer side at most 64
 // pixels. It reads that image's header only.
 func ImageFolderShape(dir string) ([]int, error) {
-	subs, err := os.ReadDir(dir)
+	subs, err := classFoldersOnly(dir)
 	if err != nil {
-		return nil, fileOpenErr(dir, err)
+		return nil, err
 	}
 	for _, s := range subs {
-		if !visible(dir, s, fs.ModeDir) {
-			continue
-		}
-		sub := filepath.Join(dir, s.Name())
-		files, err := imageFiles(sub)
+		files, err := imageFiles(filepath.Join(dir, s))
 		if err != nil {
 			return nil, err
 		}

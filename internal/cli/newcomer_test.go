@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"encoding/csv"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"image"
@@ -224,5 +225,45 @@ func TestREADMENewcomerRuns(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLocalTrainsOnTextFolder: a folder of .txt documents per class is
+// one command too: the hashing tokenizer makes token sequences, and the
+// textbag preset takes their length, vocabulary and classes.
+func TestLocalTrainsOnTextFolder(t *testing.T) {
+	dir := t.TempDir()
+	r := rand.New(rand.NewPCG(3, 4))
+	words := map[string][]string{
+		"sports":  strings.Fields("goal match team score win league coach player season ball"),
+		"weather": strings.Fields("rain cloud sunny storm wind snow forecast cold warm fog"),
+	}
+	for class, vocab := range words {
+		if err := os.MkdirAll(filepath.Join(dir, "docs", class), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 300 {
+			var doc []string
+			for range 12 {
+				doc = append(doc, vocab[r.IntN(len(vocab))])
+			}
+			writeFile(t, filepath.Join(dir, "docs", class, fmt.Sprintf("%d.txt", i)), strings.Join(doc, " "))
+		}
+	}
+	out, _, err := runCmd(t, "local", "--data-path", filepath.Join(dir, "docs"), "--model", "textbag", "--seq-len", "16",
+		"--vocab", "1000", "--batch-size", "60", "--max-steps", "10", "--data-dir", filepath.Join(dir, "d"), "--progress", "off", "--json")
+	if err != nil {
+		t.Fatalf("local on a text folder: %v\n%s", err, out)
+	}
+	var res localResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Run != "docs-textbag" || res.Steps != 10 {
+		t.Errorf("run %q, %d steps; want docs-textbag, 10", res.Run, res.Steps)
+	}
+	m, err := os.ReadFile(res.Model)
+	if err != nil || !strings.Contains(string(m), `\"vocab\":1000`) || !strings.Contains(string(m), `\"input\":[16]`) {
+		t.Errorf("the model's spec does not say vocabulary 1000 and input [16] (%v)", err)
 	}
 }

@@ -58,6 +58,11 @@ type runSpec struct {
 	Labels         []string `yaml:"labels"`
 	Classes        int      `yaml:"classes"`
 	InputShape     []int    `yaml:"input_shape"`
+	// SeqLen and Vocab tokenize a folder of text documents per class
+	// (dataset.HashTokenizer): tokens kept per document and the number of
+	// token ids; for dataset local, vocab is part of the run's schema.
+	SeqLen int `yaml:"seq_len"`
+	Vocab  int `yaml:"vocab"`
 	// EvalPath (csv) is a separate, public evaluation file; EvalHoldout
 	// (csv) instead holds that fraction of DataPath out of training for a
 	// NON-PRIVATE evaluation. See dataset.RunOptions.
@@ -131,13 +136,15 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.ModelSpec, "model-spec", s.ModelSpec, "JSON model spec file (instead of --model)")
 	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian, file (csv), or local (each node its own --data-path); --data-path alone means file")
 	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory holding its four files (default: search $DPCLUSTER_DATA, the cache and the Debian package's)")
-	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "private training data: a .csv, .npy, .npz or .parquet file, or a folder of images per class "+
+	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "private training data: a .csv, .npy, .npz or .parquet file, or a folder of images or .txt documents per class "+
 		"(docs/DATA.md); with --dataset local, this node's own file")
 	fs.StringVar(&s.LabelColumn, "label-column", s.LabelColumn, "CSV (with a header) or Parquet: the label column's name (CSV without it: no header, label first)")
 	fs.StringSliceVar(&s.FeatureColumns, "feature-columns", s.FeatureColumns, "CSV or Parquet: the feature columns by name, in order (default: every column but the label)")
 	fs.StringSliceVar(&s.Labels, "labels", s.Labels, "the class names in class order (default: integer labels, or the sorted names the data holds)")
 	fs.IntVar(&s.Classes, "classes", s.Classes, "number of classes (default: from the labels)")
 	fs.IntSliceVar(&s.InputShape, "input-shape", s.InputShape, "per-example input shape, e.g. 3,32,32: the size images are resized to (default: the first image's); with --dataset local, the run's")
+	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders: tokens kept per document (default: --input-shape's, else 128)")
+	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders: token ids of the hashing tokenizer (default 16384)")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")
 	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
 		"file: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")
@@ -341,7 +348,7 @@ func (s *runSpec) checkData(runNamed bool) []error {
 	switch s.Dataset {
 	case dataset.NameFile, dataset.NameCSV:
 		if s.DataPath == "" {
-			errs = append(errs, fmt.Errorf("--dataset %s needs --data-path FILE (a .csv, .npy, .npz or .parquet file, or a folder of images per class)", s.Dataset))
+			errs = append(errs, fmt.Errorf("--dataset %s needs --data-path FILE (a .csv, .npy, .npz or .parquet file, or a folder of images or .txt documents per class)", s.Dataset))
 		} else if err := checkDataFile("--data-path", s.DataPath); err != nil {
 			errs = append(errs, err)
 		} else if f, _ := dataset.FormatOf(s.DataPath); f == dataset.FormatImageFolder && len(s.InputShape) == 0 {
@@ -461,14 +468,14 @@ func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) dataset.RunOptio
 func (s *runSpec) fileOptions() dataset.FileOptions {
 	return dataset.FileOptions{
 		LabelColumn: s.LabelColumn, FeatureColumns: s.FeatureColumns, Labels: s.Labels, Classes: s.Classes,
-		InputShape: s.InputShape,
+		InputShape: s.InputShape, SeqLen: s.SeqLen, Vocab: s.Vocab,
 	}
 }
 
 // schema is the run's data schema for a run whose nodes bring their own
 // data: the run file's input_shape, classes and labels.
 func (s *runSpec) schema() (dataset.Schema, error) {
-	sc := dataset.Schema{Shape: s.InputShape, Classes: s.Classes, Labels: s.Labels}
+	sc := dataset.Schema{Shape: s.InputShape, Classes: s.Classes, Labels: s.Labels, Vocab: s.Vocab}
 	if sc.Classes == 0 {
 		sc.Classes = len(s.Labels)
 	}
@@ -685,9 +692,11 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log 
 // and images are resized to the run's input shape.
 func (s *runSpec) readLocal(path string, sc dataset.Schema) (*dataset.Dataset, error) {
 	fo := s.fileOptions()
-	fo.Labels, fo.Classes = sc.Labels, sc.Classes
-	if f, _ := dataset.FormatOf(path); f != dataset.FormatImageFolder {
-		fo.InputShape = nil // the data says its shape; the schema check compares it
+	fo.Labels, fo.Classes, fo.Vocab = sc.Labels, sc.Classes, sc.Vocab
+	if f, _ := dataset.FormatOf(path); f != dataset.FormatImageFolder && f != dataset.FormatTextFolder {
+		// The data says its shape; the schema check compares it. Images
+		// are resized, and text cut, to the run's.
+		fo.InputShape = nil
 	}
 	d, err := dataset.ReadFile(path, fo)
 	if err != nil {
