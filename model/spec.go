@@ -230,7 +230,8 @@ func PresetFor(name string, input []int, classes, vocab int) (Spec, error) {
 		return CNN(input, classes), nil
 	case "textbag":
 		if vocab < 1 || len(input) != 1 {
-			return bad("needs token sequences (shape [L] and a vocabulary); the data has shape %v and vocabulary %d", input, vocab)
+			return bad("needs token sequences (shape [L] and a vocabulary); the data has shape %v and vocabulary %d "+
+				"(text: a folder of .txt documents per class, which the hashing tokenizer turns into tokens)", input, vocab)
 		}
 		return TextBag(vocab, 64, 64, classes, input[0]), nil
 	}
