@@ -190,6 +190,9 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("replica", cfg.ID)
+	if err := claimDataDir(cfg.DataDir, cfg.ID, log); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "raft")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err

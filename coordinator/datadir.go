@@ -1,0 +1,62 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dpcluster/dpcluster/internal/durable"
+)
+
+// ReplicaIDFile, in a replica's data dir, names the replica the dir
+// belongs to: written (durably) when the dir is first opened, checked on
+// every later open.
+const ReplicaIDFile = "replica-id"
+
+// ErrDataDirOwner is returned (wrapped, naming both IDs) by OpenReplica
+// for a data dir that belongs to another replica.
+var ErrDataDirOwner = errors.New("coordinator: the data dir belongs to another replica")
+
+// claimDataDir makes dir the data dir of replica id: it refuses a dir whose
+// ReplicaIDFile names another replica, before anything in it is read or
+// written (a replica started on another's dir would take its Raft
+// identity's place with that replica's log and ledger: two voters claiming
+// one history). A dir without the file is claimed: a new one, or one
+// written before the file existed (then the claim is logged).
+func claimDataDir(dir, id string, log *slog.Logger) error {
+	path := filepath.Join(dir, ReplicaIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		owner := strings.TrimSpace(string(b))
+		if owner != id {
+			return fmt.Errorf("%w: %s belongs to replica %q (its %s), not %q: give each replica its own --data-dir",
+				ErrDataDirOwner, dir, owner, ReplicaIDFile, id)
+		}
+		return nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("coordinator: reading %s: %w", path, err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	if len(ents) > 0 {
+		log.Warn("data dir has no replica ID (written before they were recorded): claiming it for this replica", "data_dir", dir, "file", ReplicaIDFile)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	err = durable.Create(path, 0o644, func(f *os.File) error {
+		_, err := fmt.Fprintln(f, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("coordinator: recording the replica ID in %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDataDirBelongsToOneReplica is issue 27's finding 6: a replica
+// started with another replica's data dir (--id r2 on r3's dir) ran with
+// no warning. The replica's ID is written in the data dir when it is
+// first opened; another ID is refused before anything in the dir is read
+// or written, with an error naming both IDs, and the owner still opens it.
+func TestDataDirBelongsToOneReplica(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testReplicaConfig(dir, freeAddr(t))
+	r, err := OpenReplica(cfg, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if b, err := os.ReadFile(filepath.Join(dir, ReplicaIDFile)); err != nil || string(b) != "r1\n" {
+		t.Fatalf("%s = %q, %v; want r1", ReplicaIDFile, b, err)
+	}
+	before := dirListing(t, dir)
+
+	other := cfg
+	other.ID = "r2"
+	r, err = OpenReplica(other, testInit)
+	if err == nil {
+		r.Close()
+		t.Fatal("replica r2 opened r1's data dir")
+	}
+	if !errors.Is(err, ErrDataDirOwner) || !strings.Contains(err.Error(), `belongs to replica "r1"`) || !strings.Contains(err.Error(), `"r2"`) {
+		t.Fatalf("OpenReplica as r2 = %v, want ErrDataDirOwner naming r1 and r2", err)
+	}
+	if after := dirListing(t, dir); after != before {
+		t.Errorf("the refused start changed the data dir:\n%s\nthen\n%s", before, after)
+	}
+	if r, err = OpenReplica(cfg, testInit); err != nil {
+		t.Fatalf("r1 reopening its own dir: %v", err)
+	}
+	r.Close()
+}
+
+// dirListing names every file under dir with its size.
+func dirListing(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			rel, _ := filepath.Rel(dir, p)
+			fmt.Fprintf(&b, "%s %d\n", rel, info.Size())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
