@@ -21,6 +21,26 @@ const ReplicaIDFile = "replica-id"
 // for a data dir that belongs to another replica.
 var ErrDataDirOwner = errors.New("coordinator: the data dir belongs to another replica")
 
+// CheckDataDirOwner reads dir's ReplicaIDFile, if any: claimed says the
+// dir names its replica, and the error (wrapping ErrDataDirOwner) that it
+// is not id. It writes nothing, so a command can refuse a wrong dir before
+// it loads anything; OpenReplica checks again.
+func CheckDataDirOwner(dir, id string) (claimed bool, err error) {
+	path := filepath.Join(dir, ReplicaIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("coordinator: reading %s: %w", path, err)
+	}
+	if owner := strings.TrimSpace(string(b)); owner != id {
+		return true, fmt.Errorf("%w: %s belongs to replica %q (its %s), not %q: give each replica its own --data-dir",
+			ErrDataDirOwner, dir, owner, ReplicaIDFile, id)
+	}
+	return true, nil
+}
+
 // claimDataDir makes dir the data dir of replica id: it refuses a dir whose
 // ReplicaIDFile names another replica, before anything in it is read or
 // written (a replica started on another's dir would take its Raft
@@ -28,19 +48,11 @@ var ErrDataDirOwner = errors.New("coordinator: the data dir belongs to another r
 // one history). A dir without the file is claimed: a new one, or one
 // written before the file existed (then the claim is logged).
 func claimDataDir(dir, id string, log *slog.Logger) error {
-	path := filepath.Join(dir, ReplicaIDFile)
-	b, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		owner := strings.TrimSpace(string(b))
-		if owner != id {
-			return fmt.Errorf("%w: %s belongs to replica %q (its %s), not %q: give each replica its own --data-dir",
-				ErrDataDirOwner, dir, owner, ReplicaIDFile, id)
-		}
-		return nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("coordinator: reading %s: %w", path, err)
+	claimed, err := CheckDataDirOwner(dir, id)
+	if err != nil || claimed {
+		return err
 	}
+	path := filepath.Join(dir, ReplicaIDFile)
 	ents, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("coordinator: %w", err)

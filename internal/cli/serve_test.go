@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/pki"
 	"github.com/dpcluster/dpcluster/seed"
@@ -196,6 +197,8 @@ func TestServeFlagErrors(t *testing.T) {
 	if _, err := pki.Init(certs, []pki.Name{{Role: pki.RoleReplica, ID: "r1"}, {Role: pki.RoleReplica, ID: "r2"}, {Role: pki.RoleNode, ID: "node-0"}}, nil, 1); err != nil {
 		t.Fatal(err)
 	}
+	r3Dir := t.TempDir()
+	writeFile(t, filepath.Join(r3Dir, coordinator.ReplicaIDFile), "r3\n")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -213,6 +216,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"--data-dir", t.TempDir(), "--tls-ca", certs + "/ca.crt", "--tls-cert", certs + "/node-0.crt", "--tls-key", certs + "/node-0.key"}, "a node certificate"},
 		{[]string{"--data-dir", t.TempDir(), "--tls-ca", certs + "/ca.crt", "--tls-cert", certs + "/r2.crt", "--tls-key", certs + "/r2.key"}, "replica r2's certificate"},
 		{[]string{"--data-dir", t.TempDir(), "--tls-ca", certs + "/nope.crt", "--tls-cert", certs + "/r1.crt", "--tls-key", certs + "/r1.key"}, "nope.crt"},
+		// Issue 27, finding 6: another replica's data dir, refused up front.
+		{[]string{"--data-dir", r3Dir, "--id", "r2", "--raft-addr", "127.0.0.1:7000"}, `belongs to replica "r3"`},
 	} {
 		_, err := run(t, append([]string{"serve", "--model", "logreg", "--dataset", "gaussian"}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
