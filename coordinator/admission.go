@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/dpcluster/dpcluster/seed"
@@ -16,10 +15,12 @@ import (
 //     runs the run's model, says which shard it holds, and does not sample
 //     from a seed in a private run. A refused node is not registered (so
 //     it is never a round member) and is told why.
-//   - checkShards, per round, over the live registered nodes the leader
-//     is about to make the round's members: their shards are disjoint
-//     parts of the training set, and hold at most N examples together.
-//     If not, the leader opens no round.
+//   - checkShards, per round, over the live registered nodes: the
+//     round's members are those whose shards are disjoint parts of the
+//     training set holding at most N examples together; a node whose
+//     claim conflicts with an older claim is left out of the round (and
+//     the leader says why), so that no node can stall the others by
+//     claiming their shard.
 //
 // In a run whose nodes bring their own data (RunConfig.DataSchema), a
 // node claims no shard: it reports its data's schema, which must be the
@@ -89,9 +90,11 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 //     whose data has another shape or label set hears that, not only
 //     that its model (shaped by the data) differs;
 //   - its model hash must be the run's;
-//   - otherwise it must name its shard (count ≥ 1, 0 ≤ index < count,
-//     size ≥ 0) and no data schema, and its seed policy: a node that does
-//     not (an older node) cannot be checked for overlap, so it is refused;
+//   - otherwise it must name its shard (count ≥ 1, 0 ≤ index < count)
+//     with that shard's size (exact: dataset.ShardIndicesIID's, for the
+//     run's N; a node cannot claim more examples than its shard holds) and
+//     no data schema, and its seed policy: a node that does not (an older
+//     node) cannot be checked for overlap, so it is refused;
 //   - in a private run (SeedPolicy seed.Crypto) it must sample from the
 //     CSPRNG (seed.Crypto). In a seeded run any node may
 //     take part: the run is already recorded as not private (the ledger's
@@ -105,7 +108,8 @@ func admitNode(run RunConfig, n nodeReport) string {
 	case n.modelHash != run.ModelHash:
 		return rejectModelHash
 	case local && (c.count != 0 || c.index != 0 || c.seed != 0 || c.size < 0),
-		!local && (n.dataSchema != "" || c.count < 1 || c.index < 0 || c.index >= c.count || c.size < 0),
+		!local && (n.dataSchema != "" || c.count < 1 || c.index < 0 || c.index >= c.count),
+		!local && c.size != iidShardSize(run.TotalExamples, c.index, c.count),
 		n.seedPolicy.Validate() != nil:
 		return rejectShardIdentity
 	case run.SeedPolicy != seed.Seeded && n.seedPolicy != seed.Crypto:
@@ -141,39 +145,68 @@ func (b *roundBlock) String() string {
 	return b.reason + ": " + b.detail
 }
 
-// checkShards returns nil if the shards claimed by the live nodes are
-// disjoint parts of a training set of n examples, else why not. It is the
-// only check of that rule. The shards are disjoint when every node cut the
+// checkShards returns the live nodes that may be a round's members — in
+// order, each whose claim is consistent with the claims admitted before
+// it — and, if it left any out, why (the first it left out). It is the
+// only check of the rule that a round's members hold disjoint parts of a
+// training set of n examples. order lists the live nodes oldest claim
+// first (registry.live), so a claim that conflicts with an older one is
+// the one left out: no message from one node can take another's place in
+// the rounds (issue 27). Shards are disjoint when every member cut the
 // same set the same way — the same count and seed (dataset.ShardIID is a
-// partition for a given count and seed) — and no two nodes claim the same
-// index; and since the nodes report their sizes, those must add up to at
-// most n. Nodes with their own data (count 0, admitted only to a run of
-// such nodes) cut nothing: only their sizes are checked. Integer arithmetic: exact, and the sum stops at the first size
-// that would take it past n (no overflow). The nodes are visited in ID
-// order, so the detail is deterministic.
-func checkShards(claims map[string]shardClaim, n int64) *roundBlock {
-	ids := slices.Sorted(maps.Keys(claims))
-	if len(ids) == 0 {
-		return nil
+// partition for a given count and seed) — and no two claim the same
+// index; and the members' sizes add up to at most n. Nodes with their own
+// data (count 0, admitted only to a run of such nodes) cut nothing: only
+// their sizes are checked. Integer arithmetic: exact, and no overflow.
+// The members are returned sorted by ID.
+func checkShards(claims map[string]shardClaim, order []string, n int64) ([]string, *roundBlock) {
+	var members []string
+	var block *roundBlock
+	leave := func(reason, format string, args ...any) {
+		if block == nil {
+			block = &roundBlock{reason, fmt.Sprintf(format, args...)}
+		}
 	}
-	first := claims[ids[0]]
-	holder := make(map[int]string, len(ids))
+	holder := make(map[int]string, len(order))
 	var total int64
-	for _, id := range ids {
+	var first string
+	for _, id := range order {
 		c := claims[id]
-		if c.count != first.count || c.seed != first.seed {
-			return &roundBlock{blockShardSplit, fmt.Sprintf("node %s cuts the training set into %d shards with seed %d, node %s into %d with seed %d",
-				ids[0], first.count, first.seed, id, c.count, c.seed)}
+		if first != "" {
+			f := claims[first]
+			if c.count != f.count || c.seed != f.seed {
+				leave(blockShardSplit, "node %s cuts the training set into %d shards with seed %d, node %s into %d with seed %d: %s left out",
+					first, f.count, f.seed, id, c.count, c.seed, id)
+				continue
+			}
 		}
 		if other, dup := holder[c.index]; dup && c.count != 0 {
-			return &roundBlock{blockShardOverlap, fmt.Sprintf("nodes %s and %s both hold shard %d of %d", other, id, c.index, c.count)}
+			leave(blockShardOverlap, "nodes %s and %s both hold shard %d of %d: %s, the later claim, left out", other, id, c.index, c.count, id)
+			continue
+		}
+		if c.size > n-total {
+			leave(blockShardSizes, "the live nodes' shards hold more than N = %d examples (node %s: %d, the nodes before it: %d): %s left out",
+				n, id, c.size, total, id)
+			continue
+		}
+		if first == "" {
+			first = id
 		}
 		holder[c.index] = id
-		if c.size > n-total {
-			return &roundBlock{blockShardSizes, fmt.Sprintf("the live nodes' shards hold more than N = %d examples (node %s: %d, the nodes before it: %d)",
-				n, id, c.size, total)}
-		}
 		total += c.size
+		members = append(members, id)
 	}
-	return nil
+	slices.Sort(members)
+	return members, block
+}
+
+// iidShardSize is the size of shard index of count IID shards of n
+// examples (dataset.ShardIndicesIID: the first n mod count shards hold one
+// more).
+func iidShardSize(n int64, index, count int) int64 {
+	size := n / int64(count)
+	if int64(index) < n%int64(count) {
+		size++
+	}
+	return size
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,15 +24,21 @@ import (
 func TestAdmitNode(t *testing.T) {
 	crypto, seeded := testRunConfig(), testRunConfig()
 	crypto.SeedPolicy, seeded.SeedPolicy = seed.Crypto, seed.Seeded
+	// Shard 1 of 3 of testRunConfig's N = 10000 holds 3333 examples.
 	ok := nodeReport{id: "n", modelHash: crypto.ModelHash, seedPolicy: seed.Crypto,
-		shard: shardClaim{index: 1, count: 3, seed: 1, size: 100}}
+		shard: shardClaim{index: 1, count: 3, seed: 1, size: 3333}}
 	for _, tc := range []struct {
 		name         string
 		mod          func(*nodeReport)
 		crypto, seed string // the verdict in a crypto and in a seeded run
 	}{
 		{"valid", func(*nodeReport) {}, "", ""},
-		{"empty shard", func(n *nodeReport) { n.shard.size = 0 }, "", ""},
+		// Issue 27: a claimed size is the shard's own; a node cannot
+		// claim more (or fewer) examples than its shard holds.
+		{"shard 0's size", func(n *nodeReport) { n.shard.index, n.shard.size = 0, 3334 }, "", ""},
+		{"empty shard", func(n *nodeReport) { n.shard.size = 0 }, rejectShardIdentity, rejectShardIdentity},
+		{"size N", func(n *nodeReport) { n.shard.size = 10000 }, rejectShardIdentity, rejectShardIdentity},
+		{"another shard's size", func(n *nodeReport) { n.shard.size = 3334 }, rejectShardIdentity, rejectShardIdentity},
 		{"another model", func(n *nodeReport) { n.modelHash = "other" }, rejectModelHash, rejectModelHash},
 		{"seeded node", func(n *nodeReport) { n.seedPolicy = seed.Seeded }, rejectSeedPolicy, ""},
 		{"no seed policy (old node)", func(n *nodeReport) { n.seedPolicy = "" }, rejectShardIdentity, rejectShardIdentity},
@@ -74,9 +81,9 @@ func TestAdmitNodeOwnData(t *testing.T) {
 		{"another label set", func(n *nodeReport) { n.dataSchema = "shape [20], 3 classes, labels fedcba9876543210" }, rejectDataSchema, rejectShardIdentity},
 		{"another schema and model", func(n *nodeReport) { n.dataSchema, n.modelHash = "shape [10]", "other" }, rejectDataSchema, rejectModelHash},
 		{"no schema (a shard node)", func(n *nodeReport) {
-			n.dataSchema, n.shard = "", shardClaim{index: 0, count: 3, seed: 1, size: 700}
+			n.dataSchema, n.shard = "", shardClaim{index: 0, count: 3, seed: 1, size: 3334}
 		}, rejectDataSchema, ""},
-		{"schema and a shard claim", func(n *nodeReport) { n.shard = shardClaim{index: 0, count: 3, seed: 1, size: 700} }, rejectShardIdentity, rejectShardIdentity},
+		{"schema and a shard claim", func(n *nodeReport) { n.shard = shardClaim{index: 0, count: 3, seed: 1, size: 3334} }, rejectShardIdentity, rejectShardIdentity},
 		{"schema and a shard seed", func(n *nodeReport) { n.shard.seed = 5 }, rejectShardIdentity, rejectShardIdentity},
 		{"negative size", func(n *nodeReport) { n.shard.size = -1 }, rejectShardIdentity, rejectShardIdentity},
 		{"another model", func(n *nodeReport) { n.modelHash = "other" }, rejectModelHash, rejectModelHash},
@@ -94,38 +101,48 @@ func TestAdmitNodeOwnData(t *testing.T) {
 	}
 }
 
+// TestCheckShards: the round's members are the live nodes whose claims
+// agree with every older claim; of two conflicting claims the older
+// stands and the later is left out, with the reason and a detail naming
+// both (issue 27: a node claiming another's shard no longer stops the
+// rounds). order is oldest claim first.
 func TestCheckShards(t *testing.T) {
 	sh := func(index, count int, seed uint64, size int64) shardClaim {
 		return shardClaim{index: index, count: count, seed: seed, size: size}
 	}
 	for _, tc := range []struct {
-		name   string
-		claims map[string]shardClaim
-		n      int64
-		want   string // the reason, "" for no block
-		detail string // a substring of the detail
+		name    string
+		claims  map[string]shardClaim
+		order   []string
+		n       int64
+		members []string
+		want    string // the reason, "" for none left out
+		detail  string // a substring of the detail
 	}{
-		{"none", nil, 10, "", ""},
-		{"one node, whole set", map[string]shardClaim{"a": sh(0, 1, 1, 10)}, 10, "", ""},
-		{"partition", map[string]shardClaim{"a": sh(0, 3, 1, 4), "b": sh(1, 3, 1, 3), "c": sh(2, 3, 1, 3)}, 10, "", ""},
-		{"some shards missing", map[string]shardClaim{"a": sh(0, 3, 1, 4), "c": sh(2, 3, 1, 3)}, 10, "", ""},
-		{"whole set twice", map[string]shardClaim{"a": sh(0, 1, 1, 10), "b": sh(0, 1, 1, 10)}, 10, blockShardOverlap, "nodes a and b both hold shard 0 of 1"},
-		{"same shard", map[string]shardClaim{"a": sh(0, 3, 1, 4), "b": sh(1, 3, 1, 3), "z": sh(1, 3, 1, 3)}, 10, blockShardOverlap, "nodes b and z both hold shard 1 of 3"},
-		{"different counts", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 3, 1, 3)}, 10, blockShardSplit, "node a cuts the training set into 2 shards with seed 1, node b into 3"},
-		{"different seeds", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 2, 5)}, 10, blockShardSplit, "seed 2"},
-		{"more than N", map[string]shardClaim{"a": sh(0, 2, 1, 6), "b": sh(1, 2, 1, 6)}, 10, blockShardSizes, "more than N = 10"},
-		{"exactly N", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 1, 5)}, 10, "", ""},
-		{"sizes that overflow int64", map[string]shardClaim{"a": sh(0, 2, 1, math.MaxInt64), "b": sh(1, 2, 1, math.MaxInt64)}, math.MaxInt64, blockShardSizes, ""},
+		{"none", nil, nil, 10, nil, "", ""},
+		{"one node, whole set", map[string]shardClaim{"a": sh(0, 1, 1, 10)}, []string{"a"}, 10, []string{"a"}, "", ""},
+		{"partition", map[string]shardClaim{"a": sh(0, 3, 1, 4), "b": sh(1, 3, 1, 3), "c": sh(2, 3, 1, 3)}, []string{"c", "a", "b"}, 10, []string{"a", "b", "c"}, "", ""},
+		{"some shards missing", map[string]shardClaim{"a": sh(0, 3, 1, 4), "c": sh(2, 3, 1, 3)}, []string{"a", "c"}, 10, []string{"a", "c"}, "", ""},
+		{"whole set twice", map[string]shardClaim{"a": sh(0, 1, 1, 10), "b": sh(0, 1, 1, 10)}, []string{"a", "b"}, 10, []string{"a"}, blockShardOverlap, "nodes a and b both hold shard 0 of 1: b, the later claim, left out"},
+		{"same shard, the older claim stands", map[string]shardClaim{"a": sh(0, 3, 1, 4), "b": sh(1, 3, 1, 3), "z": sh(1, 3, 1, 3)}, []string{"z", "a", "b"}, 10, []string{"a", "z"}, blockShardOverlap, "nodes z and b both hold shard 1 of 3: b, the later claim, left out"},
+		{"different counts", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 3, 1, 3)}, []string{"a", "b"}, 10, []string{"a"}, blockShardSplit, "node a cuts the training set into 2 shards with seed 1, node b into 3"},
+		{"different seeds", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 2, 5)}, []string{"b", "a"}, 10, []string{"b"}, blockShardSplit, "seed 1: a left out"},
+		{"more than N", map[string]shardClaim{"a": sh(0, 2, 1, 6), "b": sh(1, 2, 1, 6)}, []string{"a", "b"}, 10, []string{"a"}, blockShardSizes, "more than N = 10"},
+		{"exactly N", map[string]shardClaim{"a": sh(0, 2, 1, 5), "b": sh(1, 2, 1, 5)}, []string{"a", "b"}, 10, []string{"a", "b"}, "", ""},
+		{"sizes that overflow int64", map[string]shardClaim{"a": sh(0, 2, 1, math.MaxInt64), "b": sh(1, 2, 1, math.MaxInt64)}, []string{"a", "b"}, math.MaxInt64, []string{"a"}, blockShardSizes, ""},
 		// Nodes with their own data claim count 0: no overlap rule, only N.
-		{"own data", map[string]shardClaim{"a": sh(0, 0, 0, 3), "b": sh(0, 0, 0, 5), "c": sh(0, 0, 0, 2)}, 10, "", ""},
-		{"own data, more than N", map[string]shardClaim{"a": sh(0, 0, 0, 6), "b": sh(0, 0, 0, 5)}, 10, blockShardSizes, "more than N = 10 examples (node b: 5, the nodes before it: 6)"},
-		{"own data beside a shard", map[string]shardClaim{"a": sh(0, 0, 0, 3), "b": sh(0, 2, 1, 5)}, 10, blockShardSplit, ""},
+		{"own data", map[string]shardClaim{"a": sh(0, 0, 0, 3), "b": sh(0, 0, 0, 5), "c": sh(0, 0, 0, 2)}, []string{"a", "b", "c"}, 10, []string{"a", "b", "c"}, "", ""},
+		{"own data, more than N", map[string]shardClaim{"a": sh(0, 0, 0, 6), "b": sh(0, 0, 0, 5), "c": sh(0, 0, 0, 4)}, []string{"a", "b", "c"}, 10, []string{"a", "c"}, blockShardSizes, "more than N = 10 examples (node b: 5, the nodes before it: 6): b left out"},
+		{"own data beside a shard", map[string]shardClaim{"a": sh(0, 0, 0, 3), "b": sh(0, 2, 1, 5)}, []string{"a", "b"}, 10, []string{"a"}, blockShardSplit, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := checkShards(tc.claims, tc.n)
+			members, b := checkShards(tc.claims, tc.order, tc.n)
+			if !slices.Equal(members, tc.members) {
+				t.Errorf("members %v, want %v", members, tc.members)
+			}
 			if tc.want == "" {
 				if b != nil {
-					t.Fatalf("checkShards = %v, want no block", b)
+					t.Fatalf("checkShards left out: %v", b)
 				}
 				return
 			}
@@ -133,6 +150,31 @@ func TestCheckShards(t *testing.T) {
 				t.Fatalf("checkShards = %v, want %s (%q)", b, tc.want, tc.detail)
 			}
 		})
+	}
+}
+
+// TestRegistryOrdersClaimsByAge: a node that changes its claim is, for
+// that claim, newer than every node whose claim stands (so it cannot take
+// an older claim's place by claiming it), and one that keeps its claim
+// keeps its age.
+func TestRegistryOrdersClaimsByAge(t *testing.T) {
+	var r registry
+	r.nodes = make(map[string]nodeInfo)
+	t0 := time.Now()
+	r.seen("b", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0)
+	r.seen("a", shardClaim{index: 0, count: 3, seed: 1, size: 4}, t0.Add(time.Second))
+	r.seen("b", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0.Add(2*time.Second))
+	if order, _ := r.live(t0.Add(2*time.Second), time.Minute); !slices.Equal(order, []string{"b", "a"}) {
+		t.Fatalf("order %v, want b (older claim) then a", order)
+	}
+	// a now claims b's shard: its claim is the newest.
+	r.seen("a", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0.Add(3*time.Second))
+	order, claims := r.live(t0.Add(3*time.Second), time.Minute)
+	if !slices.Equal(order, []string{"b", "a"}) {
+		t.Fatalf("order %v, want b then a", order)
+	}
+	if members, b := checkShards(claims, order, 10); !slices.Equal(members, []string{"b"}) || b == nil || b.reason != blockShardOverlap {
+		t.Fatalf("members %v (%v), want b alone, a left out for overlap", members, b)
 	}
 }
 
@@ -245,11 +287,12 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 }
 
 // TestServerBlocksOverlappingShards: while two live nodes hold overlapping
-// parts of the training set — the same shard, shards of different cuts, or
-// more than N examples between them — the leader opens no round, logs why
-// once, sets dpcluster_coordinator_rounds_blocked{reason} and reports the
-// reason in its replica status. When the offending node leaves and one with
-// the missing shard joins, the run proceeds (issue 11, item 6).
+// parts of the training set — the same shard, or shards of different cuts
+// — the later claim is left out of the rounds, so with --min-nodes 2 the
+// leader opens no round; it logs why once, sets
+// dpcluster_coordinator_rounds_blocked{reason} and reports the reason in
+// its replica status. When the offending node leaves and one with the
+// missing shard joins, the run proceeds (issue 11, item 6).
 func TestServerBlocksOverlappingShards(t *testing.T) {
 	const n = 10000 // testRunConfig's N
 	crypto := seed.Crypto
@@ -262,7 +305,8 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 		{"same shard", identity{0, 2, 1, n / 2, crypto}, identity{0, 2, 1, n / 2, crypto}, blockShardOverlap},
 		{"different shard counts", identity{0, 2, 1, n / 2, crypto}, identity{1, 3, 1, n / 3, crypto}, blockShardSplit},
 		{"different shard seeds", identity{0, 2, 1, n / 2, crypto}, identity{1, 2, 2, n / 2, crypto}, blockShardSplit},
-		{"more than N", identity{0, 2, 1, 6000, crypto}, identity{1, 2, 1, 6000, crypto}, blockShardSizes},
+		// More than N cannot be claimed here: a size that is not its
+		// shard's is refused at admission (TestAdmitNode).
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testRunConfig()
@@ -321,7 +365,7 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 			if v := labelled(t, reg, "dpcluster_coordinator_rounds_blocked", "reason", tc.reason); v != 1 {
 				t.Errorf("rounds_blocked{%s} = %v, want 1", tc.reason, v)
 			}
-			if k := strings.Count(logs.String(), "not opening rounds over the live nodes"); k != 1 {
+			if k := strings.Count(logs.String(), "leaving nodes out of rounds"); k != 1 {
 				t.Errorf("%d blocked warnings while blocked for one reason, want 1 (rate-limited):\n%s", k, logs.String())
 			}
 
@@ -345,6 +389,64 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 				t.Errorf("unblocking not logged:\n%s", logs.String())
 			}
 		})
+	}
+}
+
+// TestServerLeavesOutALaterClaim is issue 27's finding 2: a node that
+// claims another live node's shard (here: registered later, claiming
+// shard 1 of 2, which b holds) made the leader stop opening rounds, and
+// alone it halted the run. Now the older claim stands: the rounds go on
+// over a and b, every one of them, and the claimant is left out and told
+// why in the replica status.
+func TestServerLeavesOutALaterClaim(t *testing.T) {
+	const n = 10000 // testRunConfig's N
+	c := testRunConfig()
+	c.MaxSteps = 40
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	w := watch(t, dial("watcher"))
+	sum := func(step uint64) (int64, []float32) { return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm) }
+	a := startScriptNode(t, ctx, dial("a"), "a", c.ModelHash, identity{0, 2, 1, n / 2, seed.Crypto}, sum)
+	b := startScriptNode(t, ctx, dial("b"), "b", c.ModelHash, identity{1, 2, 1, n / 2, seed.Crypto}, sum)
+
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.MinNodes, scfg.AnnounceEvery = 2, 100*time.Millisecond
+	scfg.Noise = mechanism.NewSeededNoiseSource(1)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rounds are slow enough that z joins while they run.
+	done := make(chan error, 1)
+	var sumRes Summary
+	go func() {
+		var err error
+		sumRes, err = s.Run(ctx)
+		done <- err
+	}()
+	waitFor(t, ctx, "a first round", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.rounds > 0
+	})
+	startScriptNode(t, ctx, dial("z"), "z", c.ModelHash, identity{1, 2, 1, n / 2, seed.Crypto}, sum)
+	// The leader hears z and leaves it out, saying why, while the run
+	// goes on.
+	want := blockShardOverlap + ": nodes b and z both hold shard 1 of 2: z, the later claim, left out"
+	waitFor(t, ctx, "the leader leaving z out", func() bool { return s.Status().Blocked == want })
+	if err := <-done; err != nil || sumRes.Steps != c.MaxSteps {
+		t.Fatalf("Run with a node claiming b's shard: %+v, %v; want all %d steps", sumRes, err, c.MaxSteps)
+	}
+	for _, x := range []*scriptNode{a, b} {
+		x.mu.Lock()
+		answered := len(x.answered)
+		x.mu.Unlock()
+		if answered != int(c.MaxSteps) {
+			t.Errorf("%s answered %d rounds, want every one of %d", x.id, answered, c.MaxSteps)
+		}
 	}
 }
 
@@ -442,12 +544,15 @@ func TestServerSeedPolicy(t *testing.T) {
 // every 50 ms while it waits), over 1000 live nodes.
 func BenchmarkCheckShards(b *testing.B) {
 	claims := make(map[string]shardClaim, 1000)
+	var order []string
 	for i := range 1000 {
-		claims[fmt.Sprintf("node-%04d", i)] = shardClaim{index: i, count: 1000, seed: 1, size: 60}
+		id := fmt.Sprintf("node-%04d", i)
+		claims[id] = shardClaim{index: i, count: 1000, seed: 1, size: 60}
+		order = append(order, id)
 	}
 	for b.Loop() {
-		if checkShards(claims, 60000) != nil {
-			b.Fatal("blocked")
+		if members, block := checkShards(claims, order, 60000); block != nil || len(members) != 1000 {
+			b.Fatal("left nodes out")
 		}
 	}
 }

@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		evalLoss:     map[string]*prometheus.GaugeVec{},
 		blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "rounds_blocked",
-			Help: "1 while the leader opens no round because the live nodes' shards are not disjoint, by reason.", ConstLabels: labels,
+			Help: "1 while the leader leaves a live node out of its rounds because its shard claim conflicts with an older one (the rounds go on without it), by reason.", ConstLabels: labels,
 		}, []string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "node_messages_refused_total",

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dpcluster/dpcluster/transport"
@@ -126,6 +127,9 @@ type registry struct {
 type nodeInfo struct {
 	shard shardClaim
 	seen  time.Time
+	// since is when the node first made its current shard claim: of two
+	// conflicting claims, the older one stands (checkShards).
+	since time.Time
 	// answered and skipped count the rounds led here since the node
 	// registered that accepted a contribution from it, or did not.
 	answered, skipped int64
@@ -135,6 +139,9 @@ type nodeInfo struct {
 // is new.
 func (r *registry) seen(id string, shard shardClaim, now time.Time) bool {
 	n, known := r.nodes[id]
+	if !known || n.shard != shard {
+		n.since = now // a new claim is a new node's, however long it has been registered
+	}
 	n.shard, n.seen = shard, now
 	r.nodes[id] = n
 	return !known
@@ -163,11 +170,10 @@ func (r *registry) forget(ids []string) {
 	}
 }
 
-// live returns the sorted IDs of nodes heard from within timeout, their
-// shard sizes and their shard claims; it drops the others.
-func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]int64, map[string]shardClaim) {
+// live returns the IDs of nodes heard from within timeout, oldest claim
+// first (ties by ID), and their shard claims; it drops the others.
+func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[string]shardClaim) {
 	ids := make([]string, 0, len(r.nodes))
-	shards := make(map[string]int64, len(r.nodes))
 	claims := make(map[string]shardClaim, len(r.nodes))
 	for id, n := range r.nodes {
 		if now.Sub(n.seen) > timeout {
@@ -175,11 +181,15 @@ func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[str
 			continue
 		}
 		ids = append(ids, id)
-		shards[id] = n.shard.size
 		claims[id] = n.shard
 	}
-	slices.Sort(ids)
-	return ids, shards, claims
+	slices.SortFunc(ids, func(a, b string) int {
+		if c := r.nodes[a].since.Compare(r.nodes[b].since); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return ids, claims
 }
 
 func (r *registry) count() int { return len(r.nodes) }

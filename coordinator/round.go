@@ -221,14 +221,19 @@ func (l *loop) advance(ctx context.Context) {
 		l.proposeStop(stopBudget)
 		return
 	}
-	nodes, shards, claims := l.nodes.live(time.Now(), l.s.cfg.NodeTimeout)
-	// The live nodes are the next round's members: their shards must be
-	// disjoint (admission.go).
-	b := checkShards(claims, l.s.run.TotalExamples)
+	order, claims := l.nodes.live(time.Now(), l.s.cfg.NodeTimeout)
+	// The next round's members are the live nodes whose shards are
+	// disjoint; a node whose claim conflicts with an older one is left
+	// out (admission.go).
+	nodes, b := checkShards(claims, order, l.s.run.TotalExamples)
 	l.setBlocked(b)
-	if b != nil || len(nodes) < l.s.cfg.MinNodes {
+	if len(nodes) < l.s.cfg.MinNodes {
 		ls.retryAt = time.Now().Add(50 * time.Millisecond)
 		return
+	}
+	shards := make(map[string]int64, len(nodes))
+	for _, id := range nodes {
+		shards[id] = claims[id].size
 	}
 	l.openRound(ctx, ls.released+1, nodes, shards)
 }
@@ -276,7 +281,7 @@ func (l *loop) setBlocked(b *roundBlock) {
 	now := time.Now()
 	if msg := b.String(); msg != l.blockLogged || now.Sub(l.blockLoggedAt) >= 10*time.Second {
 		l.blockLogged, l.blockLoggedAt = msg, now
-		l.log.Warn("not opening rounds over the live nodes", "reason", b.reason, "detail", b.detail)
+		l.log.Warn("leaving nodes out of rounds: their shard claims conflict with older ones", "reason", b.reason, "detail", b.detail)
 	}
 }
 

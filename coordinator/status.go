@@ -43,7 +43,9 @@ type Status struct {
 	// is NOT differentially private.
 	Private bool `json:"private"`
 	// Stopped is why the run stopped ("" while it runs); Blocked why the
-	// leader opens no round now ("" when it may).
+	// leader leaves a live node out of its rounds (a shard claim that
+	// conflicts with an older one; checkShards), "" when it leaves none
+	// out.
 	Stopped string `json:"stopped"`
 	Blocked string `json:"blocked"`
 	// Eval is the last evaluation of θ (nil: none yet; leader only).

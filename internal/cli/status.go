@@ -214,7 +214,7 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 	tw.Flush()
 	for _, r := range rep.Replicas {
 		if r.Blocked != "" {
-			fmt.Fprintf(w, "ROUNDS BLOCKED by %s: %s\n", r.ID, r.Blocked)
+			fmt.Fprintf(w, "NODES LEFT OUT by %s: %s\n", r.ID, r.Blocked)
 		}
 	}
 	for _, r := range rep.Replicas {
