@@ -35,6 +35,9 @@ var (
 	// own error, such as model.ErrUnsupportedLayer or an out-of-memory
 	// error) by NewWorker when the compute engine cannot be allocated.
 	ErrEngine = errors.New("node: cannot allocate the compute engine")
+	// ErrCoordinatorGone is returned by Worker.Run when no coordinator
+	// replica was heard for Config.CoordinatorTimeout after one was.
+	ErrCoordinatorGone = errors.New("node: no coordinator replica heard")
 	// ErrClosed is returned by Worker.Run on a Worker released with Close.
 	ErrClosed = errors.New("node: worker closed")
 )
@@ -99,6 +102,12 @@ type Config struct {
 	// sizes it to min(shard size, ⌈1.25·q·shard size⌉ + 16) (EngineBatch).
 	// Default 0.
 	MaxBatch int
+	// CoordinatorTimeout ends the node (Run returns ErrCoordinatorGone)
+	// when, after it has heard a coordinator replica, it hears nothing
+	// from any (the leader announces itself every second) for this long:
+	// the run ended or its replicas are gone while this node was cut off,
+	// and no one will tell it. 0 never gives up. Default 5 minutes.
+	CoordinatorTimeout time.Duration
 	// ParamsGrace is how long a round whose Params version has not arrived
 	// waits before the node asks for it (NeedParams). Large
 	// Params travel in chunks on another subscription and may be delivered
@@ -122,11 +131,12 @@ type Config struct {
 // SampleRate and ClipNorm and the shard identity must still be set.
 func DefaultConfig() Config {
 	return Config{
-		Run:            "default",
-		HeartbeatEvery: time.Second,
-		ParamsGrace:    50 * time.Millisecond,
-		ParamsRetry:    250 * time.Millisecond,
-		LeaveTimeout:   2 * time.Second,
+		Run:                "default",
+		HeartbeatEvery:     time.Second,
+		CoordinatorTimeout: 5 * time.Minute,
+		ParamsGrace:        50 * time.Millisecond,
+		ParamsRetry:        250 * time.Millisecond,
+		LeaveTimeout:       2 * time.Second,
 	}
 }
 
@@ -157,6 +167,9 @@ func (c Config) Validate() error {
 		bad("ShardCount %d must be ≥ 1", c.ShardCount)
 	} else if c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount {
 		bad("ShardIndex %d must be in [0, ShardCount %d)", c.ShardIndex, c.ShardCount)
+	}
+	if c.CoordinatorTimeout < 0 {
+		bad("CoordinatorTimeout %v must be ≥ 0", c.CoordinatorTimeout)
 	}
 	if c.HeartbeatEvery < time.Millisecond {
 		bad("HeartbeatEvery %v must be ≥ 1ms", c.HeartbeatEvery)

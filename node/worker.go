@@ -523,6 +523,25 @@ func (s *session) loop(ctx context.Context, in *inbox, fatal <-chan error) (stri
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// silence fires when no coordinator has been heard for
+	// CoordinatorTimeout, once one has been (nil until then).
+	var silence <-chan time.Time
+	var silenceTimer *time.Timer
+	defer func() {
+		if silenceTimer != nil {
+			silenceTimer.Stop()
+		}
+	}()
+	heard := func() {
+		switch {
+		case w.cfg.CoordinatorTimeout == 0:
+		case silenceTimer == nil:
+			silenceTimer = time.NewTimer(w.cfg.CoordinatorTimeout)
+			silence = silenceTimer.C
+		default:
+			silenceTimer.Reset(w.cfg.CoordinatorTimeout)
+		}
+	}
 	for s.end == nil {
 		var wake <-chan time.Time
 		if p := s.pending; p != nil {
@@ -539,15 +558,23 @@ func (s *session) loop(ctx context.Context, in *inbox, fatal <-chan error) (stri
 		case err := <-fatal:
 			return "connection_closed", err
 		case l := <-in.leaders:
+			heard()
 			s.onLeader(ctx, l)
 		case rs := <-in.rounds:
+			heard()
 			s.onRound(ctx, rs)
 		case p := <-in.params:
+			heard()
 			s.onParams(ctx, p)
 		case st := <-in.status:
+			heard()
 			s.onStatus(st)
 		case <-wake:
 			s.onTimer(ctx)
+		case <-silence:
+			w.log.Error("node: no coordinator replica heard; stopping", "for", w.cfg.CoordinatorTimeout)
+			s.end = &ending{reason: "coordinator_gone", err: fmt.Errorf("%w for %v (the run may have ended, or its replicas stopped, while this node "+
+				"was cut off): check `coordinator status`, then start the node again to rejoin", ErrCoordinatorGone, w.cfg.CoordinatorTimeout)}
 		}
 		timer.Stop()
 	}

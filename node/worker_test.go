@@ -886,3 +886,34 @@ func TestParamsOfADeposedTermNotUsed(t *testing.T) {
 		t.Errorf("answered %d/%d, want 2/5", c.Step, c.RoundID)
 	}
 }
+
+// TestCoordinatorSilenceEndsTheNode is issue 27's finding 5: a node that
+// missed the end-of-run message while the servers shut down reconnected
+// for 25 minutes until killed. A node that has heard a coordinator and
+// then hears nothing from any (no announcement, round, params or status)
+// for CoordinatorTimeout stops with ErrCoordinatorGone; before it has
+// heard one, it waits (nodes may start before their replicas).
+func TestCoordinatorSilenceEndsTheNode(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.CoordinatorTimeout = 300 * time.Millisecond
+	r := start(t, cfg, fx, nc)
+	recv(t, l.joins, "join")
+	time.Sleep(3 * cfg.CoordinatorTimeout)
+	none(t, r.done, "Run result before any coordinator was heard")
+	for range 6 { // announcements keep it in the run
+		l.announce("r1", 1)
+		time.Sleep(cfg.CoordinatorTimeout / 2)
+		select {
+		case err := <-r.done:
+			t.Fatalf("Run = %v while the leader announces", err)
+		default:
+		}
+	}
+	err := r.result(t) // then silence
+	if !errors.Is(err, ErrCoordinatorGone) || !strings.Contains(err.Error(), "300ms") {
+		t.Fatalf("Run = %v, want ErrCoordinatorGone after 300ms of silence", err)
+	}
+}

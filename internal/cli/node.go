@@ -42,6 +42,7 @@ type nodeFlags struct {
 	shardIndex          int
 	shardCount          int
 	heartbeat           time.Duration
+	coordinatorTimeout  time.Duration
 	metricsAddr         string
 	insecureSeed        uint64
 	device              string
@@ -79,7 +80,8 @@ func defaultNodeID() string {
 // receives SIGINT or SIGTERM (then it sends Leave and exits 0).
 func NewNodeCmd() *cobra.Command {
 	spec := defaultRunSpec()
-	f := nodeFlags{id: defaultNodeID(), shardCount: 1, heartbeat: time.Second, device: "cpu", logFormat: "text", logLevel: "info"}
+	f := nodeFlags{id: defaultNodeID(), shardCount: 1, heartbeat: time.Second, coordinatorTimeout: node.DefaultConfig().CoordinatorTimeout,
+		device: "cpu", logFormat: "text", logLevel: "info"}
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "dpcluster node: computes clipped gradient sums on a private data shard",
@@ -123,6 +125,8 @@ A node refuses to dial a NATS server off the loopback interface without --tls-ca
 	fl.IntVar(&f.shardIndex, "shard-index", 0, "this node's shard, in [0, --shard-count)")
 	fl.IntVar(&f.shardCount, "shard-count", f.shardCount, "number of shards the training set is cut into (with the run's shard_seed)")
 	fl.DurationVar(&f.heartbeat, "heartbeat", f.heartbeat, "heartbeat period")
+	fl.DurationVar(&f.coordinatorTimeout, "coordinator-timeout", f.coordinatorTimeout,
+		"exit (non-zero) when no coordinator replica was heard for this long after one was: the run ended or its replicas are gone (0: wait forever)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on host:port/metrics (empty: off)")
 	fl.Uint64Var(&f.insecureSeed, "insecure-seed", 0, "TESTS ONLY: seed the batch sampling; the node is then NOT private")
 	fl.StringVar(&f.device, "device", f.device, deviceFlagUsage)
@@ -174,6 +178,9 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 	}
 	if f.heartbeat <= 0 {
 		return nil, fmt.Errorf("--heartbeat %v must be > 0", f.heartbeat)
+	}
+	if f.coordinatorTimeout < 0 {
+		return nil, fmt.Errorf("--coordinator-timeout %v must be ≥ 0 (0: wait forever)", f.coordinatorTimeout)
 	}
 	if _, err := tlsFiles(f.tlsCA, f.tlsCert, f.tlsKey); err != nil {
 		return nil, err
@@ -277,7 +284,7 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	}
 	m, rc := pr.model, pr.cfg
 	cfg := node.DefaultConfig()
-	cfg.ID, cfg.Run, cfg.HeartbeatEvery = f.id, rc.Run, f.heartbeat
+	cfg.ID, cfg.Run, cfg.HeartbeatEvery, cfg.CoordinatorTimeout = f.id, rc.Run, f.heartbeat, f.coordinatorTimeout
 	cfg.SampleRate, cfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 	if local {
 		cfg.DataSchema = dataset.SchemaOf(shard).String()
