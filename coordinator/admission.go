@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/dpcluster/dpcluster/sampling"
 	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
@@ -209,4 +210,20 @@ func iidShardSize(n int64, index, count int) int64 {
 		size++
 	}
 	return size
+}
+
+// countLimits returns, for each member's shard size, the largest sample
+// count its contribution may claim: sampling.CountBound at the run's q,
+// which an honest node's Poisson sample exceeds with probability at most
+// sampling.CountTail (2^-64). A contribution's norm is checked against
+// count·C (aggregation), so this bounds what one authorized node can add
+// to a step to about q·n + √(2·q·n·44) + 44 clipped examples' worth,
+// instead of its whole shard's n (issue 27, finding 3). Refusing the rare
+// honest sample above it is charged in δ (docs/PRIVACY.md).
+func countLimits(sizes map[string]int64, q float64) map[string]int64 {
+	limits := make(map[string]int64, len(sizes))
+	for id, n := range sizes {
+		limits[id] = sampling.CountBound(n, q)
+	}
+	return limits
 }

@@ -450,6 +450,48 @@ func TestServerLeavesOutALaterClaim(t *testing.T) {
 	}
 }
 
+// TestServerRefusesAnInflatedCount is issue 27's finding 3: a
+// contribution's norm is checked against count·C with the node's own
+// count, which was bounded only by its shard size, so one node could add
+// its whole shard's worth of clipped gradients (about 117× a whole
+// expected batch in the probe). Now the count is bounded by what its
+// Poisson sample exceeds with probability 2^-64 (sampling.CountBound):
+// b's contribution claiming its whole shard is refused as
+// count_too_large, every step, while a's honest ones count.
+func TestServerRefusesAnInflatedCount(t *testing.T) {
+	const n = 10000 // testRunConfig's N; q = 0.01: each shard of 5000 samples about 50
+	c := testRunConfig()
+	c.MaxSteps = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	w := watch(t, dial("watcher"))
+	honest := func(step uint64) (int64, []float32) { return 50, sentinelSum(0, step, c.Dim, 50, c.Optimizer.ClipNorm) }
+	inflated := func(step uint64) (int64, []float32) { return n / 2, sentinelSum(1, step, c.Dim, n/2, c.Optimizer.ClipNorm) }
+	startScriptNode(t, ctx, dial("a"), "a", c.ModelHash, identity{0, 2, 1, n / 2, seed.Crypto}, honest)
+	startScriptNode(t, ctx, dial("b"), "b", c.ModelHash, identity{1, 2, 1, n / 2, seed.Crypto}, inflated)
+
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.MinNodes, scfg.RoundTimeout = 2, 2*time.Second
+	scfg.Noise = mechanism.NewSeededNoiseSource(1)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.Run(ctx)
+	if err != nil || sum.Steps != c.MaxSteps {
+		t.Fatalf("Run = %+v, %v", sum, err)
+	}
+	if !w.told("b", "count_too_large") {
+		t.Error("b's contribution claiming its whole shard (5000 of an expected 50) was not refused as count_too_large")
+	}
+	if w.told("a", "count_too_large") {
+		t.Error("a's honest count was refused")
+	}
+}
+
 // TestServerSeedPolicy: a private run (crypto seed policy) refuses a node
 // that samples from a seed, and never makes it a round member; a seeded run
 // takes it, and its ledger audits as not private. In both, a node that

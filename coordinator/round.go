@@ -302,7 +302,7 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 		l.sum = make([]float64, run.Dim)
 	}
 	r, err := aggregation.NewRound(uint64(t), nodes, run.Dim, run.Optimizer.ClipNorm, deadline,
-		aggregation.WithRoundID(id), aggregation.WithShardSizes(shards), aggregation.WithSumBuffer(l.sum))
+		aggregation.WithRoundID(id), aggregation.WithShardSizes(countLimits(shards, run.SampleRate)), aggregation.WithSumBuffer(l.sum))
 	if err != nil {
 		l.fail(err)
 		return
