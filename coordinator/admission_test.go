@@ -467,7 +467,9 @@ func TestServerRefusesAnInflatedCount(t *testing.T) {
 	coordConn, dial := natsPair(t, c.Run)
 	w := watch(t, dial("watcher"))
 	honest := func(step uint64) (int64, []float32) { return 50, sentinelSum(0, step, c.Dim, 50, c.Optimizer.ClipNorm) }
-	inflated := func(step uint64) (int64, []float32) { return n / 2, sentinelSum(1, step, c.Dim, n/2, c.Optimizer.ClipNorm) }
+	inflated := func(step uint64) (int64, []float32) {
+		return n / 2, sentinelSum(1, step, c.Dim, n/2, c.Optimizer.ClipNorm)
+	}
 	startScriptNode(t, ctx, dial("a"), "a", c.ModelHash, identity{0, 2, 1, n / 2, seed.Crypto}, honest)
 	startScriptNode(t, ctx, dial("b"), "b", c.ModelHash, identity{1, 2, 1, n / 2, seed.Crypto}, inflated)
 
