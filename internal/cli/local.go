@@ -204,6 +204,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err := checkDataDirFree(f.dataDir); err != nil {
 		return err
 	}
+	if err := checkMetricsAddr(f.metricsAddr); err != nil {
+		return err
+	}
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
 	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)

@@ -65,6 +65,21 @@ const metricsShutdownTimeout = 2 * time.Second
 // 2 s for scrapes in flight), then the serve error, nil after a clean
 // shutdown, is sent on done, which is then closed. Callers that must know
 // the server stopped receive from done after ctx ends.
+// checkMetricsAddr says, before anything loads, whether addr can be
+// listened on: a taken port is refused up front rather than after the
+// data load. (The port may still be taken in between; serveMetrics then
+// reports it.)
+func checkMetricsAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %s: %w", addr, err)
+	}
+	return ln.Close()
+}
+
 func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, dash http.Handler, log *slog.Logger) (bound string, done <-chan error, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

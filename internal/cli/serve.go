@@ -151,6 +151,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	if _, err := coordinator.CheckDataDirOwner(f.dataDir, f.id); err != nil {
 		return fmt.Errorf("--id %s --data-dir %s: %w", f.id, f.dataDir, err)
 	}
+	if err := checkMetricsAddr(f.metricsAddr); err != nil {
+		return err
+	}
 	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)
 	if err != nil {
 		return err

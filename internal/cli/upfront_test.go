@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -82,6 +83,24 @@ func TestBadInputsRefusedUpFront(t *testing.T) {
 				t.Errorf("data was loaded or searched for before the error:\n%s", stderr)
 			}
 		})
+	}
+}
+
+// TestMetricsAddrInUseRefusedUpFront is issue 27's papercut: a taken
+// --metrics-addr was found only after the data was loaded.
+func TestMetricsAddrInUseRefusedUpFront(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().String()
+	_, stderr, err := runCmd(t, "local", "--data-dir", t.TempDir(), "--progress", "off", "--max-steps", "5", "--metrics-addr", addr)
+	if err == nil || !strings.Contains(err.Error(), "--metrics-addr "+addr) {
+		t.Fatalf("local with a taken metrics address: %v", err)
+	}
+	if strings.Contains(stderr, "loading Fashion-MNIST") || strings.Contains(stderr, "searching on") {
+		t.Errorf("data was loaded or searched for before the error:\n%s", stderr)
 	}
 }
 
