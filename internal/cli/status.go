@@ -120,6 +120,17 @@ observer certificate is enough (it may read these subjects and publish nothing).
 
 // collectStatus listens on the run's control, leader and node subjects for
 // wait, over TLS with files if set, and returns what it heard.
+// refusedRun explains a subscription the servers refuse: they scope every
+// permission to their run's subjects, so it is most often a wrong --run.
+func refusedRun(run string, err error) error {
+	if !errors.Is(err, transport.ErrPermission) {
+		return err
+	}
+	return fmt.Errorf("--run %s: the servers refuse this certificate's subscription to the run's subjects: "+
+		"no run of that name is served there (give the name in the run file), or the certificate may not read them "+
+		"(an observer or replica certificate may): %w", run, err)
+}
+
 func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig, run string, wait time.Duration) (statusReport, error) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -132,7 +143,7 @@ func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig
 	}
 	conn, err := transport.Connect(ctx, cfg, nil)
 	if err != nil {
-		return rep, err
+		return rep, refusedRun(run, err)
 	}
 	defer conn.Close()
 	var (
@@ -176,7 +187,7 @@ func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig
 	}
 	for topic, h := range handlers {
 		if _, err := conn.Subscribe(topic, h); err != nil {
-			return rep, err
+			return rep, refusedRun(run, err)
 		}
 	}
 	select {

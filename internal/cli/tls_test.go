@@ -64,6 +64,11 @@ func TestServeOverTLS(t *testing.T) {
 	if _, err := run(t, "status", "--nats", strings.Replace(url, "tls://", "nats://", 1), "--run", runName, "--wait", "300ms"); err == nil {
 		t.Error("status without a certificate succeeded")
 	}
+	// Issue 27, papercut: a wrong run name was a bare permissions violation.
+	_, err := run(t, append([]string{"status", "--nats", url, "--run", "no-such-run", "--wait", "300ms"}, tlsArgs(certs, "ops")...)...)
+	if err == nil || !strings.Contains(err.Error(), `--run no-such-run: the servers refuse`) || !strings.Contains(err.Error(), "no run of that name") {
+		t.Errorf("status --run no-such-run: %v, want an error saying there may be no such run", err)
+	}
 	for _, id := range []string{"n0", "ops"} {
 		_, err := run(t, append([]string{"remove-replica", "r1", "--nats", url, "--run", runName}, tlsArgs(certs, id)...)...)
 		if err == nil || !strings.Contains(err.Error(), "a replica certificate is needed") {
