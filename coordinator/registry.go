@@ -48,7 +48,7 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 				// the run file says it).
 				detail += ": " + l.s.run.DataSchema
 			}
-			l.publish(ctx, transport.Status{
+			l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
 				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: detail,
 			})
 		}

@@ -42,7 +42,9 @@ func (l *loop) publishReplicaStatus(ctx context.Context) {
 // while this replica leads and has caught up.
 func (l *loop) announce(ctx context.Context) {
 	st := l.rep.FSM().State()
-	l.publish(ctx, transport.Leader{Run: l.s.run.Run, ReplicaID: l.rep.ID(), Term: l.lead.term, Step: uint64(st.Applied)})
+	run := l.s.run
+	l.publish(ctx, transport.Leader{Run: run.Run, ReplicaID: l.rep.ID(), Term: l.lead.term, Step: uint64(st.Applied),
+		ModelHash: run.ModelHash, SampleRate: run.SampleRate, ClipNorm: run.Optimizer.ClipNorm})
 }
 
 // draining is the end of the run on the leader: it waits, at most
@@ -89,7 +91,7 @@ func (l *loop) checkDrain(ctx context.Context) {
 		if i > 0 && sleepCtx(ctx, 100*time.Millisecond) != nil {
 			break
 		}
-		l.publish(ctx, transport.Status{
+		l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
 			Run: l.s.run.Run, From: l.rep.ID(), Step: uint64(st.Applied), Code: code, Detail: st.Stopped,
 		})
 	}

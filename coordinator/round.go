@@ -345,7 +345,7 @@ func (l *loop) onContribution(ctx context.Context, c transport.Contribution) {
 	// The reason is public; the values are not, and are never logged.
 	l.log.Info("contribution rejected", "node", c.NodeID, "step", c.Step, "reason", reason.String())
 	if reason != aggregation.ReasonWrongStep && reason != aggregation.ReasonWrongRound {
-		l.publish(ctx, transport.Status{
+		l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
 			Run: l.s.run.Run, From: l.rep.ID(), Node: c.NodeID, Step: c.Step,
 			Code: transport.StatusRejected, Detail: reason.String(),
 		})

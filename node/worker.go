@@ -499,6 +499,11 @@ type session struct {
 	seen       map[roundKey]struct{}
 	maxStep    uint64
 	pending    *pendingRound
+	// foreign holds the replicas that announced another run under this
+	// run's name (foreignRun), to warn once each; their messages are
+	// ignored by what they say, not by who sends them (two groups may
+	// use the same replica IDs).
+	foreign map[string]bool
 	// end is set when the run is over for this node.
 	end *ending
 }
@@ -509,7 +514,7 @@ type ending struct {
 }
 
 func newSession(w *Worker) *session {
-	return &session{w: w, leaders: make(map[string]uint64), deferred: make(map[string]transport.Status),
+	return &session{w: w, leaders: make(map[string]uint64), deferred: make(map[string]transport.Status), foreign: make(map[string]bool),
 		params: make(map[uint64]transport.Vector), paramsTerm: make(map[uint64]uint64), seen: make(map[roundKey]struct{})}
 }
 
@@ -637,6 +642,16 @@ func (s *session) noteLeader(replica string, term uint64) {
 }
 
 func (s *session) onLeader(ctx context.Context, l transport.Leader) {
+	if why := s.foreignRun(l); why != "" {
+		if !s.foreign[l.ReplicaID] { // warned once per replica
+			s.w.log.Warn("node: a coordinator of another run with this run's name announces itself; ignoring it and its messages",
+				"replica", l.ReplicaID, "term", l.Term, "detail", why)
+			if len(s.foreign) < 64 {
+				s.foreign[l.ReplicaID] = true
+			}
+		}
+		return
+	}
 	if l.Term < s.term {
 		s.w.log.Debug("node: ignoring leader of an older term", "leader", l.ReplicaID, "term", l.Term, "current_term", s.term)
 		return
@@ -647,6 +662,16 @@ func (s *session) onLeader(ctx context.Context, l transport.Leader) {
 	} else if s.leader == "" {
 		s.leader = l.ReplicaID
 	}
+}
+
+// foreignRun says why the leader l announces another run than this
+// node's (checkRun's rule on its model, q and C), or "" if it is this
+// node's run or does not say (an older leader).
+func (s *session) foreignRun(l transport.Leader) string {
+	if l.ModelHash == "" {
+		return ""
+	}
+	return checkRun(transport.RoundStart{ModelHash: l.ModelHash, SampleRate: l.SampleRate, ClipNorm: l.ClipNorm}, s.w.cfg, s.w.m.Hash())
 }
 
 func (s *session) skip(rs transport.RoundStart, r SkipReason, why string) {
@@ -901,6 +926,10 @@ func (s *session) onParams(ctx context.Context, p transport.Params) {
 // onStatus handles the leader's verdicts. Requests from other nodes and
 // statuses about other nodes are ignored.
 func (s *session) onStatus(st transport.Status) {
+	if st.ModelHash != "" && st.ModelHash != s.w.m.Hash() {
+		s.w.log.Debug("node: status from another run's coordinator ignored", "from", st.From, "code", st.Code)
+		return
+	}
 	switch st.Code {
 	case transport.StatusDone, transport.StatusStopped:
 	case transport.StatusRejected:

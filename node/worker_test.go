@@ -917,3 +917,39 @@ func TestCoordinatorSilenceEndsTheNode(t *testing.T) {
 		t.Fatalf("Run = %v, want ErrCoordinatorGone after 300ms of silence", err)
 	}
 }
+
+// TestForeignGroupIgnored is issue 27's finding 4: a second replica group
+// with the same run name on the same NATS (another model) rejected the
+// real nodes, and they exited. A leader whose announcement names another
+// model, q or C is another run's: its announcements are not followed
+// (even of a higher term), and its statuses — a model_hash refusal, a
+// Done — are ignored. The node keeps answering its own leader's rounds
+// and ends with that leader's Done.
+func TestForeignGroupIgnored(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+	own := transport.Leader{Run: testRun, ReplicaID: "r1", Term: 1, ModelHash: fx.m.Hash(), SampleRate: testQ, ClipNorm: testClip}
+	l.publish(own)
+	recv(t, l.joins, "join for r1")
+	foreign := transport.Leader{Run: testRun, ReplicaID: "x1", Term: 9, ModelHash: "another-model", SampleRate: testQ, ClipNorm: testClip}
+	l.publish(foreign)
+	none(t, l.joins, "a join for the foreign leader")
+	// Its statuses name its model; same replica ID as ours, even.
+	l.publish(transport.Status{Run: testRun, From: "x1", Node: testNode, Code: transport.StatusRejected, Detail: RejectModelHash, ModelHash: "another-model"})
+	l.publish(transport.Status{Run: testRun, From: "r1", Code: transport.StatusDone, ModelHash: "another-model"})
+	none(t, r.done, "Run result after the foreign group's refusal and Done")
+	// Its own leader's round (term 1, below the foreign 9) is answered.
+	l.params(0, 1, fx.theta)
+	l.publish(fx.round(1, 1, 1, wait))
+	recv(t, l.contribs, "contribution to r1's round")
+	if st := r.w.Stats(); st.Leader != "r1" || st.Term != 1 {
+		t.Errorf("following %s term %d, want r1 term 1", st.Leader, st.Term)
+	}
+	l.publish(transport.Status{Run: testRun, From: "r1", Code: transport.StatusDone, ModelHash: fx.m.Hash()})
+	if err := r.result(t); err != nil {
+		t.Fatalf("Run = %v, want nil after r1's Done", err)
+	}
+}

@@ -230,6 +230,14 @@ type Leader struct {
 	ReplicaID string `msgpack:"replica"`
 	Term      uint64 `msgpack:"term"`
 	Step      uint64 `msgpack:"step"`
+	// ModelHash, SampleRate and ClipNorm name the run as a node knows it
+	// (its model, q and C): a node does not follow, or obey, a leader
+	// whose run is not its own, such as another replica group given the
+	// same run name. Omitted when empty (older leaders), which nodes
+	// accept.
+	ModelHash  string  `msgpack:"model,omitempty"`
+	SampleRate float64 `msgpack:"q,omitempty"`
+	ClipNorm   float64 `msgpack:"clip,omitempty"`
 }
 
 // NeedParams is a node's request for the committed parameters of version
@@ -266,6 +274,10 @@ type Status struct {
 	Step   uint64     `msgpack:"step"`
 	Code   StatusCode `msgpack:"code"`
 	Detail string     `msgpack:"detail,omitempty"`
+	// ModelHash names the sender's run by its model: a node ignores a
+	// status of another run given the same name (Leader.ModelHash).
+	// Omitted when empty (older replicas), which nodes accept.
+	ModelHash string `msgpack:"model,omitempty"`
 }
 
 // ControlCode classifies a Control message.
