@@ -284,6 +284,11 @@ func NewServer(replica Consensus, conn transport.Conn, run RunConfig, cfg Server
 	} else {
 		log.Warn("coordinator: noise mode " + noiseModeLabel(run.NoiseMode) + ": the floating-point Gaussian sampler is NOT protected against floating-point attacks; use noise mode discrete for new runs")
 	}
+	// A node's contribution has a known size for the run's model: a
+	// transfer announcing more is refused at its first chunk (issue 27).
+	if l, ok := conn.(transport.TopicLimiter); ok {
+		l.LimitTopic(transport.TopicContributions, transport.ContributionMaxBytes(run.Dim))
+	}
 	return &Server{rep: replica, conn: conn, run: run, cfg: cfg, log: log, noise: noise, metrics: cfg.Metrics,
 		board: newBoard(HistoryLimit)}, nil
 }

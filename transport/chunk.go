@@ -38,6 +38,15 @@ type transfer struct {
 // memory is bounded: a transfer may not exceed maxMessage bytes and all
 // transfers in flight together may not exceed maxTotal bytes; a transfer that
 // is not complete timeout after its first chunk is dropped and freed.
+//
+// Per sender: on a topic with a limit (limitTopic), a transfer may not
+// announce more than that limit (a node's contribution has a known size
+// for the run's model), and at most maxPerNode transfers are in flight on
+// one node's subject of a per-node topic (a newer one abandons the
+// oldest); so no sender can
+// take more than its own share of maxTotal by announcing transfers it
+// never completes (issue 27: three single chunks announcing 1 GiB each
+// filled the shared budget and starved the honest nodes).
 type reassembler struct {
 	maxMessage int64
 	maxTotal   int64
@@ -46,6 +55,25 @@ type reassembler struct {
 	inflight int64
 	xfers    map[transferKey]*transfer
 	finished map[transferKey]time.Time // completed or abandoned, to drop late duplicates
+	topicMax map[Topic]int64           // limitTopic's
+	perNode  map[string]int            // transfers in flight per node subject
+}
+
+// maxPerNode is how many transfers may be in flight on one node's subject
+// at once: its contribution to the current round, and one to the round
+// before or after it.
+const maxPerNode = 2
+
+// limitTopic bounds the announced length of transfers on topic to max
+// bytes (0 removes the bound).
+func (r *reassembler) limitTopic(t Topic, max int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if max <= 0 {
+		delete(r.topicMax, t)
+		return
+	}
+	r.topicMax[t] = max
 }
 
 func newReassembler(maxMessage, maxTotal int64) *reassembler {
@@ -54,6 +82,8 @@ func newReassembler(maxMessage, maxTotal int64) *reassembler {
 		maxTotal:   maxTotal,
 		xfers:      make(map[transferKey]*transfer),
 		finished:   make(map[transferKey]time.Time),
+		topicMax:   make(map[Topic]int64),
+		perNode:    make(map[string]int),
 	}
 }
 
@@ -89,6 +119,15 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 			r.mu.Unlock()
 			return nil, "", fmt.Errorf("%w: transfer of %d bytes, limit %d", ErrTooLarge, c.Len, r.maxMessage)
 		}
+		if max, ok := r.topicMax[c.Topic]; ok && c.Len > uint64(max) {
+			r.mu.Unlock()
+			return nil, "", fmt.Errorf("%w: %v transfer of %d bytes from %s, limit %d for that topic", ErrTooLarge, c.Topic, c.Len, c.Sender, max)
+		}
+		if node != "" && r.perNode[node] >= maxPerNode {
+			// The node's newest transfer supersedes its oldest (a lost
+			// chunk of an old round must not block its next ones).
+			r.dropOldestLocked(node, now)
+		}
 		if r.inflight+int64(c.Len) > r.maxTotal {
 			r.mu.Unlock()
 			return nil, "", fmt.Errorf("%w: %d bytes in flight, limit %d", ErrTooLarge, r.inflight+int64(c.Len), r.maxTotal)
@@ -102,6 +141,9 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 		}
 		r.inflight += int64(c.Len)
 		r.xfers[key] = x
+		if node != "" {
+			r.perNode[node]++
+		}
 	} else if x.topic != c.Topic || x.total != c.Total || x.size != c.Size || x.length != c.Len || x.wholeCRC != c.WholeCRC ||
 		!resent && x.node != node {
 		r.mu.Unlock()
@@ -147,10 +189,29 @@ func (r *reassembler) add(c *chunk, node string, resent bool, now time.Time) ([]
 	return x.buf, x.node, nil
 }
 
+// dropOldestLocked abandons node's oldest transfer in flight.
+func (r *reassembler) dropOldestLocked(node string, now time.Time) {
+	var oldest transferKey
+	var ox *transfer
+	for k, x := range r.xfers {
+		if x.node == node && (ox == nil || x.started.Before(ox.started)) {
+			oldest, ox = k, x
+		}
+	}
+	if ox != nil {
+		r.finishLocked(oldest, ox, now)
+	}
+}
+
 func (r *reassembler) finishLocked(key transferKey, x *transfer, now time.Time) {
 	delete(r.xfers, key)
 	r.inflight -= int64(x.length)
 	r.finished[key] = now
+	if x.node != "" {
+		if r.perNode[x.node]--; r.perNode[x.node] <= 0 {
+			delete(r.perNode, x.node)
+		}
+	}
 }
 
 // tailFactor: chunks past the highest index received are NACKed after a

@@ -3,7 +3,9 @@ package transport
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -265,4 +267,79 @@ func TestRetainCacheRecycles(t *testing.T) {
 	if len(rc.free) != 0 {
 		t.Errorf("%d free buffers after ttl", len(rc.free))
 	}
+}
+
+// TestReassemblerChunkBomb is issue 27's finding 1 at the reassembler: a
+// node that announces transfers it never completes (a single chunk each)
+// could fill the shared reassembly budget, so that the honest nodes'
+// chunked contributions were refused. Now a topic's limit refuses a
+// transfer announcing more than that topic's messages may hold, and one
+// node holds at most maxPerNode transfers in flight (a newer one abandons
+// its oldest): the bomber cannot crowd out the others.
+func TestReassemblerChunkBomb(t *testing.T) {
+	contrib := func(transfer uint64, n int) []chunk {
+		v := make(Vector, n)
+		frames, err := SplitFrames(Contribution{Run: "r", Step: 1, RoundID: 1, NodeID: "x", Count: 1, Sum: v}, testSender, transfer, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := make([]chunk, len(frames))
+		for i, f := range frames {
+			cs[i] = mustChunk(t, f)
+		}
+		return cs
+	}
+	now := time.Now()
+	// The shared budget holds 8 of the honest 3000-value contributions.
+	budget := int64(8 * len(contrib(0, 3000)) * 1024)
+	r := newReassembler(1<<20, budget)
+	r.limitTopic(TopicContributions, ContributionMaxBytes(3000))
+
+	// The bomber's transfers announce 60000 values: refused by the topic
+	// limit at the first chunk.
+	for i := range 3 {
+		big := contrib(uint64(100+i), 60000)
+		if _, _, err := r.add(&big[0], "bomber", false, now); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("bomb %d of %d bytes: %v, want ErrTooLarge", i, big[0].Len, err)
+		}
+	}
+	// Many right-sized transfers it never completes: at most maxPerNode
+	// stay in flight.
+	for i := range 20 {
+		part := contrib(uint64(200+i), 3000)
+		if _, _, err := r.add(&part[0], "bomber", false, now); err != nil {
+			t.Fatalf("bomber's transfer %d: %v", i, err)
+		}
+	}
+	if n, _ := r.inFlight(); n != maxPerNode {
+		t.Fatalf("%d transfers in flight after the bomber's 20, want %d", n, maxPerNode)
+	}
+	// The honest nodes' contributions all complete.
+	for i := range 5 {
+		node := fmt.Sprintf("honest-%d", i)
+		var whole []byte
+		for _, c := range contrib(uint64(300+i), 3000) {
+			var err error
+			if whole, _, err = r.add(&c, node, false, now); err != nil {
+				t.Fatalf("%s: %v", node, err)
+			}
+		}
+		if whole == nil {
+			t.Fatalf("%s's contribution did not complete", node)
+		}
+	}
+	// The limit is never below a real contribution's size.
+	if got := ContributionMaxBytes(3000); got < int64(len(mustEncode(t, Contribution{Run: strings.Repeat("r", 64), NodeID: strings.Repeat("n", 64),
+		Step: 1 << 62, RoundID: 1 << 62, Count: 1 << 62, Sum: make(Vector, 3000)}))) {
+		t.Errorf("ContributionMaxBytes(3000) = %d is below a real contribution's size", got)
+	}
+}
+
+func mustEncode(t *testing.T, m Message) []byte {
+	t.Helper()
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +80,7 @@ type Stats struct {
 	Retransmitted   uint64 // chunks resent
 	Incomplete      uint64 // transfers dropped after TransferTimeout
 	WrongSender     uint64 // messages dropped for naming another node than their subject (ErrWrongSender)
+	TooLarge        uint64 // transfers refused for announcing more than their sender may send (ErrTooLarge; also in DecodeErrors)
 	// Retained and RetainedBytes are the sent chunked messages kept for
 	// retransmission now, and their bytes (ClientConfig.RetainPerSubject).
 	Retained      int
@@ -99,9 +102,10 @@ type Client struct {
 	server   *Server // embedded server owned by this client, if any
 
 	stats struct {
-		published, chunked, received, decodeErrs, dups, nacksSent, nacksServed, retrans, incomplete, wrongSender atomic.Uint64
+		published, chunked, received, decodeErrs, dups, nacksSent, nacksServed, retrans, incomplete, wrongSender, tooLarge atomic.Uint64
 	}
 	wrongSenderLog rateLimit
+	tooLargeLog    rateLimit
 
 	mu     sync.Mutex
 	closed bool
@@ -209,7 +213,7 @@ func (c *Client) Stats() Stats {
 		Published: s.published.Load(), ChunkedSent: s.chunked.Load(), Received: s.received.Load(),
 		DecodeErrors: s.decodeErrs.Load(), DuplicateChunks: s.dups.Load(), NacksSent: s.nacksSent.Load(),
 		NacksServed: s.nacksServed.Load(), Retransmitted: s.retrans.Load(), Incomplete: s.incomplete.Load(),
-		WrongSender: s.wrongSender.Load(),
+		WrongSender: s.wrongSender.Load(), TooLarge: s.tooLarge.Load(),
 	}
 }
 
@@ -408,6 +412,36 @@ func (s *subscription) Unsubscribe() error {
 	return err
 }
 
+// TopicLimiter is implemented by a Conn that can bound the size of the
+// messages it accepts on a topic (Client.LimitTopic).
+type TopicLimiter interface {
+	LimitTopic(t Topic, maxBytes int64)
+}
+
+// LimitTopic bounds the encoded size of messages received on topic t to
+// maxBytes (0: only MaxMessageBytes): a chunked transfer announcing more
+// is refused at its first chunk, before anything is allocated for it. The
+// coordinator sets it for contributions to ContributionMaxBytes of the
+// run's model, so a node cannot make the replicas reserve more than its
+// contribution's size.
+func (c *Client) LimitTopic(t Topic, maxBytes int64) { c.reasm.limitTopic(t, maxBytes) }
+
+// ContributionMaxBytes bounds the encoded size of a Contribution whose sum
+// has dim values (run and node names of the longest allowed length, every
+// number at its widest): what a node's contribution to a run of that
+// model may take, for LimitTopic.
+func ContributionMaxBytes(dim int) int64 {
+	long := strings.Repeat("x", 64)
+	b, err := Encode(Contribution{Run: long, NodeID: long, Step: math.MaxUint64, RoundID: math.MaxUint64, Count: math.MaxInt64,
+		Sum: make(Vector, 1)})
+	if err != nil { // cannot happen for this message
+		panic(err)
+	}
+	// The sum's bytes grow by 4 per value; its bin header (≤ 5 bytes) and
+	// alignment pad (≤ 3) by at most 8 over the one-value encoding's.
+	return int64(len(b)) + 4*int64(max(dim-1, 0)) + 8
+}
+
 // onFrame handles a frame from subject, a topic's (topic ≠ 0), or from the
 // client's inbox (topic = 0, retransmitted chunks only).
 func (c *Client) onFrame(topic Topic, subject string, data []byte) {
@@ -434,6 +468,14 @@ func (c *Client) onFrame(topic Topic, subject string, data []byte) {
 		if errors.Is(err, ErrDuplicateChunk) {
 			c.stats.dups.Add(1)
 			return
+		}
+		if errors.Is(err, ErrTooLarge) {
+			// A sender asking for more than its share: counted, and
+			// logged at most once a second (a flood must not flood logs).
+			c.stats.tooLarge.Add(1)
+			if warn, suppressed := c.tooLargeLog.allow(time.Now()); warn {
+				c.log.Warn("transport: refused a transfer larger than its sender may send", "err", err, "suppressed_before", suppressed)
+			}
 		}
 		if err != nil {
 			c.reject(err)

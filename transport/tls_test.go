@@ -791,3 +791,63 @@ func TestTLSNodeSpeaksOnlyForItself(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 }
+
+// TestTLSChunkBomb is issue 27's finding 1 over a real TLS server: a
+// node publishing on its own contribution subject three single chunks,
+// each announcing a 1 GiB transfer (16 MiB here), made every replica reserve the whole
+// buffer and fill the shared reassembly budget, so the honest nodes'
+// chunked contributions were refused. With the contribution topic limited
+// to a contribution's size for the run's model (LimitTopic, as the
+// coordinator sets it), the bombs are refused at their first chunk,
+// counted, and node-0's contribution arrives.
+func TestTLSChunkBomb(t *testing.T) {
+	dir := testPKI(t)
+	srv := startTLSServer(t, dir)
+	s, _ := transport.NewSubjects(tlsRun)
+	ctx := context.Background()
+	replica, tooLarge := connectCounting(t, srv.URL(), dir, "r1", func(err error) bool { return errors.Is(err, transport.ErrTooLarge) })
+	const dim = 50_000 // 4 chunks of 64 KiB
+	replica.LimitTopic(transport.TopicContributions, transport.ContributionMaxBytes(dim))
+	got := make(chan transport.Message, 10)
+	if _, err := replica.Subscribe(transport.TopicContributions, func(m transport.Message) { got <- m }); err != nil {
+		t.Fatal(err)
+	}
+	subject, err := s.Node(transport.TopicContributions, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := rawAs(t, srv.URL(), dir, "node-1")
+	for i := range 3 {
+		// A 16 MiB contribution's first chunk (1 GiB in the probe; the
+		// limit here is about 200 KB either way).
+		bomb := transport.Contribution{Run: tlsRun, Step: 4, NodeID: "node-1", Count: 1, Sum: make(transport.Vector, 1<<22)}
+		frames, err := transport.SplitFrames(bomb, transport.ClientID(pki.RoleNode, "node-1", "0123456789abcdef"), uint64(10+i), 64<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evil.publish(t, subject, frames[0])
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for tooLarge() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica refused %d of the 3 bombs as too large", tooLarge())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := replica.Stats().TooLarge; n != 3 {
+		t.Errorf("Stats().TooLarge = %d, want 3", n)
+	}
+	c0 := connect(t, srv.URL(), dir, "node-0")
+	own := transport.Contribution{Run: tlsRun, Step: 4, NodeID: "node-0", Count: 7, Sum: make(transport.Vector, dim)}
+	if err := c0.Publish(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if c, ok := m.(transport.Contribution); !ok || c.NodeID != "node-0" || len(c.Sum) != dim {
+			t.Errorf("delivered %v, want node-0's contribution", m.Type())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("node-0's contribution was not delivered after the bombs")
+	}
+}
