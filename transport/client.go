@@ -81,6 +81,10 @@ type Stats struct {
 	Incomplete      uint64 // transfers dropped after TransferTimeout
 	WrongSender     uint64 // messages dropped for naming another node than their subject (ErrWrongSender)
 	TooLarge        uint64 // transfers refused for announcing more than their sender may send (ErrTooLarge; also in DecodeErrors)
+	// TLSRefused and PermissionRefused count what the embedded server this
+	// client owns (if any) refused: client TLS handshakes, and publishes
+	// or subscriptions its permissions do not allow.
+	TLSRefused, PermissionRefused uint64
 	// Retained and RetainedBytes are the sent chunked messages kept for
 	// retransmission now, and their bytes (ClientConfig.RetainPerSubject).
 	Retained      int
@@ -208,13 +212,17 @@ func (c *Client) Subjects() Subjects { return c.subjects }
 func (c *Client) Stats() Stats {
 	s := &c.stats
 	n, bytes := c.retain.retainedBytes()
-	return Stats{
+	st := Stats{
 		Retained: n, RetainedBytes: bytes,
 		Published: s.published.Load(), ChunkedSent: s.chunked.Load(), Received: s.received.Load(),
 		DecodeErrors: s.decodeErrs.Load(), DuplicateChunks: s.dups.Load(), NacksSent: s.nacksSent.Load(),
 		NacksServed: s.nacksServed.Load(), Retransmitted: s.retrans.Load(), Incomplete: s.incomplete.Load(),
 		WrongSender: s.wrongSender.Load(), TooLarge: s.tooLarge.Load(),
 	}
+	if c.server != nil {
+		st.TLSRefused, st.PermissionRefused = c.server.Refused()
+	}
+	return st
 }
 
 // Publish implements Conn.

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -217,6 +218,10 @@ func (t TLSConfig) enabled() bool { return t.CAFile != "" || t.CertFile != "" ||
 // (StartServer); coordinator.ServerConfig, by contrast, configures the
 // coordinator's round loop.
 type EmbeddedServerConfig struct {
+	// Logger receives the server's log (StartServer; Connect gives the
+	// server its own logger): refused connections at warn level, rate
+	// limited, the rest at debug level. Nil discards it.
+	Logger *slog.Logger
 	// Host and Port to listen on; Port -1 picks a free port.
 	Host string
 	Port int

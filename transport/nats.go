@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -16,7 +17,55 @@ import (
 
 // Server is an embedded NATS server running in this process.
 type Server struct {
-	ns *server.Server
+	ns  *server.Server
+	log *serverLog
+}
+
+// serverLog receives the embedded server's log lines: it counts the
+// connections it refuses (a failed TLS handshake, a permissions violation)
+// and logs them at warn level, at most one a second each (the rest at
+// debug level, counted in the next warning), and everything else at
+// debug level (issue 27: they were neither logged nor counted).
+type serverLog struct {
+	log             *slog.Logger
+	tls, perm       atomic.Uint64
+	tlsLog, permLog rateLimit
+}
+
+func (l *serverLog) Noticef(format string, v ...any) { l.log.Debug("nats: " + fmt.Sprintf(format, v...)) }
+func (l *serverLog) Debugf(format string, v ...any)  { l.log.Debug("nats: " + fmt.Sprintf(format, v...)) }
+func (l *serverLog) Tracef(format string, v ...any)  {}
+func (l *serverLog) Warnf(format string, v ...any)   { l.log.Warn("nats: " + fmt.Sprintf(format, v...)) }
+func (l *serverLog) Fatalf(format string, v ...any)  { l.log.Error("nats: " + fmt.Sprintf(format, v...)) }
+
+func (l *serverLog) Errorf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	var count *atomic.Uint64
+	var limit *rateLimit
+	switch {
+	case strings.Contains(msg, "TLS handshake error"):
+		count, limit = &l.tls, &l.tlsLog
+	case strings.Contains(msg, "Violation"):
+		count, limit = &l.perm, &l.permLog
+	default:
+		l.log.Warn("nats: " + msg)
+		return
+	}
+	count.Add(1)
+	if warn, suppressed := limit.allow(time.Now()); warn {
+		l.log.Warn("nats: refused: "+msg, "suppressed_before", suppressed)
+	} else {
+		l.log.Debug("nats: refused: " + msg)
+	}
+}
+
+// Refused returns how many client connections the server refused in a
+// TLS handshake, and how many permissions violations it refused.
+func (s *Server) Refused() (tlsHandshakes, permissions uint64) {
+	if s.log == nil {
+		return 0, 0
+	}
+	return s.log.tls.Load(), s.log.perm.Load()
 }
 
 // StartServer starts an embedded NATS server and waits until it accepts
@@ -35,18 +84,20 @@ func StartServer(cfg EmbeddedServerConfig) (*Server, error) {
 			return nil, err
 		}
 	}
-	return startServer(cfg, files)
+	return startServer(cfg, files, cfg.Logger)
 }
 
 // startServer starts the server of a validated cfg, secured with files
 // (cfg.TLS loaded) if not nil.
-func startServer(cfg EmbeddedServerConfig, files *tlsFiles) (*Server, error) {
+func startServer(cfg EmbeddedServerConfig, files *tlsFiles, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	opts := &server.Options{
 		Host:       cfg.Host,
 		Port:       cfg.Port,
 		MaxPayload: cfg.MaxPayload,
 		MaxPending: cfg.MaxPending,
-		NoLog:      true,
 		NoSigs:     true,
 
 		ClientAdvertise: cfg.ClientAdvertise,
@@ -74,13 +125,15 @@ func startServer(cfg EmbeddedServerConfig, files *tlsFiles) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: embedded server: %w", err)
 	}
+	sl := &serverLog{log: log}
+	ns.SetLoggerV2(sl, false, false, false)
 	go ns.Start()
 	if !ns.ReadyForConnections(cfg.ReadyTimeout) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 		return nil, fmt.Errorf("transport: embedded server on %s:%d not ready after %v", cfg.Host, cfg.Port, cfg.ReadyTimeout)
 	}
-	return &Server{ns: ns}, nil
+	return &Server{ns: ns, log: sl}, nil
 }
 
 // URL returns the server's client URL (nats://host:port, or tls://host:port
@@ -145,7 +198,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Client, error)
 		if cfg.Embedded.Run == "" {
 			cfg.Embedded.Run = cfg.Run
 		}
-		if srv, err = startServer(cfg.Embedded, files); err != nil {
+		if srv, err = startServer(cfg.Embedded, files, log); err != nil {
 			return nil, err
 		}
 		urls = []string{srv.URL()}

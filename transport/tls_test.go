@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/url"
@@ -257,6 +258,67 @@ func TestTLSRefusesClientsWithoutCertificate(t *testing.T) {
 	if got, want := c.ID(), "node.node-0."; !strings.HasPrefix(got, want) {
 		t.Errorf("client ID %q, want prefix %q (from the certificate)", got, want)
 	}
+	// The refused handshakes are counted (issue 27: they were neither
+	// logged nor counted).
+	if n, _ := srv.Refused(); n == 0 {
+		t.Error("the server counted no refused TLS handshake")
+	}
+}
+
+// TestTLSRefusalsLogged: the server logs a refused TLS handshake and a
+// permissions violation at warn level, and counts them.
+func TestTLSRefusalsLogged(t *testing.T) {
+	dir := testPKI(t)
+	var buf lockedLog
+	cfg := transport.DefaultEmbeddedServerConfig()
+	cfg.Port, cfg.MaxPayload, cfg.TLS, cfg.Run = -1, 64<<10, files(dir, "r1"), tlsRun
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	srv, err := transport.StartServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	hostPort := strings.TrimPrefix(srv.URL(), "tls://")
+	if a, err := rawConnect("tls://"+hostPort, tlsWith(t, dir, nil)); err == nil {
+		a.nc.Close()
+		t.Fatal("a TLS client without a certificate connected")
+	}
+	evil := rawAs(t, srv.URL(), dir, "node-1")
+	s, _ := transport.NewSubjects(tlsRun)
+	subject, _ := s.Node(transport.TopicContributions, "node-0")
+	evil.publish(t, subject, []byte("x"))
+	evil.refused(t, "Publish", subject)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		tlsN, permN := srv.Refused()
+		logs := buf.String()
+		if tlsN > 0 && permN > 0 && strings.Contains(logs, "level=WARN") && strings.Contains(logs, "TLS handshake error") &&
+			strings.Contains(logs, "Violation") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("refused: %d TLS handshakes, %d permissions; log:\n%s", tlsN, permN, logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// lockedLog is a log sink the server's goroutines and the test share.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestTLSRefusesOtherCA: a certificate of another CA, even for a replica

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 // newRegistry returns the registry a command exports its metrics from,
@@ -136,3 +138,31 @@ func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, dash 
 type slogPromLogger struct{ log *slog.Logger }
 
 func (l slogPromLogger) Println(v ...any) { l.log.Warn("metrics: " + fmt.Sprint(v...)) }
+
+// registerTransport exports conn's counters of what it and its embedded
+// NATS server refused (transport.Stats), labelled with the run: frames
+// rejected, messages in another node's name, transfers larger than their
+// sender may send, refused TLS handshakes and permissions violations
+// (issue 27: they were neither logged at the default level nor counted).
+func registerTransport(reg prometheus.Registerer, conn *transport.Client, run string) error {
+	labels := prometheus.Labels{"run": run}
+	for _, c := range []struct {
+		name, help string
+		value      func(transport.Stats) uint64
+	}{
+		{"frames_rejected_total", "Frames the transport rejected (malformed, corrupt, wrong run or sender, too large).", func(s transport.Stats) uint64 { return s.DecodeErrors }},
+		{"wrong_sender_total", "Messages dropped for naming another node than the subject they came on.", func(s transport.Stats) uint64 { return s.WrongSender }},
+		{"too_large_total", "Chunked transfers refused for announcing more than their sender may send.", func(s transport.Stats) uint64 { return s.TooLarge }},
+		{"tls_refused_total", "Client TLS handshakes the embedded NATS server refused.", func(s transport.Stats) uint64 { return s.TLSRefused }},
+		{"permission_refused_total", "Publishes and subscriptions the embedded NATS server refused by its permissions.", func(s transport.Stats) uint64 { return s.PermissionRefused }},
+	} {
+		value := c.value
+		f := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "transport", Name: c.name, Help: c.help, ConstLabels: labels,
+		}, func() float64 { return float64(value(conn.Stats())) })
+		if err := reg.Register(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -395,6 +395,9 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	if err != nil {
 		return o, err
 	}
+	if err := registerTransport(o.registry, o.conn, rc.Run); err != nil {
+		return o, err
+	}
 	if o.progress, err = newProgress(cmd.ErrOrStderr(), opts.progress, log); err != nil {
 		return o, err
 	}
