@@ -32,11 +32,17 @@ type serverLog struct {
 	tlsLog, permLog rateLimit
 }
 
-func (l *serverLog) Noticef(format string, v ...any) { l.log.Debug("nats: " + fmt.Sprintf(format, v...)) }
-func (l *serverLog) Debugf(format string, v ...any)  { l.log.Debug("nats: " + fmt.Sprintf(format, v...)) }
-func (l *serverLog) Tracef(format string, v ...any)  {}
-func (l *serverLog) Warnf(format string, v ...any)   { l.log.Warn("nats: " + fmt.Sprintf(format, v...)) }
-func (l *serverLog) Fatalf(format string, v ...any)  { l.log.Error("nats: " + fmt.Sprintf(format, v...)) }
+func (l *serverLog) Noticef(format string, v ...any) {
+	l.log.Debug("nats: " + fmt.Sprintf(format, v...))
+}
+func (l *serverLog) Debugf(format string, v ...any) {
+	l.log.Debug("nats: " + fmt.Sprintf(format, v...))
+}
+func (l *serverLog) Tracef(format string, v ...any) {}
+func (l *serverLog) Warnf(format string, v ...any)  { l.log.Warn("nats: " + fmt.Sprintf(format, v...)) }
+func (l *serverLog) Fatalf(format string, v ...any) {
+	l.log.Error("nats: " + fmt.Sprintf(format, v...))
+}
 
 func (l *serverLog) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
