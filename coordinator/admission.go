@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/dpcluster/dpcluster/sampling"
+	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
 )
@@ -213,9 +213,9 @@ func iidShardSize(n int64, index, count int) int64 {
 }
 
 // countLimits returns, for each member's shard size, the largest sample
-// count its contribution may claim: sampling.CountBound at the run's q,
+// count its contribution may claim: aggregation.CountBound at the run's q,
 // which an honest node's Poisson sample exceeds with probability at most
-// sampling.CountTail (2^-64). A contribution's norm is checked against
+// aggregation.CountTail (2^-64). A contribution's norm is checked against
 // count·C (aggregation), so this bounds what one authorized node can add
 // to a step to about q·n + √(2·q·n·44) + 44 clipped examples' worth,
 // instead of its whole shard's n (issue 27, finding 3). Refusing the rare
@@ -223,7 +223,7 @@ func iidShardSize(n int64, index, count int) int64 {
 func countLimits(sizes map[string]int64, q float64) map[string]int64 {
 	limits := make(map[string]int64, len(sizes))
 	for id, n := range sizes {
-		limits[id] = sampling.CountBound(n, q)
+		limits[id] = aggregation.CountBound(n, q)
 	}
 	return limits
 }

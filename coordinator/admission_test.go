@@ -455,7 +455,7 @@ func TestServerLeavesOutALaterClaim(t *testing.T) {
 // count, which was bounded only by its shard size, so one node could add
 // its whole shard's worth of clipped gradients (about 117× a whole
 // expected batch in the probe). Now the count is bounded by what its
-// Poisson sample exceeds with probability 2^-64 (sampling.CountBound):
+// Poisson sample exceeds with probability 2^-64 (aggregation.CountBound):
 // b's contribution claiming its whole shard is refused as
 // count_too_large, every step, while a's honest ones count.
 func TestServerRefusesAnInflatedCount(t *testing.T) {

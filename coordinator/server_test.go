@@ -52,10 +52,10 @@ type identity struct {
 	policy       seed.Policy
 }
 
-// shardOf is shard i of 8 (seed 1, 1000 examples: 8 of them fit in the
-// test run's N = 10000), sampled from the CSPRNG.
+// shardOf is shard i of 8 (seed 1) of the test run's N = 10000: 1250
+// examples, the size admitNode requires of it, sampled from the CSPRNG.
 func shardOf(i int) identity {
-	return identity{index: i, count: 8, seed: 1, size: 1000, policy: seed.Crypto}
+	return identity{index: i, count: 8, seed: 1, size: 1250, policy: seed.Crypto}
 }
 
 // scriptNode is a test node: it joins, heartbeats (reporting id), and

@@ -187,7 +187,7 @@ func TestServerStatus(t *testing.T) {
 	}
 	for i, n := range st.Nodes {
 		w := want[i]
-		if n.ID != w.ID || n.Answered != w.Answered || n.Skipped != w.Skipped || n.ShardSize != 1000 ||
+		if n.ID != w.ID || n.Answered != w.Answered || n.Skipped != w.Skipped || n.ShardSize != 1250 ||
 			n.ShardIndex != i || n.ShardCount != 8 || n.LastSeen.IsZero() {
 			t.Errorf("node %+v, want %+v", n, w)
 		}

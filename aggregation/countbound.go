@@ -1,4 +1,4 @@
-package sampling
+package aggregation
 
 import "math"
 
