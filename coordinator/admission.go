@@ -85,6 +85,9 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 // It is the only check of a node's data schema, model, shard identity and
 // seed policy:
 //
+//   - if the run names its nodes (run.Nodes), the node's ID must be one of
+//     them, and (unless the nodes bring their own data) it must claim the
+//     shard the list gives it: index i of len(run.Nodes) for Nodes[i];
 //   - in a run whose nodes bring their own data (run.DataSchema set), its
 //     data schema must be the run's, and it must claim no shard (count,
 //     index and seed 0). The schema is checked first, so that a node
@@ -103,6 +106,14 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 func admitNode(run RunConfig, n nodeReport) string {
 	c := n.shard
 	local := run.DataSchema != ""
+	if len(run.Nodes) > 0 {
+		// The run file binds IDs to shards: node Nodes[i] holds shard i
+		// of len(Nodes), and no other ID is admitted.
+		i := slices.Index(run.Nodes, n.id)
+		if i < 0 || !local && (c.index != i || c.count != len(run.Nodes)) {
+			return rejectShardIdentity
+		}
+	}
 	switch {
 	case local && n.dataSchema != run.DataSchema:
 		return rejectDataSchema

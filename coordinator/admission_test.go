@@ -600,3 +600,47 @@ func BenchmarkCheckShards(b *testing.B) {
 		}
 	}
 }
+
+// TestAdmitNodeBoundToRunFileNodes: a run that names its nodes admits
+// only those IDs, each with the shard the list gives it, so no node can
+// claim another's shard, even before that node has registered (issue 27:
+// the hole first-come claims leave).
+func TestAdmitNodeBoundToRunFileNodes(t *testing.T) {
+	run := testRunConfig()
+	run.Nodes = []string{"a", "b", "c"}
+	claim := func(id string, index int) nodeReport {
+		return nodeReport{id: id, modelHash: run.ModelHash, seedPolicy: seed.Crypto,
+			shard: shardClaim{index: index, count: 3, seed: 1, size: iidShardSize(run.TotalExamples, index, 3)}}
+	}
+	for _, tc := range []struct {
+		n    nodeReport
+		want string
+	}{
+		{claim("a", 0), ""}, {claim("b", 1), ""}, {claim("c", 2), ""},
+		{claim("b", 0), rejectShardIdentity}, // b claiming a's shard
+		{claim("z", 0), rejectShardIdentity}, // not a node of the run
+	} {
+		if got := admitNode(run, tc.n); got != tc.want {
+			t.Errorf("admitNode(%s claiming shard %d) = %q, want %q", tc.n.id, tc.n.shard.index, got, tc.want)
+		}
+	}
+	other := claim("a", 0)
+	other.shard.count, other.shard.size = 4, iidShardSize(run.TotalExamples, 0, 4)
+	if got := admitNode(run, other); got != rejectShardIdentity {
+		t.Errorf("a claiming shard 0 of 4 in a run of 3 named nodes: %q, want %q", got, rejectShardIdentity)
+	}
+	// With their own data, the list only says who may join.
+	run.DataSchema = "shape [2], 2 classes, label set 0"
+	own := nodeReport{id: "b", modelHash: run.ModelHash, seedPolicy: seed.Crypto, dataSchema: run.DataSchema, shard: shardClaim{size: 10}}
+	if got := admitNode(run, own); got != "" {
+		t.Errorf("own-data node b: %q", got)
+	}
+	own.id = "z"
+	if got := admitNode(run, own); got != rejectShardIdentity {
+		t.Errorf("own-data node z: %q, want %q", got, rejectShardIdentity)
+	}
+	run.Nodes = []string{"a", "a"}
+	if err := run.Validate(); err == nil {
+		t.Error("a run naming node a twice validates")
+	}
+}

@@ -76,6 +76,8 @@ type RunPlan struct {
 	// that data must look like (RunConfig.DataSchema); N is then
 	// TotalExamples, declared in advance (no data is loaded here).
 	DataSchema string
+	// Nodes binds node IDs to shards (RunConfig.Nodes).
+	Nodes []string
 }
 
 // RunConfig derives the replicated run configuration from the plan:
@@ -149,6 +151,7 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		Run: p.Run, ModelSpec: p.ModelSpec, ModelHash: p.ModelHash, Dim: p.Dim, InitSeed: p.InitSeed,
 		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: p.TargetEpsilon, Delta: p.Delta,
 		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode, Accountant: accountant, DataSchema: p.DataSchema,
+		Nodes: p.Nodes,
 	}
 	if p.Sigma == 0 {
 		if p.MaxSteps <= 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/seed"
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 // ErrInvalidRunConfig is returned (wrapped, naming the field) for a run
@@ -80,6 +81,12 @@ type RunConfig struct {
 	// IID shards, and for configurations written before the field existed
 	// (omitted when empty: they re-encode to the same bytes).
 	DataSchema string `json:"data_schema,omitempty" msgpack:"data_schema,omitempty"`
+	// Nodes, if not empty, are the only node IDs the run admits, each
+	// bound to its shard: node Nodes[i] holds shard i of len(Nodes) (with
+	// own data: it is simply admitted). A node's certificate names its ID,
+	// so with TLS no node can claim another's shard, even before that
+	// node registers (admitNode). Omitted when empty.
+	Nodes []string `json:"nodes,omitempty" msgpack:"nodes,omitempty"`
 }
 
 // Accountants (RunConfig.Accountant). The ledger's run record names the
@@ -195,6 +202,13 @@ func (c RunConfig) Validate() error {
 		return bad("accountant %q must be %q or %q", c.Accountant, AccountantPLD, AccountantRDP)
 	case !ledger.AccountantSupports(c.Accountant, c.NoiseMode):
 		return bad("accountant %q cannot charge noise mode %q; use accountant %q", c.Accountant, c.NoiseMode, AccountantRDP)
+	}
+	seen := make(map[string]bool, len(c.Nodes))
+	for _, id := range c.Nodes {
+		if !transport.ValidRunName(id) || seen[id] { // node IDs follow the same rule as run names
+			return bad("nodes %q: each must be a distinct ID of 1-64 of [A-Za-z0-9_-]", c.Nodes)
+		}
+		seen[id] = true
 	}
 	if err := c.SeedPolicy.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRunConfig, err)

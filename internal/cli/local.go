@@ -174,6 +174,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if spec.Dataset == "none" {
 		return errors.New("local needs a dataset to shard among its nodes")
 	}
+	if len(spec.Nodes) > 0 && len(spec.Nodes) != f.nodes {
+		return fmt.Errorf("--nodes %d: the run names %d nodes (--node-ids %q); local runs one node per name", f.nodes, len(spec.Nodes), spec.Nodes)
+	}
 	if spec.Dataset == dataset.NameLocal {
 		return errors.New("--dataset local is for nodes that each bring their own file (coordinator serve and node processes: docs/DATA.md); " +
 			"local cuts one training set among its in-process nodes: give --data-path FILE")
@@ -386,6 +389,9 @@ func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig,
 	}()
 	for i, shard := range shards {
 		id := fmt.Sprintf("node-%d", i)
+		if len(rc.Nodes) == len(shards) {
+			id = rc.Nodes[i] // the run file's IDs, each bound to its shard
+		}
 		tcfg := transport.DefaultConfig()
 		tcfg.Run, tcfg.URLs, tcfg.TLS = run, []string{url}, files
 		if files.CertFile == "" {

@@ -267,3 +267,35 @@ func TestLocalFinishedRunSaysSo(t *testing.T) {
 		t.Errorf("second run says it trained:\n%s", out)
 	}
 }
+
+// TestLocalWithNamedNodes: a run that names its nodes (--node-ids, run
+// file node_ids) trains with local's in-process nodes under those names,
+// each on the shard the list gives it; a node command whose --id the list
+// does not name, or whose shard flags contradict it, is refused before it
+// loads anything.
+func TestLocalWithNamedNodes(t *testing.T) {
+	dir := t.TempDir()
+	out, _, err := runCmd(t, "local", "--dataset", "gaussian", "--model", "logreg", "--batch-size", "100", "--max-steps", "3",
+		"--nodes", "2", "--node-ids", "site-a,site-b", "--data-dir", filepath.Join(dir, "d"), "--progress", "off")
+	if err != nil || !strings.Contains(out, "for 3 steps") {
+		t.Fatalf("local with named nodes: %v\n%s", err, out)
+	}
+	if _, _, err := runCmd(t, "local", "--dataset", "gaussian", "--nodes", "3", "--node-ids", "site-a,site-b",
+		"--data-dir", filepath.Join(dir, "e")); err == nil || !strings.Contains(err.Error(), "the run names 2 nodes") {
+		t.Errorf("local --nodes 3 with two named nodes: %v", err)
+	}
+	runFile := filepath.Join(dir, "run.yaml")
+	writeFile(t, runFile, "run: named\ndataset: gaussian\nmodel: logreg\nnode_ids: [site-a, site-b]\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--id", "site-z"}, "--id site-z is not one of the run's nodes"},
+		{[]string{"--id", "site-b", "--shard-index", "0", "--shard-count", "2"}, "gives site-b shard 1 of 2"},
+	} {
+		err := runNodeCmd(context.Background(), io.Discard, append([]string{"--config", runFile, "--nats", "nats://127.0.0.1:1"}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("node %v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
@@ -114,6 +116,9 @@ A node refuses to dial a NATS server off the loopback interface without --tls-ca
 			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
 				return err
 			}
+			if err := f.shardFromNodes(spec, cmd.Flags()); err != nil {
+				return err
+			}
 			return runNode(cmd, spec, &f, urls)
 		},
 	}
@@ -151,6 +156,28 @@ func nodeLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}
+
+// shardFromNodes takes the node's shard from the run's node list, if it
+// has one: node nodes[i] holds shard i of len(nodes). A --shard-index or
+// --shard-count that says otherwise is an error, and so is an --id the
+// list does not name (the leader would refuse it).
+func (f *nodeFlags) shardFromNodes(spec runSpec, fs *pflag.FlagSet) error {
+	if len(spec.Nodes) == 0 || spec.Dataset == dataset.NameLocal {
+		if len(spec.Nodes) > 0 && !slices.Contains(spec.Nodes, f.id) {
+			return fmt.Errorf("--id %s is not one of the run's nodes %q", f.id, spec.Nodes)
+		}
+		return nil
+	}
+	i := slices.Index(spec.Nodes, f.id)
+	if i < 0 {
+		return fmt.Errorf("--id %s is not one of the run's nodes %q: the run file binds each node ID to its shard", f.id, spec.Nodes)
+	}
+	if fs.Changed("shard-index") && f.shardIndex != i || fs.Changed("shard-count") && f.shardCount != len(spec.Nodes) {
+		return fmt.Errorf("--shard-index %d --shard-count %d: the run's node list gives %s shard %d of %d", f.shardIndex, f.shardCount, f.id, i, len(spec.Nodes))
+	}
+	f.shardIndex, f.shardCount = i, len(spec.Nodes)
+	return nil
 }
 
 // validate checks the node's own flags (no I/O).

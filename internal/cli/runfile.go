@@ -63,6 +63,10 @@ type runSpec struct {
 	// token ids; for dataset local, vocab is part of the run's schema.
 	SeqLen int `yaml:"seq_len"`
 	Vocab  int `yaml:"vocab"`
+	// Nodes, if set, are the run's node IDs, each bound to its shard:
+	// nodes[i] holds shard i of len(nodes) (coordinator.RunConfig.Nodes);
+	// a node then takes its --shard-index and --shard-count from the list.
+	Nodes []string `yaml:"node_ids"`
 	// EvalPath (csv) is a separate, public evaluation file; EvalHoldout
 	// (csv) instead holds that fraction of DataPath out of training for a
 	// NON-PRIVATE evaluation. See dataset.RunOptions.
@@ -143,6 +147,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&s.Labels, "labels", s.Labels, "the class names in class order (default: integer labels, or the sorted names the data holds)")
 	fs.IntVar(&s.Classes, "classes", s.Classes, "number of classes (default: from the labels)")
 	fs.IntSliceVar(&s.InputShape, "input-shape", s.InputShape, "per-example input shape, e.g. 3,32,32: the size images are resized to (default: the first image's); with --dataset local, the run's")
+	fs.StringSliceVar(&s.Nodes, "node-ids", s.Nodes, "the run's node IDs, each bound to its shard (the i-th holds shard i of their number); no other node is admitted")
 	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders: tokens kept per document (default: --input-shape's, else 128)")
 	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders: token ids of the hashing tokenizer (default 16384)")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")
@@ -543,7 +548,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool,
 		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
-		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema,
+		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema, Nodes: s.Nodes,
 	}.RunConfigCached(dataDir, log)
 }
 
