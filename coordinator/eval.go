@@ -23,7 +23,7 @@ type Evaluation struct {
 // Summary (and through them the command line's progress bar, summaries and
 // JSON) all take their label from its methods.
 //
-// The rule (DESIGN.md, "Privacy invariants"): θ is a DP release, so any
+// The rule (docs/PRIVACY.md item 10): θ is a DP release, so any
 // function of θ and of data outside the private training set is
 // post-processing and costs no privacy (Dwork and Roth 2014, "The
 // Algorithmic Foundations of Differential Privacy", Prop. 2.1). Rows held

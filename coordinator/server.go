@@ -185,7 +185,7 @@ var _ Consensus = (*Replica)(nil)
 // Server is one replica's part of a training run. On every replica it
 // keeps the registry of live nodes (from Join and Heartbeat); while its
 // replica leads, it runs rounds. For step t the leader does, in order
-// (commit before release, DESIGN.md):
+// (charge before release, docs/PRIVACY.md item 14):
 //
 //  1. On gaining leadership: Barrier, so every committed step is applied
 //     here and no committed step is redone; propose the run configuration

@@ -96,7 +96,7 @@ func (n *NoiseSource) DrawDiscrete(dst *Noise, m DiscreteGaussian) error {
 }
 
 // NoisyGradient forms the privatized gradient of the Gaussian mechanism
-// (Abadi et al. 2016, Algorithm 1; DESIGN.md step 3):
+// (Abadi et al. 2016, Algorithm 1; docs/ARCHITECTURE.md, step 4):
 //
 //	dst[j] = (sum[j] + z_j) / expectedBatch,  z_j ~ N(0, (sigma·clip)²) i.i.d.,
 //

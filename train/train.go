@@ -4,7 +4,7 @@
 // the coordinator's leader uses too.
 //
 // One step (Abadi et al. 2016, Algorithm 1, with the DP-AdamBC update of
-// Tang, Shpilevskiy and Lécuyer, AAAI 2024; DESIGN.md "One training step"):
+// Tang, Shpilevskiy and Lécuyer, AAAI 2024; docs/ARCHITECTURE.md "One step"):
 //
 //  1. Poisson-sample the training set with rate q = B/N (package sampling);
 //  2. S = Σ over the sample of per-example gradients clipped to norm C

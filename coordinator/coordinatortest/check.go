@@ -128,7 +128,7 @@ func (c *Cluster) EnsureSame(t testing.TB) {
 	}
 }
 
-// Check asserts DESIGN.md's invariants on the run so far; call it after
+// Check asserts docs/PRIVACY.md's invariants on the run so far; call it after
 // Wait (the ledgers are audited, so no step may be in flight):
 //
 //   - charge before release: every θ_t the observer saw published is

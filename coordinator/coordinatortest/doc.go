@@ -18,7 +18,7 @@
 // membership through the leader, over NATS, as the CLI does.
 //
 // An observer records every Params message and samples every replica's
-// committed θ; Check asserts DESIGN.md's invariants (commit before
+// committed θ; Check asserts docs/PRIVACY.md's invariants (commit before
 // release, one charge per applied step, audited ledgers) and EnsureSame
 // that the replicas hold the same state bit for bit:
 //
