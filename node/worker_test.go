@@ -300,6 +300,7 @@ func TestNeedParamsThenAnswer(t *testing.T) {
 		t.Errorf("answered %d/%d, want 2/5", c.Step, c.RoundID)
 	}
 	checkContribution(t, c, fx.shard.Len(), rs.SampleRate, rs.ClipNorm)
+	eventually(t, "the answer counted", func() bool { return r.w.Stats().Answered >= 1 }) // counted after Publish returns
 	if st := r.w.Stats(); st.Answered != 1 || st.NeedParamsSent < 2 || st.ParamsVersion != 1 {
 		t.Errorf("stats = %+v", st)
 	}
@@ -643,6 +644,9 @@ func TestLostParams(t *testing.T) {
 	}
 	l.params(0, 1, fx.theta)
 	recv(t, l.contribs, "contribution")
+	// The node counts an answer after its Publish returns, which can be
+	// after the leader side has the contribution.
+	eventually(t, "the answer counted", func() bool { return r.w.Stats().Answered >= 1 })
 	if st := r.w.Stats(); st.Answered != 1 || st.ParamsReceived != 1 {
 		t.Errorf("stats = %+v", st)
 	}
