@@ -2,7 +2,7 @@ package coordinator
 
 import (
 	"errors"
-	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +25,7 @@ func TestDataDirBelongsToOneReplica(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, ReplicaIDFile)); err != nil || string(b) != "r1\n" {
 		t.Fatalf("%s = %q, %v; want r1", ReplicaIDFile, b, err)
 	}
-	before := dirListing(t, dir)
+	before := dirState(t, dir)
 
 	other := cfg
 	other.ID = "r2"
@@ -37,35 +37,11 @@ func TestDataDirBelongsToOneReplica(t *testing.T) {
 	if !errors.Is(err, ErrDataDirOwner) || !strings.Contains(err.Error(), `belongs to replica "r1"`) || !strings.Contains(err.Error(), `"r2"`) {
 		t.Fatalf("OpenReplica as r2 = %v, want ErrDataDirOwner naming r1 and r2", err)
 	}
-	if after := dirListing(t, dir); after != before {
-		t.Errorf("the refused start changed the data dir:\n%s\nthen\n%s", before, after)
+	if after := dirState(t, dir); !maps.Equal(after, before) {
+		t.Errorf("the refused start changed the data dir:\n%v\nthen\n%v", before, after)
 	}
 	if r, err = OpenReplica(cfg, testInit); err != nil {
 		t.Fatalf("r1 reopening its own dir: %v", err)
 	}
 	r.Close()
-}
-
-// dirListing names every file under dir with its size.
-func dirListing(t *testing.T, dir string) string {
-	t.Helper()
-	var b strings.Builder
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !d.IsDir() {
-			rel, _ := filepath.Rel(dir, p)
-			fmt.Fprintf(&b, "%s %d\n", rel, info.Size())
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b.String()
 }

@@ -299,3 +299,27 @@ func TestLocalWithNamedNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalCSVWithHeader is issue 26's first finding: a CSV with a header
+// failed with `label "..." is not a non-negative integer` and no way
+// out. With --label-column it trains; without, the error says how to name
+// the label column.
+func TestLocalCSVWithHeader(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	b.WriteString("height,weight,label\n")
+	for i := range 400 {
+		fmt.Fprintf(&b, "%d,%d,%d\n", i%7, i%5, i%2)
+	}
+	data := filepath.Join(dir, "people.csv")
+	writeFile(t, data, b.String())
+	_, _, err := runCmd(t, "local", "--data-path", data, "--max-steps", "3", "--batch-size", "40", "--data-dir", filepath.Join(dir, "a"), "--progress", "off")
+	if err == nil || !strings.Contains(err.Error(), `people.csv:1: column 1: label "height" is not a non-negative integer`) || !strings.Contains(err.Error(), "--label-column NAME") {
+		t.Errorf("a CSV with a header, no --label-column: %v, want the row's error and how to name the label column", err)
+	}
+	out, _, err := runCmd(t, "local", "--data-path", data, "--label-column", "label", "--max-steps", "3", "--batch-size", "40",
+		"--data-dir", filepath.Join(dir, "b"), "--progress", "off")
+	if err != nil || !strings.Contains(out, "trained people-mlp for 3 steps") {
+		t.Errorf("with --label-column label: %v\n%s", err, out)
+	}
+}
