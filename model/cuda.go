@@ -61,6 +61,7 @@ type cudaDevice struct {
 type cudaKernels struct {
 	sgemm                                                  [4]cu.Function // nn, nt, tn, tt: 64×64 tiles
 	sgemm128                                               [3]cu.Function // nn, nt, tn: 128×128 tiles
+	sgemm128v, sgemm128w                                   [3]cu.Function // vectorized, k-slabs of 8 and 16
 	blocksPut, colsumPut, biasAdd, actFwd, actBwd, permute cu.Function
 	softmaxXent, rowSumsq, clipRows, nonfinite             cu.Function
 	// the layers of cuda_layers.go
@@ -118,6 +119,8 @@ func openCUDA(ordinal int) (Device, error) {
 	}{
 		{&d.k.sgemm[0], "sgemm_nn"}, {&d.k.sgemm[1], "sgemm_nt"}, {&d.k.sgemm[2], "sgemm_tn"}, {&d.k.sgemm[3], "sgemm_tt"},
 		{&d.k.sgemm128[0], "sgemm128_nn"}, {&d.k.sgemm128[1], "sgemm128_nt"}, {&d.k.sgemm128[2], "sgemm128_tn"},
+		{&d.k.sgemm128v[0], "sgemm128v_nn"}, {&d.k.sgemm128v[1], "sgemm128v_nt"}, {&d.k.sgemm128v[2], "sgemm128v_tn"},
+		{&d.k.sgemm128w[0], "sgemm128w_nn"}, {&d.k.sgemm128w[1], "sgemm128w_nt"}, {&d.k.sgemm128w[2], "sgemm128w_tn"},
 		{&d.k.blocksPut, "blocks_put"}, {&d.k.colsumPut, "colsum_put"}, {&d.k.biasAdd, "bias_add"},
 		{&d.k.actFwd, "act_fwd"}, {&d.k.actBwd, "act_bwd"}, {&d.k.permute, "permute"},
 		{&d.k.softmaxXent, "softmax_xent"}, {&d.k.rowSumsq, "row_sumsq"}, {&d.k.clipRows, "clip_rows"},
@@ -231,13 +234,43 @@ func (d *cudaDevice) sgemm(transA, transB bool, m, n, k int, alpha float32, a cu
 	return d.sgemmBlocks(transA, transB, m, n, k, max(k, 1), 0, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
-// sgemmBlocks launches ⌈k/kblock⌉ products at once: product z multiplies
-// the k-range [z·kblock, min(k, (z+1)·kblock)) into C + z·sc. Both kernels
-// compute every element as the same fused multiply-add chain along k (see
-// cuda_kernels.cu), so which one runs, a function of the shape alone, does
-// not change the bits; the 128×128 one is faster once there are enough
-// tiles to fill the GPU.
-func (d *cudaDevice) sgemmBlocks(transA, transB bool, m, n, k, kblock, sc int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
+// gemmKernel names one of the GEMM kernels of cuda_kernels.cu. They all
+// compute every element as the same fused multiply-add chain along k, so
+// the choice, a function of the shape alone, does not change the bits.
+type gemmKernel int
+
+const (
+	gemm64   gemmKernel = iota // sgemm_*: 64×64 tiles, any shape
+	gemm128                    // sgemm128_*: 128×128 tiles, k-slabs of 8
+	gemm128v                   // sgemm128v_*: the same, float4 loads and stores (aligned shapes)
+	gemm128w                   // sgemm128w_*: float4, k-slabs of 16 (aligned shapes)
+)
+
+var gemmNames = [...]string{"64", "128", "128v", "128w"}
+
+func (g gemmKernel) String() string { return gemmNames[g] }
+
+// cudaGemmWide is the 128×128 kernel sgemm uses for a large product whose
+// shape allows it (gemm128v and gemm128w need aligned operands; gemm128
+// takes the rest); the benchmarks set it to compare the kernels on the
+// same shapes. gemm128v: on an H100 (BenchmarkCUDASgemm, the wide MLP's
+// products at B = 1024) it runs at 35–44 TFLOP/s where gemm128 ran at
+// 29–41 and cuBLAS at 32–48 (docs/BENCHMARKS.md); gemm128w is no faster.
+var cudaGemmWide = gemm128v
+
+// gemmArgs is one launch of a GEMM kernel: nz products, the k-range
+// [z·kblock, min(k, (z+1)·kblock)) of product z into C + z·sc (kblock 0:
+// nz products of the whole k, operands strided by sa, sb and sc).
+type gemmArgs struct {
+	v, nz, m, n, k, kblock int
+	sc, sa, sb             int
+	alpha, beta            float32
+	a, b, c                cu.DevicePtr
+	lda, ldb, ldc          int
+}
+
+// variant is v's index: 0 nn, 1 nt, 2 tn, 3 tt.
+func variant(transA, transB bool) int {
 	v := 0
 	if transA {
 		v += 2
@@ -245,38 +278,72 @@ func (d *cudaDevice) sgemmBlocks(transA, transB bool, m, n, k, kblock, sc int, a
 	if transB {
 		v++
 	}
+	return v
+}
+
+// aligned reports whether the float4 kernels may run g: every dimension
+// that is read or written four at a time, every leading dimension, offset
+// and stride a multiple of 4 floats, every pointer on 16 bytes.
+func (g *gemmArgs) aligned() bool {
+	kb := 0
+	if g.nz > 1 {
+		kb = g.kblock // only block z > 0 starts at z·kblock
+	}
+	for _, x := range []int{g.m, g.n, g.k, kb, g.sc, g.sa, g.sb, g.lda, g.ldb, g.ldc} {
+		if x%4 != 0 {
+			return false
+		}
+	}
+	return g.a%16 == 0 && g.b%16 == 0 && g.c%16 == 0
+}
+
+// pick is the kernel sgemm runs for g: a 128×128 one once there are enough
+// tiles to fill the GPU (and not tt), cudaGemmWide where g is aligned.
+func (g *gemmArgs) pick() gemmKernel {
+	if ((g.m+127)/128)*((g.n+127)/128)*g.nz < bigTiles || g.v == 3 {
+		return gemm64
+	}
+	if cudaGemmWide != gemm128 && g.aligned() {
+		return cudaGemmWide
+	}
+	return gemm128
+}
+
+// sgemmBlocks launches ⌈k/kblock⌉ products at once: product z multiplies
+// the k-range [z·kblock, min(k, (z+1)·kblock)) into C + z·sc.
+func (d *cudaDevice) sgemmBlocks(transA, transB bool, m, n, k, kblock, sc int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
 	nz := 1
 	if k > 0 {
 		nz = (k + kblock - 1) / kblock
 	}
-	big := ((m+127)/128)*((n+127)/128)*nz >= bigTiles && v < 3
-	return d.sgemmKernel(big, v, nz, m, n, k, kblock, sc, 0, 0, alpha, a, lda, b, ldb, beta, c, ldc)
+	g := gemmArgs{v: variant(transA, transB), nz: nz, m: m, n: n, k: k, kblock: kblock, sc: sc,
+		alpha: alpha, beta: beta, a: a, b: b, c: c, lda: lda, ldb: ldb, ldc: ldc}
+	return d.gemm(g.pick(), &g)
 }
 
 // sgemmBatched launches nz independent products C + z·sc = op(A + z·sa) ·
 // op(B + z·sb) (alpha 1, beta 0): a convolution's per-example Gram
 // matrices.
 func (d *cudaDevice) sgemmBatched(transA, transB bool, nz, m, n, k int, a cu.DevicePtr, lda, sa int, b cu.DevicePtr, ldb, sb int, c cu.DevicePtr, ldc, sc int) error {
-	v := 0
-	if transA {
-		v += 2
-	}
-	if transB {
-		v++
-	}
-	big := ((m+127)/128)*((n+127)/128)*nz >= bigTiles && v < 3
-	return d.sgemmKernel(big, v, nz, m, n, k, 0, sc, sa, sb, 1, a, lda, b, ldb, 0, c, ldc)
+	g := gemmArgs{v: variant(transA, transB), nz: nz, m: m, n: n, k: k, sc: sc, sa: sa, sb: sb,
+		alpha: 1, a: a, b: b, c: c, lda: lda, ldb: ldb, ldc: ldc}
+	return d.gemm(g.pick(), &g)
 }
 
-// sgemmKernel launches variant v (nn, nt, tn, tt) of the 128×128 kernel
-// (big) or the 64×64 one on nz k-blocks of kblock (kblock 0: nz products
-// of the whole k, operands strided by sa, sb, sc).
-func (d *cudaDevice) sgemmKernel(big bool, v, nz, m, n, k, kblock, sc, sa, sb int, alpha float32, a cu.DevicePtr, lda int, b cu.DevicePtr, ldb int, beta float32, c cu.DevicePtr, ldc int) error {
-	args := []karg{i32(m), i32(n), i32(k), f32(alpha), ptr(a), i32(lda), ptr(b), i32(ldb), f32(beta), ptr(c), i32(ldc), i32(kblock), sz(sc), sz(sa), sz(sb)}
-	if big {
-		return launch3(d.k.sgemm128[v], (n+127)/128, (m+127)/128, nz, 256, 1, args...)
+// gemm launches kernel kind on g.
+func (d *cudaDevice) gemm(kind gemmKernel, g *gemmArgs) error {
+	args := []karg{i32(g.m), i32(g.n), i32(g.k), f32(g.alpha), ptr(g.a), i32(g.lda), ptr(g.b), i32(g.ldb),
+		f32(g.beta), ptr(g.c), i32(g.ldc), i32(g.kblock), sz(g.sc), sz(g.sa), sz(g.sb)}
+	gx, gy := (g.n+127)/128, (g.m+127)/128
+	switch kind {
+	case gemm128:
+		return launch3(d.k.sgemm128[g.v], gx, gy, g.nz, 256, 1, args...)
+	case gemm128v:
+		return launch3(d.k.sgemm128v[g.v], gx, gy, g.nz, 256, 1, args...)
+	case gemm128w:
+		return launch3(d.k.sgemm128w[g.v], gx, gy, g.nz, 256, 1, args...)
 	}
-	return launch3(d.k.sgemm[v], (n+gemmTile-1)/gemmTile, (m+gemmTile-1)/gemmTile, nz, 16, 16, args...)
+	return launch3(d.k.sgemm[g.v], (g.n+gemmTile-1)/gemmTile, (g.m+gemmTile-1)/gemmTile, g.nz, 16, 16, args...)
 }
 
 // alloc allocates n bytes (at least 1) of device memory.

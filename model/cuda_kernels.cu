@@ -133,70 +133,104 @@ __device__ void sgemm_body(int m, int n, int k, float alpha, const float *a, int
 	}
 }
 
-// sgemm128: the same product on 128×128 tiles of C (BK = 8, 256 threads,
-// each an 8×8 tile: rows ty·4 + i and 64 + ty·4 + i, columns likewise, so
-// that the 16-byte shared-memory reads are free of bank conflicts), with
-// the next k-slab loaded into registers while the current one is
-// multiplied, and two shared-memory buffers. Every element is the same
-// sequential fused multiply-add chain along k as in sgemm_body (zero
-// padding adds exact zeros), so the two kernels give the same bits; the
-// host picks this one when it has enough tiles to fill the GPU.
-template <bool TA, bool TB>
+// sgemm128: the same product on 128×128 tiles of C (256 threads, each an
+// 8×8 tile: rows ty·4 + i and 64 + ty·4 + i, columns likewise, so that the
+// 16-byte shared-memory reads are free of bank conflicts), BKT (8 or 16)
+// values of k per slab, with the next slab loaded into registers while the
+// current one is multiplied, and two shared-memory buffers. Each thread
+// loads BKT/2 elements of each operand per slab, consecutive in memory
+// (along k for A and for a transposed B, along the rows of a transposed A
+// and the columns of B); with VEC they are loaded, and C's columns stored,
+// four at a time as float4 — the host selects VEC only when every leading
+// dimension, stride, the edges that are read in fours and the pointers
+// are multiples of 4 floats (sgemmVec in cuda.go), so that a float4 is
+// either wholly inside the operand or wholly outside it. Every element is
+// the same sequential fused multiply-add chain along k as in sgemm_body
+// (zero padding adds exact zeros), so all these kernels give the same
+// bits; the host picks one by the shape alone.
+template <bool TA, bool TB, int BKT, bool VEC>
 __device__ void sgemm128_body(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                               float beta, float *c, int ldc, int kblock, size_t sc, size_t sa, size_t sb) {
 	KBATCH()
-	__shared__ __align__(16) float As[2][8][128];
-	__shared__ __align__(16) float Bs[2][8][128];
+	constexpr int LPT = BKT / 2;      // elements of each operand a thread loads per slab
+	constexpr int SPAN = 128 / LPT;   // threads along a contiguous row of 128
+	__shared__ __align__(16) float As[2][BKT][128];
+	__shared__ __align__(16) float Bs[2][BKT][128];
 	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 	int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
-	float ra[4], rb[4];
-	// Which elements this thread loads: A (row, p), B (p, col), 4 each.
-	int arow[4], ap[4], bcol[4], bp[4];
+	// This thread's first element of each operand: (arow, ap) of A,
+	// (bp, bcol) of B; the LPT elements are consecutive along the
+	// contiguous direction.
+	int arow, ap, bcol, bp;
+	if (TA) {
+		ap = tid / SPAN;
+		arow = (tid % SPAN) * LPT;
+	} else {
+		arow = tid / 2;
+		ap = (tid % 2) * LPT;
+	}
+	if (TB) {
+		bcol = tid / 2;
+		bp = (tid % 2) * LPT;
+	} else {
+		bp = tid / SPAN;
+		bcol = (tid % SPAN) * LPT;
+	}
+	float ra[LPT], rb[LPT];
+	// load(k0): this thread's elements of slab k0 into ra, rb (zero
+	// outside the operands).
+	auto load = [&](int k0) {
+		int gi = m0 + arow, gp = k0 + ap;
+		const float *pa = TA ? a + (size_t)gp * lda + gi : a + (size_t)gi * lda + gp;
+		int gj = n0 + bcol, gq = k0 + bp;
+		const float *pb = TB ? b + (size_t)gj * ldb + gq : b + (size_t)gq * ldb + gj;
+		if (VEC) {
 #pragma unroll
-	for (int q = 0; q < 4; q++) {
-		if (TA) {
-			ap[q] = tid / 32;
-			arow[q] = (tid % 32) * 4 + q;
+			for (int v = 0; v < LPT / 4; v++) {
+				bool in = TA ? (gp < k && gi + 4 * v < m) : (gi < m && gp + 4 * v < k);
+				float4 x = in ? *(const float4 *)(pa + 4 * v) : make_float4(0.f, 0.f, 0.f, 0.f);
+				ra[4 * v] = x.x, ra[4 * v + 1] = x.y, ra[4 * v + 2] = x.z, ra[4 * v + 3] = x.w;
+				in = TB ? (gj < n && gq + 4 * v < k) : (gq < k && gj + 4 * v < n);
+				x = in ? *(const float4 *)(pb + 4 * v) : make_float4(0.f, 0.f, 0.f, 0.f);
+				rb[4 * v] = x.x, rb[4 * v + 1] = x.y, rb[4 * v + 2] = x.z, rb[4 * v + 3] = x.w;
+			}
 		} else {
-			arow[q] = tid / 2;
-			ap[q] = (tid % 2) * 4 + q;
+#pragma unroll
+			for (int q = 0; q < LPT; q++) {
+				bool in = TA ? (gp < k && gi + q < m) : (gi < m && gp + q < k);
+				ra[q] = in ? pa[q] : 0.f;
+				in = TB ? (gj < n && gq + q < k) : (gq < k && gj + q < n);
+				rb[q] = in ? pb[q] : 0.f;
+			}
 		}
-		if (TB) {
-			bcol[q] = tid / 2;
-			bp[q] = (tid % 2) * 4 + q;
-		} else {
-			bp[q] = tid / 32;
-			bcol[q] = (tid % 32) * 4 + q;
+	};
+	auto store = [&](int buf) {
+#pragma unroll
+		for (int q = 0; q < LPT; q++) {
+			if (TA)
+				As[buf][ap][arow + q] = ra[q];
+			else
+				As[buf][ap + q][arow] = ra[q];
+			if (TB)
+				Bs[buf][bp + q][bcol] = rb[q];
+			else
+				Bs[buf][bp][bcol + q] = rb[q];
 		}
-	}
-#define LOAD128(k0)                                                                                                    \
-	_Pragma("unroll") for (int q = 0; q < 4; q++) {                                                                  \
-		int gi = m0 + arow[q], gp = (k0) + ap[q];                                                                \
-		ra[q] = (gi < m && gp < k) ? (TA ? a[(size_t)gp * lda + gi] : a[(size_t)gi * lda + gp]) : 0.f;           \
-		int gj = n0 + bcol[q], gq = (k0) + bp[q];                                                                \
-		rb[q] = (gj < n && gq < k) ? (TB ? b[(size_t)gj * ldb + gq] : b[(size_t)gq * ldb + gj]) : 0.f;           \
-	}
-#define STORE128(buf)                                                                                                  \
-	_Pragma("unroll") for (int q = 0; q < 4; q++) {                                                                  \
-		As[buf][ap[q]][arow[q]] = ra[q];                                                                         \
-		Bs[buf][bp[q]][bcol[q]] = rb[q];                                                                         \
-	}
+	};
 	float acc[8][8];
 #pragma unroll
 	for (int i = 0; i < 8; i++)
 #pragma unroll
 		for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
-	LOAD128(0)
-	STORE128(0)
+	load(0);
+	store(0);
 	__syncthreads();
 	int cur = 0;
-	for (int k0 = 0; k0 < k; k0 += 8) {
-		bool next = k0 + 8 < k;
-		if (next) {
-			LOAD128(k0 + 8)
-		}
+	for (int k0 = 0; k0 < k; k0 += BKT) {
+		bool next = k0 + BKT < k;
+		if (next) load(k0 + BKT);
 #pragma unroll
-		for (int p = 0; p < 8; p++) {
+		for (int p = 0; p < BKT; p++) {
 			float4 a0 = *(const float4 *)&As[cur][p][ty * 4], a1 = *(const float4 *)&As[cur][p][64 + ty * 4];
 			float4 b0 = *(const float4 *)&Bs[cur][p][tx * 4], b1 = *(const float4 *)&Bs[cur][p][64 + tx * 4];
 			float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
@@ -207,25 +241,36 @@ __device__ void sgemm128_body(int m, int n, int k, float alpha, const float *a, 
 				for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
 		}
 		if (next) {
-			STORE128(cur ^ 1)
+			store(cur ^ 1);
 			__syncthreads();
 			cur ^= 1;
 		}
 	}
-#undef LOAD128
-#undef STORE128
 #pragma unroll
 	for (int i = 0; i < 8; i++) {
 		int gi = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
 		if (gi >= m) continue;
 #pragma unroll
-		for (int j = 0; j < 8; j++) {
-			int gj = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
-			if (gj >= n) continue;
-			float *cp = &c[(size_t)gi * ldc + gj];
-			float v = alpha * acc[i][j];
-			if (beta != 0.f) v += beta * *cp;
-			*cp = v;
+		for (int h = 0; h < 2; h++) {
+			int gj0 = n0 + h * 64 + tx * 4;
+			float *cp = &c[(size_t)gi * ldc + gj0];
+			if (VEC && gj0 < n) { // n is a multiple of 4: all four columns are in
+				float4 v = make_float4(alpha * acc[i][4 * h], alpha * acc[i][4 * h + 1], alpha * acc[i][4 * h + 2],
+				                       alpha * acc[i][4 * h + 3]);
+				if (beta != 0.f) {
+					float4 o = *(const float4 *)cp;
+					v.x += beta * o.x, v.y += beta * o.y, v.z += beta * o.z, v.w += beta * o.w;
+				}
+				*(float4 *)cp = v;
+				continue;
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				if (gj0 + j >= n) continue;
+				float v = alpha * acc[i][4 * h + j];
+				if (beta != 0.f) v += beta * cp[j];
+				cp[j] = v;
+			}
 		}
 	}
 }
@@ -240,9 +285,18 @@ __global__ void sgemm_nn(SGEMM_ARGS) { sgemm_body<false, false>(SGEMM_PASS); }
 __global__ void sgemm_nt(SGEMM_ARGS) { sgemm_body<false, true>(SGEMM_PASS); }
 __global__ void sgemm_tn(SGEMM_ARGS) { sgemm_body<true, false>(SGEMM_PASS); }
 __global__ void sgemm_tt(SGEMM_ARGS) { sgemm_body<true, true>(SGEMM_PASS); }
-__global__ void __launch_bounds__(256, 2) sgemm128_nn(SGEMM_ARGS) { sgemm128_body<false, false>(SGEMM_PASS); }
-__global__ void __launch_bounds__(256, 2) sgemm128_nt(SGEMM_ARGS) { sgemm128_body<false, true>(SGEMM_PASS); }
-__global__ void __launch_bounds__(256, 2) sgemm128_tn(SGEMM_ARGS) { sgemm128_body<true, false>(SGEMM_PASS); }
+#define SGEMM128(name, ta, tb, bk, vec)                                                                                 \
+	__global__ void __launch_bounds__(256, 2) name(SGEMM_ARGS) { sgemm128_body<ta, tb, bk, vec>(SGEMM_PASS); }
+SGEMM128(sgemm128_nn, false, false, 8, false)
+SGEMM128(sgemm128_nt, false, true, 8, false)
+SGEMM128(sgemm128_tn, true, false, 8, false)
+// Vectorized (float4 loads and stores), k-slabs of 8 and of 16.
+SGEMM128(sgemm128v_nn, false, false, 8, true)
+SGEMM128(sgemm128v_nt, false, true, 8, true)
+SGEMM128(sgemm128v_tn, true, false, 8, true)
+SGEMM128(sgemm128w_nn, false, false, 16, true)
+SGEMM128(sgemm128w_nt, false, true, 16, true)
+SGEMM128(sgemm128w_tn, true, false, 16, true)
 
 // put applies put32's rule (layers.go) to one element: tot is this call's
 // sum for the element, acc the float64 accumulator across chunks, dst the

@@ -651,18 +651,26 @@ func TestCUDAErrors(t *testing.T) {
 	}
 }
 
-// TestCUDASgemmKernelsAgree: the 128×128 GEMM kernel, which the
-// conformance suite's shapes are too small to reach, gives the same bits
+// TestCUDASgemmKernelsAgree: the 128×128 GEMM kernels, which the
+// conformance suite's shapes are too small to reach, give the same bits
 // as the 64×64 one (the same fused multiply-add chain per element) on
-// shapes with ragged edges, for the three variants the engine uses, and
-// is within the Backend contract's error bound γ_k·Σ|a·b| of a float64
-// reference on sampled elements.
+// shapes with ragged edges, for the three variants the engine uses —
+// the float4 kernels on the shapes they accept (multiples of 4, ragged
+// against the tiles), also split into k-blocks as accGrad splits them —
+// and are within the Backend contract's error bound γ_k·Σ|a·b| of a
+// float64 reference on sampled elements.
 func TestCUDASgemmKernelsAgree(t *testing.T) {
 	d := cudaTestDevice(t)
 	rng := rand.New(rand.NewPCG(12, 12))
-	for _, dims := range [][3]int{{1100, 1500, 300}, {1027, 2049, 37}, {2048, 1024, 1}} {
+	type shape struct{ m, n, k, kblock int }
+	for _, sh := range []shape{{1100, 1500, 300, 0}, {1027, 2049, 37, 0}, {2048, 1024, 1, 0},
+		{1100, 1504, 300, 0}, {1028, 2052, 36, 0}, {1024, 1024, 784, 0}, {516, 1028, 600, 256}} {
 		for v, tr := range [][2]bool{{false, false}, {false, true}, {true, false}} {
-			m, n, k := dims[0], dims[1], dims[2]
+			m, n, k := sh.m, sh.n, sh.k
+			kblock, nz := max(k, 1), 1
+			if sh.kblock > 0 {
+				kblock, nz = sh.kblock, (k+sh.kblock-1)/sh.kblock
+			}
 			a, b := make([]float32, m*k), make([]float32, k*n)
 			for i := range a {
 				a[i] = float32(rng.NormFloat64())
@@ -677,8 +685,12 @@ func TestCUDASgemmKernelsAgree(t *testing.T) {
 			if tr[1] {
 				ldb = k
 			}
-			run := func(big bool) []float32 {
-				c := make([]float32, m*n)
+			g := gemmArgs{v: v, nz: nz, m: m, n: n, k: k, kblock: kblock, alpha: 1, lda: lda, ldb: ldb, ldc: n}
+			if nz > 1 {
+				g.sc = m * n
+			}
+			run := func(kind gemmKernel) []float32 {
+				c := make([]float32, nz*m*n)
 				for i := range c {
 					c[i] = float32(math.NaN()) // beta = 0 must not read C
 				}
@@ -692,7 +704,8 @@ func TestCUDASgemmKernelsAgree(t *testing.T) {
 					if err := errors.Join(err1, err2, err3, htod(pa, a), htod(pb, b), htod(pc, c)); err != nil {
 						return err
 					}
-					if err := d.sgemmKernel(big, v, 1, m, n, k, k, 0, 0, 0, 1, pa, lda, pb, ldb, 0, pc, n); err != nil {
+					g.a, g.b, g.c = pa, pb, pc
+					if err := d.gemm(kind, &g); err != nil {
 						return err
 					}
 					return dtoh(c, pc)
@@ -702,19 +715,27 @@ func TestCUDASgemmKernelsAgree(t *testing.T) {
 				}
 				return c
 			}
-			small, big := run(false), run(true)
-			name := fmt.Sprintf("%dx%dx%d/t%v", m, n, k, tr)
-			if !slices.Equal(small, big) {
-				t.Fatalf("%s: the 128×128 kernel gives other bits than the 64×64 one", name)
+			name := fmt.Sprintf("%dx%dx%d/%d/t%v", m, n, k, kblock, tr)
+			small := run(gemm64)
+			kinds := []gemmKernel{gemm128}
+			if g.aligned() {
+				kinds = append(kinds, gemm128v, gemm128w)
 			}
-			ku := float64(k) * 0x1p-24
-			for s := 0; s < 2000; s++ {
-				i, j := rng.IntN(m), rng.IntN(n)
-				if s == 0 {
-					i, j = m-1, n-1
+			var big []float32
+			for _, kind := range kinds {
+				if big = run(kind); !slices.Equal(small, big) {
+					t.Fatalf("%s: the %v kernel gives other bits than the 64×64 one", name, kind)
 				}
+			}
+			for s := 0; s < 2000; s++ {
+				z, i, j := rng.IntN(nz), rng.IntN(m), rng.IntN(n)
+				if s == 0 {
+					z, i, j = nz-1, m-1, n-1
+				}
+				lo, hi := z*kblock, min(k, (z+1)*kblock)
+				ku := float64(hi-lo) * 0x1p-24
 				var want, mag float64
-				for p := 0; p < k; p++ {
+				for p := lo; p < hi; p++ {
 					ai, bi := i*lda+p, p*ldb+j
 					if tr[0] {
 						ai = p*lda + i
@@ -726,10 +747,40 @@ func TestCUDASgemmKernelsAgree(t *testing.T) {
 					want += float64(av) * float64(bv)
 					mag += math.Abs(float64(av) * float64(bv))
 				}
-				if e := math.Abs(float64(big[i*n+j]) - want); !(e <= ku/(1-ku)*mag+1e-12*mag) {
-					t.Fatalf("%s: C[%d,%d] = %v, want %v: error %.3g above γ_k·Σ|a·b|", name, i, j, big[i*n+j], want, e)
+				got := big[z*m*n+i*n+j]
+				if e := math.Abs(float64(got) - want); !(e <= ku/(1-ku)*mag+1e-12*mag) {
+					t.Fatalf("%s: C%d[%d,%d] = %v, want %v: error %.3g above γ_k·Σ|a·b|", name, z, i, j, got, want, e)
 				}
 			}
+		}
+	}
+}
+
+// TestCUDAGemmPick: sgemm picks the float4 kernels only for aligned
+// shapes and pointers, and the 64×64 kernel for small products.
+func TestCUDAGemmPick(t *testing.T) {
+	defer func(w gemmKernel) { cudaGemmWide = w }(cudaGemmWide)
+	cudaGemmWide = gemm128w
+	base := gemmArgs{nz: 1, m: 1024, n: 4096, k: 784, kblock: 784, lda: 784, ldb: 784, ldc: 4096, a: 256, b: 512, c: 1024}
+	for _, c := range []struct {
+		name string
+		edit func(*gemmArgs)
+		want gemmKernel
+	}{
+		{"aligned", func(*gemmArgs) {}, gemm128w},
+		{"small", func(g *gemmArgs) { g.m, g.n = 256, 256 }, gemm64},
+		{"tt", func(g *gemmArgs) { g.v = 3 }, gemm64},
+		{"odd-n", func(g *gemmArgs) { g.n, g.ldc = 4094, 4094 }, gemm128},
+		{"odd-k", func(g *gemmArgs) { g.k, g.kblock = 783, 783 }, gemm128},
+		{"odd-lda", func(g *gemmArgs) { g.lda = 785 }, gemm128},
+		{"misaligned-a", func(g *gemmArgs) { g.a += 4 }, gemm128},
+		{"odd-kblock", func(g *gemmArgs) { g.nz, g.kblock = 4, 250 }, gemm128},
+		{"one-block-kblock", func(g *gemmArgs) { g.kblock = 1001 }, gemm128w},
+	} {
+		g := base
+		c.edit(&g)
+		if got := g.pick(); got != c.want {
+			t.Errorf("%s: pick = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
@@ -816,6 +867,15 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 	})
 	run("gpu-dp", dp)
 	run("gpu-nonprivate", nonprivate)
+	// The same step with each other 128×128 GEMM kernel as the wide one
+	// (the same bits: TestCUDASgemmKernelsAgree), to choose between them.
+	for _, kind := range []gemmKernel{gemm128, gemm128w} {
+		w := cudaGemmWide
+		cudaGemmWide = kind
+		run("gpu-dp-gemm"+kind.String(), dp)
+		run("gpu-nonprivate-gemm"+kind.String(), nonprivate)
+		cudaGemmWide = w
+	}
 	if e.stage != nil {
 		// The same through pageable memory (direct copies), for the
 		// staging's gain in the same run.
@@ -849,6 +909,76 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 }
 
 // BenchmarkCUDAMLP: the "mlp" preset (784-256-256-10), B = 256.
+// BenchmarkCUDASgemm times each 128×128 GEMM kernel on the wide MLP's
+// products at B = 1024 (784-4096-4096-10: the forward passes, the
+// backward pass's input gradient and accGrad's blocks of blockRows rows),
+// reporting TFLOP/s (2·m·n·k per product), to set against cuBLAS on the
+// same GPU (bench/gpu/torch_step.py --gemm).
+func BenchmarkCUDASgemm(b *testing.B) {
+	d := cudaTestDevice(b)
+	const B = 1024
+	for _, sh := range []struct {
+		name              string
+		v, m, n, k, block int
+	}{
+		{"fwd1-nt", 1, B, 4096, 784, 0},
+		{"fwd2-nt", 1, B, 4096, 4096, 0},
+		{"dx2-nn", 0, B, 4096, 4096, 0},
+		{"acc2-tn", 2, 4096, 4096, B, blockRows},
+		{"acc1-tn", 2, 4096, 784, B, blockRows},
+	} {
+		nz, kblock := 1, sh.k
+		if sh.block > 0 {
+			nz, kblock = sh.k/sh.block, sh.block
+		}
+		g := gemmArgs{v: sh.v, nz: nz, m: sh.m, n: sh.n, k: sh.k, kblock: kblock, alpha: 1, lda: sh.k, ldb: sh.n, ldc: sh.n}
+		if sh.v&2 != 0 {
+			g.lda = sh.m
+		}
+		if sh.v&1 != 0 {
+			g.ldb = sh.k
+		}
+		if nz > 1 {
+			g.sc = sh.m * sh.n
+		}
+		err := d.do(func() error {
+			var err1, err2, err3 error
+			g.a, err1 = alloc(4 * sh.m * sh.k)
+			g.b, err2 = alloc(4 * sh.k * sh.n)
+			g.c, err3 = alloc(4 * nz * sh.m * sh.n)
+			if err := errors.Join(err1, err2, err3); err != nil {
+				return err
+			}
+			return errors.Join(cu.MemsetD32(g.a, 0x3f800000, int64(sh.m*sh.k)), cu.MemsetD32(g.b, 0x3f000000, int64(sh.k*sh.n)))
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, kind := range []gemmKernel{gemm64, gemm128, gemm128v, gemm128w} {
+			b.Run(sh.name+"/"+kind.String(), func(b *testing.B) {
+				step := func() error {
+					return d.do(func() error {
+						if err := d.gemm(kind, &g); err != nil {
+							return err
+						}
+						return cu.Synchronize()
+					})
+				}
+				if err := step(); err != nil {
+					b.Fatal(err)
+				}
+				for b.Loop() {
+					if err := step(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(2*float64(sh.m)*float64(sh.n)*float64(sh.k)*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
+			})
+		}
+		d.do(func() error { return errors.Join(cu.MemFree(g.a), cu.MemFree(g.b), cu.MemFree(g.c)) })
+	}
+}
+
 func BenchmarkCUDAMLP(b *testing.B) {
 	benchCUDA(b, MLP([]int{1, 28, 28}, []int{256, 256}, 10), 256, true)
 }

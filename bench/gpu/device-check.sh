@@ -56,6 +56,8 @@ grep -E '^(--- FAIL|FAIL|panic|ok|PASS)' "$out/tests.log" | head -40 >>"$out/sta
 if [ "$ok" = 1 ]; then
 	stage bench "${BENCH_LIMIT:-120}" "$bin/model.test" -test.run '^$' -test.bench CUDA -test.benchtime 15x -test.benchmem
 fi
+# cuBLAS on the products BenchmarkCUDASgemm times (in the bench stage).
+stage gemm-torch "${GEMM_LIMIT:-60}" python3 "$root/bench/gpu/torch_gemm.py" --json "$out/gemm-torch.json"
 if [ -d "$carry/opacus" ] && [ -z "${SKIP_TORCH:-}" ]; then
 	stage torch "${TORCH_LIMIT:-170}" env PYTHONPATH="$root/$carry" python3 "$root/bench/gpu/torch_step.py" \
 		--opacus "$root/$carry" --quick --json "$out/torch.json"
