@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"gorgonia.org/cu"
 
@@ -891,6 +892,17 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 			})
 		})
 		run("gpu-dp-pageable", func() error { _, err := ep.ClippedSum(dst, theta, x, y, 1); return err })
+		// The link alone: θ up from the page-locked buffer and the sum
+		// down into the other, no host copies (what staging would cost
+		// if the node decoded θ into, and encoded the sum from, the
+		// page-locked buffers).
+		run("gpu-transfers-dma", func() error {
+			return e.d.do(func() error {
+				n := int64(4 * len(theta))
+				return errors.Join(cu.MemcpyHtoDAsync(e.theta, unsafe.Pointer(&e.stage.up.v[0]), n, cu.Stream{}),
+					cu.MemcpyDtoHAsync(unsafe.Pointer(&e.stage.down.v[0]), e.dst, n, cu.Stream{}), cu.Synchronize())
+			})
+		})
 	}
 	b.Run("gpu-paired", func(b *testing.B) {
 		tNP, tDP, iters := pairedSteps(b, nonprivate, dp)
