@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,7 +34,9 @@ type runConfig struct {
 	// 784-feature data (model_spec) instead of logreg: 2048,1024 is 3.7M
 	// parameters.
 	hidden []int
-	file   string // the run file, once written
+	// minNodes is the run's min_nodes (0: all nodes).
+	minNodes int
+	file     string // the run file, once written
 }
 
 // writeRunFile writes the run definition to a YAML run file under the
@@ -55,7 +58,7 @@ func (c *runConfig) writeRunFile(h *Harness) {
 		modelLine = "model_spec: " + specFile
 	}
 	body := fmt.Sprintf("run: %s\ndataset: gaussian\n%s\nbatch_size: 100\nmax_steps: %d\n"+
-		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, modelLine, c.maxSteps, c.roundTimeout, c.nodes)
+		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, modelLine, c.maxSteps, c.roundTimeout, cmp.Or(c.minNodes, c.nodes))
 	if err := os.WriteFile(c.file, []byte(body), 0o644); err != nil {
 		h.t.Fatal(err)
 	}
