@@ -561,12 +561,15 @@ func sameConfig(a, b RunConfig) bool {
 type State struct {
 	Configured bool
 	Run        string
-	Applied    int64 // last applied step
-	Epsilon    float64
-	Charges    uint64
-	Stopped    string
-	Fatal      error
-	Diag       dpadam.Diagnostics
+	// History is the run's history ID, once configured: what tells this
+	// replica group from another under the same run name.
+	History string
+	Applied int64 // last applied step
+	Epsilon float64
+	Charges uint64
+	Stopped string
+	Fatal   error
+	Diag    dpadam.Diagnostics
 	// PendingStep and PendingIndex are the pending charge's step and Raft
 	// index: charged, its g̃ not applied (0: none).
 	PendingStep  int64
@@ -588,7 +591,7 @@ func (f *FSM) State() State {
 		s.PendingStep, s.PendingIndex = p.Step, p.Index
 	}
 	if f.cfg != nil {
-		s.Configured, s.Run = true, f.cfg.Run
+		s.Configured, s.Run, s.History = true, f.cfg.Run, f.history
 	}
 	return s
 }

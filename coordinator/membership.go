@@ -15,6 +15,18 @@ import (
 // onControl records the other replicas' reports (the drain waits on them)
 // and starts the membership change a request asks for.
 func (l *loop) onControl(ctx context.Context, c transport.Control) {
+	if mine, ok := l.rep.FSM().configuredHistory(); ok && c.History != "" && c.History != mine {
+		// Another replica group under this run's name (an operator's
+		// copy of the run file on the same NATS): its reports are not
+		// our peers' and its requests are not for us (issue 27).
+		l.s.metrics.controlRefused(refusedForeignGroup)
+		if !l.foreign[c.From+"/"+c.History] && len(l.foreign) < 64 {
+			l.foreign[c.From+"/"+c.History] = true
+			l.log.Warn("ignoring control traffic of another replica group under this run's name",
+				"from", c.From, "code", c.Code, "their_history", c.History, "history", mine)
+		}
+		return
+	}
 	switch c.Code {
 	case transport.ControlReplica:
 		if c.From != l.rep.ID() {

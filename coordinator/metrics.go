@@ -33,6 +33,7 @@ type Metrics struct {
 	nodes        prometheus.Gauge
 	blocked      *prometheus.GaugeVec
 	refused      *prometheus.CounterVec
+	ctlRefused   *prometheus.CounterVec
 	// evalAccuracy and evalLoss, by EvalData.Key: vectors without
 	// labels, so a metric is exported only once an evaluation on its data
 	// happened.
@@ -95,6 +96,10 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "node_messages_refused_total",
 			Help: "Join and Heartbeat messages of refused nodes, by reason.", ConstLabels: labels,
 		}, []string{"reason"}),
+		ctlRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "control_messages_ignored_total",
+			Help: "Replica control messages ignored, by reason (foreign_group: another replica group under this run's name).", ConstLabels: labels,
+		}, []string{"reason"}),
 	}
 	evalGauge := func(d EvalData, what, help string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -123,9 +128,10 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, r := range []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy} {
 		m.refused.WithLabelValues(r)
 	}
+	m.ctlRefused.WithLabelValues(refusedForeignGroup)
 	for _, c := range append([]prometheus.Collector{
 		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
-		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused,
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused, m.ctlRefused,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -180,6 +186,16 @@ func (m *Metrics) roundsBlocked(reason string) {
 			v = 1
 		}
 		m.blocked.WithLabelValues(r).Set(v)
+	}
+}
+
+// refusedForeignGroup: a control message of another replica group (its
+// history is not this run's).
+const refusedForeignGroup = "foreign_group"
+
+func (m *Metrics) controlRefused(reason string) {
+	if m != nil {
+		m.ctlRefused.WithLabelValues(reason).Inc()
 	}
 }
 

@@ -408,11 +408,14 @@ type loop struct {
 	ops      sync.WaitGroup
 	results  chan opResult
 
-	nodes      registry
-	peers      map[string]transport.Control // replicas' last ControlReplica, by ID
-	peerSeen   map[string]time.Time         // when each of peers was received
-	lastResent map[uint64]time.Time         // NeedParams rate limit, by version
-	memberBusy bool                         // a membership operation is running
+	nodes    registry
+	peers    map[string]transport.Control // replicas' last ControlReplica, by ID
+	peerSeen map[string]time.Time         // when each of peers was received
+	// foreign holds the replicas of other groups (ID/history) whose
+	// control traffic was ignored, to warn once each (at most 64).
+	foreign    map[string]bool
+	lastResent map[uint64]time.Time // NeedParams rate limit, by version
+	memberBusy bool                 // a membership operation is running
 
 	lead *leading // non-nil while this replica leads and knows it
 	last Progress // the leader's last evaluation
@@ -469,6 +472,7 @@ func newLoop(s *Server, in *inbox) *loop {
 		nodes:      registry{nodes: make(map[string]nodeInfo)},
 		peers:      make(map[string]transport.Control),
 		peerSeen:   make(map[string]time.Time),
+		foreign:    make(map[string]bool),
 		lastResent: make(map[uint64]time.Time),
 	}
 }

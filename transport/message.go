@@ -331,6 +331,14 @@ type Control struct {
 	// replica runs without TLS, started with --insecure: the run's
 	// transport is not protected. Absent (false) from older senders.
 	Insecure bool `msgpack:"insecure,omitempty"`
+	// History is the sender's replica group: the history ID of the run it
+	// replicates (empty before its configuration is applied, and from a
+	// replica asking to join, which has none yet). A replica ignores
+	// control traffic of another history, and `coordinator
+	// remove-replica` names the group it means (issue 27: a second group
+	// under the same run name obeyed each other's requests). Optional,
+	// envelope version 1; absent from older senders.
+	History string `msgpack:"history,omitempty"`
 }
 
 // Type implements Message.

@@ -452,8 +452,21 @@ func (c *Cluster) AddReplica(id string) error { return c.startReplica(id, nil) }
 // `coordinator remove-replica` does), to remove replica id, repeating the
 // request every 100 ms until a majority of the remaining voters no
 // longer list id or ctx ends; then it stops id's Server and closes it.
+// PublishControl publishes m on the run's control subject as the
+// cluster's observer (a replica's permissions).
+func (c *Cluster) PublishControl(ctx context.Context, m transport.Control) error {
+	return c.obs.conn.Publish(ctx, m)
+}
+
 func (c *Cluster) RemoveReplica(ctx context.Context, id string) error {
-	req := transport.Control{Run: c.Run.Run, From: "coordinatortest", Code: transport.ControlRemove, Replica: id}
+	return c.RemoveReplicaOfGroup(ctx, id, "")
+}
+
+// RemoveReplicaOfGroup is RemoveReplica with requests that name the
+// replica group by its history ID (transport.Control.History), as
+// `coordinator remove-replica` sends them.
+func (c *Cluster) RemoveReplicaOfGroup(ctx context.Context, id, history string) error {
+	req := transport.Control{Run: c.Run.Run, From: "coordinatortest", Code: transport.ControlRemove, Replica: id, History: history}
 	for {
 		gone := 0
 		others := 0

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dpcluster/dpcluster/coordinator/coordinatortest"
+	"github.com/dpcluster/dpcluster/transport"
 	"github.com/dpcluster/dpcluster/transport/fake"
 )
 
@@ -202,6 +203,39 @@ func TestRemoveIsolatedReplica(t *testing.T) {
 	}
 	c.Heal()
 	c.WaitVoters(ctx, t, others(c, gone))
+	finish(t, ctx, c)
+}
+
+// TestForeignGroupControlIgnored is issue 27's finding 4 on the replica
+// side: removal requests and replica reports that carry another replica
+// group's history (a second group started under the same run name on the
+// same NATS) are ignored by this group's leader; the same request with
+// this group's history is obeyed.
+func TestForeignGroupControlIgnored(t *testing.T) {
+	c, ctx := newCluster(t, coordinatortest.Options{Seed: 11, MaxSteps: 400})
+	c.WaitApplied(ctx, t, 3)
+	leader := c.Leader(ctx)
+	victim := others(c, leader)[0]
+	history := c.Replica(leader).FSM().State().History
+	if history == "" {
+		t.Fatal("the leader reports no history")
+	}
+	voters := c.VoterIDs(leader)
+	foreign := transport.Control{Run: c.Run.Run, From: "coordinatortest", Code: transport.ControlRemove,
+		Replica: victim, History: "ffffffffffffffffffffffffffffffff"}
+	for range 10 {
+		if err := c.PublishControl(ctx, foreign); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := c.VoterIDs(c.Leader(ctx)); !slices.Equal(got, voters) {
+		t.Fatalf("a foreign group's removal of %s was obeyed: voters %v → %v", victim, voters, got)
+	}
+	if err := c.RemoveReplicaOfGroup(ctx, victim, history); err != nil {
+		t.Fatalf("the group's own removal of %s: %v", victim, err)
+	}
+	c.WaitVoters(ctx, t, others(c, victim))
 	finish(t, ctx, c)
 }
 

@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/dpcluster/dpcluster/dataset"
-	"github.com/dpcluster/dpcluster/transport"
 )
 
 // The CSV runs below train the 8-feature, 3-class logistic regression of
@@ -318,13 +317,7 @@ func TestServeCSVHoldoutIsLabelledNonPrivate(t *testing.T) {
 	dir := t.TempDir()
 	spec, _ := writeSpec(t)
 	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
-	scfg := transport.DefaultEmbeddedServerConfig()
-	scfg.Port = -1
-	srv, err := transport.StartServer(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := startTestNATS(t)
 	const runName = "t-serve-csv"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

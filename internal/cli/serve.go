@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
@@ -451,7 +455,8 @@ func splitHostPort(addr string) (string, int, error) {
 }
 
 func newRemoveReplicaCmd() *cobra.Command {
-	var nats, runName, tlsCA, tlsCert, tlsKey string
+	var nats, runName, history, tlsCA, tlsCert, tlsKey string
+	var listen time.Duration
 	cmd := &cobra.Command{
 		Use:   "remove-replica ID",
 		Short: "Ask the coordinator leader to remove a replica from the Raft group",
@@ -481,7 +486,16 @@ with --tls-ca, --tls-cert and --tls-key.`,
 				return err
 			}
 			defer conn.Close()
-			err = conn.Publish(cmd.Context(), transport.Control{Run: runName, From: conn.Name(), Code: transport.ControlRemove, Replica: args[0]})
+			if history == "" {
+				if history, err = replicaGroup(cmd.Context(), conn, runName, listen); err != nil {
+					return err
+				}
+			}
+			if history == "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no replica of run %s reported within %v: the request names no replica group\n", runName, listen)
+			}
+			err = conn.Publish(cmd.Context(), transport.Control{Run: runName, From: conn.Name(), Code: transport.ControlRemove,
+				Replica: args[0], History: history})
 			if err == nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "asked the leader of run %s to remove replica %s\n", runName, args[0])
 			}
@@ -491,8 +505,52 @@ with --tls-ca, --tls-cert and --tls-key.`,
 	fs := cmd.Flags()
 	fs.StringVar(&nats, "nats", "", "NATS server URLs, comma-separated (required)")
 	fs.StringVar(&runName, "run", defaultRunSpec().Run, "run name")
+	fs.StringVar(&history, "history", "", "the replica group's history ID (coordinator status shows it); by default the one the replicas report")
+	fs.DurationVar(&listen, "listen", 3*time.Second, "how long to listen for the replicas' reports before asking")
 	bindTLSFlags(fs, &tlsCA, &tlsCert, &tlsKey, "a replica certificate of the run (only replicas may change the membership)")
 	return cmd
+}
+
+// replicaGroup listens on run's control subject for d and returns the
+// history ID the replicas report, "" if none reported, or an error if
+// replicas of more than one group answer under the run's name (an
+// operator's copy of a run file on the same NATS): a removal must name
+// its group.
+func replicaGroup(ctx context.Context, conn *transport.Client, run string, d time.Duration) (string, error) {
+	var mu sync.Mutex
+	groups := map[string]map[string]bool{} // history → replica IDs
+	sub, err := conn.Subscribe(transport.TopicControl, func(m transport.Message) {
+		if c, ok := m.(transport.Control); ok && c.Code == transport.ControlReplica && c.History != "" {
+			mu.Lock()
+			if groups[c.History] == nil {
+				groups[c.History] = map[string]bool{}
+			}
+			groups[c.History][c.From] = true
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return "", err
+	}
+	defer sub.Unsubscribe()
+	select {
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-time.After(d):
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(groups) > 1 {
+		var desc []string
+		for _, h := range slices.Sorted(maps.Keys(groups)) {
+			desc = append(desc, fmt.Sprintf("%s (%s)", h, strings.Join(slices.Sorted(maps.Keys(groups[h])), ", ")))
+		}
+		return "", fmt.Errorf("replicas of %d groups answer for run %s: %s; pass --history to name yours", len(groups), run, strings.Join(desc, "; "))
+	}
+	for h := range groups {
+		return h, nil
+	}
+	return "", nil
 }
 
 // interrupted reports whether err is the cancellation of ctx by a signal:

@@ -29,13 +29,7 @@ import (
 // status, and the ledger audits clean with one charge per step and, the
 // noise and sampling being seeded, says the run is not private.
 func TestServeWithNodeCommands(t *testing.T) {
-	scfg := transport.DefaultEmbeddedServerConfig()
-	scfg.Port = -1
-	srv, err := transport.StartServer(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := startTestNATS(t)
 	const runName = "t-serve"
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -131,13 +125,7 @@ func TestServeWithNodeCommands(t *testing.T) {
 // round, and `coordinator status` says why and shows the nodes' shards
 // (issue 11, item 6).
 func TestServeBlocksOverlappingNodes(t *testing.T) {
-	scfg := transport.DefaultEmbeddedServerConfig()
-	scfg.Port = -1
-	srv, err := transport.StartServer(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := startTestNATS(t)
 	const runName = "t-overlap"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -247,4 +235,61 @@ func freeAddrString(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestReplicaGroup: remove-replica learns the replica group it means from
+// the replicas' reports, and refuses to guess when two groups answer under
+// the run's name (issue 27's finding 4: a second group obeyed the first
+// one's removals).
+func TestReplicaGroup(t *testing.T) {
+	srv := startTestNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	connect := func(name string) *transport.Client {
+		cfg := transport.DefaultConfig()
+		cfg.Run, cfg.URLs, cfg.Name = "t-group", []string{srv.URL()}, name
+		c, err := transport.Connect(ctx, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	admin := connect("admin")
+	report := func(c *transport.Client, from, history string) {
+		for ctx.Err() == nil {
+			if err := c.Publish(ctx, transport.Control{Run: "t-group", From: from, Code: transport.ControlReplica, History: history}); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if h, err := replicaGroup(ctx, admin, "t-group", 200*time.Millisecond); h != "" || err != nil {
+		t.Fatalf("no replicas: %q, %v", h, err)
+	}
+	a := connect("r1")
+	go report(a, "r1", "aaaa")
+	if h, err := replicaGroup(ctx, admin, "t-group", 300*time.Millisecond); h != "aaaa" || err != nil {
+		t.Fatalf("one group: %q, %v", h, err)
+	}
+	b := connect("r1b")
+	go report(b, "r1", "bbbb")
+	_, err := replicaGroup(ctx, admin, "t-group", 300*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "aaaa (r1); bbbb (r1)") || !strings.Contains(err.Error(), "--history") {
+		t.Fatalf("two groups: %v", err)
+	}
+}
+
+// startTestNATS starts an embedded NATS server on a free loopback port for
+// the test's duration.
+func startTestNATS(t *testing.T) *transport.Server {
+	t.Helper()
+	scfg := transport.DefaultEmbeddedServerConfig()
+	scfg.Port = -1
+	srv, err := transport.StartServer(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
 }
