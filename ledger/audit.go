@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -64,10 +65,10 @@ type AuditReport struct {
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
 	RecomputedEpsilon float64 `json:"recomputed_epsilon"`
 	// RDPEpsilon and PLDEpsilon are the ε of all the charges, composed
-	// afresh by each accountant (RDP over DefaultOrders; PLD by
-	// PLDEpsilonEvents, for exactly the charges recorded, where a PLD
-	// ledger records ε at its count grid: between it and PLDGridRatio
-	// times it, which the audit checks). PLDEpsilon is nil when the PLD
+	// afresh by each accountant (RDP over the default orders; PLD by
+	// accounting.PLD.EpsilonSteps, for exactly the charges recorded, where
+	// a PLD ledger records ε at its count grid: between it and
+	// PLDGridRatio times it, which the audit checks). PLDEpsilon is nil when the PLD
 	// accountant cannot charge the events (the discrete Gaussian without
 	// its lattice) or there are none; PLDNote then says why. Either is
 	// +Inf if its accountant fails on the events.
@@ -114,10 +115,7 @@ func Audit(path string) (AuditReport, error) {
 		return rep, nil
 	}
 	rep.HeadHash = recs[len(recs)-1].Hash
-	acc, aerr := NewAccountant(nil)
-	if aerr != nil {
-		return rep, aerr
-	}
+	acc := accounting.RDP{}.NewComposition()
 	run := recs[0]
 	if run.Kind != RecordRun {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1 is a %q record, want the run record", run.Kind))
@@ -136,7 +134,7 @@ func Audit(path string) (AuditReport, error) {
 		b, _ := newBudget(AccountantRDP, run.Delta, run.TargetEpsilon)
 		enforced = &Replay{b: b}
 	}
-	var pldEvents []PLDEvent
+	var pldEvents []accounting.PLDEvent
 	var pldErr error
 	wantKind, knownMechanism := MechanismKind(run.Mechanism)
 	if !knownMechanism {
@@ -161,7 +159,7 @@ func Audit(path string) (AuditReport, error) {
 			rdpFailed, recomputeFailed = true, true
 			continue
 		}
-		if s, err := pldStepOf(*r.Event); err != nil {
+		if s, err := accounting.PLDStep(*r.Event); err != nil {
 			pldErr = err
 		} else {
 			pldEvents = addPLDStep(pldEvents, s)
@@ -227,7 +225,7 @@ func Audit(path string) (AuditReport, error) {
 	case len(pldEvents) == 0:
 		rep.PLDNote = "no charges"
 	default:
-		e, err := PLDEpsilonEvents(pldEvents, run.Delta)
+		e, err := accounting.PLD{}.EpsilonSteps(pldEvents, run.Delta)
 		if err != nil {
 			rep.PLDNote = err.Error()
 			e = math.Inf(1)
@@ -237,7 +235,7 @@ func Audit(path string) (AuditReport, error) {
 		// at least the ε of the charges taken and at most PLDGridRatio
 		// times it (pldSeries).
 		if rep.Accountant == AccountantPLD && err == nil &&
-			(rep.RecordedEpsilon < e*(1-PLDNumericError) || rep.RecordedEpsilon > e*PLDGridRatio*(1+auditTolerance)) {
+			(rep.RecordedEpsilon < e*(1-accounting.PLDNumericError) || rep.RecordedEpsilon > e*PLDGridRatio*(1+auditTolerance)) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("recorded ε=%.12g is not within [1, %v] × the PLD accountant's ε of the %d charges, %.12g",
 				rep.RecordedEpsilon, PLDGridRatio, rep.Charges, e))
 		}
@@ -247,8 +245,8 @@ func Audit(path string) (AuditReport, error) {
 
 // noiseKind returns the kind of the noise-adding mechanism inside e: the
 // inner event of a Poisson-sampled one, or e's own kind.
-func noiseKind(e Event) Kind {
-	if e.Kind == KindPoissonSampled && e.Event != nil {
+func noiseKind(e accounting.Event) accounting.Kind {
+	if e.Kind == accounting.KindPoissonSampled && e.Event != nil {
 		return e.Event.Kind
 	}
 	return e.Kind
@@ -342,7 +340,7 @@ func NewReplay(run Record) (*Replay, error) {
 }
 
 // Charge composes one more charge of e and returns the ε its record holds.
-func (r *Replay) Charge(e Event) (float64, error) {
+func (r *Replay) Charge(e accounting.Event) (float64, error) {
 	if err := r.b.add(e); err != nil {
 		return 0, err
 	}
