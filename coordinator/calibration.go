@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 
 	"github.com/dpcluster/dpcluster/internal/durable"
-	"github.com/dpcluster/dpcluster/ledger"
 )
 
 // CalibrationFile is where a replica remembers its run's calibrated σ,
@@ -109,14 +108,13 @@ func (c RunConfig) PlannedEpsilon() (float64, error) { return plannedEpsilon(c) 
 
 // plannedEpsilon is the ε that c's σ spends over c.MaxSteps steps at
 // c.Delta, by c's accountant: the quantity RunConfig calibrates σ for,
-// with the same accountant calls (ledger.PLDEventEpsilon for PLD,
-// ledger.EventEpsilon over the default orders for RDP).
+// with the same accountant (RunConfig.Accounting).
 func plannedEpsilon(c RunConfig) (float64, error) {
-	if c.Accountant == AccountantPLD {
-		return ledger.PLDEventEpsilon(c.Event(), c.MaxSteps, c.Delta)
+	acc, err := c.Accounting()
+	if err != nil {
+		return 0, err
 	}
-	eps, _, err := ledger.EventEpsilon(nil, c.Event(), c.MaxSteps, c.Delta)
-	return eps, err
+	return acc.Epsilon(c.Event(), c.MaxSteps, c.Delta)
 }
 
 // calibrationKey hashes the plan, with σ cleared, and calibrationVersion.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/accounting"
 )
 
 // Raft log entries are one type byte, one version byte, then a msgpack
@@ -37,9 +37,9 @@ var ErrBadEntry = errors.New("coordinator: malformed log entry")
 // state machine charges the run configuration's event and refuses an entry
 // whose Event differs.
 type stepEntry struct {
-	Step  int64        `msgpack:"step"`
-	Event ledger.Event `msgpack:"event"`
-	Grad  []byte       `msgpack:"grad"`
+	Step  int64            `msgpack:"step"`
+	Event accounting.Event `msgpack:"event"`
+	Grad  []byte           `msgpack:"grad"`
 	// Round identifies the round that produced it (leader id and term),
 	// for logs and audits.
 	Round string `msgpack:"round"`
@@ -54,9 +54,9 @@ type stepEntry struct {
 // releases; the state machine charges the run configuration's event and
 // refuses an entry whose Event differs.
 type chargeEntry struct {
-	Step  int64        `msgpack:"step"`
-	Event ledger.Event `msgpack:"event"`
-	Round string       `msgpack:"round"`
+	Step  int64            `msgpack:"step"`
+	Event accounting.Event `msgpack:"event"`
+	Round string           `msgpack:"round"`
 }
 
 // gradEntry carries the g̃ of the charge entry at Raft index Charge, for
@@ -116,7 +116,7 @@ func decodeGradInto(body []byte, dst []float32) (g gradEntry, gradErr, err error
 // converted once, straight into the entry's buffer, sized up front, and
 // not copied again: the entry is model-sized and encoded on every step's
 // serial chain.
-func encodeStepEntry(step int64, event ledger.Event, g []float32, round string) ([]byte, error) {
+func encodeStepEntry(step int64, event accounting.Event, g []float32, round string) ([]byte, error) {
 	buf := bytes.NewBuffer(make([]byte, 0, 4*len(g)+512))
 	buf.Write([]byte{byte(entryStep), entryVersion})
 	err := msgpack.NewEncoder(buf).Encode(stepEntryFloats{Step: step, Event: event, Grad: gradFloats{src: g}, Round: round})
@@ -147,10 +147,10 @@ func decodeStepInto(body []byte, dst []float32) (s stepEntry, gradErr, err error
 // stepEntryFloats is stepEntry with its Grad read from or written to
 // float32s directly.
 type stepEntryFloats struct {
-	Step  int64        `msgpack:"step"`
-	Event ledger.Event `msgpack:"event"`
-	Grad  gradFloats   `msgpack:"grad"`
-	Round string       `msgpack:"round"`
+	Step  int64            `msgpack:"step"`
+	Event accounting.Event `msgpack:"event"`
+	Grad  gradFloats       `msgpack:"grad"`
+	Round string           `msgpack:"round"`
 }
 
 // gradFloats is a step entry's grad field (msgpack bin of little-endian

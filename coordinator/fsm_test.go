@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
@@ -139,7 +140,7 @@ func TestFSMAppliesSteps(t *testing.T) {
 	if err != nil || !rep.OK || rep.Charges != 10 || rep.Applied != 10 {
 		t.Errorf("audit: %+v, %v", rep, err)
 	}
-	want, _, _ := ledger.EventEpsilon(nil, c.Event(), 10, c.Delta)
+	want, _, _ := accounting.RDP{}.EpsilonOrder(c.Event(), 10, c.Delta)
 	if s := f.State(); math.Abs(s.Epsilon-want) > 1e-12 {
 		t.Errorf("ε = %v, want %v", s.Epsilon, want)
 	}
@@ -188,7 +189,7 @@ func TestFSMBudgetRefusal(t *testing.T) {
 	dir := t.TempDir()
 	f := newTestFSM(t, dir)
 	c := testRunConfig()
-	eps5, _, _ := ledger.EventEpsilon(nil, c.Event(), 5, c.Delta)
+	eps5, _, _ := accounting.RDP{}.EpsilonOrder(c.Event(), 5, c.Delta)
 	c.TargetEpsilon = eps5 * (1 + 1e-9)
 	mustApply(t, f, logEntry(t, 1, entryConfig, c))
 	grads := noisyGrads(6, 3)
@@ -228,11 +229,11 @@ func TestFSMBudgetRefusalPLD(t *testing.T) {
 	c := testRunConfig()
 	c.NoiseMode, c.Accountant = NoiseFloat, AccountantPLD
 	q, sigma := c.SampleRate, c.Optimizer.NoiseMultiplier
-	pld5, err := ledger.PLDEpsilon(q, sigma, 5, c.Delta)
+	pld5, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(q, sigma), 5, c.Delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdp5, _, _ := ledger.Epsilon(q, sigma, 5, c.Delta)
+	rdp5, _, _ := accounting.RDP{}.EpsilonOrder(accounting.SubsampledGaussian(q, sigma), 5, c.Delta)
 	if !(rdp5 > pld5) {
 		t.Fatalf("precondition: RDP ε %v not above PLD ε %v", rdp5, pld5)
 	}
@@ -278,7 +279,7 @@ func TestFSMPLDLedgerAudits(t *testing.T) {
 			f := newTestFSM(t, dir)
 			c := testRunConfig()
 			c.NoiseMode, c.Accountant, c.MaxSteps = mode, AccountantPLD, steps
-			target, err := ledger.PLDEventEpsilon(c.Event(), steps, c.Delta)
+			target, err := accounting.PLD{}.Epsilon(c.Event(), steps, c.Delta)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
-	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/transport"
 )
@@ -76,7 +76,7 @@ func (h *heldConsensus) ProposeGrad(ctx context.Context, step int64, charge uint
 	return h.Replica.ProposeGrad(ctx, step, charge, g)
 }
 
-func (h *heldConsensus) ProposeCharge(ctx context.Context, step int64, e ledger.Event, round string) (ApplyResult, error) {
+func (h *heldConsensus) ProposeCharge(ctx context.Context, step int64, e accounting.Event, round string) (ApplyResult, error) {
 	if h.holdSteps.Load() {
 		h.record("step")
 		if err := h.hold(ctx); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
@@ -142,7 +143,7 @@ func TestRunConfigNoiseModes(t *testing.T) {
 	for _, mode := range []string{NoiseFloat, NoiseLegacy} {
 		c.NoiseMode = mode
 		e := c.Event()
-		if e.Kind != ledger.KindPoissonSampled || e.Event.Kind != ledger.KindGaussian || e.Event.NoiseMultiplier != 1 || c.Validate() != nil {
+		if e.Kind != accounting.KindPoissonSampled || e.Event.Kind != accounting.KindGaussian || e.Event.NoiseMultiplier != 1 || c.Validate() != nil {
 			t.Errorf("mode %q: event %+v, validate %v", mode, e, c.Validate())
 		}
 		if _, ok := c.Discrete(); ok {
@@ -155,7 +156,7 @@ func TestRunConfigNoiseModes(t *testing.T) {
 	if !ok || err != nil || m != want {
 		t.Fatalf("discrete mechanism %+v, want %+v (%v)", m, want, err)
 	}
-	if e := c.Event(); e.Event.Kind != ledger.KindDiscreteGaussian || e.Event.NoiseMultiplier != m.Sigma || e.SampleRate != c.SampleRate {
+	if e := c.Event(); e.Event.Kind != accounting.KindDiscreteGaussian || e.Event.NoiseMultiplier != m.Sigma || e.SampleRate != c.SampleRate {
 		t.Errorf("discrete event %+v", e)
 	}
 	if m.Sigma >= 1 || m.Sigma < 1/(1+mechanism.GridFraction)*(1-1e-12) {
@@ -213,7 +214,7 @@ func TestLegacyConfigKeepsItsMeaning(t *testing.T) {
 	if got.NoiseMode != NoiseLegacy || got.Accountant != AccountantLegacy || got.Validate() != nil {
 		t.Fatalf("decoded %+v (validate %v)", got, got.Validate())
 	}
-	if e := got.Event(); e.Event == nil || e.Event.Kind != ledger.KindGaussian || e.Event.NoiseMultiplier != c.Optimizer.NoiseMultiplier {
+	if e := got.Event(); e.Event == nil || e.Event.Kind != accounting.KindGaussian || e.Event.NoiseMultiplier != c.Optimizer.NoiseMultiplier {
 		t.Errorf("legacy config charges %+v", e)
 	}
 	again, err := msgpack.Marshal(got)
@@ -269,7 +270,7 @@ func TestLegacyConfigKeepsItsAccountant(t *testing.T) {
 	if _, err := l.Charge(1, got.Event(), ledger.Position{History: "h", Term: 1, Index: 2}, false); err != nil {
 		t.Fatal(err)
 	}
-	want, _, err := ledger.EventEpsilon(nil, got.Event(), 1, got.Delta)
+	want, _, err := accounting.RDP{}.EpsilonOrder(got.Event(), 1, got.Delta)
 	if err != nil || l.Spent() != want || l.Accountant() != AccountantRDP {
 		t.Errorf("legacy run spent ε=%v with %q, want RDP's %v (%v)", l.Spent(), l.Accountant(), want, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
@@ -14,8 +15,8 @@ import (
 // key) by RunPlan.RunConfig for a plan that cannot become a run: N unknown
 // or contradicted by the data, a batch size outside (0, N], a negative σ,
 // an unknown noise mode, or σ to calibrate without a step count.
-// Calibration failures wrap the ledger's errors (ledger.ErrUnreachable,
-// ledger.ErrInvalidParameter) instead, and a plan that yields an invalid
+// Calibration failures wrap the accounting errors (accounting.ErrUnreachable,
+// accounting.ErrInvalidParameter) instead, and a plan that yields an invalid
 // configuration wraps ErrInvalidRunConfig.
 var ErrInvalidPlan = errors.New("coordinator: invalid run plan")
 
@@ -94,8 +95,7 @@ type RunPlan struct {
 //  6. if Sigma is 0, σ is calibrated with the run's accountant and the
 //     event the ledger will charge (RunConfig.Event) to
 //     TargetEpsilon·(1 − CalibrationMargin) at MaxSteps (which must then
-//     be positive): ledger.Calibrate for RDP, ledger.PLDCalibrate for
-//     PLD;
+//     be positive): the accountant's Calibrate (RunConfig.Accounting);
 //  7. B is stored as q·N, which must reproduce B (to 1e-9), and the result
 //     passes RunConfig.Validate.
 //
@@ -159,18 +159,16 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		}
 		target := p.TargetEpsilon * (1 - CalibrationMargin)
 		// σ is calibrated for the very event the ledger will charge.
-		event := func(sigma float64) ledger.Event {
+		event := func(sigma float64) accounting.Event {
 			c := c
 			c.Optimizer.NoiseMultiplier = sigma
 			return c.Event()
 		}
-		var sigma float64
-		var err error
-		if accountant == AccountantPLD {
-			sigma, err = ledger.PLDCalibrate(target, p.MaxSteps, p.Delta, event)
-		} else {
-			sigma, err = ledger.Calibrate(nil, target, p.MaxSteps, p.Delta, event)
+		acc, err := c.Accounting()
+		if err != nil {
+			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
 		}
+		sigma, err := acc.Calibrate(target, p.MaxSteps, p.Delta, event)
 		if err != nil {
 			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
 		}

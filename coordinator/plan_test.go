@@ -5,8 +5,8 @@ import (
 	"math"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
-	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -41,8 +41,8 @@ func TestRunPlanErrors(t *testing.T) {
 		{"calibration without steps", func(p *RunPlan) { p.MaxSteps = 0 }, ErrInvalidPlan},
 		// Unreachable with σ ≤ 1e4 by either accountant: PLD certifies any ε
 		// once the mechanism's total variation is below δ, RDP has a floor.
-		{"target ε unreachable", func(p *RunPlan) { p.TargetEpsilon, p.Delta = 1e-6, 1e-12 }, ledger.ErrUnreachable},
-		{"target ε negative", func(p *RunPlan) { p.TargetEpsilon = -1 }, ledger.ErrInvalidParameter},
+		{"target ε unreachable", func(p *RunPlan) { p.TargetEpsilon, p.Delta = 1e-6, 1e-12 }, accounting.ErrUnreachable},
+		{"target ε negative", func(p *RunPlan) { p.TargetEpsilon = -1 }, accounting.ErrInvalidParameter},
 		{"δ out of range", func(p *RunPlan) { p.Sigma, p.Delta = 1, 1 }, ErrInvalidRunConfig},
 		{"empty run name", func(p *RunPlan) { p.Run = "" }, ErrInvalidRunConfig},
 	} {
@@ -106,7 +106,7 @@ func TestRunPlanDerives(t *testing.T) {
 
 // TestRunPlanMarginOnce: the calibrated σ spends at most
 // TargetEpsilon·(1 − CalibrationMargin) over MaxSteps, and it is the σ that
-// ledger.Calibrate gives for exactly that target with the run's own event:
+// the RDP accountant's Calibrate gives for exactly that target with the run's own event:
 // the margin is applied once, and the calibration charges what the ledger
 // will charge.
 func TestRunPlanMarginOnce(t *testing.T) {
@@ -117,16 +117,16 @@ func TestRunPlanMarginOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eps, _, err := ledger.EventEpsilon(nil, c.Event(), p.MaxSteps, p.Delta)
+		eps, _, err := accounting.RDP{}.EpsilonOrder(c.Event(), p.MaxSteps, p.Delta)
 		if err != nil || eps > p.TargetEpsilon*(1-CalibrationMargin) {
 			t.Errorf("%s: ε after %d steps = %v (%v), above the target less the margin %v", mode, p.MaxSteps, eps, err, p.TargetEpsilon*(1-CalibrationMargin))
 		}
-		event := func(sigma float64) ledger.Event {
+		event := func(sigma float64) accounting.Event {
 			c := c
 			c.Optimizer.NoiseMultiplier = sigma
 			return c.Event()
 		}
-		once, err := ledger.Calibrate(nil, p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, event)
+		once, err := accounting.RDP{}.Calibrate(p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, event)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,11 +152,11 @@ func TestRunPlanPLD(t *testing.T) {
 		t.Fatalf("float run's default accountant = %q, want %q", c.Accountant, AccountantPLD)
 	}
 	sigma := c.Optimizer.NoiseMultiplier
-	once, err := ledger.PLDCalibrateSigma(p.TargetEpsilon*(1-CalibrationMargin), c.SampleRate, p.MaxSteps, p.Delta)
+	once, err := accounting.PLD{}.Calibrate(p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(c.SampleRate, s) })
 	if err != nil || sigma != once {
-		t.Errorf("σ = %v, want PLDCalibrateSigma's %v (%v)", sigma, once, err)
+		t.Errorf("σ = %v, want PLD Calibrate's %v (%v)", sigma, once, err)
 	}
-	eps, err := ledger.PLDEpsilon(c.SampleRate, sigma, p.MaxSteps, p.Delta)
+	eps, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(c.SampleRate, sigma), p.MaxSteps, p.Delta)
 	if err != nil || eps > p.TargetEpsilon*(1-CalibrationMargin) {
 		t.Errorf("PLD ε after %d steps = %v (%v), above the target less the margin", p.MaxSteps, eps, err)
 	}
@@ -179,20 +179,20 @@ func TestRunPlanPLD(t *testing.T) {
 		t.Fatalf("discrete run: accountant %q (%v), want %q", dc.Accountant, err, AccountantPLD)
 	}
 	ev := dc.Event()
-	if ev.Event == nil || ev.Event.Kind != ledger.KindDiscreteGaussian || ev.Event.Dimension != int64(dc.Dim) ||
+	if ev.Event == nil || ev.Event.Kind != accounting.KindDiscreteGaussian || ev.Event.Dimension != int64(dc.Dim) ||
 		!(ev.Event.LatticeScale >= dc.Optimizer.NoiseMultiplier*65536*math.Sqrt(float64(dc.Dim))) {
 		t.Fatalf("discrete PLD run charges %+v, want the discrete Gaussian with its lattice", ev.Event)
 	}
-	dEvent := func(sigma float64) ledger.Event {
+	dEvent := func(sigma float64) accounting.Event {
 		c := dc
 		c.Optimizer.NoiseMultiplier = sigma
 		return c.Event()
 	}
-	once, err = ledger.PLDCalibrate(p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, dEvent)
+	once, err = accounting.PLD{}.Calibrate(p.TargetEpsilon*(1-CalibrationMargin), p.MaxSteps, p.Delta, dEvent)
 	if err != nil || dc.Optimizer.NoiseMultiplier != once {
-		t.Errorf("discrete σ = %v, want PLDCalibrate's %v (%v)", dc.Optimizer.NoiseMultiplier, once, err)
+		t.Errorf("discrete σ = %v, want PLD Calibrate's %v (%v)", dc.Optimizer.NoiseMultiplier, once, err)
 	}
-	if eps, err := ledger.PLDEpsilonEvents([]ledger.PLDEvent{{SampleRate: dc.SampleRate, NoiseMultiplier: ev.Event.NoiseMultiplier,
+	if eps, err := (accounting.PLD{}).EpsilonSteps([]accounting.PLDEvent{{SampleRate: dc.SampleRate, NoiseMultiplier: ev.Event.NoiseMultiplier,
 		Count: p.MaxSteps, Dimension: ev.Event.Dimension, LatticeScale: ev.Event.LatticeScale}}, p.Delta); err != nil || eps > p.TargetEpsilon*(1-CalibrationMargin) {
 		t.Errorf("discrete PLD ε after %d steps = %v (%v), above the target less the margin", p.MaxSteps, eps, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/raftlog"
 	"github.com/dpcluster/dpcluster/raftnet"
@@ -543,7 +544,7 @@ func (r *Replica) Configure(ctx context.Context, c RunConfig) error {
 // fsynced. With res.Pending, the grad entry naming res.Index will apply
 // its g̃; nothing derived from g̃ may leave the caller before this returns
 // so.
-func (r *Replica) ProposeCharge(ctx context.Context, step int64, event ledger.Event, round string) (ApplyResult, error) {
+func (r *Replica) ProposeCharge(ctx context.Context, step int64, event accounting.Event, round string) (ApplyResult, error) {
 	crashPoint(CrashBeforeCharge, step)
 	data, err := encodeEntry(entryCharge, chargeEntry{Step: step, Event: event, Round: round})
 	if err != nil {
@@ -587,7 +588,7 @@ func (r *Replica) ProposeGrad(ctx context.Context, step int64, charge uint64, g 
 // returns the grad entry's result, or the charge's if that did not become
 // pending. For tests and tools that drive a replica step by step; the
 // Server pipelines the two (round.go).
-func (r *Replica) ProposeStep(ctx context.Context, step int64, event ledger.Event, noisyGrad []float32, round string) (ApplyResult, error) {
+func (r *Replica) ProposeStep(ctx context.Context, step int64, event accounting.Event, noisyGrad []float32, round string) (ApplyResult, error) {
 	res, err := r.ProposeCharge(ctx, step, event, round)
 	if err != nil || !res.Pending {
 		return res, err

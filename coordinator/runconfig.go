@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
@@ -110,6 +111,13 @@ func (c RunConfig) AccountantName() string {
 	return c.Accountant
 }
 
+// Accounting returns the accountant the run is charged and calibrated
+// with (AccountantName), or accounting.ErrInvalidParameter for a name it
+// does not know.
+func (c RunConfig) Accounting() (accounting.Accountant, error) {
+	return accounting.New(accounting.Name(c.AccountantName()))
+}
+
 // DefaultAccountantFor returns the accountant a new run with the given
 // noise mode gets when none is asked for: DefaultAccountant (PLD) if the
 // ledger's PLD accountant can charge that mode's mechanism (it charges
@@ -150,9 +158,9 @@ func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
 //   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
 //     rate q, at the effective noise multiplier of the snapped sum,
 //     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
-//     accounted by ledger.SubsampledDiscreteGaussianRDP). A PLD run's
+//     accounted by accounting.SubsampledDiscreteGaussianRDP). A PLD run's
 //     event also names the lattice (d and ⌈σC/Λ⌉), which the PLD
-//     accountant needs (ledger/pld_discrete.go); runs with the RDP
+//     accountant needs (accounting/pld_discrete.go); runs with the RDP
 //     accountant keep the event without it, as written before PLD
 //     accounted for discrete noise, so their logs replay unchanged;
 //   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
@@ -160,18 +168,18 @@ func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
 //
 // For an invalid discrete configuration it returns the zero Event, which
 // the ledger refuses to charge.
-func (c RunConfig) Event() ledger.Event {
+func (c RunConfig) Event() accounting.Event {
 	if c.NoiseMode == NoiseDiscrete {
 		m, ok := c.Discrete()
 		if !ok {
-			return ledger.Event{}
+			return accounting.Event{}
 		}
 		if c.Accountant == AccountantPLD {
 			return m.LatticeEvent(c.SampleRate)
 		}
 		return m.Event(c.SampleRate)
 	}
-	return ledger.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
+	return accounting.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
 }
 
 // Validate checks ranges and the relations between fields: the expected

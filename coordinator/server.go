@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/internal/handoff"
-	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/seed"
 	"github.com/dpcluster/dpcluster/transport"
@@ -173,7 +173,7 @@ type Consensus interface {
 
 	Barrier(ctx context.Context) error
 	Configure(ctx context.Context, c RunConfig) error
-	ProposeCharge(ctx context.Context, step int64, event ledger.Event, round string) (ApplyResult, error)
+	ProposeCharge(ctx context.Context, step int64, event accounting.Event, round string) (ApplyResult, error)
 	ProposeGrad(ctx context.Context, step int64, charge uint64, noisyGrad []float32) (wait func() (ApplyResult, error), err error)
 	ProposeStop(ctx context.Context, reason string) error
 	AddVoter(ctx context.Context, id, addr string) error

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/seed"
@@ -445,11 +446,11 @@ func TestServerStopsAtBudget(t *testing.T) {
 	dir := t.TempDir()
 	c := testRunConfig()
 	// q = 0.01, σ = 1: find a target that allows a handful of steps.
-	eps5, _, err := ledger.EventEpsilon(nil, c.Event(), 5, c.Delta)
+	eps5, _, err := accounting.RDP{}.EpsilonOrder(c.Event(), 5, c.Delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eps6, _, _ := ledger.EventEpsilon(nil, c.Event(), 6, c.Delta)
+	eps6, _, _ := accounting.RDP{}.EpsilonOrder(c.Event(), 6, c.Delta)
 	c.TargetEpsilon = (eps5 + eps6) / 2
 	sum, err := runOneScriptedNode(t, dir, c, 3)
 	if err != nil {

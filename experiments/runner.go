@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
-	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
@@ -21,9 +21,12 @@ import (
 const Delta = 1e-5
 
 // sigmaFor calibrates σ so that t.Steps steps at q = B/N spend exactly eps
-// at δ = Delta (ledger.CalibrateSigma, the product's RDP accountant).
+// at δ = Delta (the product's RDP accountant, accounting.RDP).
 func sigmaFor(t *Task, eps float64) (float64, error) {
-	return ledger.CalibrateSigma(nil, eps, t.B/float64(t.Train.Len()), int64(t.Steps), Delta)
+	q := t.B / float64(t.Train.Len())
+	return accounting.RDP{}.Calibrate(eps, int64(t.Steps), Delta, func(sigma float64) accounting.Event {
+		return accounting.SubsampledGaussian(q, sigma)
+	})
 }
 
 // seededSources returns the deterministic noise and sampling sources of an

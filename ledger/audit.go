@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -64,10 +65,10 @@ type AuditReport struct {
 	RecordedEpsilon   float64 `json:"recorded_epsilon"`
 	RecomputedEpsilon float64 `json:"recomputed_epsilon"`
 	// RDPEpsilon and PLDEpsilon are the ε of all the charges, composed
-	// afresh by each accountant (RDP over DefaultOrders; PLD by
-	// PLDEpsilonEvents, for exactly the charges recorded, where a PLD
-	// ledger records ε at its count grid: between it and PLDGridRatio
-	// times it, which the audit checks). PLDEpsilon is nil when the PLD
+	// afresh by each accountant (RDP over the default orders; PLD by
+	// accounting.PLD.EpsilonSteps, for exactly the charges recorded, where
+	// a PLD ledger records ε at its count grid: between it and
+	// PLDGridRatio times it, which the audit checks). PLDEpsilon is nil when the PLD
 	// accountant cannot charge the events (the discrete Gaussian without
 	// its lattice) or there are none; PLDNote then says why. Either is
 	// +Inf if its accountant fails on the events.
@@ -114,15 +115,46 @@ func Audit(path string) (AuditReport, error) {
 		return rep, nil
 	}
 	rep.HeadHash = recs[len(recs)-1].Hash
-	acc, aerr := NewAccountant(nil)
-	if aerr != nil {
-		return rep, aerr
-	}
 	run := recs[0]
 	if run.Kind != RecordRun {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1 is a %q record, want the run record", run.Kind))
 		return rep.finish(), nil
 	}
+	a := newAuditor(&rep, run)
+	for _, r := range recs[1:] {
+		if r.Kind != RecordCharge {
+			a.problem("record %d: unexpected %q record", r.Seq, r.Kind)
+			continue
+		}
+		a.charge(r)
+	}
+	a.epsilons()
+	return rep.finish(), nil
+}
+
+// auditor is Audit's state while it replays a run's charge records.
+type auditor struct {
+	rep            *AuditReport
+	run            Record
+	wantKind       accounting.Kind
+	knownMechanism bool
+	// rdp and pldEvents compose every charge afresh (RDPEpsilon,
+	// PLDEpsilon); enforced replays the run's own budget.
+	rdp       *accounting.RDPComposition
+	pldEvents []accounting.PLDEvent
+	pldErr    error
+	enforced  *Replay
+	// The Raft order of the charges seen so far.
+	lastIndex, lastTerm uint64
+	lastApplied         int64
+	lastAppliedTerm     uint64
+	recomputeFailed     bool
+	rdpFailed           bool
+}
+
+// newAuditor fills rep from the run record and returns the auditor of its
+// charges.
+func newAuditor(rep *AuditReport, run Record) *auditor {
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
 	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != seed.Seeded, run.Mechanism
 	rep.History = run.History
@@ -130,104 +162,126 @@ func Audit(path string) (AuditReport, error) {
 	if rep.Accountant == "" {
 		rep.Accountant = AccountantRDP
 	}
+	a := &auditor{rep: rep, run: run, rdp: accounting.RDP{}.NewComposition(), lastApplied: math.MinInt64}
 	enforced, berr := NewReplay(run)
 	if berr != nil {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: %v", berr))
+		a.problem("record 1: %v", berr)
 		b, _ := newBudget(AccountantRDP, run.Delta, run.TargetEpsilon)
 		enforced = &Replay{b: b}
 	}
-	var pldEvents []PLDEvent
-	var pldErr error
-	wantKind, knownMechanism := MechanismKind(run.Mechanism)
-	if !knownMechanism {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1: unknown noise mechanism %q", run.Mechanism))
+	a.enforced = enforced
+	a.wantKind, a.knownMechanism = MechanismKind(run.Mechanism)
+	if !a.knownMechanism {
+		a.problem("record 1: unknown noise mechanism %q", run.Mechanism)
 	}
-	var lastIndex, lastTerm uint64
-	lastApplied := int64(math.MinInt64)
-	var lastAppliedTerm uint64
-	var recomputeFailed, rdpFailed bool
-	for _, r := range recs[1:] {
-		if r.Kind != RecordCharge {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: unexpected %q record", r.Seq, r.Kind))
-			continue
-		}
-		rep.Charges++
-		rep.RecordedEpsilon = r.Epsilon
-		if k := noiseKind(*r.Event); knownMechanism && k != wantKind {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): charged a %q mechanism, the run's noise mechanism %q is charged as %q", r.Seq, r.Step, k, run.Mechanism, wantKind))
-		}
-		if err := acc.Compose(*r.Event, 1); err != nil {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: %v", r.Seq, err))
-			rdpFailed, recomputeFailed = true, true
-			continue
-		}
-		if s, err := pldStepOf(*r.Event); err != nil {
-			pldErr = err
-		} else {
-			pldEvents = addPLDStep(pldEvents, s)
-		}
-		eps, err := enforced.Charge(*r.Event)
-		if err != nil {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: the %s accountant failed: %v", r.Seq, rep.Accountant, err))
-			recomputeFailed = true
-			continue
-		}
-		if math.Abs(eps-r.Epsilon) > auditTolerance*math.Max(eps, 1e-12) {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): recorded ε=%.12g, recomputed %.12g", r.Seq, r.Step, r.Epsilon, eps))
-		}
-		if r.Epsilon > run.TargetEpsilon || eps > run.TargetEpsilon {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): ε=%.12g exceeds the target %v", r.Seq, r.Step, eps, run.TargetEpsilon))
-		}
-		if r.Index <= lastIndex {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: Raft index %d does not follow %d", r.Seq, r.Index, lastIndex))
-		}
-		lastIndex = r.Index
-		if r.History != run.History {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): charge from Raft history %s, but the run record binds the ledger to history %s: the ledger was reused across Raft histories",
-				r.Seq, r.Step, historyName(r.History), historyName(run.History)))
-		}
-		if r.Term < lastTerm {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("record %d (step %d): Raft term %d after term %d: terms never decrease along one Raft log, so the ledger was reused across Raft histories",
-				r.Seq, r.Step, r.Term, lastTerm))
-		}
-		lastTerm = max(lastTerm, r.Term)
-		switch {
-		case r.Replay:
-			rep.Replays++
-		case r.Step == lastApplied && r.Term > lastAppliedTerm:
-			// Charged again by a later term's leader: the first charge's
-			// g̃ never committed (charge-ahead). Within one term a leader
-			// charges each step once.
-			rep.Recharges++
-			lastAppliedTerm = r.Term
-		default:
-			if r.Step <= lastApplied {
-				rep.Problems = append(rep.Problems, fmt.Sprintf("record %d: step %d applied after step %d in term %d", r.Seq, r.Step, lastApplied, lastAppliedTerm))
-			}
-			lastApplied, lastAppliedTerm = r.Step, r.Term
-			rep.Applied++
-		}
-		rep.LastStep = max(rep.LastStep, r.Step)
-		rep.RecomputedEpsilon = eps
+	return a
+}
+
+func (a *auditor) problem(format string, args ...any) {
+	a.rep.Problems = append(a.rep.Problems, fmt.Sprintf(format, args...))
+}
+
+// charge audits one charge record: its ε, then its place in the Raft log.
+func (a *auditor) charge(r Record) {
+	a.rep.Charges++
+	a.rep.RecordedEpsilon = r.Epsilon
+	eps, ok := a.recompute(r)
+	if !ok {
+		return
 	}
+	a.order(r)
+	a.rep.LastStep = max(a.rep.LastStep, r.Step)
+	a.rep.RecomputedEpsilon = eps
+}
+
+// recompute composes r's event with every accountant and checks the ε it
+// records against the run's own; ok is false if an accountant failed.
+func (a *auditor) recompute(r Record) (eps float64, ok bool) {
+	run := a.run
+	if k := noiseKind(*r.Event); a.knownMechanism && k != a.wantKind {
+		a.problem("record %d (step %d): charged a %q mechanism, the run's noise mechanism %q is charged as %q", r.Seq, r.Step, k, run.Mechanism, a.wantKind)
+	}
+	if err := a.rdp.Compose(*r.Event, 1); err != nil {
+		a.problem("record %d: %v", r.Seq, err)
+		a.rdpFailed, a.recomputeFailed = true, true
+		return 0, false
+	}
+	if s, err := accounting.PLDStep(*r.Event); err != nil {
+		a.pldErr = err
+	} else {
+		a.pldEvents = addPLDStep(a.pldEvents, s)
+	}
+	eps, err := a.enforced.Charge(*r.Event)
+	if err != nil {
+		a.problem("record %d: the %s accountant failed: %v", r.Seq, a.rep.Accountant, err)
+		a.recomputeFailed = true
+		return 0, false
+	}
+	if math.Abs(eps-r.Epsilon) > auditTolerance*math.Max(eps, 1e-12) {
+		a.problem("record %d (step %d): recorded ε=%.12g, recomputed %.12g", r.Seq, r.Step, r.Epsilon, eps)
+	}
+	if r.Epsilon > run.TargetEpsilon || eps > run.TargetEpsilon {
+		a.problem("record %d (step %d): ε=%.12g exceeds the target %v", r.Seq, r.Step, eps, run.TargetEpsilon)
+	}
+	return eps, true
+}
+
+// order checks r's Raft index, history and term against the charges
+// before it, and counts it as a replay, a recharge or an applied step.
+func (a *auditor) order(r Record) {
+	if r.Index <= a.lastIndex {
+		a.problem("record %d: Raft index %d does not follow %d", r.Seq, r.Index, a.lastIndex)
+	}
+	a.lastIndex = r.Index
+	if r.History != a.run.History {
+		a.problem("record %d (step %d): charge from Raft history %s, but the run record binds the ledger to history %s: the ledger was reused across Raft histories",
+			r.Seq, r.Step, historyName(r.History), historyName(a.run.History))
+	}
+	if r.Term < a.lastTerm {
+		a.problem("record %d (step %d): Raft term %d after term %d: terms never decrease along one Raft log, so the ledger was reused across Raft histories",
+			r.Seq, r.Step, r.Term, a.lastTerm)
+	}
+	a.lastTerm = max(a.lastTerm, r.Term)
+	switch {
+	case r.Replay:
+		a.rep.Replays++
+	case r.Step == a.lastApplied && r.Term > a.lastAppliedTerm:
+		// Charged again by a later term's leader: the first charge's
+		// g̃ never committed (charge-ahead). Within one term a leader
+		// charges each step once.
+		a.rep.Recharges++
+		a.lastAppliedTerm = r.Term
+	default:
+		if r.Step <= a.lastApplied {
+			a.problem("record %d: step %d applied after step %d in term %d", r.Seq, r.Step, a.lastApplied, a.lastAppliedTerm)
+		}
+		a.lastApplied, a.lastAppliedTerm = r.Step, r.Term
+		a.rep.Applied++
+	}
+}
+
+// epsilons fills the report's RDP and PLD ε of all the charges and checks
+// a PLD ledger's recorded ε against the PLD accountant's.
+func (a *auditor) epsilons() {
+	rep, run := a.rep, a.run
 	// An accountant that failed reports +Inf (null in JSON), never 0 or
 	// the value before the record it failed on.
-	if recomputeFailed {
+	if a.recomputeFailed {
 		rep.RecomputedEpsilon = math.Inf(1)
 	}
 	if rep.Charges > 0 {
 		rep.RDPEpsilon = math.Inf(1)
-		if e, _, err := acc.Epsilon(run.Delta); err == nil && !rdpFailed {
+		if e, _, err := a.rdp.Epsilon(run.Delta); err == nil && !a.rdpFailed {
 			rep.RDPEpsilon = e
 		}
 	}
 	switch {
-	case pldErr != nil:
-		rep.PLDNote = pldErr.Error()
-	case len(pldEvents) == 0:
+	case a.pldErr != nil:
+		rep.PLDNote = a.pldErr.Error()
+	case len(a.pldEvents) == 0:
 		rep.PLDNote = "no charges"
 	default:
-		e, err := PLDEpsilonEvents(pldEvents, run.Delta)
+		e, err := accounting.PLD{}.EpsilonSteps(a.pldEvents, run.Delta)
 		if err != nil {
 			rep.PLDNote = err.Error()
 			e = math.Inf(1)
@@ -237,18 +291,17 @@ func Audit(path string) (AuditReport, error) {
 		// at least the ε of the charges taken and at most PLDGridRatio
 		// times it (pldSeries).
 		if rep.Accountant == AccountantPLD && err == nil &&
-			(rep.RecordedEpsilon < e*(1-PLDNumericError) || rep.RecordedEpsilon > e*PLDGridRatio*(1+auditTolerance)) {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("recorded ε=%.12g is not within [1, %v] × the PLD accountant's ε of the %d charges, %.12g",
-				rep.RecordedEpsilon, PLDGridRatio, rep.Charges, e))
+			(rep.RecordedEpsilon < e*(1-accounting.PLDNumericError) || rep.RecordedEpsilon > e*PLDGridRatio*(1+auditTolerance)) {
+			a.problem("recorded ε=%.12g is not within [1, %v] × the PLD accountant's ε of the %d charges, %.12g",
+				rep.RecordedEpsilon, PLDGridRatio, rep.Charges, e)
 		}
 	}
-	return rep.finish(), nil
 }
 
 // noiseKind returns the kind of the noise-adding mechanism inside e: the
 // inner event of a Poisson-sampled one, or e's own kind.
-func noiseKind(e Event) Kind {
-	if e.Kind == KindPoissonSampled && e.Event != nil {
+func noiseKind(e accounting.Event) accounting.Kind {
+	if e.Kind == accounting.KindPoissonSampled && e.Event != nil {
 		return e.Event.Kind
 	}
 	return e.Kind
@@ -342,7 +395,7 @@ func NewReplay(run Record) (*Replay, error) {
 }
 
 // Charge composes one more charge of e and returns the ε its record holds.
-func (r *Replay) Charge(e Event) (float64, error) {
+func (r *Replay) Charge(e accounting.Event) (float64, error) {
 	if err := r.b.add(e); err != nil {
 		return 0, err
 	}

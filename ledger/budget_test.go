@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -31,18 +32,18 @@ func newPLDLedger(t *testing.T, target float64) (*Ledger, string) {
 // a reopened ledger and the audit agree with it.
 func TestLedgerPLDEnforcesBudget(t *testing.T) {
 	const delta, limit = 1e-5, 40
-	target, err := PLDEpsilon(testQ, testSigma, limit, delta)
+	target, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(testQ, testSigma), limit, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if next, err := PLDEpsilon(testQ, testSigma, limit+1, delta); err != nil || !(next > target) {
+	if next, err := (accounting.PLD{}).Epsilon(accounting.SubsampledGaussian(testQ, testSigma), limit+1, delta); err != nil || !(next > target) {
 		t.Fatalf("precondition: ε(%d) = %v (%v) is not above ε(%d) = %v", limit+1, next, err, limit, target)
 	}
 	l, path := newPLDLedger(t, target)
 	if l.Accountant() != AccountantPLD {
 		t.Fatalf("Accountant() = %q", l.Accountant())
 	}
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 	var recs []Record
 	for step := int64(1); ; step++ {
 		exceed, err := l.WouldExceed(e)
@@ -68,11 +69,11 @@ func TestLedgerPLDEnforcesBudget(t *testing.T) {
 		t.Fatalf("charged %d steps, want %d", len(recs), limit)
 	}
 	for _, n := range []int{1, 8, 13, 33, limit} {
-		exact, err := PLDEpsilon(testQ, testSigma, int64(n), delta)
+		exact, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(testQ, testSigma), int64(n), delta)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rdp, _, err := Epsilon(testQ, testSigma, int64(n), delta)
+		rdp, _, err := accounting.RDP{}.EpsilonOrder(accounting.SubsampledGaussian(testQ, testSigma), int64(n), delta)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +109,7 @@ func TestLedgerPLDEnforcesBudget(t *testing.T) {
 	if err != nil || !rep.OK {
 		t.Fatalf("audit: %v %+v", err, rep)
 	}
-	rdp, _, err := Epsilon(testQ, testSigma, limit, delta)
+	rdp, _, err := accounting.RDP{}.EpsilonOrder(accounting.SubsampledGaussian(testQ, testSigma), limit, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestLedgerPLDEnforcesBudget(t *testing.T) {
 }
 
 // TestLedgerPLDDiscrete: a discrete-noise run can start with the PLD
-// accountant and is charged with its lattice events (ε is PLDEpsilonEvents'
+// accountant and is charged with its lattice events (ε is accounting.PLD.EpsilonSteps'
 // of the discrete events, above the continuous Gaussian's at the same σ);
 // a discrete event that names no lattice (what an RDP run charges) is
 // refused and recorded nowhere, and so is an unknown accountant.
@@ -139,32 +140,32 @@ func TestLedgerPLDDiscrete(t *testing.T) {
 	if err := l.Start("r", 3, 1e-5, seed.Crypto, MechanismDiscrete, AccountantPLD, testHistory); err != nil {
 		t.Fatalf("PLD with discrete noise: %v", err)
 	}
-	bare := SubsampledDiscreteGaussian(testQ, testSigma)
-	if _, err := l.Charge(1, bare, at(1, 5), false); !errors.Is(err, ErrInvalidEvent) {
+	bare := accounting.SubsampledDiscreteGaussian(testQ, testSigma)
+	if _, err := l.Charge(1, bare, at(1, 5), false); !errors.Is(err, accounting.ErrInvalidEvent) {
 		t.Errorf("discrete event without a lattice on a PLD run: %v, want ErrInvalidEvent", err)
 	}
-	if exceed, err := l.WouldExceed(bare); !errors.Is(err, ErrInvalidEvent) || exceed {
+	if exceed, err := l.WouldExceed(bare); !errors.Is(err, accounting.ErrInvalidEvent) || exceed {
 		t.Errorf("WouldExceed of a discrete event without a lattice: %v, %v", exceed, err)
 	}
 	if l.Charges() != 0 || l.Spent() != 0 {
 		t.Fatalf("refused charge left %d charges, ε=%v", l.Charges(), l.Spent())
 	}
 	const scale, dim = 1 << 20, 1000
-	lattice := PoissonSampled(testQ, DiscreteGaussianLattice(testSigma, scale, dim))
+	lattice := accounting.PoissonSampled(testQ, accounting.DiscreteGaussianLattice(testSigma, scale, dim))
 	for i := range 3 {
 		if _, err := l.Charge(int64(i+1), lattice, at(1, uint64(i+5)), false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: testQ, NoiseMultiplier: testSigma, Count: 3, Dimension: dim, LatticeScale: scale}}, 1e-5)
+	want, err := accounting.PLD{}.EpsilonSteps([]accounting.PLDEvent{{SampleRate: testQ, NoiseMultiplier: testSigma, Count: 3, Dimension: dim, LatticeScale: scale}}, 1e-5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cont, err := PLDEpsilon(testQ, testSigma, 3, 1e-5)
+	cont, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(testQ, testSigma), 3, 1e-5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdp, _, err := EventEpsilon(nil, bare, 3, 1e-5)
+	rdp, _, err := accounting.RDP{}.EpsilonOrder(bare, 3, 1e-5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,24 +178,24 @@ func TestLedgerPLDDiscrete(t *testing.T) {
 }
 
 // TestLedgerPLDMixedSteps: steps with different (q, σ) fall back to
-// composing every event, so ε is PLDEpsilonEvents' exactly, and the budget
+// composing every event, so ε is accounting.PLD.EpsilonSteps' exactly, and the budget
 // check agrees with it.
 func TestLedgerPLDMixedSteps(t *testing.T) {
 	const delta = 1e-5
 	l, _ := newPLDLedger(t, 1)
-	a, b := SubsampledGaussian(testQ, testSigma), SubsampledGaussian(2*testQ, 2*testSigma)
-	for i, e := range []Event{a, a, b, a, b} {
+	a, b := accounting.SubsampledGaussian(testQ, testSigma), accounting.SubsampledGaussian(2*testQ, 2*testSigma)
+	for i, e := range []accounting.Event{a, a, b, a, b} {
 		if _, err := l.Charge(int64(i+1), e, at(1, uint64(i+10)), false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	evs := []PLDEvent{{SampleRate: testQ, NoiseMultiplier: testSigma, Count: 3}, {SampleRate: 2 * testQ, NoiseMultiplier: 2 * testSigma, Count: 2}}
-	want, err := PLDEpsilonEvents(evs, delta)
+	evs := []accounting.PLDEvent{{SampleRate: testQ, NoiseMultiplier: testSigma, Count: 3}, {SampleRate: 2 * testQ, NoiseMultiplier: 2 * testSigma, Count: 2}}
+	want, err := accounting.PLD{}.EpsilonSteps(evs, delta)
 	if err != nil || l.Spent() != want {
-		t.Errorf("Spent %v, want PLDEpsilonEvents' %v (%v)", l.Spent(), want, err)
+		t.Errorf("Spent %v, want EpsilonSteps' %v (%v)", l.Spent(), want, err)
 	}
-	big := SubsampledGaussian(0.5, 0.7)
-	next, err := PLDEpsilonEvents(append(evs, PLDEvent{SampleRate: 0.5, NoiseMultiplier: 0.7, Count: 1}), delta)
+	big := accounting.SubsampledGaussian(0.5, 0.7)
+	next, err := accounting.PLD{}.EpsilonSteps(append(evs, accounting.PLDEvent{SampleRate: 0.5, NoiseMultiplier: 0.7, Count: 1}), delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func BenchmarkLedgerWouldExceedPLD(b *testing.B) {
 	if err := l.Start("bench", 3, 1e-5, seed.Crypto, MechanismFloat, AccountantPLD, testHistory); err != nil {
 		b.Fatal(err)
 	}
-	e := SubsampledGaussian(256.0/60000, 0.8)
+	e := accounting.SubsampledGaussian(256.0/60000, 0.8)
 	for i := range 100 {
 		if _, err := l.Charge(int64(i+1), e, at(1, uint64(i+10)), false); err != nil {
 			b.Fatal(err)
@@ -240,12 +241,12 @@ func BenchmarkLedgerWouldExceedPLD(b *testing.B) {
 // main job shape: q = 256/60000, ε = 3, δ = 1e-5, σ = 0.8).
 func BenchmarkLedgerPLDStepLimit(b *testing.B) {
 	for range b.N {
-		forgetPLD() // time the computation, not the memo
+		accounting.ResetCaches() // time the computation, not the memo
 		bud, err := newBudget(AccountantPLD, 1e-5, 3)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := bud.exceeds(SubsampledGaussian(256.0/60000, 0.8), 3); err != nil {
+		if _, err := bud.exceeds(accounting.SubsampledGaussian(256.0/60000, 0.8), 3); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -259,11 +260,11 @@ func BenchmarkLedgerPLDStepLimit(b *testing.B) {
 func TestPLDPlannedStepsSameLimit(t *testing.T) {
 	const q, delta, target = 256.0 / 60000, 1e-5, 3.0
 	for _, planned := range []int64{300, 1000} {
-		sigma, err := PLDCalibrateSigma(target*(1-1e-9), q, planned, delta)
+		sigma, err := accounting.PLD{}.Calibrate(target*(1-1e-9), planned, delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(q, s) })
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := SubsampledGaussian(q, sigma)
+		e := accounting.SubsampledGaussian(q, sigma)
 		limit := func(hint int64) (int64, int) {
 			b, err := newBudget(AccountantPLD, delta, target)
 			if err != nil {
@@ -271,7 +272,7 @@ func TestPLDPlannedStepsSameLimit(t *testing.T) {
 			}
 			pb := b.(*pldBudget)
 			pb.planned = hint
-			s, err := pldStepOf(e)
+			s, err := accounting.PLDStep(e)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -301,19 +302,19 @@ func TestPLDPlannedStepsSameLimit(t *testing.T) {
 // run that planned its steps (PlanSteps): σ calibrated for 1000 steps.
 func BenchmarkLedgerPLDStepLimitPlanned(b *testing.B) {
 	const q, delta, target, steps = 256.0 / 60000, 1e-5, 3.0, 1000
-	sigma, err := PLDCalibrateSigma(target*(1-1e-9), q, steps, delta)
+	sigma, err := accounting.PLD{}.Calibrate(target*(1-1e-9), steps, delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(q, s) })
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
 	for range b.N {
-		forgetPLD() // time the computation, not the memo
+		accounting.ResetCaches() // time the computation, not the memo
 		bud, err := newBudget(AccountantPLD, delta, target)
 		if err != nil {
 			b.Fatal(err)
 		}
 		bud.(*pldBudget).planned = steps
-		if _, err := bud.exceeds(SubsampledGaussian(q, sigma), target); err != nil {
+		if _, err := bud.exceeds(accounting.SubsampledGaussian(q, sigma), target); err != nil {
 			b.Fatal(err)
 		}
 	}

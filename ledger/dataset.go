@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/dpcluster/dpcluster/accounting"
 )
 
 // ErrDatasetBudget is returned (wrapped, with the dataset, its budget and
@@ -47,7 +49,7 @@ type DatasetBudget struct {
 // datasetRun is one run of a dataset budget.
 type datasetRun struct {
 	run, ledger string
-	event       Event
+	event       accounting.Event
 	reserved    int64 // the admission's Count
 	charges     int64 // the last settle's Count
 	open        bool  // admitted and not settled since
@@ -132,7 +134,7 @@ func (b *DatasetBudget) apply(r Record) error {
 		if r.Count < 1 {
 			return fmt.Errorf("admission of run %q reserves %d charges", r.Run, r.Count)
 		}
-		if _, err := pldStepOf(*r.Event); err != nil {
+		if _, err := accounting.PLDStep(*r.Event); err != nil {
 			return err
 		}
 		if dr := b.find(r.Run, r.Ledger); dr != nil {
@@ -161,9 +163,9 @@ func (b *DatasetBudget) apply(r Record) error {
 	return nil
 }
 
-func sameEvent(a, b Event) bool {
-	ka, errA := pldStepOf(a)
-	kb, errB := pldStepOf(b)
+func sameEvent(a, b accounting.Event) bool {
+	ka, errA := accounting.PLDStep(a)
+	kb, errB := accounting.PLDStep(b)
 	return errA == nil && errB == nil && keyOf(ka) == keyOf(kb)
 }
 
@@ -178,13 +180,13 @@ func (b *DatasetBudget) find(run, ledger string) *datasetRun {
 
 // events returns the PLD events every run counts for, with extra more
 // charges of extra's event.
-func (b *DatasetBudget) events(extra *Event, count int64) ([]PLDEvent, error) {
-	var evs []PLDEvent
-	add := func(e Event, n int64) error {
+func (b *DatasetBudget) events(extra *accounting.Event, count int64) ([]accounting.PLDEvent, error) {
+	var evs []accounting.PLDEvent
+	add := func(e accounting.Event, n int64) error {
 		if n <= 0 {
 			return nil
 		}
-		s, err := pldStepOf(e)
+		s, err := accounting.PLDStep(e)
 		if err != nil {
 			return err
 		}
@@ -213,12 +215,12 @@ func (b *DatasetBudget) events(extra *Event, count int64) ([]PLDEvent, error) {
 
 // epsilonWith returns the dataset's ε with count more charges of e (e nil:
 // none); 0 with nothing counted.
-func (b *DatasetBudget) epsilonWith(e *Event, count int64) (float64, error) {
+func (b *DatasetBudget) epsilonWith(e *accounting.Event, count int64) (float64, error) {
 	evs, err := b.events(e, count)
 	if err != nil || len(evs) == 0 {
 		return 0, err
 	}
-	return PLDEpsilonEvents(evs, b.budget.Delta)
+	return accounting.PLD{}.EpsilonSteps(evs, b.budget.Delta)
 }
 
 // Admit records that run (with its ledger at ledgerPath) may train on the
@@ -229,16 +231,16 @@ func (b *DatasetBudget) epsilonWith(e *Event, count int64) (float64, error) {
 // far spent and how many charges of step the budget still allows. A run
 // already admitted and not settled is admitted again only if its
 // reservation grew. Call it before the run's first release.
-func (b *DatasetBudget) Admit(run, ledgerPath string, step Event, maxCharges int64) (Record, error) {
+func (b *DatasetBudget) Admit(run, ledgerPath string, step accounting.Event, maxCharges int64) (Record, error) {
 	if maxCharges < 1 {
 		return Record{}, fmt.Errorf("%w: a run must reserve at least one charge, not %d", ErrInvalidParameter, maxCharges)
 	}
-	if _, err := pldStepOf(step); err != nil {
+	if _, err := accounting.PLDStep(step); err != nil {
 		return Record{}, fmt.Errorf("the dataset budget composes runs with the PLD accountant: %w", err)
 	}
 	dr := b.find(run, ledgerPath)
 	if dr != nil && !sameEvent(dr.event, step) {
-		return Record{}, fmt.Errorf("%w: run %q (ledger %s) was admitted with another mechanism (%s)", ErrRunMismatch, run, ledgerPath, describe(dr.event))
+		return Record{}, fmt.Errorf("%w: run %q (ledger %s) was admitted with another mechanism (%s)", ErrRunMismatch, run, ledgerPath, dr.event.Describe())
 	}
 	if dr != nil && dr.open && dr.reserved >= maxCharges {
 		h, _ := b.file.Head() // already admitted for as much
@@ -266,7 +268,7 @@ func (b *DatasetBudget) Admit(run, ledgerPath string, step Event, maxCharges int
 		if err != nil {
 			return Record{}, err
 		}
-		s, _ := pldStepOf(step)
+		s, _ := accounting.PLDStep(step)
 		return Record{}, fmt.Errorf("%w: dataset %s (sha256 %s) has a lifetime budget of ε = %.4g at δ = %g; its runs so far count for ε = %.4g, and run %q may charge up to %d steps (q = %.6g, σ = %.6g), which would take it to ε = %.4g. The budget leaves room for at most %d such steps: lower --max-steps or --target-epsilon, or raise σ",
 			ErrDatasetBudget, orDashLabel(b.budget.Label), short(b.budget.Dataset), b.budget.TargetEpsilon, b.budget.Delta, prior, run, maxCharges, s.SampleRate, s.NoiseMultiplier, after, room)
 	}
@@ -285,7 +287,7 @@ func (b *DatasetBudget) Admit(run, ledgerPath string, step Event, maxCharges int
 
 // room returns the most charges of step the budget allows on top of what
 // the runs count for now (0 if none).
-func (b *DatasetBudget) room(step Event) (int64, error) {
+func (b *DatasetBudget) room(step accounting.Event) (int64, error) {
 	ok := func(n int64) (bool, error) {
 		e, err := b.epsilonWith(&step, n)
 		return e <= b.budget.TargetEpsilon, err
@@ -302,8 +304,8 @@ func (b *DatasetBudget) room(step Event) (int64, error) {
 		if !good {
 			break
 		}
-		if hi >= pldMaxLimit {
-			return pldMaxLimit, nil
+		if hi >= accounting.MaxStepLimit {
+			return accounting.MaxStepLimit, nil
 		}
 		lo, hi = hi, hi*2
 	}
@@ -388,11 +390,11 @@ type DatasetAudit struct {
 
 // DatasetRunReport is one run of a dataset budget as the audit sees it.
 type DatasetRunReport struct {
-	Run      string `json:"run"`
-	Ledger   string `json:"ledger"`
-	Event    Event  `json:"event"`
-	Reserved int64  `json:"reserved"`
-	Charges  int64  `json:"charges"`
+	Run      string           `json:"run"`
+	Ledger   string           `json:"ledger"`
+	Event    accounting.Event `json:"event"`
+	Reserved int64            `json:"reserved"`
+	Charges  int64            `json:"charges"`
 	// Open is true for a run admitted and not settled since: it counts
 	// for its whole reservation.
 	Open bool `json:"open"`
@@ -453,24 +455,6 @@ func AuditDatasetBudget(path string) (DatasetAudit, error) {
 	}
 	rep.OK = len(rep.Problems) == 0
 	return rep, nil
-}
-
-// StepLimit returns the most charges of step a PLD ledger with target ε
-// at δ will ever accept (T*, the largest count whose PLD ε is within the
-// target): what a run reserves in a dataset budget. planned, if positive,
-// is where the search starts (the run's max steps).
-func StepLimit(step Event, target, delta float64, planned int64) (int64, error) {
-	s, err := pldStepOf(step)
-	if err != nil {
-		return 0, err
-	}
-	b, err := newBudget(AccountantPLD, delta, target)
-	if err != nil {
-		return 0, err
-	}
-	pb := b.(*pldBudget)
-	pb.planned = planned
-	return pb.seriesOf(keyOf(s)).stepLimit()
 }
 
 func short(h string) string {

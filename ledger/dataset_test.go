@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/accounting"
 )
 
 const testDataset = "d1d2d3d4d5d6d7d8d9d0e1e2e3e4e5e6e7e8e9e0f1f2f3f4f5f6f7f8f9f0a1a2"
@@ -19,16 +21,16 @@ const testDataset = "d1d2d3d4d5d6d7d8d9d0e1e2e3e4e5e6e7e8e9e0f1f2f3f4f5f6f7f8f9f
 // The history reopens the same and audits clean; a byte flip fails it.
 func TestDatasetBudget(t *testing.T) {
 	const q, delta = 256.0 / 60000, 1e-5
-	sigma, err := PLDCalibrateSigma(3, q, 1000, delta)
+	sigma, err := accounting.PLD{}.Calibrate(3, 1000, delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(q, s) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	step := SubsampledGaussian(q, sigma)
-	limit, err := StepLimit(step, 3, delta, 1000)
+	step := accounting.SubsampledGaussian(q, sigma)
+	limit, err := accounting.PLD{}.StepLimit(step, 3, delta, 1000)
 	if err != nil || limit < 1000 || limit > 1001 {
 		t.Fatalf("step limit %d (%v), want the 1000 steps σ was calibrated for", limit, err)
 	}
-	two, err := PLDEpsilon(q, sigma, 2*limit, delta)
+	two, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(q, sigma), 2*limit, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +134,7 @@ func TestDatasetBudget(t *testing.T) {
 
 func mustPLD(t *testing.T, q, sigma float64, n int64) float64 {
 	t.Helper()
-	e, err := PLDEpsilon(q, sigma, n, 1e-5)
+	e, err := accounting.PLD{}.Epsilon(accounting.SubsampledGaussian(q, sigma), n, 1e-5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +154,7 @@ func FuzzReadDatasetBudget(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	step := SubsampledGaussian(0.01, 1)
+	step := accounting.SubsampledGaussian(0.01, 1)
 	if _, err := b.Admit("r", "/l", step, 10); err != nil {
 		f.Fatal(err)
 	}
@@ -183,7 +185,7 @@ func FuzzReadDatasetBudget(f *testing.F) {
 // charges included), counts for it until it settles again, and the
 // history replays and audits the same.
 func TestDatasetBudgetResume(t *testing.T) {
-	step := SubsampledGaussian(0.01, 1.1)
+	step := accounting.SubsampledGaussian(0.01, 1.1)
 	path, err := CreateDatasetBudget(t.TempDir(), testDataset, "resume", 50, 1e-5)
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +196,7 @@ func TestDatasetBudgetResume(t *testing.T) {
 	}
 	defer b.Close()
 	pld := func(n int64) float64 {
-		e, err := PLDEventEpsilon(step, n, 1e-5)
+		e, err := accounting.PLD{}.Epsilon(step, n, 1e-5)
 		if err != nil {
 			t.Fatal(err)
 		}

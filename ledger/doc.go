@@ -1,7 +1,30 @@
-// Package ledger does dpcluster's privacy accounting: the event model that
-// records which mechanism ran and how often, the Rényi-DP accountant for the
-// Poisson-subsampled Gaussian and discrete Gaussian mechanisms with its
-// conversion to (ε, δ), and
-// noise calibration. The durable, hash-chained ledger file every coordinator
-// replica keeps lives here too.
+// Package ledger is the durable privacy ledger every coordinator replica
+// keeps, and the budgets that read it. The privacy math it charges with is
+// package accounting; ledger decides what is charged, when, and whether the
+// budget allows it, and makes each charge durable before it counts.
+//
+//  1. A Ledger is one run's hash-chained, append-only File (file.go):
+//     length-prefixed, CRC'd records, fsynced per append, a torn tail
+//     repaired on open. Record 1 is the run record (Start): run, target ε,
+//     δ, noise source, mechanism, accountant (AccountantRDP or
+//     AccountantPLD) and the Raft history it binds the ledger to.
+//  2. Each Charge records one step's accounting.Event with its Raft
+//     position and the ε spent after it, if the run's accountant keeps ε
+//     within the target; otherwise it returns ErrBudgetExceeded and records
+//     nothing. WouldExceed asks the same question without recording.
+//  3. The ε recorded is a deterministic function of the charges in file
+//     order (budget.go): the RDP accountant composes them one by one; a
+//     PLD ledger records the PLD accountant's ε at a sparse count grid
+//     (at most PLDGridRatio above the ε of exactly the charges taken) and
+//     refuses a charge past the accountant's step limit. Audit and Replay
+//     recompute every recorded ε from the records alone, bit for bit.
+//  4. NewTimeline reads a ledger's charges as a timeline of ε with its Raft
+//     terms and replays marked (timeline.go).
+//  5. A DatasetBudget (dataset.go) is a dataset's lifetime budget across
+//     runs: each run reserves its step limit on admission and settles what
+//     it charged, composed by the PLD accountant.
+//
+// A Ledger is owned by one goroutine (the coordinator's state machine);
+// only its warming of the next PLD grid count runs on a goroutine of its
+// own, which Close stops.
 package ledger

@@ -1,36 +1,43 @@
 package ledger_test
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/seed"
 )
 
-// A DP-SGD run: 14062 steps of the Gaussian mechanism with noise multiplier
-// 1.1 on Poisson samples of rate 256/60000.
-func ExampleAccountant() {
-	acc, err := ledger.NewAccountant(ledger.OpacusOrders())
+// A run's ledger: the run record binds it to a target ε = 1 at δ = 1e-5
+// and the RDP accountant; each charge is durable before Charge returns,
+// and the charge that would pass the target is refused.
+func Example() {
+	dir, err := os.MkdirTemp("", "ledger")
 	if err != nil {
 		panic(err)
 	}
-	step := ledger.SubsampledGaussian(0.004266666666666667, 1.1)
-	if err := acc.Compose(step, 14062); err != nil {
-		panic(err)
-	}
-	eps, order, err := acc.Epsilon(1e-5)
+	defer os.RemoveAll(dir)
+	l, err := ledger.Open(filepath.Join(dir, "ledger.log"))
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("ε = %.4f at order %v\n", eps, order)
-	// Output: ε = 2.5966 at order 8.1
-}
-
-func ExampleCalibrateSigma() {
-	sigma, err := ledger.CalibrateSigma(nil, 3, 0.004266666666666667, 2343, 1e-5)
-	if err != nil {
+	defer l.Close()
+	const history = "0123456789abcdef0123456789abcdef"
+	if err := l.Start("example", 1, 1e-5, seed.Crypto, ledger.MechanismFloat, ledger.AccountantRDP, history); err != nil {
 		panic(err)
 	}
-	eps, _, _ := ledger.Epsilon(0.004266666666666667, sigma, 2343, 1e-5)
-	fmt.Printf("σ = %.4f gives ε = %.4f ≤ 3\n", sigma, eps)
-	// Output: σ = 0.7420 gives ε = 3.0000 ≤ 3
+	step := accounting.SubsampledGaussian(0.1, 2)
+	for i := int64(1); ; i++ {
+		pos := ledger.Position{History: history, Term: 1, Index: uint64(i)}
+		if _, err := l.Charge(i, step, pos, false); errors.Is(err, ledger.ErrBudgetExceeded) {
+			fmt.Printf("step %d refused; %d charged, ε = %.4f\n", i, l.Charges(), l.Spent())
+			break
+		} else if err != nil {
+			panic(err)
+		}
+	}
+	// Output: step 12 refused; 11 charged, ε = 0.9682
 }

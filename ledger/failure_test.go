@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/accounting"
 )
 
 // failingBudget is an accountant that fails on every question.
@@ -14,10 +16,10 @@ type failingBudget struct{}
 
 var errAccountant = errors.New("accountant failed")
 
-func (failingBudget) exceeds(Event, float64) (bool, error) { return false, errAccountant }
-func (failingBudget) add(Event) error                      { return errAccountant }
-func (failingBudget) clone() budget                        { return failingBudget{} }
-func (failingBudget) epsilon() (float64, error)            { return 0, errAccountant }
+func (failingBudget) exceeds(accounting.Event, float64) (bool, error) { return false, errAccountant }
+func (failingBudget) add(accounting.Event) error                      { return errAccountant }
+func (failingBudget) clone() budget                                   { return failingBudget{} }
+func (failingBudget) epsilon() (float64, error)                       { return 0, errAccountant }
 
 // TestAccountantFailureIsNeverZero: an accountant that fails is an error
 // or +Inf in every report, never "nothing spent". Before, Spent returned
@@ -31,7 +33,7 @@ func (failingBudget) epsilon() (float64, error)            { return 0, errAccoun
 //     recomputed ε +Inf (null in JSON), not 0.
 func TestAccountantFailureIsNeverZero(t *testing.T) {
 	l, path := newPLDLedger(t, 10)
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 	for i := range 3 {
 		if _, err := l.Charge(int64(i+1), e, at(1, uint64(i+1)), false); err != nil {
 			t.Fatal(err)
@@ -50,7 +52,7 @@ func TestAccountantFailureIsNeverZero(t *testing.T) {
 	}
 
 	// A record the accountant cannot compose, appended around Charge.
-	if _, err := l.file.Append(Record{Kind: RecordCharge, Step: 4, Event: ptr(SubsampledDiscreteGaussian(testQ, testSigma)),
+	if _, err := l.file.Append(Record{Kind: RecordCharge, Step: 4, Event: ptr(accounting.SubsampledDiscreteGaussian(testQ, testSigma)),
 		History: testHistory, Term: 1, Index: 4, Epsilon: spent}); err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +91,7 @@ func ptr[T any](v T) *T { return &v }
 func TestAuditFailsOnEditedEpsilon(t *testing.T) {
 	for _, factor := range []float64{0.999, 1.001} {
 		l, path := newPLDLedger(t, 10)
-		e := SubsampledGaussian(testQ, testSigma)
+		e := accounting.SubsampledGaussian(testQ, testSigma)
 		var recs []Record
 		for i := range 6 {
 			r, err := l.Charge(int64(i+1), e, at(1, uint64(i+1)), false)

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/internal/durable"
 	"github.com/dpcluster/dpcluster/seed"
 )
@@ -111,10 +112,10 @@ type Record struct {
 	History string `json:"history,omitempty"`
 	// Charge records: which training step released, the mechanism that
 	// released it, and where the release sits in the Raft log.
-	Step  int64  `json:"step,omitempty"`
-	Event *Event `json:"event,omitempty"`
-	Term  uint64 `json:"term,omitempty"`
-	Index uint64 `json:"index,omitempty"`
+	Step  int64             `json:"step,omitempty"`
+	Event *accounting.Event `json:"event,omitempty"`
+	Term  uint64            `json:"term,omitempty"`
+	Index uint64            `json:"index,omitempty"`
 	// Replay marks a charge for a step that had already been applied: the
 	// release happened (it was committed), so it is charged, but the
 	// update was not applied again. A step may also be charged twice
@@ -433,7 +434,7 @@ func validateNew(r Record) error {
 		return nil
 	case RecordCharge, RecordAdmit:
 		if r.Event == nil {
-			return fmt.Errorf("%w: %s without an event", ErrInvalidEvent, r.Kind)
+			return fmt.Errorf("%w: %s without an event", accounting.ErrInvalidEvent, r.Kind)
 		}
 		return r.Event.Validate()
 	}

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -42,7 +43,7 @@ func newLedger(t *testing.T, target float64) (*Ledger, string) {
 func chargeSteps(t *testing.T, l *Ledger, from, to int64) {
 	t.Helper()
 	for s := from; s <= to; s++ {
-		if _, err := l.Charge(s, SubsampledGaussian(testQ, testSigma), at(1, uint64(s+10)), false); err != nil {
+		if _, err := l.Charge(s, accounting.SubsampledGaussian(testQ, testSigma), at(1, uint64(s+10)), false); err != nil {
 			t.Fatalf("Charge(step %d): %v", s, err)
 		}
 	}
@@ -76,7 +77,7 @@ func TestLedgerReopen(t *testing.T) {
 		t.Errorf("Start with another run: %v, want ErrRunMismatch", err)
 	}
 	// ε recorded in the head equals what a fresh accountant computes.
-	want, _, _ := Epsilon(testQ, testSigma, 20, 1e-5)
+	want, _, _ := accounting.RDP{}.EpsilonOrder(accounting.SubsampledGaussian(testQ, testSigma), 20, 1e-5)
 	if d := head.Epsilon - want; d > 1e-12 || d < -1e-12 {
 		t.Errorf("head ε = %v, fresh accountant %v", head.Epsilon, want)
 	}
@@ -90,13 +91,13 @@ func TestLedgerReopen(t *testing.T) {
 }
 
 func TestLedgerBudgetRefusal(t *testing.T) {
-	target, _, _ := Epsilon(testQ, testSigma, 5, 1e-5)
+	target, _, _ := accounting.RDP{}.EpsilonOrder(accounting.SubsampledGaussian(testQ, testSigma), 5, 1e-5)
 	target *= 1.0000001 // room for exactly 5 steps
 	l, path := newLedger(t, target)
 	chargeSteps(t, l, 1, 5)
 	before, nBefore := l.Head()
 	spent := l.Spent()
-	_, err := l.Charge(6, SubsampledGaussian(testQ, testSigma), at(1, 16), false)
+	_, err := l.Charge(6, accounting.SubsampledGaussian(testQ, testSigma), at(1, 16), false)
 	if !errors.Is(err, ErrBudgetExceeded) {
 		t.Fatalf("6th charge: %v, want ErrBudgetExceeded", err)
 	}
@@ -106,7 +107,7 @@ func TestLedgerBudgetRefusal(t *testing.T) {
 	if l.Spent() != spent {
 		t.Errorf("refused charge changed Spent: %v → %v", spent, l.Spent())
 	}
-	if over, _ := l.WouldExceed(SubsampledGaussian(testQ, testSigma)); !over {
+	if over, _ := l.WouldExceed(accounting.SubsampledGaussian(testQ, testSigma)); !over {
 		t.Error("WouldExceed = false after the budget ran out")
 	}
 	if rep, _ := Audit(path); !rep.OK || rep.Charges != 5 {
@@ -139,7 +140,7 @@ func TestLedgerTornTailRepaired(t *testing.T) {
 			t.Errorf("cut %d: %d records after repair, want 10 (run + 9 charges)", cut, n)
 		}
 		// The repaired ledger takes new charges and audits clean.
-		if _, err := l2.Charge(10, SubsampledGaussian(testQ, testSigma), at(2, 20), false); err != nil {
+		if _, err := l2.Charge(10, accounting.SubsampledGaussian(testQ, testSigma), at(2, 20), false); err != nil {
 			t.Fatalf("cut %d: charge after repair: %v", cut, err)
 		}
 		l2.Close()
@@ -236,7 +237,7 @@ func TestAuditRecomputesEpsilon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 	f.Append(Record{Kind: RecordRun, Run: "r", TargetEpsilon: 10, Delta: 1e-5})
 	f.Append(Record{Kind: RecordCharge, Step: 1, Event: &e, Term: 1, Index: 3, Epsilon: 0.001})
 	f.Close()
@@ -251,7 +252,7 @@ func TestAuditRecomputesEpsilon(t *testing.T) {
 
 func TestAuditStepOrder(t *testing.T) {
 	l, path := newLedger(t, 10)
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 	mustCharge := func(step int64, index uint64, replay bool) {
 		if _, err := l.Charge(step, e, at(1, index), replay); err != nil {
 			t.Fatal(err)
@@ -301,12 +302,12 @@ func TestLedgerFailClosed(t *testing.T) {
 			chargeSteps(t, l, 1, 3)
 			good, _ := l.Head()
 			tc.fail(l.file)
-			_, err := l.Charge(4, SubsampledGaussian(testQ, testSigma), at(1, 14), false)
+			_, err := l.Charge(4, accounting.SubsampledGaussian(testQ, testSigma), at(1, 14), false)
 			if !errors.Is(err, ErrBroken) {
 				t.Fatalf("Charge after failure = %v, want ErrBroken", err)
 			}
 			l.file.sync = func() error { return nil }
-			if _, err := l.Charge(5, SubsampledGaussian(testQ, testSigma), at(1, 15), false); !errors.Is(err, ErrBroken) {
+			if _, err := l.Charge(5, accounting.SubsampledGaussian(testQ, testSigma), at(1, 15), false); !errors.Is(err, ErrBroken) {
 				t.Errorf("ledger accepted a charge after a failed write: %v", err)
 			}
 			rep, _ := Audit(path)
@@ -338,8 +339,8 @@ func FuzzReadLedger(f *testing.F) {
 		f.Fatal(err)
 	}
 	l.Start("fuzz", 10, 1e-5, seed.Crypto, MechanismFloat, "", testHistory)
-	l.Charge(1, SubsampledGaussian(0.01, 1), at(1, 2), false)
-	l.Charge(2, SubsampledGaussian(0.01, 1), at(1, 3), false)
+	l.Charge(1, accounting.SubsampledGaussian(0.01, 1), at(1, 2), false)
+	l.Charge(2, accounting.SubsampledGaussian(0.01, 1), at(1, 3), false)
 	l.Close()
 	seed, _ := os.ReadFile(path)
 	f.Add(seed)
@@ -404,13 +405,13 @@ func TestRunRecordMechanism(t *testing.T) {
 	if err := l.Start("r", 30, 1e-5, seed.Crypto, MechanismFloat, "", testHistory); !errors.Is(err, ErrRunMismatch) {
 		t.Errorf("restart with another mechanism: %v", err)
 	}
-	if _, err := l.Charge(1, SubsampledDiscreteGaussian(0.01, 1), at(1, 2), false); err != nil {
+	if _, err := l.Charge(1, accounting.SubsampledDiscreteGaussian(0.01, 1), at(1, 2), false); err != nil {
 		t.Fatal(err)
 	}
 	if rep, err := Audit(path); err != nil || !rep.OK || rep.Mechanism != MechanismDiscrete {
 		t.Errorf("audit: %+v, %v", rep, err)
 	}
-	if _, err := l.Charge(2, SubsampledGaussian(0.01, 1), at(1, 3), false); err != nil {
+	if _, err := l.Charge(2, accounting.SubsampledGaussian(0.01, 1), at(1, 3), false); err != nil {
 		t.Fatal(err)
 	}
 	if rep, _ := Audit(path); rep.OK || len(rep.Problems) != 1 {

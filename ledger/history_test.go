@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -22,7 +23,7 @@ func TestLedgerBoundToHistory(t *testing.T) {
 	l, path := newLedger(t, 10)
 	chargeSteps(t, l, 1, 5) // indexes 11..15
 	before, _ := os.ReadFile(path)
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 
 	if err := l.Start("test-run", 10, 1e-5, seed.Crypto, MechanismFloat, "", otherHistory); !errors.Is(err, ErrHistoryMismatch) {
 		t.Errorf("Start from another history: %v, want ErrHistoryMismatch", err)
@@ -136,7 +137,7 @@ func TestLedgerBeforeHistory(t *testing.T) {
 	if err := l.Start("legacy-run", 3, 1e-5, seed.Crypto, "", "", ""); err != nil {
 		t.Fatalf("Start as before: %v", err)
 	}
-	if _, err := l.Charge(6, SubsampledGaussian(0.01, 1.1), Position{Term: 2, Index: 8}, false); err != nil {
+	if _, err := l.Charge(6, accounting.SubsampledGaussian(0.01, 1.1), Position{Term: 2, Index: 8}, false); err != nil {
 		t.Fatal(err)
 	}
 	if rep, err := Audit(path); err != nil || !rep.OK || rep.Charges != 6 {
@@ -148,7 +149,7 @@ func TestLedgerBeforeHistory(t *testing.T) {
 // histories fails the audit: by the charges' history IDs, and, for records
 // without IDs (ledgers from before them), by a Raft term going back.
 func TestAuditDetectsHistoryReuse(t *testing.T) {
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 	write := func(t *testing.T, recs ...Record) string {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), "ledger.log")
@@ -157,7 +158,7 @@ func TestAuditDetectsHistoryReuse(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		acc, _ := NewAccountant(nil)
+		acc := accounting.RDP{}.NewComposition()
 		for _, r := range recs {
 			if r.Kind == RecordCharge {
 				r.Event = &e

@@ -7,8 +7,16 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
+
+// ErrInvalidParameter is returned by Start, NewReplay and the dataset
+// budget for a target ε, δ, noise source, mechanism, accountant or count
+// outside its valid range. Errors of the accounting itself (an event the
+// run's accountant cannot charge, an accountant that fails) wrap the
+// accounting package's sentinels instead.
+var ErrInvalidParameter = errors.New("ledger: invalid accounting parameter")
 
 // ErrBudgetExceeded is returned by Charge when the charge would push ε past
 // the run's target. Nothing is recorded; the run must stop.
@@ -35,8 +43,8 @@ var ErrHistoryMismatch = errors.New("ledger: ledger and Raft state belong to dif
 // Ledger is the durable privacy ledger of one coordinator replica: a File of
 // records and the accountant state those records imply. Charges are
 // accounted with the accountant the run record names (AccountantRDP over
-// DefaultOrders, or AccountantPLD; "" in ledgers from before the field
-// means RDP), one charge per record in file order, so an auditor who
+// the default orders, or AccountantPLD; "" in ledgers from before the
+// field means RDP; package accounting), one charge per record in file order, so an auditor who
 // replays the file gets the same ε bit for bit.
 //
 // Ledger is not safe for concurrent use; the coordinator's state machine
@@ -143,12 +151,12 @@ const (
 // charges for its noise: KindDiscreteGaussian for MechanismDiscrete,
 // KindGaussian for MechanismFloat and "" (a run record from before the
 // field), and false for an unknown mechanism.
-func MechanismKind(mechanism string) (Kind, bool) {
+func MechanismKind(mechanism string) (accounting.Kind, bool) {
 	switch mechanism {
 	case MechanismDiscrete:
-		return KindDiscreteGaussian, true
+		return accounting.KindDiscreteGaussian, true
 	case MechanismFloat, "":
-		return KindGaussian, true
+		return accounting.KindGaussian, true
 	}
 	return "", false
 }
@@ -302,7 +310,7 @@ func (l *Ledger) Charged(pos Position) (bool, error) {
 // the target, and an error wrapping ErrBroken if the record could not be
 // made durable; in every case it records nothing. Only when Charge returns
 // nil may the caller apply the step's update.
-func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record, error) {
+func (l *Ledger) Charge(step int64, e accounting.Event, pos Position, replay bool) (Record, error) {
 	if l.run == nil {
 		return Record{}, errors.New("ledger: Charge before Start")
 	}
@@ -359,7 +367,7 @@ func (l *Ledger) Charge(step int64, e Event, pos Position, replay bool) (Record,
 // runs, before Start, or while warming is already running; Close stops
 // and waits for it. The state machine calls it when the run is
 // configured (after PlanSteps).
-func (l *Ledger) Prewarm(e Event) {
+func (l *Ledger) Prewarm(e accounting.Event) {
 	b, ok := l.budget.(*pldBudget)
 	if !ok {
 		return
@@ -399,7 +407,7 @@ func (l *Ledger) warm() {
 // WouldExceed reports whether charging e now would take ε past the target,
 // without recording anything. The leader uses it to stop before proposing a
 // step that the state machine would refuse.
-func (l *Ledger) WouldExceed(e Event) (bool, error) {
+func (l *Ledger) WouldExceed(e accounting.Event) (bool, error) {
 	if l.run == nil {
 		return false, errors.New("ledger: WouldExceed before Start")
 	}
@@ -480,7 +488,7 @@ func (l *Ledger) Run() (Record, bool) {
 
 // after returns the budget with e charged once more, leaving the ledger's
 // own untouched.
-func (l *Ledger) after(e Event) (budget, error) {
+func (l *Ledger) after(e accounting.Event) (budget, error) {
 	next := l.budget.clone()
 	if err := next.add(e); err != nil {
 		return nil, err

@@ -6,60 +6,22 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
-
-// TestPLDDiscretizationError measures the accountant's discretization
-// excess: ε on its window against ε on a window four times as fine. The
-// excess shrinks like h² (ledger/pld.go), so ε(h) − ε* ≈ (16/15)·(ε(h) −
-// ε(h/4)) (Richardson); it must stay below 5e-4 relative for runs of 1 to
-// 10⁴ steps, and the finer value must not be above the coarser one by more
-// than round-off (the pessimistic PLD on a finer grid is tighter).
-func TestPLDDiscretizationError(t *testing.T) {
-	cases := []struct {
-		q, sigma float64
-		counts   []int64
-	}{
-		{256.0 / 60000, 0.6431, []int64{1, 10, 300, 1000, 10000}},
-		{0.01, 1.1, []int64{1, 30, 64, 100, 200, 3000}},
-		{0.05, 0.8, []int64{50, 500}},
-		{0.1, 2, []int64{2, 1000}},
-		{1, 5, []int64{1, 100}},
-	}
-	worst := 0.0
-	for _, c := range cases {
-		for _, n := range c.counts {
-			ev := []PLDEvent{{SampleRate: c.q, NoiseMultiplier: c.sigma, Count: n}}
-			coarse, err := pldEpsilonFine(ev, 1e-5, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fine, err := pldEpsilonFine(ev, 1e-5, 2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			excess := (coarse/fine - 1) * 16 / 15
-			worst = max(worst, excess)
-			if excess < -1e-9 || excess > 5e-4 {
-				t.Errorf("q=%v σ=%v %d steps: ε %.9g on the window, %.9g on one 4× as fine: excess ≈ %.2e, want in [0, 5e-4]", c.q, c.sigma, n, coarse, fine, excess)
-			}
-		}
-	}
-	t.Logf("largest excess %.2e", worst)
-}
 
 // mainJobEvent is one step of the README's main job (mlp, q = 256/60000,
 // discrete noise on the leader's lattice for d = 269322), at σ calibrated
 // with the PLD accountant to ε = 3 at δ = 1e-5 over 1000 steps.
-func mainJobEvent(t testing.TB) (Event, float64) {
+func mainJobEvent(t testing.TB) (accounting.Event, float64) {
 	t.Helper()
 	const q, d, steps, target, delta = 256.0 / 60000, 269322, 1000, 3.0, 1e-5
 	// The leader's lattice scale for C = 1 (mechanism.GridFraction):
 	// s = σ·(2¹⁶+1)·√d, as DiscreteGaussianLattice's callers compute it.
-	event := func(sigma float64) Event {
-		return PoissonSampled(q, DiscreteGaussianLattice(sigma, sigma*(1<<16+1)*math.Sqrt(d), d))
+	event := func(sigma float64) accounting.Event {
+		return accounting.PoissonSampled(q, accounting.DiscreteGaussianLattice(sigma, sigma*(1<<16+1)*math.Sqrt(d), d))
 	}
-	sigma, err := PLDCalibrate(target, steps, delta, event)
+	sigma, err := accounting.PLD{}.Calibrate(target, steps, delta, event)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +30,7 @@ func mainJobEvent(t testing.TB) (Event, float64) {
 
 // TestPLDLedgerRecordsStepsTaken: a PLD ledger records, after every step
 // n, the accountant's ε of exactly n steps, up to the grid's rounding up:
-// within [1, PLDGridRatio] × PLDEventEpsilon(n), never the plan's ε. The
+// within [1, PLDGridRatio] × the PLD accountant's Epsilon(n), never the plan's ε. The
 // run is the README's main job; the recorded ε at 1, 10, 100, 300 and
 // 1000 steps are logged (docs/PRIVACY.md's table). Before, step 1 recorded
 // the RDP bound (2.26 against a PLD ε of 0.50) and every step from about
@@ -97,7 +59,7 @@ func TestPLDLedgerRecordsStepsTaken(t *testing.T) {
 		recorded = append(recorded, r.Epsilon)
 	}
 	check := func(n int) {
-		exact, err := PLDEventEpsilon(e, int64(n), delta)
+		exact, err := accounting.PLD{}.Epsilon(e, int64(n), delta)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +80,7 @@ func TestPLDLedgerRecordsStepsTaken(t *testing.T) {
 	for _, n := range []int{63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 300, 511, 512, 513, 999, 1000} {
 		check(n) // the buckets' edges (pldShape) and the table's counts
 	}
-	if exact, _ := PLDEventEpsilon(e, 1000, delta); recorded[999] != exact {
+	if exact, _ := (accounting.PLD{}).Epsilon(e, 1000, delta); recorded[999] != exact {
 		t.Errorf("at the step limit recorded %v, want the accountant's ε exactly, %v", recorded[999], exact)
 	}
 	if over, err := l.WouldExceed(e); err != nil || !over {
@@ -148,7 +110,7 @@ func TestPLDLedgerRecordsStepsTaken(t *testing.T) {
 func BenchmarkPLDLedgerMainJob(b *testing.B) {
 	e, target := mainJobEvent(b)
 	for range b.N {
-		forgetPLD()
+		accounting.ResetCaches()
 		l, err := Open(filepath.Join(b.TempDir(), "ledger.log"))
 		if err != nil {
 			b.Fatal(err)
@@ -175,13 +137,13 @@ func BenchmarkPLDLedgerMainJob(b *testing.B) {
 // PLD evaluation itself; Close stops and waits for it.
 func TestLedgerWarmsNextGridCount(t *testing.T) {
 	l, _ := newPLDLedger(t, 5)
-	e := SubsampledGaussian(testQ, testSigma)
+	e := accounting.SubsampledGaussian(testQ, testSigma)
 	for step := int64(1); step <= 3; step++ {
 		if _, err := l.Charge(step, e, at(1, uint64(step)), false); err != nil {
 			t.Fatal(err)
 		}
 		l.warming.Wait()
-		s, err := pldStepOf(e)
+		s, err := accounting.PLDStep(e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,12 +162,12 @@ func TestLedgerWarmsNextGridCount(t *testing.T) {
 // start before the first charge.
 func TestPrewarmSameGrid(t *testing.T) {
 	e, target := mainJobEvent(t)
-	s, err := pldStepOf(e)
+	s, err := accounting.PLDStep(e)
 	if err != nil {
 		t.Fatal(err)
 	}
 	grid := func(prewarm bool) *pldSeries {
-		forgetPLD()
+		accounting.ResetCaches()
 		l, err := Open(filepath.Join(t.TempDir(), "ledger.log"))
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -30,7 +31,7 @@ func TestTimeline(t *testing.T) {
 	}{{1, 2, 3, false}, {2, 2, 4, false}, {2, 2, 5, true}, {3, 2, 6, false}, {4, 3, 9, false}, {4, 5, 12, true}, {5, 5, 13, false}}
 	var eps []float64
 	for _, c := range charges {
-		r, err := l.Charge(c.step, SubsampledGaussian(0.01, 1.1), Position{History: history, Term: c.term, Index: c.index}, c.replay)
+		r, err := l.Charge(c.step, accounting.SubsampledGaussian(0.01, 1.1), Position{History: history, Term: c.term, Index: c.index}, c.replay)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/accounting"
 )
 
 // ErrInvalid is returned (wrapped) for mechanism parameters out of range: a
@@ -64,7 +64,7 @@ const chunkSize = 1 << 14
 // by coordinate, and divergences of independent coordinates add: the
 // multivariate bound needs no τ·d correction in Rényi DP (CKS's τ term
 // belongs to their direct (ε, δ) analysis, which the ledger does not use).
-// ledger.SubsampledDiscreteGaussianRDP writes out the argument, including
+// accounting.SubsampledDiscreteGaussianRDP writes out the argument, including
 // Poisson subsampling.
 //
 // Noise variance. Var N_Z(0, s²) ≤ s² (CKS 2020), and by Poisson summation
@@ -120,15 +120,15 @@ func (m DiscreteGaussian) Grid() float64 { return math.Ldexp(1, m.GridExp) }
 // Event returns the ledger event of one release on a Poisson sample with
 // rate q: the subsampled discrete Gaussian at the effective noise
 // multiplier.
-func (m DiscreteGaussian) Event(q float64) ledger.Event {
-	return ledger.SubsampledDiscreteGaussian(q, m.Sigma)
+func (m DiscreteGaussian) Event(q float64) accounting.Event {
+	return accounting.SubsampledDiscreteGaussian(q, m.Sigma)
 }
 
 // LatticeEvent is Event naming the lattice as well (d coordinates, noise
 // scale s = Scale in grid steps), which the PLD accountant needs to charge
-// the discrete Gaussian (ledger/pld_discrete.go).
-func (m DiscreteGaussian) LatticeEvent(q float64) ledger.Event {
-	return ledger.PoissonSampled(q, ledger.DiscreteGaussianLattice(m.Sigma, float64(m.Scale), int64(m.Dim)))
+// the discrete Gaussian (accounting/pld_discrete.go).
+func (m DiscreteGaussian) LatticeEvent(q float64) accounting.Event {
+	return accounting.PoissonSampled(q, accounting.DiscreteGaussianLattice(m.Sigma, float64(m.Scale), int64(m.Dim)))
 }
 
 // Source is the uniform randomness a release is keyed from: 64 uniform bits

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/accounting"
 )
 
 // TestNewDiscreteGaussian checks the grid and the accounted noise
@@ -51,7 +51,7 @@ func TestNewDiscreteGaussian(t *testing.T) {
 		if m.Sigma < tc.sigma/(1+GridFraction)*(1-0x1p-48) {
 			t.Errorf("%+v: Sigma %v < σ/(1 + 2⁻¹⁶)(1 − 2⁻⁴⁸)", tc, m.Sigma)
 		}
-		if e := m.Event(0.01); e.Kind != ledger.KindPoissonSampled || e.SampleRate != 0.01 || e.Event.Kind != ledger.KindDiscreteGaussian ||
+		if e := m.Event(0.01); e.Kind != accounting.KindPoissonSampled || e.SampleRate != 0.01 || e.Event.Kind != accounting.KindDiscreteGaussian ||
 			e.Event.NoiseMultiplier != m.Sigma || e.Validate() != nil {
 			t.Errorf("%+v: event %+v", tc, e)
 		}

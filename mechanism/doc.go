@@ -16,7 +16,7 @@
 // C/Λ + √d grid steps, and the noise scale is s = ⌈σC/Λ⌉ grid steps. The
 // ledger charges the Poisson-subsampled discrete Gaussian at the effective
 // noise multiplier σ_eff = s/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶); see
-// ledger.SubsampledDiscreteGaussianRDP for why its Rényi DP is bounded by
+// accounting.SubsampledDiscreteGaussianRDP for why its Rényi DP is bounded by
 // the continuous Gaussian's, where it is equal, and where it is
 // interpolated conservatively.
 //

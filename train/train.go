@@ -20,7 +20,7 @@
 //	res, err := train.Run(ctx, m, theta, trainSet, testSet, cfg, train.Sources{}, logger)
 //
 // Run does no privacy accounting; the ε of a run follows from q, σ and the
-// number of steps (ledger.Epsilon).
+// number of steps (accounting.RDP).
 package train
 
 import (

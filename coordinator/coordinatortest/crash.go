@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
-	"github.com/dpcluster/dpcluster/ledger"
 )
 
 // The crash points of the leader's commit path (coordinator.CrashPoints).
@@ -74,7 +74,7 @@ func (c *Cluster) member(id string) *member {
 	return c.replicas[id]
 }
 
-func (h *crashHooks) ProposeCharge(ctx context.Context, step int64, e ledger.Event, round string) (coordinator.ApplyResult, error) {
+func (h *crashHooks) ProposeCharge(ctx context.Context, step int64, e accounting.Event, round string) (coordinator.ApplyResult, error) {
 	if err := h.at(ctx, CrashBeforeCharge, step); err != nil {
 		return coordinator.ApplyResult{}, err
 	}

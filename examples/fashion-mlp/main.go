@@ -25,9 +25,9 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/dpadam"
-	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/sampling"
@@ -106,7 +106,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	eps, order, err := ledger.Epsilon(q, *sigma, int64(res.Steps), *delta)
+	if err := accounting.ValidateRun(q, *sigma, int64(res.Steps), *delta); err != nil {
+		return err
+	}
+	eps, order, err := accounting.RDP{}.EpsilonOrder(accounting.SubsampledGaussian(q, *sigma), int64(res.Steps), *delta)
 	if err != nil {
 		return err
 	}

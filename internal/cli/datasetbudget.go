@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -31,7 +32,7 @@ type datasetAdmission struct {
 // lifetime budget of train kept in dir (the file named by train's content
 // hash), creating that budget with lifetime ε = lifetime and the run's δ
 // if the dataset has none yet and lifetime is set. The run reserves its
-// step limit (ledger.StepLimit): all its ledger can ever charge. A plan
+// step limit (accounting.PLD.StepLimit): all its ledger can ever charge. A plan
 // the budget cannot take is an error naming the dataset, its budget and
 // the steps left (ledger.ErrDatasetBudget), before anything is released.
 func admitToDataset(dir string, lifetime float64, train *dataset.Dataset, label string, rc coordinator.RunConfig, dataDir string, log *slog.Logger) (*datasetAdmission, error) {
@@ -60,7 +61,7 @@ func admitToDataset(dir string, lifetime float64, train *dataset.Dataset, label 
 		b.Close()
 		return nil, fmt.Errorf("--dataset-epsilon %g: dataset %s (sha256 %s) already has a lifetime budget of ε = %g (%s); it is set once", lifetime, label, hash[:12], set, path)
 	}
-	limit, err := ledger.StepLimit(rc.Event(), rc.TargetEpsilon, rc.Delta, rc.MaxSteps)
+	limit, err := accounting.PLD{}.StepLimit(rc.Event(), rc.TargetEpsilon, rc.Delta, rc.MaxSteps)
 	if err != nil {
 		b.Close()
 		return nil, err

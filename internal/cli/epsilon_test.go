@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
 )
@@ -111,7 +112,7 @@ func testEpsilonOneAnswer(t *testing.T, progress string) {
 	if n < 12 || n >= 400 {
 		t.Fatalf("stopped at step %d, want between 12 and 400", n)
 	}
-	exact, err := ledger.PLDEventEpsilon(*last.Event, charges, recs[0].Delta)
+	exact, err := accounting.PLD{}.Epsilon(*last.Event, charges, recs[0].Delta)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/internal/ledgerreport"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -207,12 +208,14 @@ func printRecords(w io.Writer, recs []ledger.Record) {
 // eventParams returns the sampling rate and noise multiplier of a
 // (Poisson-subsampled) Gaussian or discrete Gaussian event, and the event
 // kind in the σ column for any other event.
-func eventParams(e ledger.Event) (q, sigma string) {
-	gaussian := func(k ledger.Kind) bool { return k == ledger.KindGaussian || k == ledger.KindDiscreteGaussian }
+func eventParams(e accounting.Event) (q, sigma string) {
+	gaussian := func(k accounting.Kind) bool {
+		return k == accounting.KindGaussian || k == accounting.KindDiscreteGaussian
+	}
 	switch {
 	case gaussian(e.Kind):
 		return "1", strconv.FormatFloat(e.NoiseMultiplier, 'g', -1, 64)
-	case e.Kind == ledger.KindPoissonSampled && e.Event != nil && gaussian(e.Event.Kind):
+	case e.Kind == accounting.KindPoissonSampled && e.Event != nil && gaussian(e.Event.Kind):
 		return strconv.FormatFloat(e.SampleRate, 'g', -1, 64), strconv.FormatFloat(e.Event.NoiseMultiplier, 'g', -1, 64)
 	}
 	return "-", string(e.Kind)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
@@ -45,7 +46,7 @@ func newTestLedger(t *testing.T) testLedger {
 	if err := l.Start("cli-test", 10, 1e-5, seed.Crypto, ledger.MechanismFloat, "", cliHistory); err != nil {
 		t.Fatal(err)
 	}
-	e := ledger.SubsampledGaussian(0.01, 1.1)
+	e := accounting.SubsampledGaussian(0.01, 1.1)
 	for _, c := range []struct {
 		step   int64
 		index  uint64
@@ -162,10 +163,10 @@ func TestLedgerAudit(t *testing.T) {
 func TestLedgerAuditPLD(t *testing.T) {
 	for _, tc := range []struct {
 		mechanism, accountant string
-		event                 ledger.Event
+		event                 accounting.Event
 	}{
-		{ledger.MechanismFloat, ledger.AccountantPLD, ledger.SubsampledGaussian(0.01, 1.1)},
-		{ledger.MechanismDiscrete, ledger.AccountantRDP, ledger.SubsampledDiscreteGaussian(0.01, 1.1)},
+		{ledger.MechanismFloat, ledger.AccountantPLD, accounting.SubsampledGaussian(0.01, 1.1)},
+		{ledger.MechanismDiscrete, ledger.AccountantRDP, accounting.SubsampledDiscreteGaussian(0.01, 1.1)},
 	} {
 		dir := t.TempDir()
 		l, err := ledger.Open(filepath.Join(dir, coordinator.LedgerFile))
@@ -385,8 +386,8 @@ func TestLedgerAuditHistoryReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	const other = "0ff0ff0ff0ff0ff0ff0ff0ff0ff0ff0"
-	acc, _ := ledger.NewAccountant(nil)
-	e := ledger.SubsampledGaussian(0.01, 1.1)
+	acc := accounting.RDP{}.NewComposition()
+	e := accounting.SubsampledGaussian(0.01, 1.1)
 	for range recs[1:] {
 		acc.Compose(e, 1)
 	}

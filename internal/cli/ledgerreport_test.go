@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/internal/ledgerreport"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -147,7 +148,7 @@ func TestLedgerShowDiscreteParams(t *testing.T) {
 	if err := l.Start("discrete", 3, 1e-5, seed.Crypto, ledger.MechanismDiscrete, ledger.AccountantRDP, cliHistory); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Charge(1, ledger.SubsampledDiscreteGaussian(0.0042, 0.7), ledger.Position{History: cliHistory, Term: 2, Index: 5}, false); err != nil {
+	if _, err := l.Charge(1, accounting.SubsampledDiscreteGaussian(0.0042, 0.7), ledger.Position{History: cliHistory, Term: 2, Index: 5}, false); err != nil {
 		t.Fatal(err)
 	}
 	l.Close()

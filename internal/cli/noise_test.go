@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
@@ -39,7 +40,7 @@ func TestRunConfigNoise(t *testing.T) {
 	if c.Accountant != coordinator.AccountantPLD {
 		t.Fatalf("default accountant %q", c.Accountant)
 	}
-	pld, err := ledger.PLDEventEpsilon(c.Event(), spec.MaxSteps, spec.Delta)
+	pld, err := accounting.PLD{}.Epsilon(c.Event(), spec.MaxSteps, spec.Delta)
 	if err != nil || pld > spec.TargetEpsilon || pld < spec.TargetEpsilon*(1-1e-5) {
 		t.Errorf("discrete PLD run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, pld, err, spec.TargetEpsilon)
 	}
@@ -48,7 +49,7 @@ func TestRunConfigNoise(t *testing.T) {
 	if c, err = spec.runConfig(m, n, "", false, "", nil); err != nil {
 		t.Fatal(err)
 	}
-	eps, _, err := ledger.EventEpsilon(nil, c.Event(), spec.MaxSteps, spec.Delta)
+	eps, _, err := accounting.RDP{}.EpsilonOrder(c.Event(), spec.MaxSteps, spec.Delta)
 	if err != nil || eps > spec.TargetEpsilon || eps < spec.TargetEpsilon*(1-1e-6) {
 		t.Errorf("discrete RDP run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, eps, err, spec.TargetEpsilon)
 	}
@@ -61,7 +62,7 @@ func TestRunConfigNoise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := ledger.CalibrateSigma(nil, spec.TargetEpsilon*(1-1e-9), spec.BatchSize/n, spec.MaxSteps, spec.Delta)
+	want, _ := accounting.RDP{}.Calibrate(spec.TargetEpsilon*(1-1e-9), spec.MaxSteps, spec.Delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(spec.BatchSize/n, s) })
 	if fc.NoiseMode != coordinator.NoiseFloat || fc.Optimizer.NoiseMultiplier != want {
 		t.Errorf("float run: mode %q σ %v, want σ %v", fc.NoiseMode, fc.Optimizer.NoiseMultiplier, want)
 	}
@@ -117,7 +118,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 			t.Errorf("%s: noise mode %q, want %q", tc.dir, c.NoiseMode, tc.want)
 		}
 		if tc.want == coordinator.NoiseLegacy {
-			want, _ := ledger.CalibrateSigma(nil, spec.TargetEpsilon*(1-1e-9), spec.BatchSize/10000, spec.MaxSteps, spec.Delta)
+			want, _ := accounting.RDP{}.Calibrate(spec.TargetEpsilon*(1-1e-9), spec.MaxSteps, spec.Delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(spec.BatchSize/10000, s) })
 			if c.Optimizer.NoiseMultiplier != want {
 				t.Errorf("legacy σ %v, want the Gaussian calibration %v", c.Optimizer.NoiseMultiplier, want)
 			}

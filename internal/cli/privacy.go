@@ -8,19 +8,19 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/dpcluster/dpcluster/ledger"
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/mechanism"
 )
 
-// orderSet maps the --orders flag to Rényi orders.
-func orderSet(name string) ([]float64, error) {
+// orderSet maps the --orders flag to the RDP accountant's Rényi orders.
+func orderSet(name string) (accounting.RDP, error) {
 	switch name {
 	case "default":
-		return ledger.DefaultOrders(), nil
+		return accounting.RDP{}, nil
 	case "opacus":
-		return ledger.OpacusOrders(), nil
+		return accounting.NewRDP(accounting.OpacusOrders())
 	}
-	return nil, fmt.Errorf("--orders must be default or opacus, not %q", name)
+	return accounting.RDP{}, fmt.Errorf("--orders must be default or opacus, not %q", name)
 }
 
 type privacyFlags struct {
@@ -30,17 +30,18 @@ type privacyFlags struct {
 	delta      float64
 	target     float64
 	orders     string
-	accountant string
-	mechanism  string
-	dim        int
-	clip       float64
-	json       bool
+	// accountantName is --accountant: accountantRDP or accountantPLD.
+	accountantName string
+	mechanism      string
+	dim            int
+	clip           float64
+	json           bool
 }
 
 // The accountants and mechanisms of privacy epsilon|sigma.
 const (
-	accountantRDP = "rdp"
-	accountantPLD = "pld"
+	accountantRDP = string(accounting.NameRDP)
+	accountantPLD = string(accounting.NamePLD)
 
 	mechGaussian         = "gaussian"
 	mechDiscreteGaussian = "discrete-gaussian"
@@ -50,10 +51,10 @@ const (
 // the PLD accountant charges the discrete Gaussian only with the leader's
 // lattice, which --dim (and --clip) determine.
 func (f *privacyFlags) check() error {
-	switch f.accountant {
+	switch f.accountantName {
 	case accountantRDP, accountantPLD:
 	default:
-		return fmt.Errorf("--accountant must be %s or %s, not %q", accountantRDP, accountantPLD, f.accountant)
+		return fmt.Errorf("--accountant must be %s or %s, not %q", accountantRDP, accountantPLD, f.accountantName)
 	}
 	switch f.mechanism {
 	case mechGaussian, mechDiscreteGaussian:
@@ -65,7 +66,7 @@ func (f *privacyFlags) check() error {
 		return fmt.Errorf("--dim %d must not be negative", f.dim)
 	case f.dim > 0 && f.mechanism != mechDiscreteGaussian:
 		return fmt.Errorf("--dim is for --mechanism %s only", mechDiscreteGaussian)
-	case f.accountant == accountantPLD && f.mechanism == mechDiscreteGaussian && f.dim == 0:
+	case f.accountantName == accountantPLD && f.mechanism == mechDiscreteGaussian && f.dim == 0:
 		return fmt.Errorf("--accountant pld charges --mechanism %s with the leader's lattice: give --dim (the model's parameter count) and --clip", mechDiscreteGaussian)
 	case !(f.clip > 0) || math.IsInf(f.clip, 0):
 		return fmt.Errorf("--clip %v must be positive and finite", f.clip)
@@ -79,21 +80,21 @@ func (f *privacyFlags) check() error {
 // multiplier and the event charges its σ_eff, with the lattice for PLD.
 // Without, σ is the discrete Gaussian's noise multiplier itself. An
 // impossible lattice gives the zero Event, which accounting refuses.
-func (f *privacyFlags) event(sigma float64) ledger.Event {
+func (f *privacyFlags) event(sigma float64) accounting.Event {
 	switch {
 	case f.mechanism == mechDiscreteGaussian && f.dim > 0:
 		m, err := mechanism.NewDiscreteGaussian(sigma, f.clip, f.dim)
 		if err != nil {
-			return ledger.Event{}
+			return accounting.Event{}
 		}
-		if f.accountant == accountantPLD {
+		if f.accountantName == accountantPLD {
 			return m.LatticeEvent(f.sampleRate)
 		}
 		return m.Event(f.sampleRate)
 	case f.mechanism == mechDiscreteGaussian:
-		return ledger.PoissonSampled(f.sampleRate, ledger.DiscreteGaussian(sigma))
+		return accounting.PoissonSampled(f.sampleRate, accounting.DiscreteGaussian(sigma))
 	}
-	return ledger.SubsampledGaussian(f.sampleRate, sigma)
+	return accounting.SubsampledGaussian(f.sampleRate, sigma)
 }
 
 // lattice returns v with --dim, 0 (omitted from JSON) without.
@@ -114,37 +115,34 @@ func (f *privacyFlags) effective(sigma float64) float64 {
 	return e.NoiseMultiplier
 }
 
+// accountant returns the --accountant's accountant: rdp over --orders
+// (orderSet), or pld.
+func (f *privacyFlags) accountant(rdp accounting.RDP) accounting.Accountant {
+	if f.accountantName == accountantPLD {
+		return accounting.PLD{}
+	}
+	return rdp
+}
+
 // epsilon returns ε at the flags' δ for σ, and the best Rényi order (NaN
 // for the PLD accountant).
-func (f *privacyFlags) epsilon(orders []float64, sigma float64) (float64, float64, error) {
-	if f.accountant == accountantPLD {
-		if _, _, err := ledger.Epsilon(f.sampleRate, sigma, f.steps, f.delta); err != nil {
-			return 0, 0, err // validates q, σ, steps, δ (RDP: cheap)
-		}
-		eps, err := ledger.PLDEventEpsilon(f.event(sigma), f.steps, f.delta)
-		return eps, math.NaN(), err
-	}
-	if _, _, err := ledger.EpsilonOrders(orders, f.sampleRate, sigma, f.steps, f.delta); err != nil {
+func (f *privacyFlags) epsilon(rdp accounting.RDP, sigma float64) (float64, float64, error) {
+	if err := accounting.ValidateRun(f.sampleRate, sigma, f.steps, f.delta); err != nil {
 		return 0, 0, err // validates q, σ, steps, δ
 	}
-	return ledger.EventEpsilon(orders, f.event(sigma), f.steps, f.delta)
+	if f.accountantName == accountantPLD {
+		eps, err := accounting.PLD{}.Epsilon(f.event(sigma), f.steps, f.delta)
+		return eps, math.NaN(), err
+	}
+	return rdp.EpsilonOrder(f.event(sigma), f.steps, f.delta)
 }
 
 // calibrate returns the smallest σ whose ε is at most the target.
-func (f *privacyFlags) calibrate(orders []float64) (float64, error) {
-	if f.accountant == accountantPLD && f.mechanism == mechGaussian {
-		return ledger.PLDCalibrateSigma(f.target, f.sampleRate, f.steps, f.delta)
-	}
-	if f.mechanism == mechGaussian {
-		return ledger.CalibrateSigma(orders, f.target, f.sampleRate, f.steps, f.delta)
-	}
+func (f *privacyFlags) calibrate(rdp accounting.RDP) (float64, error) {
 	if !(f.sampleRate > 0 && f.sampleRate <= 1) {
-		return 0, fmt.Errorf("%w: sample rate %v must be in (0, 1]", ledger.ErrInvalidParameter, f.sampleRate)
+		return 0, fmt.Errorf("%w: sample rate %v must be in (0, 1]", accounting.ErrInvalidParameter, f.sampleRate)
 	}
-	if f.accountant == accountantPLD {
-		return ledger.PLDCalibrate(f.target, f.steps, f.delta, f.event)
-	}
-	return ledger.Calibrate(orders, f.target, f.steps, f.delta, f.event)
+	return f.accountant(rdp).Calibrate(f.target, f.steps, f.delta, f.event)
 }
 
 // describe names the accountant and mechanism for the text output.
@@ -156,7 +154,7 @@ func (f *privacyFlags) describe(order float64) string {
 	if f.dim > 0 {
 		mech += fmt.Sprintf(" on the leader's lattice (d = %d, C = %g)", f.dim, f.clip)
 	}
-	if f.accountant == accountantPLD {
+	if f.accountantName == accountantPLD {
 		return "PLD accountant, " + mech
 	}
 	return fmt.Sprintf("RDP accountant, best Rényi order α = %g, %s", order, mech)
@@ -167,7 +165,7 @@ func (f *privacyFlags) common(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&f.steps, "steps", 0, "number of training steps, at least 1 (required)")
 	cmd.Flags().Float64Var(&f.delta, "delta", 1e-5, "δ, in (0, 1)")
 	cmd.Flags().StringVar(&f.orders, "orders", "default", "Rényi orders for --accountant rdp: default (a superset of Opacus's) or opacus")
-	cmd.Flags().StringVar(&f.accountant, "accountant", accountantRDP,
+	cmd.Flags().StringVar(&f.accountantName, "accountant", accountantRDP,
 		"rdp (Rényi DP) or pld (privacy loss distribution: tighter; what new runs use by default)")
 	cmd.Flags().StringVar(&f.mechanism, "mechanism", mechGaussian,
 		"gaussian (continuous) or discrete-gaussian (the runs' default noise)")
@@ -234,7 +232,7 @@ func orderPtr(o float64) *float64 {
 
 // ordersName returns the --orders value for JSON, empty for PLD.
 func (f *privacyFlags) ordersName() string {
-	if f.accountant == accountantPLD {
+	if f.accountantName == accountantPLD {
 		return ""
 	}
 	return f.orders
@@ -252,18 +250,18 @@ func newEpsilonCmd() *cobra.Command {
 			if err := f.check(); err != nil {
 				return err
 			}
-			orders, err := orderSet(f.orders)
+			rdp, err := orderSet(f.orders)
 			if err != nil {
 				return err
 			}
-			eps, order, err := f.epsilon(orders, f.sigma)
+			eps, order, err := f.epsilon(rdp, f.sigma)
 			if err != nil {
 				return err
 			}
 			if f.json {
 				return writeJSON(cmd.OutOrStdout(), epsilonResult{
 					SampleRate: f.sampleRate, NoiseMultiplier: f.sigma, Steps: f.steps, Delta: f.delta,
-					Orders: f.ordersName(), Epsilon: eps, Order: orderPtr(order), Accountant: f.accountant, Mechanism: f.mechanism,
+					Orders: f.ordersName(), Epsilon: eps, Order: orderPtr(order), Accountant: f.accountantName, Mechanism: f.mechanism,
 					Dim: f.dim, ClipNorm: f.lattice(f.clip), EffectiveNoiseMultiplier: f.lattice(f.effective(f.sigma)),
 				})
 			}
@@ -309,22 +307,22 @@ func newSigmaCmd() *cobra.Command {
 			if err := f.check(); err != nil {
 				return err
 			}
-			orders, err := orderSet(f.orders)
+			rdp, err := orderSet(f.orders)
 			if err != nil {
 				return err
 			}
-			sigma, err := f.calibrate(orders)
+			sigma, err := f.calibrate(rdp)
 			if err != nil {
 				return err
 			}
-			eps, order, err := f.epsilon(orders, sigma)
+			eps, order, err := f.epsilon(rdp, sigma)
 			if err != nil {
 				return err
 			}
 			if f.json {
 				return writeJSON(cmd.OutOrStdout(), sigmaResult{
 					TargetEpsilon: f.target, SampleRate: f.sampleRate, Steps: f.steps, Delta: f.delta,
-					Orders: f.ordersName(), NoiseMultiplier: sigma, Epsilon: eps, Order: orderPtr(order), Accountant: f.accountant, Mechanism: f.mechanism,
+					Orders: f.ordersName(), NoiseMultiplier: sigma, Epsilon: eps, Order: orderPtr(order), Accountant: f.accountantName, Mechanism: f.mechanism,
 					Dim: f.dim, ClipNorm: f.lattice(f.clip), EffectiveNoiseMultiplier: f.lattice(f.effective(sigma)),
 				})
 			}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/internal/ledgerreport"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
@@ -31,7 +32,7 @@ func Example() {
 	}
 	for i, term := range []uint64{2, 2, 3} {
 		pos := ledger.Position{History: history, Term: term, Index: uint64(3 + 2*i)}
-		if _, err := l.Charge(int64(i+1), ledger.SubsampledGaussian(0.01, 1.1), pos, false); err != nil {
+		if _, err := l.Charge(int64(i+1), accounting.SubsampledGaussian(0.01, 1.1), pos, false); err != nil {
 			panic(err)
 		}
 	}

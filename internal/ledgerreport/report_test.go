@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
 )
@@ -45,7 +46,7 @@ func testReportOf(t *testing.T, accountant string) (ledger.Timeline, ledger.Audi
 		index  uint64
 		replay bool
 	}{{1, 2, 3, false}, {2, 2, 4, false}, {2, 2, 5, true}, {3, 2, 6, false}, {4, 3, 9, false}, {5, 3, 10, false}, {5, 5, 13, true}, {6, 5, 14, false}} {
-		if _, err := l.Charge(c.step, ledger.SubsampledGaussian(0.05, 1.0), ledger.Position{History: testHistory, Term: c.term, Index: c.index}, c.replay); err != nil {
+		if _, err := l.Charge(c.step, accounting.SubsampledGaussian(0.05, 1.0), ledger.Position{History: testHistory, Term: c.term, Index: c.index}, c.replay); err != nil {
 			t.Fatal(err)
 		}
 	}

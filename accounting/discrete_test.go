@@ -1,4 +1,4 @@
-package ledger
+package accounting
 
 import (
 	"errors"
@@ -111,7 +111,7 @@ func TestSubsampledDiscreteGaussianRDPBoundsExact(t *testing.T) {
 // continuous Gaussian's at the same σ (the fractional orders are
 // interpolated), and the event round-trips.
 func TestDiscreteEventAccounting(t *testing.T) {
-	acc, _ := NewAccountant(nil)
+	acc := RDP{}.NewComposition()
 	e := SubsampledDiscreteGaussian(0.01, 1.1)
 	if err := acc.Compose(e, 3); err != nil {
 		t.Fatal(err)
@@ -124,11 +124,11 @@ func TestDiscreteEventAccounting(t *testing.T) {
 	if err := acc.Compose(DiscreteGaussian(2), 1); err != nil {
 		t.Fatal(err)
 	}
-	disc, _, err := EventEpsilon(nil, SubsampledDiscreteGaussian(0.004266666666666667, 0.74), 2343, 1e-5)
+	disc, _, err := RDP{}.EpsilonOrder(SubsampledDiscreteGaussian(0.004266666666666667, 0.74), 2343, 1e-5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cont, _, _ := Epsilon(0.004266666666666667, 0.74, 2343, 1e-5)
+	cont, _, _ := RDP{}.EpsilonOrder(SubsampledGaussian(0.004266666666666667, 0.74), 2343, 1e-5)
 	if disc < cont || disc > cont*1.01 {
 		t.Errorf("discrete ε %v, continuous %v", disc, cont)
 	}
@@ -145,28 +145,32 @@ func TestDiscreteEventAccounting(t *testing.T) {
 }
 
 // TestCalibrateEvent: Calibrate through the event a run charges returns
-// the smallest σ whose ε meets the target, and agrees with CalibrateSigma
-// for the Gaussian.
+// the smallest σ whose ε meets the target, and the accountant New returns
+// by name calibrates the same σ.
 func TestCalibrateEvent(t *testing.T) {
 	const eps, q, delta, steps = 3, 0.004266666666666667, 1e-5, 2343
-	want, err := CalibrateSigma(nil, eps, q, steps, delta)
+	want, err := RDP{}.Calibrate(eps, steps, delta, func(s float64) Event { return SubsampledGaussian(q, s) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := Calibrate(nil, eps, steps, delta, func(s float64) Event { return SubsampledGaussian(q, s) })
+	byName, err := New(NameRDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := byName.Calibrate(eps, steps, delta, func(s float64) Event { return SubsampledGaussian(q, s) })
 	if err != nil || got != want {
-		t.Errorf("Calibrate = %v, %v; CalibrateSigma = %v", got, err, want)
+		t.Errorf("New(NameRDP).Calibrate = %v, %v; RDP{}.Calibrate = %v", got, err, want)
 	}
-	disc, err := Calibrate(nil, eps, steps, delta, func(s float64) Event { return SubsampledDiscreteGaussian(q, s) })
+	disc, err := RDP{}.Calibrate(eps, steps, delta, func(s float64) Event { return SubsampledDiscreteGaussian(q, s) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, _, _ := EventEpsilon(nil, SubsampledDiscreteGaussian(q, disc), steps, delta)
-	e2, _, _ := EventEpsilon(nil, SubsampledDiscreteGaussian(q, disc*(1-1e-6)), steps, delta)
+	e, _, _ := RDP{}.EpsilonOrder(SubsampledDiscreteGaussian(q, disc), steps, delta)
+	e2, _, _ := RDP{}.EpsilonOrder(SubsampledDiscreteGaussian(q, disc*(1-1e-6)), steps, delta)
 	if e > eps || e2 <= eps || disc < want {
 		t.Errorf("discrete σ %v (Gaussian %v): ε %v, at σ(1−1e-6) %v", disc, want, e, e2)
 	}
-	if _, err := Calibrate(nil, eps, 0, delta, func(s float64) Event { return Gaussian(s) }); !errors.Is(err, ErrInvalidParameter) {
+	if _, err := (RDP{}).Calibrate(eps, 0, delta, func(s float64) Event { return Gaussian(s) }); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("zero steps: %v", err)
 	}
 }

@@ -1,20 +1,9 @@
-package ledger
+package accounting
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"slices"
-)
-
-// Errors returned by the accountant.
-var (
-	// ErrInvalidParameter is returned for a δ, ε, q, σ or step count outside
-	// its valid range.
-	ErrInvalidParameter = errors.New("ledger: invalid accounting parameter")
-	// ErrUnreachable is returned by calibration when no noise multiplier in
-	// the searched range reaches the target ε.
-	ErrUnreachable = errors.New("ledger: target epsilon unreachable")
 )
 
 // OpacusOrders returns the Rényi orders of Opacus's RDPAccountant

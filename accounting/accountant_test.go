@@ -1,4 +1,4 @@
-package ledger
+package accounting
 
 import (
 	"encoding/json"
@@ -95,20 +95,17 @@ func TestEventRejects(t *testing.T) {
 
 func TestComposeAdditive(t *testing.T) {
 	e := SubsampledGaussian(0.01, 1.0)
-	one, err := NewAccountant(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	one := RDP{}.NewComposition()
 	for range 100 {
 		if err := one.Compose(e, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
-	many, _ := NewAccountant(nil)
+	many := RDP{}.NewComposition()
 	if err := many.Compose(SelfComposed(e, 100), 1); err != nil {
 		t.Fatal(err)
 	}
-	nested, _ := NewAccountant(nil)
+	nested := RDP{}.NewComposition()
 	if err := nested.Compose(Composed(SelfComposed(e, 60), SelfComposed(e, 40)), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +118,7 @@ func TestComposeAdditive(t *testing.T) {
 }
 
 func TestComposeRejectsWithoutCharging(t *testing.T) {
-	acc, _ := NewAccountant(nil)
+	acc := RDP{}.NewComposition()
 	if err := acc.Compose(Gaussian(0), 1); !errors.Is(err, ErrInvalidEvent) {
 		t.Fatalf("Compose(σ=0) = %v, want ErrInvalidEvent", err)
 	}
@@ -140,7 +137,7 @@ func TestComposeRejectsWithoutCharging(t *testing.T) {
 func TestEpsilonMonotone(t *testing.T) {
 	prev := math.Inf(1)
 	for _, sigma := range []float64{0.5, 0.7, 1, 1.5, 2, 4, 8} {
-		e, _, err := Epsilon(0.01, sigma, 1000, 1e-5)
+		e, _, err := RDP{}.EpsilonOrder(SubsampledGaussian(0.01, sigma), 1000, 1e-5)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +148,7 @@ func TestEpsilonMonotone(t *testing.T) {
 	}
 	prev = 0
 	for _, steps := range []int64{1, 10, 100, 1000, 10000} {
-		e, _, _ := Epsilon(0.01, 1, steps, 1e-5)
+		e, _, _ := RDP{}.EpsilonOrder(SubsampledGaussian(0.01, 1), steps, 1e-5)
 		if e < prev {
 			t.Errorf("ε(steps=%d) = %v < ε at fewer steps %v", steps, e, prev)
 		}
@@ -200,8 +197,18 @@ func TestEpsilonInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, _, err := Epsilon(tt.q, tt.sigma, tt.steps, tt.delta); !errors.Is(err, ErrInvalidParameter) {
-				t.Errorf("Epsilon error = %v, want ErrInvalidParameter", err)
+			if err := ValidateRun(tt.q, tt.sigma, tt.steps, tt.delta); !errors.Is(err, ErrInvalidParameter) {
+				t.Errorf("ValidateRun error = %v, want ErrInvalidParameter", err)
+			}
+			// Each accountant refuses the same run: an invalid event, δ or
+			// step count.
+			for _, acc := range []Accountant{RDP{}, PLD{}} {
+				if tt.steps < 1 {
+					continue // RDP composes 0 runs (ε is the conversion's floor); PLD refuses them
+				}
+				if _, err := acc.Epsilon(SubsampledGaussian(tt.q, tt.sigma), tt.steps, tt.delta); err == nil {
+					t.Errorf("%s: Epsilon error = nil for an invalid run", acc.Name())
+				}
 			}
 		})
 	}
@@ -217,26 +224,26 @@ func TestCalibrateSigma(t *testing.T) {
 		{8, 0.1, 1e-6, 100},
 		{50, 0.001, 1e-5, 10},
 	} {
-		sigma, err := CalibrateSigma(nil, tc.eps, tc.q, tc.steps, tc.delta)
+		sigma, err := RDP{}.Calibrate(tc.eps, tc.steps, tc.delta, func(s float64) Event { return SubsampledGaussian(tc.q, s) })
 		if err != nil {
-			t.Fatalf("CalibrateSigma(%+v): %v", tc, err)
+			t.Fatalf("Calibrate(%+v): %v", tc, err)
 		}
-		e, _, _ := Epsilon(tc.q, sigma, tc.steps, tc.delta)
+		e, _, _ := RDP{}.EpsilonOrder(SubsampledGaussian(tc.q, sigma), tc.steps, tc.delta)
 		if e > tc.eps {
 			t.Errorf("%+v: σ=%v gives ε=%v above target", tc, sigma, e)
 		}
 		// Smallest: a slightly smaller σ must overshoot, unless σ hit the
 		// search floor.
 		if sigma > minSigma {
-			if e2, _, _ := Epsilon(tc.q, sigma*(1-1e-6), tc.steps, tc.delta); e2 <= tc.eps {
+			if e2, _, _ := (RDP{}).EpsilonOrder(SubsampledGaussian(tc.q, sigma*(1-1e-6)), tc.steps, tc.delta); e2 <= tc.eps {
 				t.Errorf("%+v: σ=%v is not the smallest: σ(1−1e-6) gives ε=%v", tc, sigma, e2)
 			}
 		}
 	}
-	if _, err := CalibrateSigma(nil, 1e-4, 0.5, 1000, 1e-5); !errors.Is(err, ErrUnreachable) {
+	if _, err := (RDP{}).Calibrate(1e-4, 1000, 1e-5, func(s float64) Event { return SubsampledGaussian(0.5, s) }); !errors.Is(err, ErrUnreachable) {
 		t.Errorf("unreachable target: err = %v, want ErrUnreachable", err)
 	}
-	if _, err := CalibrateSigma(nil, -1, 0.5, 1000, 1e-5); !errors.Is(err, ErrInvalidParameter) {
+	if _, err := (RDP{}).Calibrate(-1, 1000, 1e-5, func(s float64) Event { return SubsampledGaussian(0.5, s) }); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("negative target: err = %v, want ErrInvalidParameter", err)
 	}
 }
@@ -272,7 +279,7 @@ func FuzzUnmarshalEvent(f *testing.F) {
 
 func BenchmarkEpsilon100kSteps(b *testing.B) {
 	for b.Loop() {
-		if _, _, err := Epsilon(0.004266666666666667, 1.1, 100000, 1e-5); err != nil {
+		if _, _, err := (RDP{}).EpsilonOrder(SubsampledGaussian(0.004266666666666667, 1.1), 100000, 1e-5); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -280,7 +287,7 @@ func BenchmarkEpsilon100kSteps(b *testing.B) {
 
 func BenchmarkCalibrateSigma(b *testing.B) {
 	for b.Loop() {
-		if _, err := CalibrateSigma(nil, 3, 0.004266666666666667, 100000, 1e-5); err != nil {
+		if _, err := (RDP{}).Calibrate(3, 100000, 1e-5, func(s float64) Event { return SubsampledGaussian(0.004266666666666667, s) }); err != nil {
 			b.Fatal(err)
 		}
 	}

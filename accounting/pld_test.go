@@ -1,4 +1,4 @@
-package ledger
+package accounting
 
 import (
 	"errors"
@@ -49,7 +49,7 @@ func TestPLDExactGaussian(t *testing.T) {
 		for _, steps := range []int64{1, 10, 1000} {
 			for _, delta := range []float64{1e-5, 1e-10} {
 				t.Run(fmt.Sprintf("σ=%v/T=%d/δ=%v", sigma, steps, delta), func(t *testing.T) {
-					got, err := PLDEpsilon(1, sigma, steps, delta)
+					got, err := PLD{}.Epsilon(SubsampledGaussian(1, sigma), steps, delta)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -80,14 +80,14 @@ func TestPLDConformance(t *testing.T) {
 				}
 				n++
 				t.Run(c.Name, func(t *testing.T) {
-					got, err := PLDEpsilon(c.SampleRate, c.NoiseMultiplier, c.Steps, c.Delta)
+					got, err := PLD{}.Epsilon(SubsampledGaussian(c.SampleRate, c.NoiseMultiplier), c.Steps, c.Delta)
 					if err != nil {
 						t.Fatal(err)
 					}
 					if rel := got/c.PLDEpsilon - 1; math.Abs(rel) > 0.005 {
 						t.Errorf("PLD ε = %.12g, reference %.12g (relative %.3g > 0.5%%)", got, c.PLDEpsilon, rel)
 					}
-					rdp, _, err := Epsilon(c.SampleRate, c.NoiseMultiplier, c.Steps, c.Delta)
+					rdp, _, err := RDP{}.EpsilonOrder(SubsampledGaussian(c.SampleRate, c.NoiseMultiplier), c.Steps, c.Delta)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -117,14 +117,14 @@ func TestPLDRobust(t *testing.T) {
 				prevD := math.Inf(1)
 				for i, delta := range deltas {
 					name := fmt.Sprintf("σ=%v/q=%v/T=%d/δ=%v", sigma, q, steps, delta)
-					got, err := PLDEpsilon(q, sigma, steps, delta)
+					got, err := PLD{}.Epsilon(SubsampledGaussian(q, sigma), steps, delta)
 					if err != nil {
 						t.Fatalf("%s: %v", name, err)
 					}
 					if math.IsNaN(got) || math.IsInf(got, 0) || got < 0 {
 						t.Fatalf("%s: ε = %v", name, got)
 					}
-					rdp, _, err := Epsilon(q, sigma, steps, delta)
+					rdp, _, err := RDP{}.EpsilonOrder(SubsampledGaussian(q, sigma), steps, delta)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -147,7 +147,7 @@ func TestPLDRobust(t *testing.T) {
 }
 
 func TestPLDLargeEpsilon(t *testing.T) {
-	got, err := PLDEpsilon(1, 0.3, 1000, 1e-10)
+	got, err := PLD{}.Epsilon(SubsampledGaussian(1, 0.3), 1000, 1e-10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,22 +165,22 @@ func TestPLDLargeEpsilon(t *testing.T) {
 // pure ones.
 func TestPLDComposeEvents(t *testing.T) {
 	const q, delta = 0.01, 1e-6
-	whole, err := PLDEpsilon(q, 1, 2000, delta)
+	whole, err := PLD{}.Epsilon(SubsampledGaussian(q, 1), 2000, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	split, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: 1, Count: 500}, {SampleRate: q, NoiseMultiplier: 1, Count: 1500}}, delta)
+	split, err := PLD{}.EpsilonSteps([]PLDEvent{{SampleRate: q, NoiseMultiplier: 1, Count: 500}, {SampleRate: q, NoiseMultiplier: 1, Count: 1500}}, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if math.Abs(split/whole-1) > 1e-4 {
 		t.Errorf("split composition ε = %.10g, whole %.10g", split, whole)
 	}
-	noisy, err := PLDEpsilon(q, 2, 2000, delta)
+	noisy, err := PLD{}.Epsilon(SubsampledGaussian(q, 2), 2000, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mixed, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: 1, Count: 1000}, {SampleRate: q, NoiseMultiplier: 2, Count: 1000}}, delta)
+	mixed, err := PLD{}.EpsilonSteps([]PLDEvent{{SampleRate: q, NoiseMultiplier: 1, Count: 1000}, {SampleRate: q, NoiseMultiplier: 2, Count: 1000}}, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestPLDComposeEvents(t *testing.T) {
 		t.Errorf("mixed ε = %.10g not between %.10g (σ=2) and %.10g (σ=1)", mixed, noisy, whole)
 	}
 	// RDP of the same mixed events is an upper bound too, and looser.
-	acc, _ := NewAccountant(nil)
+	acc := RDP{}.NewComposition()
 	_ = acc.Compose(SubsampledGaussian(q, 1), 1000)
 	_ = acc.Compose(SubsampledGaussian(q, 2), 1000)
 	rdp, _, _ := acc.Epsilon(delta)
@@ -206,11 +206,11 @@ func TestPLDCalibrateSigma(t *testing.T) {
 		{3, 0.004266666666666667, 2343, 1e-5},
 		{1, 0.1, 512, 1e-6},
 	} {
-		sigma, err := PLDCalibrateSigma(c.target, c.q, c.steps, c.delta)
+		sigma, err := PLD{}.Calibrate(c.target, c.steps, c.delta, func(s float64) Event { return SubsampledGaussian(c.q, s) })
 		if err != nil {
 			t.Fatal(err)
 		}
-		eps, err := PLDEpsilon(c.q, sigma, c.steps, c.delta)
+		eps, err := PLD{}.Epsilon(SubsampledGaussian(c.q, sigma), c.steps, c.delta)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,10 +218,10 @@ func TestPLDCalibrateSigma(t *testing.T) {
 			t.Errorf("σ = %.10g gives PLD ε = %.12g > target %v", sigma, eps, c.target)
 		}
 		// Smallest: 0.1% less noise overshoots the target.
-		if e, _ := PLDEpsilon(c.q, sigma*(1-1e-3), c.steps, c.delta); e <= c.target {
+		if e, _ := (PLD{}).Epsilon(SubsampledGaussian(c.q, sigma*(1-1e-3)), c.steps, c.delta); e <= c.target {
 			t.Errorf("σ·(1−1e-3) = %.10g still gives ε = %.12g ≤ target %v", sigma*(1-1e-3), e, c.target)
 		}
-		rdpSigma, err := CalibrateSigma(nil, c.target, c.q, c.steps, c.delta)
+		rdpSigma, err := RDP{}.Calibrate(c.target, c.steps, c.delta, func(s float64) Event { return SubsampledGaussian(c.q, s) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,19 +248,19 @@ func TestPLDRejects(t *testing.T) {
 		{"delta one", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: 10}}, 1},
 		{"delta NaN", []PLDEvent{{SampleRate: 0.1, NoiseMultiplier: 1, Count: 10}}, math.NaN()},
 	} {
-		if _, err := PLDEpsilonEvents(tc.events, tc.delta); !errors.Is(err, ErrInvalidParameter) {
+		if _, err := (PLD{}).EpsilonSteps(tc.events, tc.delta); !errors.Is(err, ErrInvalidParameter) {
 			t.Errorf("%s: err = %v, want ErrInvalidParameter", tc.name, err)
 		}
 	}
-	if _, err := PLDCalibrateSigma(0, 0.1, 10, 1e-5); !errors.Is(err, ErrInvalidParameter) {
+	if _, err := (PLD{}).Calibrate(0, 10, 1e-5, func(s float64) Event { return SubsampledGaussian(0.1, s) }); !errors.Is(err, ErrInvalidParameter) {
 		t.Errorf("target 0: err = %v", err)
 	}
 }
 
 func BenchmarkPLDEpsilon10kSteps(b *testing.B) {
 	for b.Loop() {
-		forgetPLD() // time the computation, not the memo
-		if _, err := PLDEpsilon(0.004266666666666667, 1.1, 10000, 1e-5); err != nil {
+		ResetCaches() // time the computation, not the memo
+		if _, err := (PLD{}).Epsilon(SubsampledGaussian(0.004266666666666667, 1.1), 10000, 1e-5); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -268,8 +268,8 @@ func BenchmarkPLDEpsilon10kSteps(b *testing.B) {
 
 func BenchmarkPLDCalibrateSigma(b *testing.B) {
 	for b.Loop() {
-		forgetPLD() // time the computation, not the memo
-		if _, err := PLDCalibrateSigma(3, 0.004266666666666667, 2343, 1e-5); err != nil {
+		ResetCaches() // time the computation, not the memo
+		if _, err := (PLD{}).Calibrate(3, 2343, 1e-5, func(s float64) Event { return SubsampledGaussian(0.004266666666666667, s) }); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -283,29 +283,29 @@ func BenchmarkPLDEpsilonDiscrete10kSteps(b *testing.B) {
 	ev := []PLDEvent{{SampleRate: 256.0 / 60000, NoiseMultiplier: 1.1, Count: 10000, Dimension: dim,
 		LatticeScale: math.Ceil(1.1 * 65537 * math.Sqrt(dim))}}
 	for range b.N {
-		forgetPLD() // time the computation, not the memo
-		if _, err := PLDEpsilonEvents(ev, 1e-5); err != nil {
+		ResetCaches() // time the computation, not the memo
+		if _, err := (PLD{}).EpsilonSteps(ev, 1e-5); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// TestPLDMemo: PLDEpsilonEvents remembers its results by their exact
+// TestPLDMemo: EpsilonSteps remembers its results by their exact
 // inputs: a repeated call returns the value the computation gave, which a
 // fresh computation (the memo cleared) gives again; inputs that differ in
 // any field, or in δ, are not confused.
 func TestPLDMemo(t *testing.T) {
 	ev := []PLDEvent{{SampleRate: 0.01, NoiseMultiplier: 1.1, Count: 300}}
-	first, err := PLDEpsilonEvents(ev, 1e-5)
+	first, err := PLD{}.EpsilonSteps(ev, 1e-5)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := pldMemoGet(pldMemoKey(ev, 1e-5)); !ok {
 		t.Fatal("the result was not remembered")
 	}
-	again, _ := PLDEpsilonEvents(ev, 1e-5)
-	forgetPLD()
-	fresh, _ := PLDEpsilonEvents(ev, 1e-5)
+	again, _ := PLD{}.EpsilonSteps(ev, 1e-5)
+	ResetCaches()
+	fresh, _ := PLD{}.EpsilonSteps(ev, 1e-5)
 	if again != first || fresh != first {
 		t.Errorf("remembered %v, first %v, fresh %v", again, first, fresh)
 	}
@@ -318,19 +318,48 @@ func TestPLDMemo(t *testing.T) {
 		{[]PLDEvent{{SampleRate: 0.02, NoiseMultiplier: 1.1, Count: 300}}, 1e-5},
 		{ev, 1e-6},
 	} {
-		got, err := PLDEpsilonEvents(other.ev, other.delta)
+		got, err := PLD{}.EpsilonSteps(other.ev, other.delta)
 		if err != nil || got == first {
 			t.Errorf("%+v at δ %v: %v, %v (the first input's ε is %v)", other.ev, other.delta, got, err, first)
 		}
 	}
 }
 
-// forgetPLD clears PLDEpsilonEvents's memo.
-func forgetPLD() {
-	pldMemo.Lock()
-	pldMemo.m = nil
-	pldMemo.Unlock()
-	pldPrepCache.Lock()
-	pldPrepCache.m, pldPrepCache.size = nil, 0
-	pldPrepCache.Unlock()
+// TestPLDDiscretizationError measures the accountant's discretization
+// excess: ε on its window against ε on a window four times as fine. The
+// excess shrinks like h² (accounting/pld.go), so ε(h) − ε* ≈ (16/15)·(ε(h) −
+// ε(h/4)) (Richardson); it must stay below 5e-4 relative for runs of 1 to
+// 10⁴ steps, and the finer value must not be above the coarser one by more
+// than round-off (the pessimistic PLD on a finer grid is tighter).
+func TestPLDDiscretizationError(t *testing.T) {
+	cases := []struct {
+		q, sigma float64
+		counts   []int64
+	}{
+		{256.0 / 60000, 0.6431, []int64{1, 10, 300, 1000, 10000}},
+		{0.01, 1.1, []int64{1, 30, 64, 100, 200, 3000}},
+		{0.05, 0.8, []int64{50, 500}},
+		{0.1, 2, []int64{2, 1000}},
+		{1, 5, []int64{1, 100}},
+	}
+	worst := 0.0
+	for _, c := range cases {
+		for _, n := range c.counts {
+			ev := []PLDEvent{{SampleRate: c.q, NoiseMultiplier: c.sigma, Count: n}}
+			coarse, err := pldEpsilonFine(ev, 1e-5, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fine, err := pldEpsilonFine(ev, 1e-5, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			excess := (coarse/fine - 1) * 16 / 15
+			worst = max(worst, excess)
+			if excess < -1e-9 || excess > 5e-4 {
+				t.Errorf("q=%v σ=%v %d steps: ε %.9g on the window, %.9g on one 4× as fine: excess ≈ %.2e, want in [0, 5e-4]", c.q, c.sigma, n, coarse, fine, excess)
+			}
+		}
+	}
+	t.Logf("largest excess %.2e", worst)
 }

@@ -1,4 +1,4 @@
-package ledger
+package accounting
 
 import (
 	"errors"
@@ -102,7 +102,7 @@ func TestPLDDiscreteAgainstExact(t *testing.T) {
 		{0.05, 1.2e4, 2e4, "q=0.05, σ=0.6"},
 	} {
 		sigma := c.s / float64(c.k)
-		eps, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: c.q, NoiseMultiplier: sigma, Count: 1, Dimension: 1, LatticeScale: c.s}}, delta)
+		eps, err := PLD{}.EpsilonSteps([]PLDEvent{{SampleRate: c.q, NoiseMultiplier: sigma, Count: 1, Dimension: 1, LatticeScale: c.s}}, delta)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -123,16 +123,16 @@ func TestPLDDiscreteAgainstExact(t *testing.T) {
 // coarsens; where the slack eats δ it falls back to RDP, finite, no error.
 func TestPLDDiscreteSlack(t *testing.T) {
 	const q, sigma, steps, delta = 256.0 / 60000, 0.7, 1000, 1e-5
-	cont, err := PLDEpsilon(q, sigma, steps, delta)
+	cont, err := PLD{}.Epsilon(SubsampledGaussian(q, sigma), steps, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdp, _, err := EventEpsilon(nil, SubsampledDiscreteGaussian(q, sigma), steps, delta)
+	rdp, _, err := RDP{}.EpsilonOrder(SubsampledDiscreteGaussian(q, sigma), steps, delta)
 	if err != nil {
 		t.Fatal(err)
 	}
 	disc := func(scale float64, dim int64) float64 {
-		e, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: sigma, Count: steps, Dimension: dim, LatticeScale: scale}}, delta)
+		e, err := PLD{}.EpsilonSteps([]PLDEvent{{SampleRate: q, NoiseMultiplier: sigma, Count: steps, Dimension: dim, LatticeScale: scale}}, delta)
 		if err != nil {
 			t.Fatalf("scale %v, dim %d: %v", scale, dim, err)
 		}
@@ -157,7 +157,7 @@ func TestPLDDiscreteSlack(t *testing.T) {
 			}
 			continue
 		}
-		check, err := PLDEpsilon(q, sigma, steps, reduced)
+		check, err := PLD{}.Epsilon(SubsampledGaussian(q, sigma), steps, reduced)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,12 +183,12 @@ func TestPLDDiscreteEvents(t *testing.T) {
 	if err := lat.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := pldStepOf(lat)
+	s, err := PLDStep(lat)
 	if err != nil || s != (PLDEvent{SampleRate: 0.01, NoiseMultiplier: 0.8, Count: 1, Dimension: 100, LatticeScale: 1e6}) {
-		t.Errorf("pldStepOf(lattice) = %+v, %v", s, err)
+		t.Errorf("PLDStep(lattice) = %+v, %v", s, err)
 	}
-	if _, err := pldStepOf(SubsampledDiscreteGaussian(0.01, 0.8)); !errors.Is(err, ErrInvalidEvent) {
-		t.Errorf("pldStepOf(no lattice) = %v, want ErrInvalidEvent", err)
+	if _, err := PLDStep(SubsampledDiscreteGaussian(0.01, 0.8)); !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("PLDStep(no lattice) = %v, want ErrInvalidEvent", err)
 	}
 	b, err := lat.Marshal()
 	if err != nil {
@@ -229,7 +229,7 @@ func TestPLDDiscreteEvents(t *testing.T) {
 		{SampleRate: 0.1, NoiseMultiplier: 1, Count: 1, Dimension: 10, LatticeScale: 0.5},
 		{SampleRate: 0.1, NoiseMultiplier: 1, Count: 1, Dimension: -1, LatticeScale: 10},
 	} {
-		if _, err := PLDEpsilonEvents([]PLDEvent{bad}, 1e-5); !errors.Is(err, ErrInvalidParameter) {
+		if _, err := (PLD{}).EpsilonSteps([]PLDEvent{bad}, 1e-5); !errors.Is(err, ErrInvalidParameter) {
 			t.Errorf("%+v: %v, want ErrInvalidParameter", bad, err)
 		}
 	}
@@ -246,17 +246,17 @@ func TestPLDCalibrateDiscrete(t *testing.T) {
 		s := math.Ceil(sigma * lat)
 		return PoissonSampled(q, DiscreteGaussianLattice(s/(lat+math.Sqrt(dim)), s, dim))
 	}
-	sigma, err := PLDCalibrate(target, steps, delta, event)
+	sigma, err := PLD{}.Calibrate(target, steps, delta, event)
 	if err != nil {
 		t.Fatal(err)
 	}
 	eps := func(sigma float64) float64 {
-		s, err := pldStepOf(event(sigma))
+		s, err := PLDStep(event(sigma))
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.Count = steps
-		e, err := PLDEpsilonEvents([]PLDEvent{s}, delta)
+		e, err := PLD{}.EpsilonSteps([]PLDEvent{s}, delta)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,14 +268,14 @@ func TestPLDCalibrateDiscrete(t *testing.T) {
 	if e := eps(sigma * (1 - 1e-5)); !(e > target) {
 		t.Errorf("σ=%v is not the smallest: 1e-5 less still gives ε=%v", sigma, e)
 	}
-	rdpSigma, err := Calibrate(nil, target, steps, delta, event)
+	rdpSigma, err := RDP{}.Calibrate(target, steps, delta, event)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !(sigma < rdpSigma) {
 		t.Errorf("PLD σ %v not below RDP σ %v", sigma, rdpSigma)
 	}
-	if _, err := PLDCalibrate(target, steps, delta, func(s float64) Event { return SubsampledDiscreteGaussian(q, s) }); !errors.Is(err, ErrInvalidEvent) {
+	if _, err := (PLD{}).Calibrate(target, steps, delta, func(s float64) Event { return SubsampledDiscreteGaussian(q, s) }); !errors.Is(err, ErrInvalidEvent) {
 		t.Errorf("calibrating a discrete event without a lattice: %v, want ErrInvalidEvent", err)
 	}
 }
@@ -298,18 +298,18 @@ func TestPLDDiscreteRobust(t *testing.T) {
 				prevD := math.Inf(1)
 				for i, delta := range deltas {
 					name := fmt.Sprintf("σ=%v/q=%v/T=%d/δ=%v", sigma, q, steps, delta)
-					got, err := PLDEpsilonEvents([]PLDEvent{{SampleRate: q, NoiseMultiplier: sigma, Count: steps, Dimension: dim, LatticeScale: scale}}, delta)
+					got, err := PLD{}.EpsilonSteps([]PLDEvent{{SampleRate: q, NoiseMultiplier: sigma, Count: steps, Dimension: dim, LatticeScale: scale}}, delta)
 					if err != nil {
 						t.Fatalf("%s: %v", name, err)
 					}
 					if math.IsNaN(got) || math.IsInf(got, 0) || got < 0 {
 						t.Fatalf("%s: ε = %v", name, got)
 					}
-					rdp, _, err := EventEpsilon(nil, SubsampledDiscreteGaussian(q, sigma), steps, delta)
+					rdp, _, err := RDP{}.EpsilonOrder(SubsampledDiscreteGaussian(q, sigma), steps, delta)
 					if err != nil {
 						t.Fatal(err)
 					}
-					cont, err := PLDEpsilon(q, sigma, steps, delta)
+					cont, err := PLD{}.Epsilon(SubsampledGaussian(q, sigma), steps, delta)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -1,4 +1,4 @@
-package ledger
+package accounting
 
 import (
 	"encoding/json"
@@ -68,7 +68,7 @@ func TestConformance(t *testing.T) {
 				t.Run(c.Name, func(t *testing.T) {
 					// Tolerance from the file's about field: relative 1e-6
 					// against Opacus on Opacus's orders.
-					got, order, err := EpsilonOrders(OpacusOrders(), c.SampleRate, c.NoiseMultiplier, c.Steps, c.Delta)
+					got, order, err := opacusRDP(t).EpsilonOrder(SubsampledGaussian(c.SampleRate, c.NoiseMultiplier), c.Steps, c.Delta)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -76,7 +76,7 @@ func TestConformance(t *testing.T) {
 						t.Errorf("ε on Opacus orders = %.12g (order %v), want %.12g (relative error %.2g > 1e-6)", got, order, c.RDPEpsilon, rel)
 					}
 					// More orders may only lower ε.
-					def, _, err := Epsilon(c.SampleRate, c.NoiseMultiplier, c.Steps, c.Delta)
+					def, _, err := RDP{}.EpsilonOrder(SubsampledGaussian(c.SampleRate, c.NoiseMultiplier), c.Steps, c.Delta)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -90,11 +90,11 @@ func TestConformance(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					// The about field: rdp_epsilon(σ) ≤ target and
 					// σ ≤ rdp_sigma·(1+1e-3).
-					sigma, err := CalibrateSigma(nil, c.TargetEpsilon, c.SampleRate, c.Steps, c.Delta)
+					sigma, err := RDP{}.Calibrate(c.TargetEpsilon, c.Steps, c.Delta, func(s float64) Event { return SubsampledGaussian(c.SampleRate, s) })
 					if err != nil {
 						t.Fatal(err)
 					}
-					eps, _, err := Epsilon(c.SampleRate, sigma, c.Steps, c.Delta)
+					eps, _, err := RDP{}.EpsilonOrder(SubsampledGaussian(c.SampleRate, sigma), c.Steps, c.Delta)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -106,11 +106,11 @@ func TestConformance(t *testing.T) {
 					}
 					// Also on Opacus's orders alone, where the reference was
 					// bisected, the calibrator must be as tight.
-					so, err := CalibrateSigma(OpacusOrders(), c.TargetEpsilon, c.SampleRate, c.Steps, c.Delta)
+					so, err := opacusRDP(t).Calibrate(c.TargetEpsilon, c.Steps, c.Delta, func(s float64) Event { return SubsampledGaussian(c.SampleRate, s) })
 					if err != nil {
 						t.Fatal(err)
 					}
-					if eo, _, _ := EpsilonOrders(OpacusOrders(), c.SampleRate, so, c.Steps, c.Delta); eo > c.TargetEpsilon {
+					if eo, _, _ := opacusRDP(t).EpsilonOrder(SubsampledGaussian(c.SampleRate, so), c.Steps, c.Delta); eo > c.TargetEpsilon {
 						t.Errorf("Opacus-order σ=%.10g gives ε=%.12g > target", so, eo)
 					}
 					if rel := math.Abs(so-c.RDPSigma) / c.RDPSigma; rel > 1e-6 {
@@ -120,4 +120,14 @@ func TestConformance(t *testing.T) {
 			}
 		})
 	}
+}
+
+// opacusRDP returns the RDP accountant over Opacus's orders.
+func opacusRDP(t testing.TB) RDP {
+	t.Helper()
+	r, err := NewRDP(OpacusOrders())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -1,8 +1,8 @@
-package ledger
+package accounting
 
 import "math"
 
-// This file extends the PLD accountant (ledger/pld.go) from the Gaussian
+// This file extends the PLD accountant (accounting/pld.go) from the Gaussian
 // to the discrete Gaussian mechanism the leader runs by default
 // (mechanism.DiscreteGaussian, docs/PRIVACY.md items 8 and 12): an integer
 // vector k ∈ ℤᵈ whose neighbouring values differ by at most Δ in L2, plus
@@ -14,7 +14,7 @@ import "math"
 // rounded coordinatewise. That is post-processing of the Gaussian
 // mechanism k + Y (L2 sensitivity Δ, noise s), so its privacy profile, and
 // after Poisson subsampling and composition its PLD, is the continuous
-// Gaussian's at σ = s/Δ, which ledger/pld.go bounds. The two mechanisms'
+// Gaussian's at σ = s/Δ, which accounting/pld.go bounds. The two mechanisms'
 // outputs are close: for every k, the total variation distance between
 // k + z and k + round(Y) is at most η = d·τ(s), τ(s) the one-coordinate
 // distance bounded by DiscreteGaussianTV (independent coordinates: TV is
@@ -31,7 +31,7 @@ import "math"
 // δ'(ε) the Gaussian's privacy profile at σ. The accountant reports the
 // smallest ε it can certify with δ'(ε) ≤ δ − (1 + e^ε)·Σ η (pldEpsilonSlack),
 // in each adjacency direction. Nothing here is specific to the Gaussian's
-// shape beyond what ledger/pld.go already proves, and nothing compares
+// shape beyond what accounting/pld.go already proves, and nothing compares
 // privacy curves of the two mechanisms: only their output distributions.
 //
 // What it costs: the leader's grid makes s ≥ σ·(2¹⁶ + 1)·√d

@@ -1,8 +1,7 @@
-package ledger
+package accounting
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 )
@@ -56,21 +55,11 @@ type Event struct {
 	// NoiseMultiplier × sensitivity). They are optional, and only for
 	// KindDiscreteGaussian: the RDP accountant does not need them; the PLD
 	// accountant charges a discrete Gaussian only with them
-	// (ledger/pld_discrete.go). Omitted when zero, so events written
+	// (accounting/pld_discrete.go). Omitted when zero, so events written
 	// before they existed keep their bytes.
 	Dimension    int64   `json:"dimension,omitempty"`
 	LatticeScale float64 `json:"lattice_scale,omitempty"`
 }
-
-// Errors returned by Event validation and decoding.
-var (
-	// ErrInvalidEvent is returned for an event whose parameters are out of
-	// range or whose structure is not one the accountant knows.
-	ErrInvalidEvent = errors.New("ledger: invalid privacy event")
-	// ErrEventFormat is returned when decoding an event of an unknown format
-	// version.
-	ErrEventFormat = errors.New("ledger: unknown privacy event format")
-)
 
 // Gaussian returns the event of one Gaussian mechanism release with noise
 // multiplier sigma (noise standard deviation over L2 sensitivity).
@@ -114,6 +103,16 @@ func Composed(events ...Event) Event {
 // with rate q.
 func SubsampledGaussian(q, sigma float64) Event {
 	return PoissonSampled(q, Gaussian(sigma))
+}
+
+// Describe names e's mechanism for messages: its kind, and for a
+// Poisson-sampled event the inner kind with the sample rate
+// ("gaussian with q=0.01").
+func (e Event) Describe() string {
+	if e.Kind == KindPoissonSampled && e.Event != nil {
+		return fmt.Sprintf("%s with q=%v", e.Event.Kind, e.SampleRate)
+	}
+	return string(e.Kind)
 }
 
 // Equal reports whether e and o describe the same mechanism with the same
