@@ -710,32 +710,7 @@ func TestMetricsAndLogsHoldNoPrivateValues(t *testing.T) {
 	cancel()
 	<-done
 
-	got := map[string]float64{}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			name := mf.GetName()
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "node" && lp.GetValue() != testNode {
-					t.Errorf("%s has node label %q", name, lp.GetValue())
-				}
-				if lp.GetName() == "result" {
-					name += "{" + lp.GetValue() + "}"
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				got[name] = m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				got[name] = m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				got[name] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
+	got := gatherNodeMetrics(t, reg)
 	for name, want := range map[string]float64{
 		"dpcluster_node_rounds_total{answered}":          1,
 		"dpcluster_node_rounds_total{skipped_duplicate}": 1,
@@ -764,6 +739,40 @@ func TestMetricsAndLogsHoldNoPrivateValues(t *testing.T) {
 		}
 	}
 	_ = c
+}
+
+// gatherNodeMetrics returns the value of each metric in reg, by name with
+// the "result" label's value in braces (a histogram's value is its sample
+// count), and fails t for a metric labelled with another node than testNode.
+func gatherNodeMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "node" && lp.GetValue() != testNode {
+					t.Errorf("%s has node label %q", name, lp.GetValue())
+				}
+				if lp.GetName() == "result" {
+					name += "{" + lp.GetValue() + "}"
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[name] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[name] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[name] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return got
 }
 
 type syncBuffer struct {
