@@ -58,8 +58,8 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 		p   *sampling.Poisson
 		err error
 	)
-	if w.opts.seeded {
-		p, err = sampling.NewSeededPoisson(q, w.opts.seed+rs.Step)
+	if w.cfg.SeededSampling {
+		p, err = sampling.NewSeededPoisson(q, w.cfg.SamplingSeed+rs.Step)
 	} else {
 		p, err = sampling.NewPoisson(q)
 	}

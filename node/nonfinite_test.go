@@ -42,9 +42,10 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 	cfg := testConfig()
 	cfg.SampleRate = 1 // every record, the huge one included
 	cfg.Registerer = reg
+	cfg.SeededSampling, cfg.SamplingSeed = true, 5
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	w, err := NewWorker(cfg, fx.m, fx.shard, nc, log, WithSeededSampling(5))
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,35 +81,6 @@ type Stats struct {
 	Leader string
 }
 
-// Option configures a Worker beyond Config.
-type Option func(*options)
-
-type options struct {
-	seeded bool
-	seed   uint64
-	device model.Device
-}
-
-// WithSeededSampling makes the Worker draw each round's batch with
-// sampling.NewSeededPoisson(q, seed+step) instead of a fresh
-// crypto/rand-keyed sampler, so tests can recompute the exact batch. The
-// batches are then predictable by anyone who knows the seed: the run is NOT
-// differentially private. The Worker logs that at warn level. For tests and
-// reproducible experiments only.
-func WithSeededSampling(seed uint64) Option {
-	return func(o *options) { o.seeded, o.seed = true, seed }
-}
-
-// WithDevice makes the Worker compute its clipped sums on dev (model.OpenDevice)
-// instead of the CPU. NewWorker allocates the Worker's engine on dev
-// (Device.NewEngine) and fails if it cannot; Run releases the engine when it
-// returns (Close, for a Worker that never runs). The Worker does not own dev:
-// the caller closes it after Run (or Close) has returned. A nil dev means the
-// CPU, as without this option.
-func WithDevice(dev model.Device) Option {
-	return func(o *options) { o.device = dev }
-}
-
 // Worker states (Worker.state).
 const (
 	workerNew     int32 = iota // built; owns its engine
@@ -128,7 +99,6 @@ type Worker struct {
 	conn  transport.Conn
 	log   *slog.Logger
 	met   *metrics
-	opts  options
 	dev   model.DeviceInfo
 
 	state    atomic.Int32  // workerNew, workerStarted or workerClosed
@@ -152,22 +122,21 @@ type Worker struct {
 // does not own conn: the caller closes it after Run returns. The shard must
 // not be modified while the Worker exists. A nil log discards.
 //
-// NewWorker allocates the compute engine (on the CPU, or on the device of
-// WithDevice) for batches of up to EngineBatch(cfg, shard.Len()) examples,
-// so that a device that cannot run the model, or lacks the memory, fails
-// here, before the node takes part in a run. The Worker owns the engine:
+// NewWorker allocates the compute engine (on the CPU, or on cfg.Device)
+// for batches of up to EngineBatch(cfg, shard.Len()) examples, so that a
+// device that cannot run the model, or lacks the memory, fails here, before the node takes part in a run. The Worker owns the engine:
 // Run releases it when it returns; call Close instead to release a Worker
 // that will not run.
 //
 // Errors wrap ErrInvalidConfig, ErrEngine (with the device's error, such
 // as model.ErrUnsupportedLayer naming the layer), or come from registering
 // metrics.
-func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
+func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transport.Conn, log *slog.Logger) (*Worker, error) {
 	var v dataset.View // Data nil: refused by NewWorkerView
 	if shard != nil {
 		v = dataset.All(shard)
 	}
-	return NewWorkerView(cfg, m, v, conn, log, opts...)
+	return NewWorkerView(cfg, m, v, conn, log)
 }
 
 // NewWorkerView is NewWorker on a view of a dataset: the rows shard.Rows
@@ -176,7 +145,7 @@ func NewWorker(cfg Config, m *model.Model, shard *dataset.Dataset, conn transpor
 // training set: dataset.ShardViewsIID). The node's shard, the examples it
 // samples from with probability q and the size it reports, is the view's
 // rows only. shard.Data must not be modified while the Worker exists.
-func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transport.Conn, log *slog.Logger, opts ...Option) (*Worker, error) {
+func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transport.Conn, log *slog.Logger) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -197,15 +166,12 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	}
 	w := &Worker{cfg: cfg, m: m, shard: shard, conn: conn,
 		log: log.With("node", cfg.ID, "run", cfg.Run)}
-	for _, o := range opts {
-		o(&w.opts)
-	}
 	met, err := newMetrics(cfg.Registerer, cfg.Run, cfg.ID)
 	if err != nil {
 		return nil, err
 	}
 	w.met = met
-	dev := w.opts.device
+	dev := cfg.Device
 	if dev == nil {
 		if dev, err = model.OpenDevice("cpu"); err != nil {
 			return nil, err
@@ -220,9 +186,9 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	w.batch = make([]int, 0, w.maxBatch)
 	w.met.device(w.dev)
 	w.stats.Skipped = make(map[SkipReason]uint64)
-	if w.opts.seeded {
+	if cfg.SeededSampling {
 		w.log.Warn("node: INSECURE: seeded sampling; batches are predictable and this node is NOT differentially private",
-			"seed", w.opts.seed)
+			"seed", cfg.SamplingSeed)
 	}
 	return w, nil
 }
@@ -389,7 +355,7 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 // seedPolicy is how this node draws its samples, as Join and Heartbeat
 // report it: the leader of a private run refuses a seeded node.
 func (w *Worker) seedPolicy() seed.Policy {
-	if w.opts.seeded {
+	if w.cfg.SeededSampling {
 		return seed.Seeded
 	}
 	return seed.Crypto
