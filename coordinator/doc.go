@@ -51,6 +51,8 @@
 //   - round.go: the leader's step, steps 1-6 above in order; registry.go:
 //     the nodes; membership.go: join and remove requests; reports.go:
 //     replica reports, leader announcements and the drain at the end.
+//   - config.go: ServerConfig and ReplicaConfig, each with its default and
+//     its Validate.
 //   - admission.go: which nodes a round may include; plan.go: run planning;
 //     runconfig.go: the replicated run configuration; metrics.go and
 //     eval.go: what is exported about the run, and status.go what the loop

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -47,7 +48,7 @@ const (
 	// RejectModelHash: the node's model hash differs from the run's.
 	RejectModelHash = "model_hash"
 	// RejectSeedPolicy: the run is private (crypto seed policy) and the
-	// node samples from a seed (WithSeededSampling).
+	// node samples from a seed (Config.SeededSampling).
 	RejectSeedPolicy = "seed_policy"
 	// RejectShardIdentity: the node's Join or Heartbeat lacks a valid
 	// shard identity or seed policy (an older node).
@@ -97,7 +98,7 @@ type Config struct {
 	// HeartbeatEvery is the period of Heartbeat messages. Default 1 s.
 	HeartbeatEvery time.Duration
 	// MaxBatch is the compute engine's capacity in examples, allocated by
-	// NewWorker (on the CPU or the WithDevice device). A Poisson batch
+	// NewWorker (on the CPU or on Device). A Poisson batch
 	// larger than this is processed in chunks (no example is dropped). 0
 	// sizes it to min(shard size, ⌈1.25·q·shard size⌉ + 16) (EngineBatch).
 	// Default 0.
@@ -120,6 +121,25 @@ type Config struct {
 	// LeaveTimeout bounds publishing the Leave message on the way out
 	// (the Run context may already be cancelled then). Default 2 s.
 	LeaveTimeout time.Duration
+	// Device computes the Worker's clipped sums (model.OpenDevice: "cpu",
+	// or "cuda:N" in a binary built with -tags cuda). NewWorker allocates
+	// the Worker's engine on it (Device.NewEngine) and fails if it cannot;
+	// Run releases the engine when it returns (Close, for a Worker that
+	// never runs). The Worker does not own the device: the caller closes
+	// it after Run (or Close) has returned. Nil means the CPU. Default nil.
+	Device model.Device
+	// SeededSampling makes the Worker draw each round's batch with
+	// sampling.NewSeededPoisson(q, SamplingSeed+step) instead of a fresh
+	// crypto/rand-keyed sampler, so tests can recompute the exact batch.
+	// The batches are then predictable by anyone who knows the seed: the
+	// run is NOT differentially private. The Worker logs that at warn
+	// level, and reports it in Join and Heartbeat (seed.Seeded), so the
+	// leader of a private run refuses it (RejectSeedPolicy). For tests and
+	// reproducible experiments only. Default false.
+	SeededSampling bool
+	// SamplingSeed is the seed of SeededSampling; without SeededSampling it
+	// must be 0. Default 0.
+	SamplingSeed uint64
 	// Registerer, if not nil, receives the Worker's Prometheus metrics
 	// (see metrics.go), labelled node=ID so that several workers can share
 	// one registry.
@@ -185,6 +205,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaveTimeout <= 0 {
 		bad("LeaveTimeout %v must be > 0", c.LeaveTimeout)
+	}
+	if !c.SeededSampling && c.SamplingSeed != 0 {
+		bad("SamplingSeed %d is set without SeededSampling", c.SamplingSeed)
 	}
 	return errors.Join(errs...)
 }

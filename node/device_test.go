@@ -20,7 +20,7 @@ import (
 
 // TestCPUDeviceAnswersRounds runs a node given model.OpenDevice("cpu")
 // over NATS: it answers with the reference sum bit for bit (the CPU device
-// is the Workspace computing without WithDevice), and its metrics, as
+// is the Workspace computing without Config.Device), and its metrics, as
 // the node command serves them, name the device.
 func TestCPUDeviceAnswersRounds(t *testing.T) {
 	const seed = 7
@@ -39,7 +39,8 @@ func TestCPUDeviceAnswersRounds(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := testConfig()
 	cfg.Registerer = reg
-	r := start(t, cfg, fx, nc, WithSeededSampling(seed), WithDevice(dev))
+	cfg.SeededSampling, cfg.SamplingSeed, cfg.Device = true, seed, dev
+	r := start(t, cfg, fx, nc)
 	if got := r.w.Device(); got != dev.Info() {
 		t.Errorf("Device() = %+v, want %+v", got, dev.Info())
 	}
@@ -140,7 +141,9 @@ func TestUnsupportedLayerFailsAtStart(t *testing.T) {
 	nc, lc := natsPair(t)
 	l := newLeaderSide(t, lc)
 	dev := &fakeDevice{err: fmt.Errorf("%w: layer 0 (dense 8→3)", model.ErrUnsupportedLayer)}
-	w, err := NewWorker(testConfig(), fx.m, fx.shard, nc, nil, WithDevice(dev))
+	cfg := testConfig()
+	cfg.Device = dev
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, nil)
 	if w != nil || !errors.Is(err, ErrEngine) || !errors.Is(err, model.ErrUnsupportedLayer) {
 		t.Fatalf("NewWorker = %v, %v; want ErrEngine wrapping model.ErrUnsupportedLayer", w, err)
 	}
@@ -162,7 +165,8 @@ func TestEngineLifetime(t *testing.T) {
 	l := newLeaderSide(t, lc)
 	dev := &fakeDevice{}
 	cfg := testConfig()
-	r := start(t, cfg, fx, nc, WithDevice(dev))
+	cfg.Device = dev
+	r := start(t, cfg, fx, nc)
 	if got, want := dev.maxBatch.Load(), int64(EngineBatch(cfg, fx.shard.Len())); got != want || dev.engines.Load() != 1 {
 		t.Fatalf("NewEngine: %d engines, last of %d examples; want 1 of %d", dev.engines.Load(), got, want)
 	}
@@ -193,7 +197,7 @@ func TestEngineLifetime(t *testing.T) {
 	}
 
 	// A Worker that never runs.
-	w, err := NewWorker(cfg, fx.m, fx.shard, nc, nil, WithDevice(dev))
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@
 //     again whenever it follows a new leader, a Heartbeat (the same fields
 //     and the last step it contributed to) every Config.HeartbeatEvery
 //     throughout, and Leave when Run returns. SeedPolicy is seed.Seeded with
-//     WithSeededSampling, else seed.Crypto; the leader of a private run
+//     Config.SeededSampling, else seed.Crypto; the leader of a private run
 //     refuses a seeded node, and opens no round while two live nodes
 //     claim the same shard.
 //  3. Parameters. The leader publishes Params{Version, Term, Values} after
@@ -73,18 +73,19 @@
 // sampled; error messages about a computation are reduced to a class. Only
 // the number of rounds answered or skipped, timings and step and version
 // numbers are observable. Sampling randomness is cryptographically secure
-// unless WithSeededSampling is given, which is for tests, is logged as not
+// unless Config.SeededSampling is set, which is for tests, is logged as not
 // private and is reported to the leader in Join and Heartbeat.
 //
 // # Devices
 //
 // By default a node computes on the CPU (a model.Workspace on the model's
-// back end). WithDevice selects another model.Device, such as a CUDA GPU
+// back end). Config.Device selects another model.Device, such as a CUDA GPU
 // in a binary built with -tags cuda (docs/GPU.md):
 //
 //	dev, err := model.OpenDevice("cuda:0")
 //	defer dev.Close() // after Run returns
-//	w, err := node.NewWorker(cfg, m, shard, conn, log, node.WithDevice(dev))
+//	cfg.Device = dev
+//	w, err := node.NewWorker(cfg, m, shard, conn, log)
 //
 // NewWorker allocates the engine for EngineBatch(cfg, shard.Len())
 // examples, so a device without kernels for a layer

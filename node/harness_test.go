@@ -238,9 +238,9 @@ type running struct {
 
 // start builds a Worker and runs it until the test ends (or the caller
 // reads done).
-func start(t *testing.T, cfg Config, fx fixture, conn transport.Conn, opts ...Option) *running {
+func start(t *testing.T, cfg Config, fx fixture, conn transport.Conn) *running {
 	t.Helper()
-	w, err := NewWorker(cfg, fx.m, fx.shard, conn, testLogger(), opts...)
+	w, err := NewWorker(cfg, fx.m, fx.shard, conn, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

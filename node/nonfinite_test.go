@@ -25,20 +25,7 @@ import (
 func TestNonFiniteExampleStillAnswered(t *testing.T) {
 	fx := newFixture(t, model.MLP([]int{8}, []int{64}, 3))
 	n := fx.shard.Len()
-	bad := n - 1 // last, so the sum of the others is the same bits
-	d := *fx.shard
-	d.X = slices.Clone(fx.shard.X)
-	for j := range d.Dim {
-		d.X[bad*d.Dim+j] = 3e38
-	}
-	fx.shard = &d
-	ws, err := fx.m.NewWorkspace(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ws.Evaluate(fx.theta, d.X[bad*d.Dim:(bad+1)*d.Dim], d.Y[bad:bad+1]); !errors.Is(err, model.ErrNonFinite) {
-		t.Fatalf("the 3e38 record's forward pass is finite (%v): the test lost its point", err)
-	}
+	withHugeRecord(t, &fx, n-1) // last, so the sum of the others is the same bits
 
 	nc, lc := natsPair(t)
 	l := newLeaderSide(t, lc)
@@ -55,9 +42,10 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 	cfg := testConfig()
 	cfg.SampleRate = 1 // every record, the huge one included
 	cfg.Registerer = reg
+	cfg.SeededSampling, cfg.SamplingSeed = true, 5
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	w, err := NewWorker(cfg, fx.m, fx.shard, nc, log, WithSeededSampling(5))
+	w, err := NewWorker(cfg, fx.m, fx.shard, nc, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +77,33 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 		t.Errorf("count = %d, want %d: the record is counted whatever its gradient", c.Count, n)
 	}
 	checkContribution(t, c, n, rs.SampleRate, rs.ClipNorm)
+	checkSumOfOthers(t, fx, c, n, rs.ClipNorm)
+	checkNothingMentionsRecord(t, reg, statuses, buf.String())
+}
+
+// withHugeRecord gives the record bad of fx's shard (a copy) features of
+// 3e38, finite values whose forward pass overflows, and checks that it does.
+func withHugeRecord(t *testing.T, fx *fixture, bad int) {
+	t.Helper()
+	d := *fx.shard
+	d.X = slices.Clone(fx.shard.X)
+	for j := range d.Dim {
+		d.X[bad*d.Dim+j] = 3e38
+	}
+	fx.shard = &d
+	ws, err := fx.m.NewWorkspace(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Evaluate(fx.theta, d.X[bad*d.Dim:(bad+1)*d.Dim], d.Y[bad:bad+1]); !errors.Is(err, model.ErrNonFinite) {
+		t.Fatalf("the 3e38 record's forward pass is finite (%v): the test lost its point", err)
+	}
+}
+
+// checkSumOfOthers checks that c's sum is the clipped sum of the first n-1
+// records of fx's shard, bit for bit.
+func checkSumOfOthers(t *testing.T, fx fixture, c transport.Contribution, n int, clip float64) {
+	t.Helper()
 	// The other records are summed exactly as without the huge one.
 	others := make([]int, n-1)
 	for i := range others {
@@ -99,7 +114,7 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := make([]float32, fx.m.NumParams())
-	if _, err := ref.ClippedSumIndexed(want, fx.theta, fx.shard, others, rs.ClipNorm); err != nil {
+	if _, err := ref.ClippedSumIndexed(want, fx.theta, fx.shard, others, clip); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal([]float32(c.Sum), want) {
@@ -111,8 +126,13 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 		}
 		t.Errorf("sum differs from the clipped sum of the other records (relative %.3g)", math.Sqrt(d2/w2))
 	}
+}
 
-	// Nothing outside the node mentions the record.
+// checkNothingMentionsRecord checks that the metrics count one answered
+// round and nothing else, that the node published no status, and that the
+// logs do not mention a skipped round or a non-finite value.
+func checkNothingMentionsRecord(t *testing.T, reg *prometheus.Registry, statuses []transport.Status, logs string) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +153,6 @@ func TestNonFiniteExampleStillAnswered(t *testing.T) {
 	for _, s := range statuses {
 		t.Errorf("node published status %+v", s)
 	}
-	logs := buf.String()
 	for _, s := range []string{"round skipped", "non-finite", "compute_error", "NaN", "Inf"} {
 		if strings.Contains(logs, s) {
 			t.Errorf("logs mention %q:\n%s", s, logs)

@@ -28,7 +28,8 @@ func TestViewAnswersLikeCopiedShard(t *testing.T) {
 	cfg := testConfig()
 	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = 1, 3, 7
 	cfg.MaxBatch = 16
-	w, err := NewWorkerView(cfg, fx.m, view, nc, testLogger(), WithSeededSampling(seed))
+	cfg.SeededSampling, cfg.SamplingSeed = true, seed
+	w, err := NewWorkerView(cfg, fx.m, view, nc, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

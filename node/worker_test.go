@@ -54,7 +54,8 @@ func TestJoinReportsShardAndSeedPolicy(t *testing.T) {
 	l := newLeaderSide(t, lc)
 	cfg := testConfig()
 	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = 2, 3, 42
-	start(t, cfg, fx, nc, WithSeededSampling(5))
+	cfg.SeededSampling, cfg.SamplingSeed = true, 5
+	start(t, cfg, fx, nc)
 	j := recv(t, l.joins, "join")
 	if j.ShardIndex != 2 || j.ShardCount != 3 || j.ShardSeed != 42 || j.ShardSize != int64(fx.shard.Len()) ||
 		j.SeedPolicy != seed.Seeded {
@@ -217,7 +218,8 @@ func TestAnswersOnceWithReferenceSum(t *testing.T) {
 	l := newLeaderSide(t, lc)
 	cfg := testConfig()
 	cfg.MaxBatch = 16 // a q=0.25 batch of ~100 is computed in chunks
-	r := start(t, cfg, fx, nc, WithSeededSampling(seed))
+	cfg.SeededSampling, cfg.SamplingSeed = true, seed
+	r := start(t, cfg, fx, nc)
 	recv(t, l.joins, "join")
 
 	l.announce("r1", 1)
@@ -483,7 +485,9 @@ func TestRefusedByLeader(t *testing.T) {
 			fx := logregFixture(t)
 			nc, lc := natsPair(t)
 			l := newLeaderSide(t, lc)
-			r := start(t, testConfig(), fx, nc, WithSeededSampling(1))
+			cfg := testConfig()
+			cfg.SeededSampling, cfg.SamplingSeed = true, 1
+			r := start(t, cfg, fx, nc)
 			recv(t, l.joins, "join")
 			l.announce("r1", 1)
 			l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Code: transport.StatusRejected, Detail: detail})
@@ -710,32 +714,7 @@ func TestMetricsAndLogsHoldNoPrivateValues(t *testing.T) {
 	cancel()
 	<-done
 
-	got := map[string]float64{}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			name := mf.GetName()
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "node" && lp.GetValue() != testNode {
-					t.Errorf("%s has node label %q", name, lp.GetValue())
-				}
-				if lp.GetName() == "result" {
-					name += "{" + lp.GetValue() + "}"
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				got[name] = m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				got[name] = m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				got[name] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
+	got := gatherNodeMetrics(t, reg)
 	for name, want := range map[string]float64{
 		"dpcluster_node_rounds_total{answered}":          1,
 		"dpcluster_node_rounds_total{skipped_duplicate}": 1,
@@ -764,6 +743,40 @@ func TestMetricsAndLogsHoldNoPrivateValues(t *testing.T) {
 		}
 	}
 	_ = c
+}
+
+// gatherNodeMetrics returns the value of each metric in reg, by name with
+// the "result" label's value in braces (a histogram's value is its sample
+// count), and fails t for a metric labelled with another node than testNode.
+func gatherNodeMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "node" && lp.GetValue() != testNode {
+					t.Errorf("%s has node label %q", name, lp.GetValue())
+				}
+				if lp.GetName() == "result" {
+					name += "{" + lp.GetValue() + "}"
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[name] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[name] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[name] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return got
 }
 
 type syncBuffer struct {
@@ -813,6 +826,9 @@ func TestConfigValidate(t *testing.T) {
 		{"shard index = count", func(c *Config) { c.ShardIndex, c.ShardCount = 3, 3 }, true},
 		{"negative shard index", func(c *Config) { c.ShardIndex = -1 }, true},
 		{"last shard", func(c *Config) { c.ShardIndex, c.ShardCount = 2, 3 }, false},
+		{"seeded sampling", func(c *Config) { c.SeededSampling, c.SamplingSeed = true, 7 }, false},
+		{"seeded sampling, seed 0", func(c *Config) { c.SeededSampling = true }, false},
+		{"seed without seeded sampling", func(c *Config) { c.SamplingSeed = 7 }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

@@ -124,3 +124,25 @@ func decodeLog(v []byte, l *raft.Log) error {
 	}
 	return nil
 }
+
+// resetForMigration empties s (a migration cut short left entries in it)
+// and writes stable as its stable keys.
+func (s *Store) resetForMigration(stable map[string][]byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.Lock()
+	drop := s.segs
+	s.segs, s.pos, s.first = nil, nil, 0
+	s.mu.Unlock()
+	if err := s.removeSegments(drop); err != nil {
+		return err
+	}
+	delete(stable, headKey)
+	if err := writeStable(filepath.Join(s.dir, stableFile), stable); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.stable = stable
+	s.mu.Unlock()
+	return nil
+}

@@ -325,7 +325,8 @@ func (c *Cluster) startNode(i int, shard *dataset.Dataset) error {
 	cfg.SampleRate, cfg.ClipNorm = c.Run.SampleRate, c.Run.Optimizer.ClipNorm
 	cfg.ShardIndex, cfg.ShardCount, cfg.ShardSeed = i, c.opts.Nodes, c.opts.Seed
 	cfg.HeartbeatEvery = 50 * time.Millisecond
-	w, err := node.NewWorker(cfg, m, shard, conn, c.log, node.WithSeededSampling(c.opts.Seed*1000+uint64(i)))
+	cfg.SeededSampling, cfg.SamplingSeed = true, c.opts.Seed*1000+uint64(i)
+	w, err := node.NewWorker(cfg, m, shard, conn, c.log)
 	if err != nil {
 		conn.Close()
 		return err

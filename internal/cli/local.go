@@ -405,11 +405,11 @@ func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig,
 		ncfg.ID, ncfg.Run, ncfg.Registerer = id, run, reg
 		ncfg.SampleRate, ncfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 		ncfg.ShardIndex, ncfg.ShardCount, ncfg.ShardSeed = i, f.nodes, shardSeed
-		opts := []node.Option{node.WithDevice(dev)}
+		ncfg.Device = dev
 		if f.insecureSeed != 0 {
-			opts = append(opts, node.WithSeededSampling(f.insecureSeed+uint64(i)+1))
+			ncfg.SeededSampling, ncfg.SamplingSeed = true, f.insecureSeed+uint64(i)+1
 		}
-		w, err := node.NewWorkerView(ncfg, m, shard, conn, log, opts...)
+		w, err := node.NewWorkerView(ncfg, m, shard, conn, log)
 		if err != nil {
 			conn.Close()
 			return nil, fmt.Errorf("%s: %w", id, err)

@@ -326,11 +326,11 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 			"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
 			"backend", m.Backend().Name())
 	}
-	opts := []node.Option{node.WithDevice(dev)}
+	cfg.Device = dev
 	if cmd.Flags().Changed("insecure-seed") {
 		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",
 			"seed", f.insecureSeed)
-		opts = append(opts, node.WithSeededSampling(f.insecureSeed))
+		cfg.SeededSampling, cfg.SamplingSeed = true, f.insecureSeed
 	}
 
 	// The metrics server lives as long as this command.
@@ -363,7 +363,7 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	}
 	defer conn.Close()
 
-	w, err := node.NewWorker(cfg, m, shard, conn, log, opts...)
+	w, err := node.NewWorker(cfg, m, shard, conn, log)
 	if err != nil {
 		return err
 	}
