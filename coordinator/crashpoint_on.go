@@ -12,7 +12,7 @@ import (
 // crashPoint kills this process, as a crash would (SIGKILL: no deferred
 // function runs, nothing is flushed), when CrashAtEnv names point and
 // step and its marker file can be created. Only binaries built with -tags
-// dpcrashpoints have it (internal/e2e builds its binaries so); product
+// dpcrashpoints have it (e2e builds its binaries so); product
 // builds have the no-op of crashpoint_off.go.
 func crashPoint(point string, step int64) {
 	spec := os.Getenv(CrashAtEnv)

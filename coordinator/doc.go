@@ -67,7 +67,7 @@
 // ledger will charge (less CalibrationMargin), the seed policy
 // (seed.Policy). The command line parses flags and run files and calls it.
 //
-// Typical use, one replica (see internal/cli for the commands):
+// Typical use, one replica (see cli for the commands):
 //
 //	replica, err := coordinator.OpenReplica(replicaCfg, initParams) // initParams: deterministic θ₀
 //	server, err := coordinator.NewServer(replica, conn, runCfg, coordinator.DefaultServerConfig(), logger)

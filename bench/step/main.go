@@ -1,5 +1,5 @@
 // Command step times the distributed training step on the real path: the
-// same construction as `coordinator local` (internal/cli.RunLocal): an
+// same construction as `coordinator local` (cli.RunLocal): an
 // embedded NATS server, one Raft replica with its durable log and privacy
 // ledger in a temporary directory, and k in-process node.Workers, training
 // on Fashion-MNIST with the leader's default (discrete) noise.
@@ -72,9 +72,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpcluster/dpcluster/cli"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dataset"
-	"github.com/dpcluster/dpcluster/internal/cli"
 	"github.com/dpcluster/dpcluster/internal/procstat"
 	"github.com/dpcluster/dpcluster/model"
 )

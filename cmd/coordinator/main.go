@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/dpcluster/dpcluster/internal/cli"
+	"github.com/dpcluster/dpcluster/cli"
 )
 
 func main() {

@@ -1,13 +1,13 @@
 // Command node is a dpcluster worker: it holds a private shard and sends
 // clipped gradient sums to the coordinator each round. See
-// internal/cli/node.go for its flags (node --help).
+// cli/node.go for its flags (node --help).
 package main
 
 import (
 	"fmt"
 	"os"
 
-	"github.com/dpcluster/dpcluster/internal/cli"
+	"github.com/dpcluster/dpcluster/cli"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Package faultnet is a TCP proxy that injects network faults between
-// processes, for the process-level soak (internal/e2e): put a Proxy in
+// processes, for the process-level soak (e2e): put a Proxy in
 // front of a listening port, point the other processes at the proxy's
 // address, and cut, delay or half-open the connections through it while
 // they run.

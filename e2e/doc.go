@@ -11,7 +11,7 @@
 // temporary directory, waits by polling with deadlines, and kills every
 // child in t.Cleanup. The tests of whole runs are named TestProcess*:
 //
-//	go test -race -run 'TestProcess' -v ./internal/e2e
+//	go test -race -run 'TestProcess' -v ./e2e
 //
 // The binaries are built without -race, whatever flags the test binary
 // has: the tests check the processes' behaviour, not their memory model.

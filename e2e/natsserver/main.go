@@ -1,5 +1,5 @@
 // Command natsserver runs a standalone NATS server for the process tests in
-// internal/e2e: the same server, with the same limits, that coordinator
+// e2e: the same server, with the same limits, that coordinator
 // serve embeds when --nats is empty (transport.StartServer), but in its own
 // OS process, so that a test can kill the broker independently of the
 // coordinator replicas and the nodes.

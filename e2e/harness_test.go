@@ -52,7 +52,7 @@ const modulePath = "github.com/dpcluster/dpcluster"
 type Binaries struct {
 	Coordinator string // cmd/coordinator
 	Node        string // cmd/node
-	NATSServer  string // internal/e2e/natsserver
+	NATSServer  string // e2e/natsserver
 }
 
 // binDir is where the binaries are built (set by TestMain); build holds
@@ -100,7 +100,7 @@ func buildBinaries(dir string) (Binaries, error) {
 	// its commit path when coordinator.CrashAtEnv asks (only
 	// TestProcessLeaderKilledOnTheCommitPath sets it).
 	cmd := exec.CommandContext(ctx, goTool, "build", "-tags", "dpcrashpoints", "-ldflags=-w", "-o", dir+string(filepath.Separator),
-		modulePath+"/cmd/coordinator", modulePath+"/cmd/node", modulePath+"/internal/e2e/natsserver")
+		modulePath+"/cmd/coordinator", modulePath+"/cmd/node", modulePath+"/e2e/natsserver")
 	// The test binary's own -race is not in the environment, but a
 	// GOFLAGS=-race would be; the binaries are built without it (faster).
 	cmd.Env = append(os.Environ(), "GOFLAGS=")

@@ -210,7 +210,7 @@ func TestPythonExampleMatchesEvaluation(t *testing.T) {
 	if res.TestAccuracy == nil || res.TestExamples == nil {
 		t.Fatalf("no test evaluation: %+v", res)
 	}
-	script, err := filepath.Abs(filepath.Join("..", "..", "examples", "safetensors_classify.py"))
+	script, err := filepath.Abs(filepath.Join("..", "examples", "safetensors_classify.py"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ import (
 // certificate files are those `certs init --bundles` writes, every
 // variable is defined.
 
-var deployDir = filepath.Join("..", "..", "deploy")
+var deployDir = filepath.Join("..", "deploy")
 
 // deployVarRE matches a variable reference, ${NAME} or $NAME; envNameRE a
 // name hosts.env.example may define.

@@ -21,7 +21,7 @@ func TestExampleRunFile(t *testing.T) {
 	spec := defaultRunSpec()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	spec.bind(fs)
-	if err := loadRunSpec(&spec, filepath.Join("..", "..", "examples", "run.yaml"), fs); err != nil {
+	if err := loadRunSpec(&spec, filepath.Join("..", "examples", "run.yaml"), fs); err != nil {
 		t.Fatal(err)
 	}
 	m, err := loadModel(spec.Model, spec.ModelSpec)
@@ -46,7 +46,7 @@ func TestExampleRunFile(t *testing.T) {
 // succeeded and use their own certificate, without --insecure, and their
 // addresses pass the secure-by-default rule (checkTransportSecurity).
 func TestDockerCompose(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "docker-compose.yml"))
+	data, err := os.ReadFile(filepath.Join("..", "docker-compose.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/dpcluster/dpcluster/accounting"
-	"github.com/dpcluster/dpcluster/internal/ledgerreport"
+	"github.com/dpcluster/dpcluster/cli/ledgerreport"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
 )

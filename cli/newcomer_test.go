@@ -18,7 +18,7 @@ import (
 	"testing"
 )
 
-// updateExamples regenerates examples/data (go test ./internal/cli -run
+// updateExamples regenerates examples/data (go test ./cli -run
 // TestExampleData -update-examples).
 var updateExamples = flag.Bool("update-examples", false, "regenerate examples/data")
 
@@ -30,7 +30,7 @@ const exampleData = "examples/data"
 // write (a fixed seed), so the README's data can be regenerated and
 // nothing in it is hand-edited.
 func TestExampleData(t *testing.T) {
-	root := filepath.Join("..", "..", exampleData)
+	root := filepath.Join("..", exampleData)
 	if *updateExamples {
 		if err := os.RemoveAll(root); err != nil {
 			t.Fatal(err)
@@ -47,7 +47,7 @@ func TestExampleData(t *testing.T) {
 		want, _ := os.ReadFile(path)
 		got, err := os.ReadFile(filepath.Join(root, rel))
 		if err != nil || string(got) != string(want) {
-			t.Errorf("%s/%s differs from its generator (go test ./internal/cli -run TestExampleData -update-examples): %v", exampleData, rel, err)
+			t.Errorf("%s/%s differs from its generator (go test ./cli -run TestExampleData -update-examples): %v", exampleData, rel, err)
 		}
 		return nil
 	})
@@ -182,7 +182,7 @@ func boolInt(b bool) int {
 // arguments after the command.
 func readmeLocalCommands(t *testing.T) [][]string {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestREADMENewcomerRuns(t *testing.T) {
 		t.Fatalf("README.md has %d `go run ./cmd/coordinator local --data-path %s…` commands, want 2 (a CSV and an image folder): %q",
 			len(cmds), exampleData, cmds)
 	}
-	t.Chdir(filepath.Join("..", ".."))
+	t.Chdir(filepath.Join(".."))
 	for _, args := range cmds {
 		t.Run(args[2], func(t *testing.T) {
 			// As written, but 20 steps (the race detector makes 200 slow)

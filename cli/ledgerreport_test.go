@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/dpcluster/dpcluster/accounting"
+	"github.com/dpcluster/dpcluster/cli/ledgerreport"
 	"github.com/dpcluster/dpcluster/coordinator"
-	"github.com/dpcluster/dpcluster/internal/ledgerreport"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/seed"
 )
