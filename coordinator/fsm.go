@@ -677,14 +677,23 @@ func (f *FSM) digestLocked() (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// WouldExceed reports whether one more step would exceed the budget.
+// WouldExceed reports whether one more step would exceed the budget. It
+// holds the state machine's lock only to read the ledger: the
+// accountant's search (the PLD step limit, seconds the first time) runs
+// after it, so Raft's applies and the replica's reports go on meanwhile
+// (issue 28; issue 27 measured 16–21 s replica restarts stuck behind it).
 func (f *FSM) WouldExceed() (bool, error) {
-	f.mu.Lock() // WouldExceed mutates and restores the accountant
-	defer f.mu.Unlock()
+	f.mu.Lock() // the ledger may add a series to its cache
 	if f.cfg == nil {
+		f.mu.Unlock()
 		return false, ErrNotConfigured
 	}
-	return f.ledger.WouldExceed(f.cfg.Event())
+	check, err := f.ledger.ExceedsCheck(f.cfg.Event())
+	f.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	return check()
 }
 
 // Close closes the ledger.

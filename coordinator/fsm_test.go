@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -507,4 +508,35 @@ func TestConfigDiff(t *testing.T) {
 		!strings.Contains(err.Error(), "new data directory") {
 		t.Errorf("runMismatch: %v", err)
 	}
+}
+
+// TestFSMWouldExceedLeavesStateFree: the first budget question of a PLD
+// run is the accountant's step-limit search (about a second here); the
+// state machine answers State meanwhile, where it used to hold its lock
+// through the search, stalling Raft's applies and every report behind it
+// (issue 27's 16–21 s replica restarts; issue 28).
+func TestFSMWouldExceedLeavesStateFree(t *testing.T) {
+	accounting.ResetCaches()
+	f := newTestFSM(t, t.TempDir())
+	c := testRunConfig()
+	c.Accountant, c.NoiseMode, c.TargetEpsilon = AccountantPLD, NoiseFloat, 8
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := f.WouldExceed(); err != nil {
+			t.Error(err)
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	st := f.State()
+	select {
+	case <-done:
+		t.Fatal("State returned only after the budget search (or the search took under 20 ms)")
+	default:
+	}
+	if !st.Configured {
+		t.Errorf("State: %+v", st)
+	}
+	<-done
 }

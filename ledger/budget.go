@@ -53,9 +53,13 @@ func AccountantSupports(accountant, mechanism string) bool {
 // deterministic functions of the charged events, in order, so an auditor
 // replaying the file gets every recorded ε bit for bit.
 type budget interface {
-	// exceeds reports whether charging e once more would take ε past
-	// target. It changes nothing.
-	exceeds(e accounting.Event, target float64) (bool, error)
+	// check reports whether charging e once more would take ε past
+	// target, in two parts: it reads the budget now, and the returned
+	// function runs the accountant (the PLD step-limit search, seconds
+	// the first time), safely on any goroutine and while the budget goes
+	// on changing, answering for the budget as it was (exceeds runs both
+	// at once). It changes nothing.
+	check(e accounting.Event, target float64) (func() (bool, error), error)
 	// add charges e once. Callers check exceeds first.
 	add(e accounting.Event) error
 	// clone returns an independent copy (caches may be shared: they hold
@@ -89,16 +93,27 @@ type rdpBudget struct {
 	delta float64
 }
 
-func (b *rdpBudget) exceeds(e accounting.Event, target float64) (bool, error) {
-	after := b.acc.Clone()
-	if err := after.Compose(e, 1); err != nil {
-		return false, err
-	}
-	eps, _, err := after.Epsilon(b.delta)
+func (b *rdpBudget) check(e accounting.Event, target float64) (func() (bool, error), error) {
+	after, delta := b.acc.Clone(), b.delta
+	return func() (bool, error) {
+		if err := after.Compose(e, 1); err != nil {
+			return false, err
+		}
+		eps, _, err := after.Epsilon(delta)
+		if err != nil {
+			return false, err
+		}
+		return eps > target, nil
+	}, nil
+}
+
+// exceeds runs both parts of b.check at once.
+func exceeds(b budget, e accounting.Event, target float64) (bool, error) {
+	f, err := b.check(e, target)
 	if err != nil {
 		return false, err
 	}
-	return eps > target, nil
+	return f()
 }
 
 func (b *rdpBudget) clone() budget {
@@ -197,24 +212,33 @@ func (b *pldBudget) seriesOf(k pldKey) *pldSeries {
 	return s
 }
 
-func (b *pldBudget) exceeds(e accounting.Event, target float64) (bool, error) {
+// check reads the events and the series now (seriesOf may add to the
+// series map); the returned function only reads its own copy of the
+// events and goes through the series' own lock.
+func (b *pldBudget) check(e accounting.Event, target float64) (func() (bool, error), error) {
 	s, err := accounting.PLDStep(e)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	evs := b.with(s)
 	if len(evs) == 1 && target == b.target {
-		limit, err := b.seriesOf(keyOf(s)).stepLimit()
+		series, count := b.seriesOf(keyOf(s)), evs[0].Count
+		return func() (bool, error) {
+			limit, err := series.stepLimit()
+			if err != nil {
+				return false, err
+			}
+			return count > limit, nil
+		}, nil
+	}
+	acc, delta := b.acc, b.delta
+	return func() (bool, error) {
+		eps, err := acc.EpsilonSteps(evs, delta)
 		if err != nil {
 			return false, err
 		}
-		return evs[0].Count > limit, nil
-	}
-	eps, err := b.acc.EpsilonSteps(evs, b.delta)
-	if err != nil {
-		return false, err
-	}
-	return eps > target, nil
+		return eps > target, nil
+	}, nil
 }
 
 func (b *pldBudget) clone() budget {

@@ -246,7 +246,7 @@ func BenchmarkLedgerPLDStepLimit(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := bud.exceeds(accounting.SubsampledGaussian(256.0/60000, 0.8), 3); err != nil {
+		if _, err := exceeds(bud, accounting.SubsampledGaussian(256.0/60000, 0.8), 3); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -314,7 +314,7 @@ func BenchmarkLedgerPLDStepLimitPlanned(b *testing.B) {
 			b.Fatal(err)
 		}
 		bud.(*pldBudget).planned = steps
-		if _, err := bud.exceeds(accounting.SubsampledGaussian(q, sigma), target); err != nil {
+		if _, err := exceeds(bud, accounting.SubsampledGaussian(q, sigma), target); err != nil {
 			b.Fatal(err)
 		}
 	}

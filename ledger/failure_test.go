@@ -16,10 +16,12 @@ type failingBudget struct{}
 
 var errAccountant = errors.New("accountant failed")
 
-func (failingBudget) exceeds(accounting.Event, float64) (bool, error) { return false, errAccountant }
-func (failingBudget) add(accounting.Event) error                      { return errAccountant }
-func (failingBudget) clone() budget                                   { return failingBudget{} }
-func (failingBudget) epsilon() (float64, error)                       { return 0, errAccountant }
+func (failingBudget) check(accounting.Event, float64) (func() (bool, error), error) {
+	return nil, errAccountant
+}
+func (failingBudget) add(accounting.Event) error { return errAccountant }
+func (failingBudget) clone() budget              { return failingBudget{} }
+func (failingBudget) epsilon() (float64, error)  { return 0, errAccountant }
 
 // TestAccountantFailureIsNeverZero: an accountant that fails is an error
 // or +Inf in every report, never "nothing spent". Before, Spent returned

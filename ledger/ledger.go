@@ -324,7 +324,7 @@ func (l *Ledger) Charge(step int64, e accounting.Event, pos Position, replay boo
 		return Record{}, err
 	}
 	// Check first: a refused charge leaves the state untouched.
-	exceed, err := l.budget.exceeds(e, l.run.TargetEpsilon)
+	exceed, err := exceeds(l.budget, e, l.run.TargetEpsilon)
 	if err != nil {
 		return Record{}, err
 	}
@@ -408,10 +408,24 @@ func (l *Ledger) warm() {
 // without recording anything. The leader uses it to stop before proposing a
 // step that the state machine would refuse.
 func (l *Ledger) WouldExceed(e accounting.Event) (bool, error) {
-	if l.run == nil {
-		return false, errors.New("ledger: WouldExceed before Start")
+	check, err := l.ExceedsCheck(e)
+	if err != nil {
+		return false, err
 	}
-	return l.budget.exceeds(e, l.run.TargetEpsilon)
+	return check()
+}
+
+// ExceedsCheck is WouldExceed in two parts, so that a caller can hold its
+// own lock only for the first: it reads the ledger now, and the returned
+// function runs the accountant (the PLD step-limit search takes seconds
+// the first time) on any goroutine, while charges go on, and answers what
+// WouldExceed(e) would have answered now. Like WouldExceed it changes
+// nothing.
+func (l *Ledger) ExceedsCheck(e accounting.Event) (func() (bool, error), error) {
+	if l.run == nil {
+		return nil, errors.New("ledger: WouldExceed before Start")
+	}
+	return l.budget.check(e, l.run.TargetEpsilon)
 }
 
 // Spent returns ε spent so far at the run's δ by the run's accountant: the
