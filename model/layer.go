@@ -1,0 +1,329 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+
+	"github.com/dpcluster/dpcluster/dataset"
+)
+
+// Internal layout. Activations are stored batch-major, one example after
+// another, so per-example rescaling is a row operation. Image activations
+// ([C, H, W] in the spec) are stored channels-last (H, W, C) so that a
+// convolution over a whole batch is one GEMM on the unfolded input
+// (rows = output positions); flatten converts back to C, H, W order, so the
+// parameter semantics match PyTorch's.
+
+// paramShape is one parameter tensor of a layer.
+type paramShape struct {
+	name  string
+	shape []int
+}
+
+// pass carries what a kernel needs for one batch.
+type pass struct {
+	be      Backend
+	B       int
+	workers int
+	// coef holds the clip factors during ClippedSum's accGrad calls (the
+	// output gradients are already scaled by them); nil otherwise.
+	coef []float32
+	// fresh and final tell accGrad where its sum goes (see put32): fresh,
+	// the accumulator holds nothing yet (the first chunk of the call);
+	// final, round the total into the float32 result (the last chunk).
+	fresh, final bool
+}
+
+// par splits [0, n) into p.workers contiguous chunks (fewer for small n) and
+// runs fn on each, the last chunk on the calling goroutine. Every index is
+// handled by exactly one call, so results are deterministic as long as fn
+// writes only to per-index outputs or per-worker scratch.
+func (p *pass) par(n int, fn func(wk, lo, hi int)) {
+	w := p.workers
+	if w > n {
+		w = n
+	}
+	if w <= 1 {
+		fn(0, 0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	chunk := (n + w - 1) / w
+	for k := 0; k < w-1; k++ {
+		lo, hi := k*chunk, min((k+1)*chunk, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(k, lo, hi)
+		}()
+	}
+	fn(w-1, (w-1)*chunk, n)
+	wg.Wait()
+}
+
+// parFor is par, but runs serially when the total work is small.
+func (p *pass) parFor(n, workPerItem int, fn func(wk, lo, hi int)) {
+	if n*workPerItem < 1<<15 {
+		fn(0, 0, n)
+		return
+	}
+	p.par(n, fn)
+}
+
+// layer is one layer's kernels. in/out/dout/din hold B examples each, in
+// the internal layout; w (dw) is this layer's slice of theta (of the
+// gradient). Parameter-free layers have no-op sqNorms and paramGrad.
+type layer interface {
+	outShape() []int
+	paramShapes() []paramShape
+	init(w []float32, rng *rand.Rand)
+	// newState allocates per-workspace buffers for up to maxB examples.
+	newState(maxB, workers int, needDin bool) any
+	forward(p *pass, w, in, out []float32, st any)
+	// backward writes din = ∂loss/∂in given dout; din is nil when not needed.
+	backward(p *pass, w, in, out, dout, din []float32, st any)
+	// bound adds to b, for each example, the bounds of this layer's
+	// parameters (see clipBounds and ClippedSum): an upper bound on the
+	// squared norm of the exact per-example gradient implied by the stored
+	// values, and the rounding error shares of accGrad's sum. It reads the
+	// stored values only.
+	bound(p *pass, in, out, dout []float32, b clipBounds, st any)
+	// paramGrad writes dw = alpha · Σ_i (example i's parameter gradient):
+	// the fast reduction of the non-private mean gradient.
+	paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any)
+	// accGrad adds Σ_i (example i's parameter gradient) to the float64
+	// accumulator acc, or, if p.final, writes acc plus that sum rounded to
+	// float32 into dst (acc and dst: this layer's slices of the parameter
+	// vector, public layout; see put32 for p.fresh), with a rounding error
+	// within the shares bound charged: float32 products over blocks of at
+	// most blockRows rows, added in float64, in an order that depends on
+	// the row index only.
+	accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any)
+	// clearExample zeroes example i's stored values that accGrad reads, so
+	// that the example adds exactly zero whatever they held (0·NaN would
+	// not be zero).
+	clearExample(i int, in, dout []float32, st any)
+}
+
+// blockRows is the number of rows (examples × output positions) whose
+// products ClippedSum sums in float32 before adding them into its float64
+// accumulator. An example's share of the float32 summation error is then
+// at most γ_{blockRows}(u32) ≈ 1.5e-5 of ρᵢ = Σₜ‖dₜ‖‖ãₜ‖ (a row's share of
+// a block's error does not depend on which other rows share the block).
+// 128 rows halved the share but cost the mlp preset 3–4% per step at
+// B = 256 (two blocks and a float64 pass instead of one product written
+// in place; BenchmarkMLPStep, paired).
+const blockRows = 256
+
+// put32 takes one partial sum src of a layer's clipped sum (a block's
+// float32 product) for the elements acc and dst cover: first, acc holds
+// nothing for them yet; last, src is the last part, so the total is
+// rounded into dst rather than kept in acc:
+//
+//	first, last:   dst = src
+//	first, !last:  acc = src
+//	!first, last:  dst = fl32(acc + src)
+//	!first, !last: acc += src
+//
+// Long vectors are split over goroutines; each element is one operation,
+// so the result does not depend on the split.
+func put32(p *pass, acc []float64, dst, src []float32, first, last bool) {
+	p.parFor(len(src), 1, func(_, lo, hi int) {
+		a, d, s := acc[lo:hi], dst[lo:hi], src[lo:hi]
+		switch {
+		case first && last:
+			copy(d, s)
+		case first:
+			for j, v := range s {
+				a[j] = float64(v)
+			}
+		case last:
+			for j, v := range s {
+				d[j] = float32(a[j] + float64(v))
+			}
+		default:
+			for j, v := range s {
+				a[j] += float64(v)
+			}
+		}
+	})
+}
+
+// put64 is put32 for a float64 partial sum.
+func put64(acc []float64, dst []float32, src []float64, first, last bool) {
+	switch {
+	case first && last:
+		for j, v := range src {
+			dst[j] = float32(v)
+		}
+	case first:
+		copy(acc, src)
+	case last:
+		for j, v := range src {
+			dst[j] = float32(acc[j] + v)
+		}
+	default:
+		for j, v := range src {
+			acc[j] += v
+		}
+	}
+}
+
+// unused reports the first of the named fields that is set, so a spec with
+// a meaningless field is rejected rather than silently ignored.
+func unused(ls LayerSpec, fields ...string) error {
+	for _, f := range fields {
+		set := false
+		switch f {
+		case "out":
+			set = ls.Out != 0
+		case "kernel":
+			set = ls.Kernel != 0
+		case "stride":
+			set = ls.Stride != 0
+		case "pad":
+			set = ls.Pad != 0
+		case "vocab":
+			set = ls.Vocab != 0
+		case "dim":
+			set = ls.Dim != 0
+		case "eps":
+			set = ls.Eps != 0
+		}
+		if set {
+			return fmt.Errorf("field %q is not used by %s", f, ls.Type)
+		}
+	}
+	return nil
+}
+
+// buildLayer checks one (normalized) layer spec against its input shape.
+func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
+	switch ls.Type {
+	case Linear:
+		if err := unused(ls, "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
+			return nil, err
+		}
+		if len(in) != 1 {
+			return nil, errors.New("linear needs a flat input; add a flatten layer before it")
+		}
+		if ls.Out < 1 || ls.Out > maxElems {
+			return nil, fmt.Errorf("out = %d, need ≥ 1", ls.Out)
+		}
+		if shapeSize([]int{ls.Out, in[0]}) < 1 {
+			return nil, errors.New("weight too large")
+		}
+		return &linear{in: in[0], out: ls.Out}, nil
+	case ReLU, Tanh:
+		if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
+			return nil, err
+		}
+		return &activation{tanh: ls.Type == Tanh, shape: slices.Clone(in), n: shapeSize(in)}, nil
+	case Flatten:
+		if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
+			return nil, err
+		}
+		f := &flatten{n: shapeSize(in), c: 1, hw: shapeSize(in)}
+		if len(in) == 3 {
+			f.c, f.hw = in[0], in[1]*in[2]
+		}
+		return f, nil
+	case Conv2D:
+		if err := unused(ls, "vocab", "dim", "eps"); err != nil {
+			return nil, err
+		}
+		if len(in) != 3 {
+			return nil, errors.New("conv2d needs a [C, H, W] input")
+		}
+		if ls.Out < 1 || ls.Kernel < 1 || ls.Stride < 1 || ls.Pad < 0 || ls.Pad >= ls.Kernel {
+			return nil, fmt.Errorf("need out ≥ 1, kernel ≥ 1, stride ≥ 1, 0 ≤ pad < kernel (got out %d kernel %d stride %d pad %d)", ls.Out, ls.Kernel, ls.Stride, ls.Pad)
+		}
+		c, h, w := in[0], in[1], in[2]
+		if h+2*ls.Pad < ls.Kernel || w+2*ls.Pad < ls.Kernel {
+			return nil, fmt.Errorf("kernel %d larger than padded input %d×%d", ls.Kernel, h+2*ls.Pad, w+2*ls.Pad)
+		}
+		ho := (h+2*ls.Pad-ls.Kernel)/ls.Stride + 1
+		wo := (w+2*ls.Pad-ls.Kernel)/ls.Stride + 1
+		K := shapeSize([]int{c, ls.Kernel, ls.Kernel})
+		if K < 1 || shapeSize([]int{ls.Out, K}) < 1 || shapeSize([]int{ho, wo, K}) < 1 {
+			return nil, errors.New("layer too large")
+		}
+		cv := &conv{c: c, h: h, w: w, o: ls.Out, k: ls.Kernel, s: ls.Stride, p: ls.Pad, ho: ho, wo: wo, T: ho * wo, K: K}
+		// Per-example norm strategy (Li et al. 2022, "Large Language Models
+		// Can Be Strong Differentially Private Learners", §4; Bu et al. 2023,
+		// "Differentially Private Optimization on Large Model at Small Cost",
+		// "book-keeping"). Per example, the ghost norm costs ~T²(K+O) (two
+		// T×T Gram matrices) and its share of the clipped sum's product
+		// ~T·O·K; materializing costs ~T·O·K for the per-example gradient,
+		// which the clipped sum then adds (~O·K). Pick the cheaper, unless
+		// storing the B per-example gradients would take more than twice
+		// the memory of the layer's unfolded input and output gradients.
+		cv.ghost = cv.T*cv.T*(cv.K+cv.o) < cv.o*cv.K || cv.o*cv.K > 2*cv.T*(cv.K+cv.o)
+		return cv, nil
+	case MaxPool, AvgPool:
+		if err := unused(ls, "out", "pad", "vocab", "dim", "eps"); err != nil {
+			return nil, err
+		}
+		if len(in) != 3 {
+			return nil, fmt.Errorf("%s needs a [C, H, W] input", ls.Type)
+		}
+		if ls.Kernel < 1 || ls.Stride < 1 || ls.Kernel > in[1] || ls.Kernel > in[2] {
+			return nil, fmt.Errorf("need 1 ≤ kernel ≤ H, W and stride ≥ 1 (got kernel %d stride %d)", ls.Kernel, ls.Stride)
+		}
+		return &pool{max: ls.Type == MaxPool, c: in[0], h: in[1], w: in[2], k: ls.Kernel, s: ls.Stride,
+			ho: (in[1]-ls.Kernel)/ls.Stride + 1, wo: (in[2]-ls.Kernel)/ls.Stride + 1}, nil
+	case EmbeddingBag:
+		if err := unused(ls, "out", "kernel", "stride", "pad", "eps"); err != nil {
+			return nil, err
+		}
+		if idx != 0 {
+			return nil, errors.New("embeddingbag must be the first layer (its input is token ids)")
+		}
+		if len(in) != 1 {
+			return nil, errors.New("embeddingbag needs a [L] token input")
+		}
+		if ls.Vocab < 1 || ls.Vocab > dataset.MaxTokenID || ls.Dim < 1 || shapeSize([]int{ls.Vocab, ls.Dim}) < 1 {
+			return nil, fmt.Errorf("need 1 ≤ vocab ≤ %d and dim ≥ 1 (got vocab %d dim %d)", dataset.MaxTokenID, ls.Vocab, ls.Dim)
+		}
+		return &embedBag{L: in[0], V: ls.Vocab, D: ls.Dim}, nil
+	case LayerNorm:
+		if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim"); err != nil {
+			return nil, err
+		}
+		if len(in) != 1 {
+			return nil, errors.New("layernorm needs a flat input; add a flatten layer before it")
+		}
+		if !validEps(ls.Eps) {
+			return nil, fmt.Errorf("eps = %v, need 0 < eps < 1", ls.Eps)
+		}
+		return &layerNorm{f: in[0], eps: ls.Eps}, nil
+	case "":
+		return nil, errors.New("missing layer type")
+	}
+	return nil, fmt.Errorf("unknown layer type %q", ls.Type)
+}
+
+// noParams provides the parameter methods of parameter-free layers.
+type noParams struct{}
+
+func (noParams) paramShapes() []paramShape                                                 { return nil }
+func (noParams) init([]float32, *rand.Rand)                                                {}
+func (noParams) bound(*pass, []float32, []float32, []float32, clipBounds, any)             {}
+func (noParams) paramGrad(*pass, []float32, []float32, []float32, []float32, float32, any) {}
+func (noParams) accGrad(*pass, []float64, []float32, []float32, []float32, []float32, any) {}
+func (noParams) clearExample(int, []float32, []float32, any)                               {}
+
+// colSum writes dst[j] = Σ_r m[r, j] over rows r < rows of the row-major
+// rows×cols matrix m, in float64, in row order.
+func colSum(dst []float64, m []float32, rows, cols int) {
+	clear(dst)
+	for r := 0; r < rows; r++ {
+		row := m[r*cols : (r+1)*cols]
+		for j, v := range row {
+			dst[j] += float64(v)
+		}
+	}
+}
