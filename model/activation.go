@@ -10,6 +10,14 @@ type activation struct {
 	n     int
 }
 
+// newActivation checks a relu or tanh layer spec.
+func newActivation(ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
+		return nil, err
+	}
+	return &activation{tanh: ls.Type == Tanh, shape: slices.Clone(in), n: shapeSize(in)}, nil
+}
+
 func (a *activation) outShape() []int                              { return slices.Clone(a.shape) }
 func (a *activation) newState(maxB, workers int, needDin bool) any { return nil }
 
@@ -54,6 +62,18 @@ func (a *activation) backward(p *pass, w, in, out, dout, din []float32, st any) 
 type flatten struct {
 	noParams
 	n, c, hw int
+}
+
+// newFlatten checks a flatten layer spec.
+func newFlatten(ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
+		return nil, err
+	}
+	f := &flatten{n: shapeSize(in), c: 1, hw: shapeSize(in)}
+	if len(in) == 3 {
+		f.c, f.hw = in[0], in[1]*in[2]
+	}
+	return f, nil
 }
 
 func (f *flatten) outShape() []int                              { return []int{f.n} }

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 )
@@ -20,6 +22,42 @@ type conv struct {
 	c, h, w, o, k, s, p, ho, wo int
 	T, K                        int
 	ghost                       bool
+}
+
+// newConv checks a conv2d layer spec against its input shape and picks
+// the per-example norm strategy.
+func newConv(ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "vocab", "dim", "eps"); err != nil {
+		return nil, err
+	}
+	if len(in) != 3 {
+		return nil, errors.New("conv2d needs a [C, H, W] input")
+	}
+	if ls.Out < 1 || ls.Kernel < 1 || ls.Stride < 1 || ls.Pad < 0 || ls.Pad >= ls.Kernel {
+		return nil, fmt.Errorf("need out ≥ 1, kernel ≥ 1, stride ≥ 1, 0 ≤ pad < kernel (got out %d kernel %d stride %d pad %d)", ls.Out, ls.Kernel, ls.Stride, ls.Pad)
+	}
+	c, h, w := in[0], in[1], in[2]
+	if h+2*ls.Pad < ls.Kernel || w+2*ls.Pad < ls.Kernel {
+		return nil, fmt.Errorf("kernel %d larger than padded input %d×%d", ls.Kernel, h+2*ls.Pad, w+2*ls.Pad)
+	}
+	ho := (h+2*ls.Pad-ls.Kernel)/ls.Stride + 1
+	wo := (w+2*ls.Pad-ls.Kernel)/ls.Stride + 1
+	K := shapeSize([]int{c, ls.Kernel, ls.Kernel})
+	if K < 1 || shapeSize([]int{ls.Out, K}) < 1 || shapeSize([]int{ho, wo, K}) < 1 {
+		return nil, errors.New("layer too large")
+	}
+	cv := &conv{c: c, h: h, w: w, o: ls.Out, k: ls.Kernel, s: ls.Stride, p: ls.Pad, ho: ho, wo: wo, T: ho * wo, K: K}
+	// Per-example norm strategy (Li et al. 2022, "Large Language Models
+	// Can Be Strong Differentially Private Learners", §4; Bu et al. 2023,
+	// "Differentially Private Optimization on Large Model at Small Cost",
+	// "book-keeping"). Per example, the ghost norm costs ~T²(K+O) (two
+	// T×T Gram matrices) and its share of the clipped sum's product
+	// ~T·O·K; materializing costs ~T·O·K for the per-example gradient,
+	// which the clipped sum then adds (~O·K). Pick the cheaper, unless
+	// storing the B per-example gradients would take more than twice
+	// the memory of the layer's unfolded input and output gradients.
+	cv.ghost = cv.T*cv.T*(cv.K+cv.o) < cv.o*cv.K || cv.o*cv.K > 2*cv.T*(cv.K+cv.o)
+	return cv, nil
 }
 
 type convState struct {

@@ -1,9 +1,13 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/dpcluster/dpcluster/dataset"
 )
 
 // embedBag is the mean of the embeddings of an example's non-padding
@@ -15,6 +19,24 @@ import (
 // treat embeddings as linear layers on one-hot inputs).
 type embedBag struct {
 	L, V, D int
+}
+
+// newEmbedBag checks an embeddingbag layer spec; idx is its position in
+// the model (it must be first).
+func newEmbedBag(idx int, ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "out", "kernel", "stride", "pad", "eps"); err != nil {
+		return nil, err
+	}
+	if idx != 0 {
+		return nil, errors.New("embeddingbag must be the first layer (its input is token ids)")
+	}
+	if len(in) != 1 {
+		return nil, errors.New("embeddingbag needs a [L] token input")
+	}
+	if ls.Vocab < 1 || ls.Vocab > dataset.MaxTokenID || ls.Dim < 1 || shapeSize([]int{ls.Vocab, ls.Dim}) < 1 {
+		return nil, fmt.Errorf("need 1 ≤ vocab ≤ %d and dim ≥ 1 (got vocab %d dim %d)", dataset.MaxTokenID, ls.Vocab, ls.Dim)
+	}
+	return &embedBag{L: in[0], V: ls.Vocab, D: ls.Dim}, nil
 }
 
 type embedState struct {

@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
-
-	"github.com/dpcluster/dpcluster/dataset"
 )
 
 // Internal layout. Activations are stored batch-major, one example after
@@ -204,102 +201,19 @@ func unused(ls LayerSpec, fields ...string) error {
 func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 	switch ls.Type {
 	case Linear:
-		if err := unused(ls, "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
-			return nil, err
-		}
-		if len(in) != 1 {
-			return nil, errors.New("linear needs a flat input; add a flatten layer before it")
-		}
-		if ls.Out < 1 || ls.Out > maxElems {
-			return nil, fmt.Errorf("out = %d, need ≥ 1", ls.Out)
-		}
-		if shapeSize([]int{ls.Out, in[0]}) < 1 {
-			return nil, errors.New("weight too large")
-		}
-		return &linear{in: in[0], out: ls.Out}, nil
+		return newLinear(ls, in)
 	case ReLU, Tanh:
-		if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
-			return nil, err
-		}
-		return &activation{tanh: ls.Type == Tanh, shape: slices.Clone(in), n: shapeSize(in)}, nil
+		return newActivation(ls, in)
 	case Flatten:
-		if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
-			return nil, err
-		}
-		f := &flatten{n: shapeSize(in), c: 1, hw: shapeSize(in)}
-		if len(in) == 3 {
-			f.c, f.hw = in[0], in[1]*in[2]
-		}
-		return f, nil
+		return newFlatten(ls, in)
 	case Conv2D:
-		if err := unused(ls, "vocab", "dim", "eps"); err != nil {
-			return nil, err
-		}
-		if len(in) != 3 {
-			return nil, errors.New("conv2d needs a [C, H, W] input")
-		}
-		if ls.Out < 1 || ls.Kernel < 1 || ls.Stride < 1 || ls.Pad < 0 || ls.Pad >= ls.Kernel {
-			return nil, fmt.Errorf("need out ≥ 1, kernel ≥ 1, stride ≥ 1, 0 ≤ pad < kernel (got out %d kernel %d stride %d pad %d)", ls.Out, ls.Kernel, ls.Stride, ls.Pad)
-		}
-		c, h, w := in[0], in[1], in[2]
-		if h+2*ls.Pad < ls.Kernel || w+2*ls.Pad < ls.Kernel {
-			return nil, fmt.Errorf("kernel %d larger than padded input %d×%d", ls.Kernel, h+2*ls.Pad, w+2*ls.Pad)
-		}
-		ho := (h+2*ls.Pad-ls.Kernel)/ls.Stride + 1
-		wo := (w+2*ls.Pad-ls.Kernel)/ls.Stride + 1
-		K := shapeSize([]int{c, ls.Kernel, ls.Kernel})
-		if K < 1 || shapeSize([]int{ls.Out, K}) < 1 || shapeSize([]int{ho, wo, K}) < 1 {
-			return nil, errors.New("layer too large")
-		}
-		cv := &conv{c: c, h: h, w: w, o: ls.Out, k: ls.Kernel, s: ls.Stride, p: ls.Pad, ho: ho, wo: wo, T: ho * wo, K: K}
-		// Per-example norm strategy (Li et al. 2022, "Large Language Models
-		// Can Be Strong Differentially Private Learners", §4; Bu et al. 2023,
-		// "Differentially Private Optimization on Large Model at Small Cost",
-		// "book-keeping"). Per example, the ghost norm costs ~T²(K+O) (two
-		// T×T Gram matrices) and its share of the clipped sum's product
-		// ~T·O·K; materializing costs ~T·O·K for the per-example gradient,
-		// which the clipped sum then adds (~O·K). Pick the cheaper, unless
-		// storing the B per-example gradients would take more than twice
-		// the memory of the layer's unfolded input and output gradients.
-		cv.ghost = cv.T*cv.T*(cv.K+cv.o) < cv.o*cv.K || cv.o*cv.K > 2*cv.T*(cv.K+cv.o)
-		return cv, nil
+		return newConv(ls, in)
 	case MaxPool, AvgPool:
-		if err := unused(ls, "out", "pad", "vocab", "dim", "eps"); err != nil {
-			return nil, err
-		}
-		if len(in) != 3 {
-			return nil, fmt.Errorf("%s needs a [C, H, W] input", ls.Type)
-		}
-		if ls.Kernel < 1 || ls.Stride < 1 || ls.Kernel > in[1] || ls.Kernel > in[2] {
-			return nil, fmt.Errorf("need 1 ≤ kernel ≤ H, W and stride ≥ 1 (got kernel %d stride %d)", ls.Kernel, ls.Stride)
-		}
-		return &pool{max: ls.Type == MaxPool, c: in[0], h: in[1], w: in[2], k: ls.Kernel, s: ls.Stride,
-			ho: (in[1]-ls.Kernel)/ls.Stride + 1, wo: (in[2]-ls.Kernel)/ls.Stride + 1}, nil
+		return newPool(ls, in)
 	case EmbeddingBag:
-		if err := unused(ls, "out", "kernel", "stride", "pad", "eps"); err != nil {
-			return nil, err
-		}
-		if idx != 0 {
-			return nil, errors.New("embeddingbag must be the first layer (its input is token ids)")
-		}
-		if len(in) != 1 {
-			return nil, errors.New("embeddingbag needs a [L] token input")
-		}
-		if ls.Vocab < 1 || ls.Vocab > dataset.MaxTokenID || ls.Dim < 1 || shapeSize([]int{ls.Vocab, ls.Dim}) < 1 {
-			return nil, fmt.Errorf("need 1 ≤ vocab ≤ %d and dim ≥ 1 (got vocab %d dim %d)", dataset.MaxTokenID, ls.Vocab, ls.Dim)
-		}
-		return &embedBag{L: in[0], V: ls.Vocab, D: ls.Dim}, nil
+		return newEmbedBag(idx, ls, in)
 	case LayerNorm:
-		if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim"); err != nil {
-			return nil, err
-		}
-		if len(in) != 1 {
-			return nil, errors.New("layernorm needs a flat input; add a flatten layer before it")
-		}
-		if !validEps(ls.Eps) {
-			return nil, fmt.Errorf("eps = %v, need 0 < eps < 1", ls.Eps)
-		}
-		return &layerNorm{f: in[0], eps: ls.Eps}, nil
+		return newLayerNorm(ls, in)
 	case "":
 		return nil, errors.New("missing layer type")
 	}

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 )
@@ -12,6 +14,20 @@ import (
 type layerNorm struct {
 	f   int
 	eps float64
+}
+
+// newLayerNorm checks a layernorm layer spec against its input shape.
+func newLayerNorm(ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim"); err != nil {
+		return nil, err
+	}
+	if len(in) != 1 {
+		return nil, errors.New("layernorm needs a flat input; add a flatten layer before it")
+	}
+	if !validEps(ls.Eps) {
+		return nil, fmt.Errorf("eps = %v, need 0 < eps < 1", ls.Eps)
+	}
+	return &layerNorm{f: in[0], eps: ls.Eps}, nil
 }
 
 type lnState struct {

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 )
@@ -12,6 +14,23 @@ import (
 // per-example gradient computations"; Li et al. 2022, "ghost clipping").
 type linear struct {
 	in, out int
+}
+
+// newLinear checks a linear layer spec against its input shape.
+func newLinear(ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
+		return nil, err
+	}
+	if len(in) != 1 {
+		return nil, errors.New("linear needs a flat input; add a flatten layer before it")
+	}
+	if ls.Out < 1 || ls.Out > maxElems {
+		return nil, fmt.Errorf("out = %d, need ≥ 1", ls.Out)
+	}
+	if shapeSize([]int{ls.Out, in[0]}) < 1 {
+		return nil, errors.New("weight too large")
+	}
+	return &linear{in: in[0], out: ls.Out}, nil
 }
 
 type linearState struct {

@@ -1,10 +1,27 @@
 package model
 
+import "fmt"
+
 // pool is max or average pooling without padding, on (H, W, C) layout.
 type pool struct {
 	noParams
 	max                   bool
 	c, h, w, k, s, ho, wo int
+}
+
+// newPool checks a maxpool or avgpool layer spec against its input shape.
+func newPool(ls LayerSpec, in []int) (layer, error) {
+	if err := unused(ls, "out", "pad", "vocab", "dim", "eps"); err != nil {
+		return nil, err
+	}
+	if len(in) != 3 {
+		return nil, fmt.Errorf("%s needs a [C, H, W] input", ls.Type)
+	}
+	if ls.Kernel < 1 || ls.Stride < 1 || ls.Kernel > in[1] || ls.Kernel > in[2] {
+		return nil, fmt.Errorf("need 1 ≤ kernel ≤ H, W and stride ≥ 1 (got kernel %d stride %d)", ls.Kernel, ls.Stride)
+	}
+	return &pool{max: ls.Type == MaxPool, c: in[0], h: in[1], w: in[2], k: ls.Kernel, s: ls.Stride,
+		ho: (in[1]-ls.Kernel)/ls.Stride + 1, wo: (in[2]-ls.Kernel)/ls.Stride + 1}, nil
 }
 
 func (l *pool) outShape() []int { return []int{l.c, l.ho, l.wo} }
