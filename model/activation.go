@@ -18,10 +18,10 @@ func newActivation(ls LayerSpec, in []int) (layer, error) {
 	return &activation{tanh: ls.Type == Tanh, shape: slices.Clone(in), n: shapeSize(in)}, nil
 }
 
-func (a *activation) outShape() []int                              { return slices.Clone(a.shape) }
-func (a *activation) newState(maxB, workers int, needDin bool) any { return nil }
+func (a *activation) outShape() []int                                     { return slices.Clone(a.shape) }
+func (a *activation) newState(maxB, workers int, needDin bool) layerState { return a }
 
-func (a *activation) forward(p *pass, w, in, out []float32, st any) {
+func (a *activation) forward(p *pass, w, in, out []float32) {
 	p.parFor(p.B, a.n*8, func(_, lo, hi int) {
 		x, y := in[lo*a.n:hi*a.n], out[lo*a.n:hi*a.n]
 		if a.tanh {
@@ -36,7 +36,7 @@ func (a *activation) forward(p *pass, w, in, out []float32, st any) {
 	})
 }
 
-func (a *activation) backward(p *pass, w, in, out, dout, din []float32, st any) {
+func (a *activation) backward(p *pass, w, in, out, dout, din []float32) {
 	if din == nil {
 		return
 	}
@@ -76,10 +76,10 @@ func newFlatten(ls LayerSpec, in []int) (layer, error) {
 	return f, nil
 }
 
-func (f *flatten) outShape() []int                              { return []int{f.n} }
-func (f *flatten) newState(maxB, workers int, needDin bool) any { return nil }
+func (f *flatten) outShape() []int                                     { return []int{f.n} }
+func (f *flatten) newState(maxB, workers int, needDin bool) layerState { return f }
 
-func (f *flatten) forward(p *pass, w, in, out []float32, st any) {
+func (f *flatten) forward(p *pass, w, in, out []float32) {
 	if f.c == 1 {
 		copy(out[:p.B*f.n], in[:p.B*f.n])
 		return
@@ -94,7 +94,7 @@ func (f *flatten) forward(p *pass, w, in, out []float32, st any) {
 	}
 }
 
-func (f *flatten) backward(p *pass, w, in, out, dout, din []float32, st any) {
+func (f *flatten) backward(p *pass, w, in, out, dout, din []float32) {
 	if din == nil {
 		return
 	}

@@ -60,7 +60,9 @@ func newConv(ls LayerSpec, in []int) (layer, error) {
 	return cv, nil
 }
 
+// convState is a convolution's kernels with one workspace's buffers.
 type convState struct {
+	l           *conv
 	cols, dcols []float32
 	wp          []float32 // weights (then weight gradient) in [O, kh, kw, C] order
 	part        [gradChunks][]float32
@@ -84,8 +86,8 @@ func (l *conv) paramShapes() []paramShape {
 func (l *conv) init(w []float32, rng *rand.Rand) {
 	uniformInit(w, 1/math.Sqrt(float64(l.K)), rng)
 }
-func (l *conv) newState(maxB, workers int, needDin bool) any {
-	st := &convState{cols: make([]float32, maxB*l.T*l.K), wp: make([]float32, l.o*l.K)}
+func (l *conv) newState(maxB, workers int, needDin bool) layerState {
+	st := &convState{l: l, cols: make([]float32, maxB*l.T*l.K), wp: make([]float32, l.o*l.K)}
 	for c := range st.part {
 		st.part[c] = make([]float32, l.o*l.K)
 		st.part64[c] = make([]float64, l.o*l.K)
@@ -197,8 +199,8 @@ func (l *conv) col2im(dx, cols []float32) {
 	}
 }
 
-func (l *conv) forward(p *pass, w, in, out []float32, st any) {
-	s := st.(*convState)
+func (s *convState) forward(p *pass, w, in, out []float32) {
+	l := s.l
 	nin, tk := l.h*l.w*l.c, l.T*l.K
 	p.parFor(p.B, tk, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -218,11 +220,11 @@ func (l *conv) forward(p *pass, w, in, out []float32, st any) {
 }
 
 // backward uses the permuted weights forward left in the state.
-func (l *conv) backward(p *pass, w, in, out, dout, din []float32, st any) {
+func (s *convState) backward(p *pass, w, in, out, dout, din []float32) {
+	l := s.l
 	if din == nil {
 		return
 	}
-	s := st.(*convState)
 	p.be.Sgemm(false, false, p.B*l.T, l.K, l.o, 1, dout, l.o, s.wp, l.K, 0, s.dcols, l.K)
 	nin, tk := l.h*l.w*l.c, l.T*l.K
 	p.parFor(p.B, tk, func(_, lo, hi int) {
@@ -267,8 +269,8 @@ func (l *conv) backward(p *pass, w, in, out, dout, din []float32, st any) {
 // γ_R·ρᵢ/‖Gᵢ‖ + 1e-6 (materialized): 3e-5 or less on typical examples of the
 // cnn preset, where ρᵢ/‖Gᵢ‖ is about 5 to 10. Only cancellation across
 // positions (ρᵢ ≫ ‖Gᵢ‖) over-clips noticeably, which is safe.
-func (l *conv) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
-	s := st.(*convState)
+func (s *convState) bound(p *pass, in, out, dout []float32, b clipBounds) {
+	l := s.l
 	T, K, O := l.T, l.K, l.o
 	k := l.boundConsts()
 	if !l.ghost && s.gi == nil {
@@ -450,8 +452,8 @@ func (l *conv) sgemmTN(p *pass, dst, D, A []float32, rows int) {
 // j mod gradChunks, each chunk adds its blocks in order into its own
 // float64 sum, and the chunks are added in order: the result depends on
 // neither GOMAXPROCS nor the batch size beyond the last block.
-func (l *conv) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
-	s := st.(*convState)
+func (s *convState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
+	l := s.l
 	T, K, O := l.T, l.K, l.o
 	bs := s.bsum[0]
 	colSum(bs, dout, p.B*T, O)
@@ -501,8 +503,8 @@ func (l *conv) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []fl
 	put64(acc[:O*K], dst[:O*K], pub, p.fresh, p.final)
 }
 
-func (l *conv) clearExample(i int, in, dout []float32, st any) {
-	s := st.(*convState)
+func (s *convState) clearExample(i int, in, dout []float32) {
+	l := s.l
 	clear(s.cols[i*l.T*l.K : (i+1)*l.T*l.K])
 	clear(dout[i*l.T*l.o : (i+1)*l.T*l.o])
 	if s.gi != nil {
@@ -516,8 +518,8 @@ func (l *conv) clearExample(i int, in, dout []float32, st any) {
 // order, so the result does not depend on the number of workers.
 const gradChunks = 4
 
-func (l *conv) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
-	s := st.(*convState)
+func (s *convState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
+	l := s.l
 	p.par(gradChunks, func(_, lo, hi int) {
 		for c := lo; c < hi; c++ {
 			e0, e1 := c*p.B/gradChunks, (c+1)*p.B/gradChunks

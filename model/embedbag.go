@@ -39,7 +39,9 @@ func newEmbedBag(idx int, ls LayerSpec, in []int) (layer, error) {
 	return &embedBag{L: in[0], V: ls.Vocab, D: ls.Dim}, nil
 }
 
+// embedState is an embedding bag's kernels with one workspace's buffers.
 type embedState struct {
+	l      *embedBag
 	inv    []float32 // 1/nᵢ (0 for all-padding examples)
 	tokens [][]int32 // per worker [L]
 }
@@ -53,16 +55,16 @@ func (l *embedBag) init(w []float32, rng *rand.Rand) {
 		w[i] = float32(rng.NormFloat64())
 	}
 }
-func (l *embedBag) newState(maxB, workers int, needDin bool) any {
-	st := &embedState{inv: make([]float32, maxB)}
+func (l *embedBag) newState(maxB, workers int, needDin bool) layerState {
+	st := &embedState{l: l, inv: make([]float32, maxB)}
 	for range workers {
 		st.tokens = append(st.tokens, make([]int32, l.L))
 	}
 	return st
 }
 
-func (l *embedBag) forward(p *pass, w, in, out []float32, st any) {
-	s := st.(*embedState)
+func (s *embedState) forward(p *pass, w, in, out []float32) {
+	l := s.l
 	p.parFor(p.B, l.L*l.D, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
 			y := out[i*l.D : (i+1)*l.D]
@@ -89,7 +91,7 @@ func (l *embedBag) forward(p *pass, w, in, out []float32, st any) {
 	})
 }
 
-func (l *embedBag) backward(p *pass, w, in, out, dout, din []float32, st any) {}
+func (s *embedState) backward(p *pass, w, in, out, dout, din []float32) {}
 
 // bound: example i's gradient has row v equal to n_{iv}·invᵢ·dᵢ, with invᵢ
 // the stored float32 1/nᵢ that paramGrad and accGrad use, so its norm is
@@ -97,8 +99,8 @@ func (l *embedBag) backward(p *pass, w, in, out, dout, din []float32, st any) {}
 // adds the exact float64 products invᵢ·d'ᵢ once per token occurrence:
 // its shares are the scaling error (u32·‖Gᵢ‖ plus underflow) and the
 // accumulator's accGamma·ρᵢ with ρᵢ = nᵢ·invᵢ·‖dᵢ‖.
-func (l *embedBag) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
-	s := st.(*embedState)
+func (s *embedState) bound(p *pass, in, out, dout []float32, b clipBounds) {
+	l := s.l
 	p.parFor(p.B, l.L*4, func(wk, lo, hi int) {
 		tok := s.tokens[wk]
 		for i := lo; i < hi; i++ {
@@ -152,8 +154,8 @@ func (l *embedBag) boundExample(b clipBounds, i, ntok int, c2 float64, inv32 flo
 	b.floor[i] += eta32 * sD * math.Sqrt(c2) * inv * (1 + accGamma) * up
 }
 
-func (l *embedBag) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
-	s := st.(*embedState)
+func (s *embedState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
+	l := s.l
 	clear(dw)
 	for i := 0; i < p.B; i++ {
 		sc := alpha * s.inv[i]
@@ -172,8 +174,8 @@ func (l *embedBag) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32
 
 // accGrad adds into acc directly (the float64 products are exact), then
 // rounds it into dst if final.
-func (l *embedBag) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
-	s := st.(*embedState)
+func (s *embedState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
+	l := s.l
 	if p.fresh {
 		clear(acc)
 	}
@@ -199,6 +201,7 @@ func (l *embedBag) accGrad(p *pass, acc []float64, dst []float32, in, out, dout 
 
 // clearExample clears the output gradient only: token ids and 1/nᵢ are
 // finite, and the gradient is linear in it.
-func (l *embedBag) clearExample(i int, in, dout []float32, st any) {
+func (s *embedState) clearExample(i int, in, dout []float32) {
+	l := s.l
 	clear(dout[i*l.D : (i+1)*l.D])
 }

@@ -70,27 +70,38 @@ func (p *pass) parFor(n, workPerItem int, fn func(wk, lo, hi int)) {
 	p.par(n, fn)
 }
 
-// layer is one layer's kernels. in/out/dout/din hold B examples each, in
-// the internal layout; w (dw) is this layer's slice of theta (of the
-// gradient). Parameter-free layers have no-op sqNorms and paramGrad.
+// layer is one layer of a model: its shapes and parameters. It holds no
+// buffers; newState gives its kernels over one workspace's.
 type layer interface {
 	outShape() []int
 	paramShapes() []paramShape
 	init(w []float32, rng *rand.Rand)
-	// newState allocates per-workspace buffers for up to maxB examples.
-	newState(maxB, workers int, needDin bool) any
-	forward(p *pass, w, in, out []float32, st any)
+	// newState allocates per-workspace buffers for up to maxB examples
+	// (workers: the goroutines a pass may use; needDin: whether backward
+	// must write din) and returns the layer's kernels bound to them.
+	// Layers that need no buffers return themselves.
+	newState(maxB, workers int, needDin bool) layerState
+}
+
+// layerState is one layer's kernels with the buffers of one workspace,
+// which they own (the typed state of each layer kind: linearState,
+// convState, …). in/out/dout/din hold B examples each, in the internal
+// layout; w (dw) is this layer's slice of theta (of the gradient).
+// Parameter-free layers have no-op bound, paramGrad, accGrad and
+// clearExample (noParams).
+type layerState interface {
+	forward(p *pass, w, in, out []float32)
 	// backward writes din = ∂loss/∂in given dout; din is nil when not needed.
-	backward(p *pass, w, in, out, dout, din []float32, st any)
+	backward(p *pass, w, in, out, dout, din []float32)
 	// bound adds to b, for each example, the bounds of this layer's
 	// parameters (see clipBounds and ClippedSum): an upper bound on the
 	// squared norm of the exact per-example gradient implied by the stored
 	// values, and the rounding error shares of accGrad's sum. It reads the
 	// stored values only.
-	bound(p *pass, in, out, dout []float32, b clipBounds, st any)
+	bound(p *pass, in, out, dout []float32, b clipBounds)
 	// paramGrad writes dw = alpha · Σ_i (example i's parameter gradient):
 	// the fast reduction of the non-private mean gradient.
-	paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any)
+	paramGrad(p *pass, dw, in, out, dout []float32, alpha float32)
 	// accGrad adds Σ_i (example i's parameter gradient) to the float64
 	// accumulator acc, or, if p.final, writes acc plus that sum rounded to
 	// float32 into dst (acc and dst: this layer's slices of the parameter
@@ -98,11 +109,11 @@ type layer interface {
 	// within the shares bound charged: float32 products over blocks of at
 	// most blockRows rows, added in float64, in an order that depends on
 	// the row index only.
-	accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any)
+	accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32)
 	// clearExample zeroes example i's stored values that accGrad reads, so
 	// that the example adds exactly zero whatever they held (0·NaN would
 	// not be zero).
-	clearExample(i int, in, dout []float32, st any)
+	clearExample(i int, in, dout []float32)
 }
 
 // blockRows is the number of rows (examples × output positions) whose
@@ -220,15 +231,16 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 	return nil, fmt.Errorf("unknown layer type %q", ls.Type)
 }
 
-// noParams provides the parameter methods of parameter-free layers.
+// noParams provides the parameter methods of parameter-free layers and
+// their states.
 type noParams struct{}
 
-func (noParams) paramShapes() []paramShape                                                 { return nil }
-func (noParams) init([]float32, *rand.Rand)                                                {}
-func (noParams) bound(*pass, []float32, []float32, []float32, clipBounds, any)             {}
-func (noParams) paramGrad(*pass, []float32, []float32, []float32, []float32, float32, any) {}
-func (noParams) accGrad(*pass, []float64, []float32, []float32, []float32, []float32, any) {}
-func (noParams) clearExample(int, []float32, []float32, any)                               {}
+func (noParams) paramShapes() []paramShape                                            { return nil }
+func (noParams) init([]float32, *rand.Rand)                                           {}
+func (noParams) bound(*pass, []float32, []float32, []float32, clipBounds)             {}
+func (noParams) paramGrad(*pass, []float32, []float32, []float32, []float32, float32) {}
+func (noParams) accGrad(*pass, []float64, []float32, []float32, []float32, []float32) {}
+func (noParams) clearExample(int, []float32, []float32)                               {}
 
 // colSum writes dst[j] = Σ_r m[r, j] over rows r < rows of the row-major
 // rows×cols matrix m, in float64, in row order.

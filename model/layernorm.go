@@ -30,7 +30,9 @@ func newLayerNorm(ls LayerSpec, in []int) (layer, error) {
 	return &layerNorm{f: in[0], eps: ls.Eps}, nil
 }
 
+// lnState is a layer norm's kernels with one workspace's buffers.
 type lnState struct {
+	l      *layerNorm
 	xhat   []float32
 	rstd   []float32
 	gs, bs []float64
@@ -45,13 +47,13 @@ func (l *layerNorm) init(w []float32, rng *rand.Rand) {
 		w[j], w[l.f+j] = 1, 0
 	}
 }
-func (l *layerNorm) newState(maxB, workers int, needDin bool) any {
-	return &lnState{xhat: make([]float32, maxB*l.f), rstd: make([]float32, maxB),
+func (l *layerNorm) newState(maxB, workers int, needDin bool) layerState {
+	return &lnState{l: l, xhat: make([]float32, maxB*l.f), rstd: make([]float32, maxB),
 		gs: make([]float64, l.f), bs: make([]float64, l.f)}
 }
 
-func (l *layerNorm) forward(p *pass, w, in, out []float32, st any) {
-	s := st.(*lnState)
+func (s *lnState) forward(p *pass, w, in, out []float32) {
+	l := s.l
 	g, b := w[:l.f], w[l.f:]
 	p.parFor(p.B, l.f*4, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -77,11 +79,11 @@ func (l *layerNorm) forward(p *pass, w, in, out []float32, st any) {
 	})
 }
 
-func (l *layerNorm) backward(p *pass, w, in, out, dout, din []float32, st any) {
+func (s *lnState) backward(p *pass, w, in, out, dout, din []float32) {
+	l := s.l
 	if din == nil {
 		return
 	}
-	s := st.(*lnState)
 	g := w[:l.f]
 	p.parFor(p.B, l.f*4, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -108,8 +110,8 @@ func (l *layerNorm) backward(p *pass, w, in, out, dout, din []float32, st any) {
 // evaluation slack, and being entrywise it has no cancellation: its shares
 // are the scaling error (u32·‖Gᵢ‖, plus eta32·‖(x̂ᵢ, 1)‖ from underflow)
 // and two float64 sums (accGamma·‖Gᵢ‖ each).
-func (l *layerNorm) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
-	s := st.(*lnState)
+func (s *lnState) bound(p *pass, in, out, dout []float32, b clipBounds) {
+	l := s.l
 	for i := 0; i < p.B; i++ {
 		xh, dy := s.xhat[i*l.f:(i+1)*l.f], dout[i*l.f:(i+1)*l.f]
 		var n, x2 float64
@@ -149,8 +151,8 @@ func (l *layerNorm) sums(p *pass, dout []float32, s *lnState) {
 	}
 }
 
-func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
-	s := st.(*lnState)
+func (s *lnState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
+	l := s.l
 	l.sums(p, dout, s)
 	for j := 0; j < l.f; j++ {
 		dw[j] = float32(float64(alpha) * s.gs[j])
@@ -158,15 +160,15 @@ func (l *layerNorm) paramGrad(p *pass, dw, in, out, dout []float32, alpha float3
 	}
 }
 
-func (l *layerNorm) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
-	s := st.(*lnState)
+func (s *lnState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
+	l := s.l
 	l.sums(p, dout, s)
 	put64(acc[:l.f], dst[:l.f], s.gs, p.fresh, p.final)
 	put64(acc[l.f:], dst[l.f:], s.bs, p.fresh, p.final)
 }
 
-func (l *layerNorm) clearExample(i int, in, dout []float32, st any) {
-	s := st.(*lnState)
+func (s *lnState) clearExample(i int, in, dout []float32) {
+	l := s.l
 	clear(s.xhat[i*l.f : (i+1)*l.f])
 	clear(dout[i*l.f : (i+1)*l.f])
 }

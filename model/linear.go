@@ -33,7 +33,9 @@ func newLinear(ls LayerSpec, in []int) (layer, error) {
 	return &linear{in: in[0], out: ls.Out}, nil
 }
 
+// linearState is a linear layer's kernels with one workspace's buffers.
 type linearState struct {
+	l    *linear
 	bsum []float64
 	blk  []float32 // accGrad's block product [out, in], allocated on first use
 }
@@ -45,11 +47,12 @@ func (l *linear) paramShapes() []paramShape {
 func (l *linear) init(w []float32, rng *rand.Rand) {
 	uniformInit(w, 1/math.Sqrt(float64(l.in)), rng)
 }
-func (l *linear) newState(maxB, workers int, needDin bool) any {
-	return &linearState{bsum: make([]float64, l.out)}
+func (l *linear) newState(maxB, workers int, needDin bool) layerState {
+	return &linearState{l: l, bsum: make([]float64, l.out)}
 }
 
-func (l *linear) forward(p *pass, w, in, out []float32, st any) {
+func (s *linearState) forward(p *pass, w, in, out []float32) {
+	l := s.l
 	W, b := w[:l.out*l.in], w[l.out*l.in:]
 	p.be.Sgemm(false, true, p.B, l.out, l.in, 1, in, l.in, W, l.in, 0, out, l.out)
 	for i := 0; i < p.B; i++ {
@@ -60,7 +63,8 @@ func (l *linear) forward(p *pass, w, in, out []float32, st any) {
 	}
 }
 
-func (l *linear) backward(p *pass, w, in, out, dout, din []float32, st any) {
+func (s *linearState) backward(p *pass, w, in, out, dout, din []float32) {
+	l := s.l
 	if din == nil {
 		return
 	}
@@ -75,7 +79,8 @@ func (l *linear) backward(p *pass, w, in, out, dout, din []float32, st any) {
 // block product (γ_{blockRows}(u32)·cᵢρᵢ(1+u32), plus eta32·√(O·K) for
 // products that underflow), the float64 bias sum and accumulator
 // (accGamma each).
-func (l *linear) bound(p *pass, in, out, dout []float32, b clipBounds, st any) {
+func (s *linearState) bound(p *pass, in, out, dout []float32, b clipBounds) {
+	l := s.l
 	O, K := l.out, l.in
 	for i := 0; i < p.B; i++ {
 		l.boundExample(b, i, sumSq(in[i*K:(i+1)*K]), sumSq(dout[i*O:(i+1)*O]))
@@ -100,8 +105,8 @@ func (l *linear) boundExample(b clipBounds, i int, a2, d2 float64) {
 	b.floor[i] += eta32 * (sO*math.Sqrt(a2)*(1+gR) + sOK) * up
 }
 
-func (l *linear) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32, st any) {
-	s := st.(*linearState)
+func (s *linearState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
+	l := s.l
 	O, K := l.out, l.in
 	nb := (p.B + blockRows - 1) / blockRows
 	for j := range nb {
@@ -122,13 +127,14 @@ func (l *linear) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []
 	put64(acc[O*K:], dst[O*K:], s.bsum, p.fresh, p.final)
 }
 
-func (l *linear) clearExample(i int, in, dout []float32, st any) {
+func (s *linearState) clearExample(i int, in, dout []float32) {
+	l := s.l
 	clear(in[i*l.in : (i+1)*l.in])
 	clear(dout[i*l.out : (i+1)*l.out])
 }
 
-func (l *linear) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32, st any) {
-	s := st.(*linearState)
+func (s *linearState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
+	l := s.l
 	p.be.Sgemm(true, false, l.out, l.in, p.B, alpha, dout, l.out, in, l.in, 0, dw[:l.out*l.in], l.in)
 	colSum(s.bsum, dout, p.B, l.out)
 	db := dw[l.out*l.in:]

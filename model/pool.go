@@ -26,22 +26,29 @@ func newPool(ls LayerSpec, in []int) (layer, error) {
 
 func (l *pool) outShape() []int { return []int{l.c, l.ho, l.wo} }
 
-type poolState struct{ arg []int32 }
-
-func (l *pool) newState(maxB, workers int, needDin bool) any {
-	if l.max {
-		return &poolState{arg: make([]int32, maxB*l.c*l.ho*l.wo)}
-	}
-	return nil
+// poolState is a pooling layer's kernels with one workspace's buffers:
+// for max pooling, the input index of each output's maximum.
+type poolState struct {
+	noParams
+	l   *pool
+	arg []int32 // nil for average pooling
 }
 
-func (l *pool) forward(p *pass, w, in, out []float32, st any) {
+func (l *pool) newState(maxB, workers int, needDin bool) layerState {
+	if l.max {
+		return &poolState{l: l, arg: make([]int32, maxB*l.c*l.ho*l.wo)}
+	}
+	return &poolState{l: l}
+}
+
+func (s *poolState) forward(p *pass, w, in, out []float32) {
+	l := s.l
 	nin, nout := l.h*l.w*l.c, l.ho*l.wo*l.c
 	p.parFor(p.B, nout*l.k*l.k, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
 			x, y := in[i*nin:(i+1)*nin], out[i*nout:(i+1)*nout]
 			if l.max {
-				l.maxForward(y, st.(*poolState).arg[i*nout:(i+1)*nout], x)
+				l.maxForward(y, s.arg[i*nout:(i+1)*nout], x)
 			} else {
 				l.avgForward(y, x)
 			}
@@ -117,7 +124,8 @@ func (l *pool) avgForward(y, x []float32) {
 	}
 }
 
-func (l *pool) backward(p *pass, w, in, out, dout, din []float32, st any) {
+func (s *poolState) backward(p *pass, w, in, out, dout, din []float32) {
+	l := s.l
 	if din == nil {
 		return
 	}
@@ -128,7 +136,7 @@ func (l *pool) backward(p *pass, w, in, out, dout, din []float32, st any) {
 			dx, dy := din[i*nin:(i+1)*nin], dout[i*nout:(i+1)*nout]
 			clear(dx)
 			if l.max {
-				for o, a := range st.(*poolState).arg[i*nout : (i+1)*nout] {
+				for o, a := range s.arg[i*nout : (i+1)*nout] {
 					dx[a] += dy[o]
 				}
 				continue
