@@ -14,7 +14,7 @@ import (
 // the device), the bound itself (layerBound: the CPU's boundExample, on the
 // host, so that the clip rule and its error bound stay in one place), the
 // clip (layerClip) and the clipped sum (layerAccGrad). Layouts are the
-// CPU's (layers.go): activations channels-last, a convolution's unfolded
+// CPU's (layer.go): activations channels-last, a convolution's unfolded
 // input in patch order (kh, kw, c) and its weights permuted to
 // [O, kh, kw, C], so that the tests can hand the device's stored values to
 // the CPU's exact reference.

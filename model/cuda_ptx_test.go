@@ -6,26 +6,31 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/model/kernels"
 )
 
-// TestCUDAPTXMatchesSource: the committed PTX (cuda_kernels.ptx, embedded
-// in cuda-tagged builds) was generated from the committed CUDA source: its
-// first line records the source's SHA-256 (gen_ptx.sh). Runs everywhere;
-// it needs no GPU and no nvcc.
+// TestCUDAPTXMatchesSource: the committed PTX (kernels/cuda_kernels.ptx,
+// which package kernels embeds for cuda-tagged builds) was generated from
+// the committed CUDA source: its first line records the source's SHA-256
+// (kernels/gen_ptx.sh). Runs everywhere; it needs no GPU and no nvcc.
 func TestCUDAPTXMatchesSource(t *testing.T) {
-	src, err := os.ReadFile("cuda_kernels.cu")
+	src, err := os.ReadFile("kernels/cuda_kernels.cu")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ptx, err := os.ReadFile("cuda_kernels.ptx")
+	ptx, err := os.ReadFile("kernels/cuda_kernels.ptx")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if kernels.PTX() != string(ptx) {
+		t.Fatal("kernels.PTX() is not kernels/cuda_kernels.ptx")
 	}
 	sum := sha256.Sum256(src)
 	first, _, _ := strings.Cut(string(ptx), "\n")
 	want := "(sha256 " + hex.EncodeToString(sum[:]) + ")"
 	if !strings.Contains(first, want) {
-		t.Fatalf("cuda_kernels.ptx was not generated from this cuda_kernels.cu (first line %q, want it to contain %q): run go generate ./model (needs nvcc)", first, want)
+		t.Fatalf("cuda_kernels.ptx was not generated from this cuda_kernels.cu (first line %q, want it to contain %q): run go generate ./model/kernels (needs nvcc)", first, want)
 	}
 	for _, k := range []string{"sgemm_nn", "sgemm_nt", "sgemm_tn", "sgemm_tt", "sgemm128_nn", "sgemm128_nt", "sgemm128_tn", "blocks_put", "colsum_put", "bias_add",
 		"act_fwd", "act_bwd", "permute", "softmax_xent", "row_sumsq", "clip_rows", "nonfinite",

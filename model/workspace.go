@@ -24,7 +24,7 @@ type Workspace struct {
 	act     [][]float32 // act[0] = input (internal layout), act[l+1] = output of layer l
 	grad    [][]float32 // grad[l] = ∂loss/∂act[l]; nil where never needed
 	needDin []bool      // layer l must produce grad[l]
-	states  []any
+	states  []layerState
 	bounds  clipBounds
 	// coef holds the clip factors cᵢ the last ClippedSum applied (0 for a
 	// dropped example); tests read it.
@@ -63,7 +63,7 @@ func (m *Model) NewWorkspace(maxBatch int) (*Workspace, error) {
 	L := len(m.layers)
 	w := &Workspace{m: m, maxB: maxBatch, workers: workers,
 		act: make([][]float32, L+1), grad: make([][]float32, L+1),
-		needDin: make([]bool, L), states: make([]any, L), bounds: newClipBounds(maxBatch), coef: make([]float32, maxBatch)}
+		needDin: make([]bool, L), states: make([]layerState, L), bounds: newClipBounds(maxBatch), coef: make([]float32, maxBatch)}
 	w.act[0] = make([]float32, maxBatch*m.inSize)
 	paramBelow := false
 	for l, ly := range m.layers {
@@ -143,8 +143,8 @@ func (w *Workspace) forward(p *pass, theta, x []float32) {
 	} else {
 		copy(in, x)
 	}
-	for l, ly := range m.layers {
-		ly.forward(p, w.layerParams(theta, l), w.act[l], w.act[l+1], w.states[l])
+	for l := range m.layers {
+		w.states[l].forward(p, w.layerParams(theta, l), w.act[l], w.act[l+1])
 	}
 }
 
@@ -160,18 +160,18 @@ func (w *Workspace) backward(p *pass, theta []float32) {
 		if w.needDin[l] {
 			din = w.grad[l]
 		}
-		w.m.layers[l].backward(p, w.layerParams(theta, l), w.act[l], w.act[l+1], w.grad[l+1], din, w.states[l])
+		w.states[l].backward(p, w.layerParams(theta, l), w.act[l], w.act[l+1], w.grad[l+1], din)
 	}
 }
 
 // paramGrads writes every parameter layer's gradient (alpha · Σ over the
 // batch of the current grad buffers) into dst.
 func (w *Workspace) paramGrads(p *pass, dst []float32, alpha float32) {
-	for l, ly := range w.m.layers {
+	for l := range w.m.layers {
 		if w.m.layerSize[l] == 0 {
 			continue
 		}
-		ly.paramGrad(p, w.layerParams(dst, l), w.act[l], w.act[l+1], w.grad[l+1], alpha, w.states[l])
+		w.states[l].paramGrad(p, w.layerParams(dst, l), w.act[l], w.act[l+1], w.grad[l+1], alpha)
 	}
 }
 
@@ -398,16 +398,16 @@ func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64,
 	w.backward(p, theta)
 	b := w.bounds
 	b.reset(B)
-	for l, ly := range m.layers {
+	for l := range m.layers {
 		if m.layerSize[l] > 0 {
-			ly.bound(p, w.act[l], w.act[l+1], w.grad[l+1], b, w.states[l])
+			w.states[l].bound(p, w.act[l], w.act[l+1], w.grad[l+1], b)
 		}
 	}
 	coef := w.coef[:B]
 	for i := range coef {
 		coef[i] = clipFactor(b.sq[i], b.share[i], b.floor[i], clip)
 	}
-	for l, ly := range m.layers {
+	for l := range m.layers {
 		if m.layerSize[l] == 0 {
 			continue
 		}
@@ -416,7 +416,7 @@ func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64,
 		for i, c := range coef {
 			switch {
 			case c == 0:
-				ly.clearExample(i, w.act[l], d, w.states[l])
+				w.states[l].clearExample(i, w.act[l], d)
 			case c < 1:
 				row := d[i*per : (i+1)*per]
 				for j := range row {
@@ -426,7 +426,7 @@ func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64,
 		}
 		off, n := m.layerOff[l], m.layerSize[l]
 		p.coef, p.fresh, p.final = coef, fresh, final
-		ly.accGrad(p, acc[off:off+n], dst[off:off+n], w.act[l], w.act[l+1], d, w.states[l])
+		w.states[l].accGrad(p, acc[off:off+n], dst[off:off+n], w.act[l], w.act[l+1], d)
 	}
 }
 

@@ -34,7 +34,8 @@ chmod +x "$bin/model.test" "$bin/coordinator"
 : >"$out/stages.txt"
 
 # stage NAME LIMIT CMD...: runs CMD in model/ (the test binary's package
-# folder) with a time limit, logging to $out/NAME.log.
+# folder, where TestCUDAPTXMatchesSource reads kernels/cuda_kernels.cu and
+# .ptx) with a time limit, logging to $out/NAME.log.
 stage() {
 	local name=$1 limit=$2 t0 rc
 	shift 2

@@ -16,7 +16,7 @@ import statistics
 import torch
 
 B = 1024
-BLOCK = 256  # model/layers.go blockRows
+BLOCK = 256  # model/layer.go blockRows
 # name, variant, m, n, k, block (as in BenchmarkCUDASgemm)
 SHAPES = [
     ("fwd1-nt", "nt", B, 4096, 784, 0),

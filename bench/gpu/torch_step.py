@@ -32,7 +32,7 @@ opacus/__init__.py, which pulls in the accountants and scipy): see
 import_opacus() below. Without it they are skipped and the JSON says why.
 
 The models are dpcluster's presets, layer for layer and with the same
-parameter names, shapes and order (model/spec.go, model/layers.go): the
+parameter names, shapes and order (model/spec.go, model/layer.go): the
 d-vector's layout is the node's θ layout. "wide" is MLP([1,28,28],
 [4096,4096], 10); "textbag" is TextBag(10000, 64, 64, 4, 128). Inputs are
 random normal [B,1,28,28] images (textbag: [B,128] token ids, -1 = padding)
@@ -151,7 +151,7 @@ DEFAULT_BATCH = {"mlp": 256, "cnn": 256, "wide": 1024, "textbag": 256}
 
 
 def plan(layers, input_shape):
-    """Infer shapes the way model/layers.go does.
+    """Infer shapes the way model/layer.go (buildLayer) does.
 
     Returns (params, shapes): params is the list of (name, shape) in the
     order of the flat parameter vector (layer index, then weight before

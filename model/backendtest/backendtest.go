@@ -15,9 +15,10 @@ import (
 // Run checks be.Sgemm against a float64 triple loop over all transpose
 // combinations, padded leading dimensions, alpha/beta values and
 // degenerate sizes (k = 0), checks that padding columns of C are left
-// untouched, and checks the error bound of the Backend contract. The 300×80×100 case is large enough for back ends that split
-// products over goroutines (OpenBLAS). Tolerance: float32 accumulation error ≲ k·2⁻²⁴·Σ|a||b|, so
-// 1e-5·(k+1) relative to max(1, |want|).
+// untouched, and checks the error bound of the Backend contract. The
+// 300×80×100 case is large enough for back ends that split products over
+// goroutines (OpenBLAS). Tolerance: float32 accumulation error
+// ≲ k·2⁻²⁴·Σ|a||b|, so 1e-5·(k+1) relative to max(1, |want|).
 func Run(t *testing.T, be model.Backend) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -51,27 +52,7 @@ func Run(t *testing.T, be model.Backend) {
 						c[i] = float32(rng.NormFloat64())
 					}
 				}
-				want := make([]float64, m*n)
-				mag := make([]float64, m*n) // Σ|a·b|, for the error bound
-				for i := 0; i < m; i++ {
-					for j := 0; j < n; j++ {
-						var s, sa float64
-						for p := 0; p < k; p++ {
-							ai, bi := i*lda+p, p*ldb+j
-							if tr[0] {
-								ai = p*lda + i
-							}
-							if tr[1] {
-								bi = j*ldb + p
-							}
-							av, bv := a[ai], b[bi]
-							s += float64(av) * float64(bv)
-							sa += math.Abs(float64(av) * float64(bv))
-						}
-						want[i*n+j] = float64(ab[0])*s + float64(ab[1])*float64(c[i*ldc+j])
-						mag[i*n+j] = sa
-					}
-				}
+				want, mag := reference(tr, ab, m, n, k, a, lda, b, ldb, c, ldc)
 				be.Sgemm(tr[0], tr[1], m, n, k, ab[0], a, lda, b, ldb, ab[1], c, ldc)
 				for i := 0; i < m; i++ {
 					for j := 0; j < ldc; j++ {
@@ -103,4 +84,32 @@ func Run(t *testing.T, be model.Backend) {
 			}
 		}
 	}
+}
+
+// reference returns want = alpha·op(A)·op(B) + beta·C (ab = alpha, beta),
+// computed in float64 by a triple loop, and mag = Σ|a·b| per element of C,
+// for the error bound.
+func reference(tr [2]bool, ab [2]float32, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) (want, mag []float64) {
+	want = make([]float64, m*n)
+	mag = make([]float64, m*n) // Σ|a·b|, for the error bound
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var s, sa float64
+			for p := 0; p < k; p++ {
+				ai, bi := i*lda+p, p*ldb+j
+				if tr[0] {
+					ai = p*lda + i
+				}
+				if tr[1] {
+					bi = j*ldb + p
+				}
+				av, bv := a[ai], b[bi]
+				s += float64(av) * float64(bv)
+				sa += math.Abs(float64(av) * float64(bv))
+			}
+			want[i*n+j] = float64(ab[0])*s + float64(ab[1])*float64(c[i*ldc+j])
+			mag[i*n+j] = sa
+		}
+	}
+	return want, mag
 }

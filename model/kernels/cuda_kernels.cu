@@ -1,7 +1,7 @@
-// CUDA kernels of the GPU engine (model/cuda.go, build tag "cuda").
+// CUDA kernels of the GPU engine (model/cuda_engine.go, build tag "cuda").
 //
-// Generated into cuda_kernels.ptx by `go generate ./model` (see gen.go),
-// which runs
+// Generated into cuda_kernels.ptx by `go generate ./model/kernels`
+// (gen_ptx.sh), which runs
 //
 //	nvcc -ptx -arch=compute_80 -O3 -o cuda_kernels.ptx cuda_kernels.cu
 //
@@ -13,7 +13,7 @@
 // Numerics. Built without --use_fast_math: float32 operations are IEEE
 // round-to-nearest with subnormals kept (no .ftz), division and square root
 // correctly rounded; fused multiply-adds are allowed (the error bounds in
-// bound.go hold with or without them). No kernel uses atomics in a
+// model/bound.go hold with or without them). No kernel uses atomics in a
 // reduction that decides bits: every output element is summed by one
 // thread, or by a fixed tree of one block, in an order fixed by the shapes,
 // so results are deterministic (the same bits on every run on the same
@@ -77,7 +77,7 @@ __device__ __forceinline__ void load_tiles(float (*As)[BM + 1], float (*Bs)[BN +
 // Batches over blockIdx.z: block z multiplies the k-range
 // [z·kblock, min(k, (z+1)·kblock)) of A + z·sa and B + z·sb into C + z·sc:
 // with sa = sb = 0, the per-block products of accgrad (see accGrad in
-// cuda.go); with kblock = 0 (no split of k), a strided batch of
+// model/cuda_engine.go); with kblock = 0 (no split of k), a strided batch of
 // independent products (a convolution's per-example Gram matrices);
 // kblock = k, one z and zero strides for a plain product.
 #define KBATCH()                                                                                                       \
@@ -143,7 +143,7 @@ __device__ void sgemm_body(int m, int n, int k, float alpha, const float *a, int
 // and the columns of B); with VEC they are loaded, and C's columns stored,
 // four at a time as float4 — the host selects VEC only when every leading
 // dimension, stride, the edges that are read in fours and the pointers
-// are multiples of 4 floats (sgemmVec in cuda.go), so that a float4 is
+// are multiples of 4 floats (gemmArgs.aligned in model/cuda_launch.go), so that a float4 is
 // either wholly inside the operand or wholly outside it. Every element is
 // the same sequential fused multiply-add chain along k as in sgemm_body
 // (zero padding adds exact zeros), so all these kernels give the same
@@ -298,7 +298,7 @@ SGEMM128(sgemm128w_nn, false, false, 16, true)
 SGEMM128(sgemm128w_nt, false, true, 16, true)
 SGEMM128(sgemm128w_tn, true, false, 16, true)
 
-// put applies put32's rule (layers.go) to one element: tot is this call's
+// put applies put32's rule (model/layer.go) to one element: tot is this call's
 // sum for the element, acc the float64 accumulator across chunks, dst the
 // float32 result.
 __device__ __forceinline__ void put(double tot, double *acc, float *dst, int first, int last) {
@@ -314,7 +314,7 @@ __device__ __forceinline__ void put(double tot, double *acc, float *dst, int fir
 
 // conv_internal maps index e of a convolution's weight in the public
 // [O, C, kk] order to the internal [O, kk, C] order (conv.permute in
-// layers.go); the identity when c = 0 (a linear layer).
+// model/conv.go); the identity when c = 0 (a linear layer).
 __device__ __forceinline__ size_t conv_internal(size_t e, int c, int kk) {
 	if (c == 0) return e;
 	size_t K = (size_t)c * kk;
@@ -339,7 +339,7 @@ __global__ void blocks_put(size_t n, int nb, const float *blk, double *acc, floa
 }
 
 // colsum_put sums column j of the rows×cols matrix x in float64, in row
-// order (colSum in layers.go), and puts it into acc / dst; with mode 1 it
+// order (colSum in model/layer.go), and puts it into acc / dst; with mode 1 it
 // writes dst[j] = (float)(alpha·sum) instead (paramGrad's bias).
 __global__ void colsum_put(int rows, int cols, const float *x, double *acc, float *dst, int first, int last,
                            int mode, float alpha) {
@@ -361,7 +361,7 @@ __global__ void bias_add(int rows, int cols, float *out, const float *bias) {
 	out[e] += bias[e % cols];
 }
 
-// tanh32 is layers.go's tanh32, operation for operation (Eigen's clamped
+// tanh32 is model/activation.go's tanh32, operation for operation (Eigen's clamped
 // 13/6-degree rational approximation), with every product and sum rounded
 // separately as Go rounds them (no fused multiply-adds), so that the GPU's
 // activations have the CPU's bits for the same inputs: a maximum pooling
@@ -453,7 +453,7 @@ __global__ void softmax_xent(int B, int k, const float *logits, const int32_t *y
 
 // row_sumsq writes out[i] = Σⱼ x[i, j]² in float64 (each square exact) for
 // each of rows rows of cols values (one block of 256 threads per row:
-// strided partial sums, then a fixed tree), the sumSq of bound.go.
+// strided partial sums, then a fixed tree), the sumSq of model/bound.go.
 __global__ void row_sumsq(int cols, const float *x, double *out) {
 	__shared__ double part[256];
 	int i = blockIdx.x, t = threadIdx.x;
@@ -513,7 +513,7 @@ __device__ double block_sum(double v, double *sh) {
 
 // ---------------------------------------------------------- convolution
 //
-// conv in layers.go, on the same layouts: activations channels-last
+// conv in model/conv.go, on the same layouts: activations channels-last
 // (H, W, C) per example, the unfolded input cols [B·T, K] in patch order
 // (kh, kw, c), the weights permuted to [O, kh, kw, C] (conv.permute), the
 // output [B·T, O]. Geometry: input c×h×w, kernel k, stride s, pad p,
@@ -579,7 +579,7 @@ __global__ void conv_permute(int o, int c, int kk, int dir, const float *src, fl
 
 // conv_rows turns the per-row sums of squares a2 (of Aᵢ's rows) and d2 (of
 // Dᵢ's rows) into αₜ = √a2·up and βₜ = √d2·up (stored for conv_ghost), and
-// per example (one block) the sums of convStats (layers.go): rho =
+// per example (one block) the sums of convStats (model/conv.go): rho =
 // Σ βₜ√(a2+1), sat = Σ √(a2+1), sb = Σ βₜ, written at out[q·ld + i] for
 // q = 0, 1, 2.
 __global__ void conv_rows(int T, double up, const double *a2, const double *d2, double *al, double *be,

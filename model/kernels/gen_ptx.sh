@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates cuda_kernels.ptx from cuda_kernels.cu (go generate ./model).
+# Regenerates cuda_kernels.ptx from cuda_kernels.cu (go generate ./model/kernels).
 # Needs nvcc (CUDA 11.8 or newer; Debian: nvidia-cuda-toolkit from non-free).
 # The first line records the SHA-256 of the source; TestCUDAPTXMatchesSource
-# checks it, so an edit of the .cu without regenerating fails the tests.
+# (model/cuda_ptx_test.go) checks it, so an edit of the .cu without
+# regenerating fails the tests.
 set -euo pipefail
 cd "$(dirname "$0")"
 sum=$(sha256sum cuda_kernels.cu | cut -d' ' -f1)
