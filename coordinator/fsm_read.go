@@ -1,0 +1,155 @@
+package coordinator
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+
+	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/ledger"
+)
+
+// The state machine's reads: the views the leader's loop, the reports and
+// the tests take of it (State, Config, Params, Digest), and the budget
+// question (WouldExceed). Each takes the state machine's lock for reading
+// only as long as it copies.
+
+// State is a read-only view of the replica's state for the leader loop,
+// status and metrics. It holds only public or privatized values.
+type State struct {
+	Configured bool
+	Run        string
+	// History is the run's history ID, once configured: what tells this
+	// replica group from another under the same run name.
+	History string
+	Applied int64 // last applied step
+	Epsilon float64
+	Charges uint64
+	Stopped string
+	Fatal   error
+	Diag    dpadam.Diagnostics
+	// PendingStep and PendingIndex are the pending charge's step and Raft
+	// index: charged, its g̃ not applied (0: none).
+	PendingStep  int64
+	PendingIndex uint64
+}
+
+// Charged is the last step charged and so released (its θ may be out):
+// Applied, or the pending charge's step, one ahead. Epsilon is the ε
+// spent through it; reports pair the two.
+func (s State) Charged() int64 { return max(s.Applied, s.PendingStep) }
+
+// State returns the current state.
+func (f *FSM) State() State {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	s := State{Applied: f.applied, Epsilon: f.ledger.Spent(), Charges: f.ledger.Charges(),
+		Stopped: f.stopped, Fatal: f.fatal, Diag: f.diag}
+	if p := f.pending; p != nil {
+		s.PendingStep, s.PendingIndex = p.Step, p.Index
+	}
+	if f.cfg != nil {
+		s.Configured, s.Run, s.History = true, f.cfg.Run, f.history
+	}
+	return s
+}
+
+// configuredHistory returns the history ID and whether the configuration
+// has been applied, read together.
+func (f *FSM) configuredHistory() (string, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.history, f.cfg != nil
+}
+
+// checkRaftState reports whether this replica's ledger may resume on a Raft
+// state st (ledger.CheckRaftState). OpenReplica calls it before Raft starts.
+func (f *FSM) checkRaftState(st ledger.RaftState) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ledger.CheckRaftState(st)
+}
+
+// Config returns the run configuration, or false before it is applied.
+func (f *FSM) Config() (RunConfig, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.cfg == nil {
+		return RunConfig{}, false
+	}
+	return *f.cfg, true
+}
+
+// Params copies the committed θ into dst (grown as needed) and returns it
+// with the step it belongs to. θ only ever reflects committed entries.
+func (f *FSM) Params(dst []float32) ([]float32, int64) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
+	dst = append(dst[:0], f.theta...)
+	return dst, f.thetaStep
+}
+
+// CopyTraining copies the committed θ into theta (grown as needed) and the
+// optimizer's state into opt, read together, and returns θ and the step
+// they are of. It is false before the run is configured. The leader keeps
+// such a copy one step ahead of the state machine (the loop's ahead).
+func (f *FSM) CopyTraining(theta []float32, opt *dpadam.Optimizer) ([]float32, int64, bool) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
+	if f.opt == nil {
+		return theta, 0, false
+	}
+	theta = append(theta[:0], f.theta...)
+	opt.CopyFrom(f.opt)
+	return theta, f.thetaStep, true
+}
+
+// Digest returns the SHA-256 (hex) of the replica's training state: the
+// last applied step, θ and the optimizer's binary state (dpadam
+// MarshalBinary). Replicas that applied the same log have equal digests;
+// comparing them checks that they agree bit for bit.
+func (f *FSM) Digest() (string, error) {
+	f.tmu.RLock()
+	defer f.tmu.RUnlock()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.digestLocked()
+}
+
+// digestLocked is Digest for callers holding both locks.
+func (f *FSM) digestLocked() (string, error) {
+	h := sha256.New()
+	var buf [8]byte
+	binary.LittleEndian.PutUint64(buf[:], uint64(f.thetaStep))
+	h.Write(buf[:])
+	if f.cfg != nil {
+		theta := make([]byte, 4*len(f.theta))
+		putFloats(theta, f.theta)
+		h.Write(theta)
+		opt, err := f.opt.MarshalBinary()
+		if err != nil {
+			return "", err
+		}
+		h.Write(opt)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// WouldExceed reports whether one more step would exceed the budget. It
+// holds the state machine's lock only to read the ledger: the
+// accountant's search (the PLD step limit, seconds the first time) runs
+// after it, so Raft's applies and the replica's reports go on meanwhile
+// (issue 28; issue 27 measured 16–21 s replica restarts stuck behind it).
+func (f *FSM) WouldExceed() (bool, error) {
+	f.mu.Lock() // the ledger may add a series to its cache
+	if f.cfg == nil {
+		f.mu.Unlock()
+		return false, ErrNotConfigured
+	}
+	check, err := f.ledger.ExceedsCheck(f.cfg.Event())
+	f.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	return check()
+}
