@@ -1,0 +1,83 @@
+package privacyaudit
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"testing"
+)
+
+// FuzzEpsilonLowerBound: no input panics; an error is ErrInvalid; a result
+// is a finite multiple of Tolerance in [0, 1024] whose p-value is below β
+// (or 0), and the ceiling is at least it. Valid r above 4096 are skipped
+// to keep each input fast (larger r are covered by the unit tests).
+func FuzzEpsilonLowerBound(f *testing.F) {
+	f.Add(100, 100, 75, 0.0, 0.05)
+	f.Add(1000, 100, 75, 1e-4, 0.05)
+	f.Add(0, 0, 0, math.NaN(), 2.0)
+	f.Add(math.MaxInt, math.MaxInt, math.MinInt, 1.0, 0.0)
+	f.Fuzz(func(t *testing.T, m, r, v int, delta, beta float64) {
+		if r > 4096 && r <= MaxGuesses && r <= m {
+			t.Skip()
+		}
+		got, err := EpsilonLowerBound(m, r, v, delta, beta)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if !(got >= 0 && got <= 1024) || math.Mod(got, Tolerance) != 0 {
+			t.Fatalf("EpsilonLowerBound(%d, %d, %d, %v, %v) = %v", m, r, v, delta, beta, got)
+		}
+		if got > 0 {
+			if p, _ := PValue(m, r, v, got, delta); !(p < beta) {
+				t.Fatalf("p-value %v at the bound %v, not below β = %v", p, got, beta)
+			}
+		}
+		if c, err := Ceiling(m, r, delta, beta); err != nil || c < got {
+			t.Fatalf("Ceiling = %v, %v, below the bound %v", c, err, got)
+		}
+	})
+}
+
+func FuzzBinomialTail(f *testing.F) {
+	f.Add(10, 3, 0.5)
+	f.Add(-1, 0, math.NaN())
+	f.Add(MaxGuesses, MaxGuesses, 1e-300)
+	f.Fuzz(func(t *testing.T, r, v int, p float64) {
+		if r > 4096 {
+			r %= 4096
+		}
+		got := BinomialTail(r, v, p)
+		valid := r >= 0 && p >= 0 && p <= 1
+		if valid != !math.IsNaN(got) || valid && !(got >= 0 && got <= 1+1e-12) {
+			t.Fatalf("BinomialTail(%d, %d, %v) = %v", r, v, p, got)
+		}
+	})
+}
+
+// FuzzGuess reads scores (8 bytes each) from data; included is the low
+// bit of each score's first byte.
+func FuzzGuess(f *testing.F) {
+	f.Add([]byte("0123456789abcdef01234567"), 1, 1)
+	f.Add([]byte{}, 0, 0)
+	f.Fuzz(func(t *testing.T, data []byte, kPlus, kMinus int) {
+		n := len(data) / 8
+		scores, included := make([]float64, n), make([]bool, n)
+		for i := range n {
+			scores[i] = math.Float64frombits(binary.LittleEndian.Uint64(data[8*i:]))
+			included[i] = data[8*i]&1 == 1
+		}
+		r, v, err := Guess(scores, included, kPlus, kMinus)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if r != kPlus+kMinus || v < 0 || v > r {
+			t.Fatalf("Guess = %d, %d for kPlus = %d, kMinus = %d", r, v, kPlus, kMinus)
+		}
+	})
+}
