@@ -272,6 +272,17 @@ func (f *FSM) Apply(l *raft.Log) any {
 	return nil
 }
 
+// warmLedger tells the ledger the run's planned steps, where the budget
+// check's one-time search starts (PLD), and starts computing the step
+// limit and the grid's dense start off the apply path: on configuring the
+// run, and on restoring a snapshot of a configured one (a restarted
+// replica, which would otherwise meet the whole search at its first
+// budget question, as a new leader on the failover's path).
+func (f *FSM) warmLedger(c RunConfig) {
+	f.ledger.PlanSteps(c.MaxSteps)
+	f.ledger.Prewarm(c.Event())
+}
+
 // fail records a fatal error: this replica stops applying. Called with
 // f.mu held.
 func (f *FSM) fail(err error) ApplyResult {
@@ -305,8 +316,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, c.Accountant, ce.History); err != nil {
 		return f.fail(err)
 	}
-	f.ledger.PlanSteps(c.MaxSteps) // where the budget check's one-time search starts (PLD)
-	f.ledger.Prewarm(c.Event())    // the step limit and the grid's dense start, off the apply path
+	f.warmLedger(c)
 	theta, err := f.init(c)
 	if err != nil {
 		return f.fail(fmt.Errorf("initializing θ₀: %w", err))

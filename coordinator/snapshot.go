@@ -214,6 +214,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			return fmt.Errorf("%w: optimizer dimension %d, config %d", ErrBadSnapshot, opt.Dim(), c.Dim)
 		}
 		f.cfg, f.history, f.theta, f.opt, f.grad = &c, b.History, theta, &opt, make([]float32, c.Dim)
+		f.warmLedger(c)
 		if f.onConfigured != nil {
 			f.onConfigured(c.Dim)
 		}
