@@ -66,9 +66,11 @@ func (p *progress) update(pr coordinator.Progress) {
 	if p.start.IsZero() {
 		p.start, p.startStep = now, pr.Step-1
 	}
-	p.last = pr
+	if pr.Step >= p.last.Step {
+		p.last = pr
+	}
 	if pr.EvalStep > 0 {
-		p.eval = pr
+		p.eval = pr // an evaluation, reported once done (it may follow later steps)
 	}
 	if !p.bar {
 		// Evaluations are logged by the coordinator itself.

@@ -34,8 +34,10 @@ type ServerConfig struct {
 	// announces the end and returns.
 	DrainTimeout time.Duration
 	// EvalEvery evaluates θ on the Evaluator every EvalEvery applied steps
-	// (0: only after the last step). Without an Evaluator, nothing is
-	// evaluated.
+	// (0: only after the last step), beside the next rounds: the result is
+	// logged and reported to OnStep when it is done, and a step that comes
+	// due while the last evaluation still runs is not evaluated. Without
+	// an Evaluator, nothing is evaluated.
 	EvalEvery int64
 	// Evaluator, if not nil, evaluates θ on evaluation data.
 	Evaluator Evaluator

@@ -191,3 +191,79 @@ func assertEvalMetrics(t *testing.T, reg *prometheus.Registry, want map[string]f
 		}
 	}
 }
+
+// blockingEvaluator blocks its first evaluation until release is closed.
+type blockingEvaluator struct {
+	thetaEvaluator
+	started, release chan struct{}
+	once             sync.Once
+}
+
+func (e *blockingEvaluator) Evaluate(theta []float32) (Evaluation, error) {
+	first := false
+	e.once.Do(func() { first = true })
+	if first {
+		close(e.started)
+		<-e.release
+	}
+	return e.thetaEvaluator.Evaluate(theta)
+}
+
+// TestServerEvaluatesBesideTheRounds: an evaluation runs beside the rounds
+// (issue 28): while the first one is held, the run goes on stepping
+// (evaluating on the loop held every round behind it), the steps that come
+// due meanwhile are not evaluated, and once released it is reported and
+// the run ends with its final evaluation.
+func TestServerEvaluatesBesideTheRounds(t *testing.T) {
+	const steps = 12
+	c := testRunConfig()
+	c.MaxSteps = steps
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+		return 40, sentinelSum(0, step, c.Dim, 40, c.Optimizer.ClipNorm)
+	})
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = mechanism.NewSeededNoiseSource(5)
+	ev := &blockingEvaluator{started: make(chan struct{}), release: make(chan struct{})}
+	scfg.Evaluator, scfg.EvalData, scfg.EvalEvery = ev, EvalPublic, 2
+	var mu sync.Mutex
+	var evalSteps []int64
+	scfg.OnStep = func(p Progress) {
+		if p.EvalStep > 0 {
+			mu.Lock()
+			evalSteps = append(evalSteps, p.EvalStep)
+			mu.Unlock()
+		}
+	}
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := s.Run(ctx); done <- err }()
+	<-ev.started // step 2's evaluation is held
+	for r.FSM().State().Applied < 8 {
+		if ctx.Err() != nil {
+			t.Fatalf("the run stopped at step %d while an evaluation was held", r.FSM().State().Applied)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(ev.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(evalSteps) == 0 || evalSteps[0] != 2 || evalSteps[len(evalSteps)-1] != steps {
+		t.Errorf("evaluations reported for steps %v, want 2 first and %d last", evalSteps, steps)
+	}
+	for _, st := range evalSteps[1:] {
+		if st < 8 && st != steps {
+			t.Errorf("step %d was evaluated while step 2's evaluation was held (reported %v)", st, evalSteps)
+		}
+	}
+}

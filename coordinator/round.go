@@ -495,7 +495,7 @@ func (l *loop) onCharged(ctx context.Context, s stepInFlight, ar ApplyResult, g 
 		"step_ms", took.Milliseconds())
 	cfg := l.s.cfg
 	if cfg.Evaluator != nil && cfg.EvalEvery > 0 && s.step%cfg.EvalEvery == 0 {
-		l.evaluate(&p, l.ahead.theta, l.ahead.step)
+		l.startEval(p, l.ahead.theta, l.ahead.step)
 	}
 	l.s.metrics.stepApplied(p)
 	l.recordStep(p, took)
@@ -592,15 +592,80 @@ func noiseModeLabel(mode string) string {
 	return mode
 }
 
-// evaluate scores θ of step (released: its charge is applied) on the
-// evaluation data and records it in p. The log line and the metrics are
-// labelled by ServerConfig.EvalData.
-func (l *loop) evaluate(p *Progress, theta []float32, step int64) {
-	m, err := l.s.cfg.Evaluator.Evaluate(theta)
+// evalResult is an evaluation startEval ran: of θ of step, for the
+// progress p of that step.
+type evalResult struct {
+	p    Progress
+	step int64
+	m    Evaluation
+	err  error
+}
+
+// startEval scores θ of step (released: its charge is applied) on the
+// evaluation data on a goroutine of the loop's, so that the next round
+// does not wait for it (issue 28): θ is copied first, and the result
+// comes back on evalResults (onEval). One evaluation runs at a time (the
+// Evaluator is called from one goroutine); a step that comes due while
+// one runs is not evaluated, and says so.
+func (l *loop) startEval(p Progress, theta []float32, step int64) {
+	if l.evalBusy {
+		l.log.Debug("evaluation skipped: the last one is still running", "step", step)
+		return
+	}
+	l.evalBusy = true
+	l.evalTheta = append(l.evalTheta[:0], theta...)
+	ev, th := l.s.cfg.Evaluator, l.evalTheta
+	l.ops.Add(1)
+	go func() {
+		defer l.ops.Done()
+		m, err := ev.Evaluate(th)
+		l.evalResults <- evalResult{p: p, step: step, m: m, err: err} // buffered: one in flight
+	}()
+}
+
+// onEval records an evaluation startEval ran (recordEval) and reports it
+// to OnStep with the progress of the step it evaluated.
+func (l *loop) onEval(e evalResult) {
+	l.evalBusy = false
+	if e.err != nil {
+		l.log.Warn("evaluation failed", "step", e.step, "err", e.err)
+		return
+	}
+	if e.step <= l.last.EvalStep {
+		return // a later θ was evaluated meanwhile (finish)
+	}
+	p := e.p
+	l.recordEval(&p, e.m, e.step)
+	l.statusDirty = true
+	if l.s.cfg.OnStep != nil {
+		l.s.cfg.OnStep(p)
+	}
+}
+
+// evaluateNow scores θ of step on the loop and records it in p: the final
+// θ, once the run has stopped, after any evaluation still running.
+func (l *loop) evaluateNow(p *Progress, theta []float32, step int64) {
+	if l.evalBusy {
+		l.onEval(<-l.evalResults)
+	}
+	if l.last.EvalStep == step && step > 0 {
+		p.Eval, p.EvalStep, p.EvalData = l.last.Eval, l.last.EvalStep, l.last.EvalData // θ has not moved since
+		return
+	}
+	l.evalBusy = true
+	l.evalTheta = append(l.evalTheta[:0], theta...)
+	m, err := l.s.cfg.Evaluator.Evaluate(l.evalTheta)
+	l.evalBusy = false
 	if err != nil {
 		l.log.Warn("evaluation failed", "step", step, "err", err)
 		return
 	}
+	l.recordEval(p, m, step)
+}
+
+// recordEval records evaluation m of θ of step in p, l.last, the metrics
+// and the log (labelled by ServerConfig.EvalData).
+func (l *loop) recordEval(p *Progress, m Evaluation, step int64) {
 	d := l.s.cfg.EvalData
 	p.Eval, p.EvalStep, p.EvalData = m, step, d
 	l.last = *p
@@ -616,12 +681,8 @@ func (l *loop) finish(ctx context.Context, st State) {
 	sum := l.summary(st)
 	if cfg := l.s.cfg; cfg.Evaluator != nil {
 		p := Progress{Step: st.Applied, MaxSteps: l.s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon}
-		if l.last.EvalStep == st.Applied && st.Applied > 0 {
-			p.Eval, p.EvalStep, p.EvalData = l.last.Eval, l.last.EvalStep, l.last.EvalData // θ has not moved since
-		} else {
-			theta, step := l.rep.FSM().Params(nil)
-			l.evaluate(&p, theta, step)
-		}
+		theta, step := l.rep.FSM().Params(nil)
+		l.evaluateNow(&p, theta, step)
 		if p.EvalStep > 0 {
 			sum.Final, sum.FinalEvaluated, sum.EvalData = p.Eval, true, p.EvalData
 			if cfg.OnStep != nil {

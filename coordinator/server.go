@@ -19,7 +19,9 @@ import (
 // Evaluator scores parameters on evaluation data, which is never training
 // data; ServerConfig.EvalData says whether it is public or held out of the
 // private training data. Implementations need not be safe for concurrent
-// use; the Server calls Evaluate from one goroutine.
+// use: the Server runs one evaluation at a time, on a goroutine of its own
+// beside the rounds (the final one on its loop, after the last has
+// returned).
 type Evaluator interface {
 	Evaluate(theta []float32) (Evaluation, error)
 }
@@ -336,6 +338,13 @@ type loop struct {
 	lead *leading // non-nil while this replica leads and knows it
 	last Progress // the leader's last evaluation
 
+	// An evaluation of θ runs on a goroutine of the loop's (startEval),
+	// one at a time: evalBusy while it runs, its θ copied into evalTheta
+	// (reused), its result on evalResults (buffered, so it never blocks).
+	evalBusy    bool
+	evalTheta   []float32
+	evalResults chan evalResult
+
 	// blocked is why the leader opens no round now (nil: not blocked);
 	// blockLogged and blockLoggedAt rate-limit its warning.
 	blocked       *roundBlock
@@ -384,12 +393,13 @@ type exit struct {
 func newLoop(s *Server, in *inbox) *loop {
 	return &loop{
 		s: s, rep: s.rep, in: in, log: s.log,
-		results:    make(chan opResult, 8),
-		nodes:      registry{nodes: make(map[string]nodeInfo)},
-		peers:      make(map[string]transport.Control),
-		peerSeen:   make(map[string]time.Time),
-		foreign:    make(map[string]bool),
-		lastResent: make(map[uint64]time.Time),
+		results:     make(chan opResult, 8),
+		evalResults: make(chan evalResult, 1),
+		nodes:       registry{nodes: make(map[string]nodeInfo)},
+		peers:       make(map[string]transport.Control),
+		peerSeen:    make(map[string]time.Time),
+		foreign:     make(map[string]bool),
+		lastResent:  make(map[uint64]time.Time),
 	}
 }
 
@@ -439,6 +449,8 @@ func (l *loop) run(ctx context.Context) (Summary, error) {
 			l.onState()
 		case r := <-l.results:
 			l.onResult(ctx, r)
+		case e := <-l.evalResults:
+			l.onEval(e)
 		case m := <-l.in.nodes:
 			l.onNodeMessage(ctx, m)
 		case c := <-l.in.contribs:
