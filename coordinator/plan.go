@@ -31,6 +31,11 @@ const CalibrationMargin = 1e-9
 // run file and flags give, before the derived ones (q = B/N, a calibrated
 // σ, the seed policy) are worked out. RunConfig turns it into the
 // replicated RunConfig; it is the one place those derivations live.
+//
+// This file holds every rule that derives something from a run, so that
+// the commands only wire: the run's configuration (RunPlan.RunConfig), a
+// node's (RunPlan.NodeConfig), the privacy event each step charges
+// (RunConfig.Event) and θ₀ (RunConfig.Theta0, InitFromSpec).
 type RunPlan struct {
 	// Run names the run.
 	Run string
@@ -183,4 +188,92 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		return RunConfig{}, err
 	}
 	return c, nil
+}
+
+// NodeConfig derives the run configuration a node works with: what
+// RunConfig derives (N, q, C, the model, the noise mode and accountant),
+// but without calibrating σ. A node takes q and C from the run, never σ
+// (the noise is the leader's), so with Sigma 0 it does not search for one
+// (with the PLD accountant, seconds on every start and restart): the
+// configuration is derived with a stand-in σ of 1, which no other
+// derivation depends on, and its NoiseMultiplier is then 0, not the
+// node's to know. A σ given in the plan is kept. Its errors are
+// RunConfig's.
+func (p RunPlan) NodeConfig() (RunConfig, error) {
+	if p.Sigma != 0 {
+		return p.RunConfig()
+	}
+	p.Sigma = 1 // the stand-in
+	c, err := p.RunConfig()
+	if err != nil {
+		return c, err
+	}
+	c.Optimizer.NoiseMultiplier = 0
+	return c, nil
+}
+
+// Event returns the ledger event charged for each step of the run. It is
+// the single place the run's privacy accounting is defined:
+//
+//   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
+//     rate q, at the effective noise multiplier of the snapped sum,
+//     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
+//     accounted by accounting.SubsampledDiscreteGaussianRDP). A PLD run's
+//     event also names the lattice (d and ⌈σC/Λ⌉), which the PLD
+//     accountant needs (accounting/pld_discrete.go); runs with the RDP
+//     accountant keep the event without it, as written before PLD
+//     accounted for discrete noise, so their logs replay unchanged;
+//   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
+//     multiplier σ on a Poisson sample of rate q.
+//
+// For an invalid discrete configuration it returns the zero Event, which
+// the ledger refuses to charge.
+func (c RunConfig) Event() accounting.Event {
+	if c.NoiseMode == NoiseDiscrete {
+		m, ok := c.Discrete()
+		if !ok {
+			return accounting.Event{}
+		}
+		if c.Accountant == AccountantPLD {
+			return m.LatticeEvent(c.SampleRate)
+		}
+		return m.Event(c.SampleRate)
+	}
+	return accounting.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
+}
+
+// Initializer is what θ₀ needs of a run's model: its hash, its number of
+// parameters and its deterministic initialization (Init must give the
+// same bits for the same seed on every machine). package model's *Model
+// is one; the coordinator takes it as this interface because it never
+// imports the model.
+type Initializer interface {
+	Hash() string
+	NumParams() int
+	Init(theta []float32, seed uint64) error
+}
+
+// Theta0 returns the run's initial parameters θ₀: m.NumParams() values
+// initialized by m.Init from InitSeed. m must be the run's model: one
+// that hashes to another ModelHash is an error. Deterministic, as
+// InitFunc requires.
+func (c RunConfig) Theta0(m Initializer) ([]float32, error) {
+	if m.Hash() != c.ModelHash {
+		return nil, fmt.Errorf("model spec hashes to %s, run says %s", m.Hash(), c.ModelHash)
+	}
+	theta := make([]float32, m.NumParams())
+	return theta, m.Init(theta, c.InitSeed)
+}
+
+// InitFromSpec returns the InitFunc of replicas that build the run's
+// model from its spec (RunConfig.ModelSpec) with build: θ₀ is
+// RunConfig.Theta0 of that model. build's errors are returned as they are.
+func InitFromSpec(build func(spec []byte) (Initializer, error)) InitFunc {
+	return func(c RunConfig) ([]float32, error) {
+		m, err := build(c.ModelSpec)
+		if err != nil {
+			return nil, err
+		}
+		return c.Theta0(m)
+	}
 }
