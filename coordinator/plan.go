@@ -107,44 +107,16 @@ type RunPlan struct {
 // On error it returns the zero RunConfig. It reads no clock and draws no
 // randomness: the same plan gives the same configuration.
 func (p RunPlan) RunConfig() (RunConfig, error) {
-	bad := func(format string, args ...any) (RunConfig, error) {
-		return RunConfig{}, fmt.Errorf("%w: %s", ErrInvalidPlan, fmt.Sprintf(format, args...))
+	n, q, err := p.sampling()
+	if err != nil {
+		return RunConfig{}, err
 	}
-	n := p.DataExamples
-	if p.TotalExamples > 0 {
-		if n > 0 && n != p.TotalExamples {
-			return bad("total_examples %d but the dataset has %d", p.TotalExamples, n)
-		}
-		n = p.TotalExamples
-	}
-	if n <= 0 {
-		return bad("the number of training examples N is unknown: give total_examples or a dataset")
-	}
-	if !(p.BatchSize > 0 && p.BatchSize <= float64(n)) {
-		return bad("batch_size %v must be in (0, N = %d]", p.BatchSize, n)
-	}
-	q := p.BatchSize / float64(n)
 	if !(p.Sigma >= 0) {
-		return bad("sigma %v must not be negative", p.Sigma)
+		return RunConfig{}, invalidPlan("sigma %v must not be negative", p.Sigma)
 	}
-	mode := p.NoiseMode
-	switch {
-	case p.KeepLegacyNoise:
-		mode = NoiseLegacy
-	case mode != NoiseDiscrete && mode != NoiseFloat:
-		return bad("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
-	}
-	accountant := p.Accountant
-	switch {
-	case p.KeepLegacyAccountant:
-		accountant = AccountantLegacy
-	case accountant == "":
-		accountant = DefaultAccountantFor(mode)
-	case accountant != AccountantPLD && accountant != AccountantRDP:
-		return bad("accountant %q must be %s or %s", accountant, AccountantPLD, AccountantRDP)
-	}
-	if !ledger.AccountantSupports(accountant, mode) {
-		return bad("accountant %s cannot charge noise %s (use accountant %s)", accountant, noiseModeLabel(mode), AccountantRDP)
+	mode, accountant, err := p.mechanism()
+	if err != nil {
+		return RunConfig{}, err
 	}
 	policy := seed.Crypto
 	if p.Seeded {
@@ -159,35 +131,91 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		Nodes: p.Nodes,
 	}
 	if p.Sigma == 0 {
-		if p.MaxSteps <= 0 {
-			return bad("calibrating sigma needs max_steps (or give sigma)")
+		if c.Optimizer.NoiseMultiplier, err = p.calibrate(c); err != nil {
+			return RunConfig{}, err
 		}
-		target := p.TargetEpsilon * (1 - CalibrationMargin)
-		// σ is calibrated for the very event the ledger will charge.
-		event := func(sigma float64) accounting.Event {
-			c := c
-			c.Optimizer.NoiseMultiplier = sigma
-			return c.Event()
-		}
-		acc, err := c.Accounting()
-		if err != nil {
-			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
-		}
-		sigma, err := acc.Calibrate(target, p.MaxSteps, p.Delta, event)
-		if err != nil {
-			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
-		}
-		c.Optimizer.NoiseMultiplier = sigma
 	}
 	// B = q·N must hold exactly enough for Validate.
 	c.Optimizer.ExpectedBatchSize = q * float64(n)
 	if math.Abs(c.Optimizer.ExpectedBatchSize-p.BatchSize) > 1e-9*p.BatchSize {
-		return bad("batch_size %v does not survive q·N", p.BatchSize)
+		return RunConfig{}, invalidPlan("batch_size %v does not survive q·N", p.BatchSize)
 	}
 	if err := c.Validate(); err != nil {
 		return RunConfig{}, err
 	}
 	return c, nil
+}
+
+// invalidPlan is ErrInvalidPlan, saying why.
+func invalidPlan(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidPlan, fmt.Sprintf(format, args...))
+}
+
+// sampling derives N and q = B/N (RunConfig's steps 1 and 2).
+func (p RunPlan) sampling() (int64, float64, error) {
+	n := p.DataExamples
+	if p.TotalExamples > 0 {
+		if n > 0 && n != p.TotalExamples {
+			return 0, 0, invalidPlan("total_examples %d but the dataset has %d", p.TotalExamples, n)
+		}
+		n = p.TotalExamples
+	}
+	if n <= 0 {
+		return 0, 0, invalidPlan("the number of training examples N is unknown: give total_examples or a dataset")
+	}
+	if !(p.BatchSize > 0 && p.BatchSize <= float64(n)) {
+		return 0, 0, invalidPlan("batch_size %v must be in (0, N = %d]", p.BatchSize, n)
+	}
+	return n, p.BatchSize / float64(n), nil
+}
+
+// mechanism derives the noise mode and the accountant (RunConfig's steps
+// 3 and 4).
+func (p RunPlan) mechanism() (mode, accountant string, err error) {
+	mode = p.NoiseMode
+	switch {
+	case p.KeepLegacyNoise:
+		mode = NoiseLegacy
+	case mode != NoiseDiscrete && mode != NoiseFloat:
+		return "", "", invalidPlan("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
+	}
+	accountant = p.Accountant
+	switch {
+	case p.KeepLegacyAccountant:
+		accountant = AccountantLegacy
+	case accountant == "":
+		accountant = DefaultAccountantFor(mode)
+	case accountant != AccountantPLD && accountant != AccountantRDP:
+		return "", "", invalidPlan("accountant %q must be %s or %s", accountant, AccountantPLD, AccountantRDP)
+	}
+	if !ledger.AccountantSupports(accountant, mode) {
+		return "", "", invalidPlan("accountant %s cannot charge noise %s (use accountant %s)", accountant, noiseModeLabel(mode), AccountantRDP)
+	}
+	return mode, accountant, nil
+}
+
+// calibrate returns the σ that run c, derived from the plan, is calibrated
+// to (RunConfig's step 6).
+func (p RunPlan) calibrate(c RunConfig) (float64, error) {
+	if p.MaxSteps <= 0 {
+		return 0, invalidPlan("calibrating sigma needs max_steps (or give sigma)")
+	}
+	target := p.TargetEpsilon * (1 - CalibrationMargin)
+	// σ is calibrated for the very event the ledger will charge.
+	event := func(sigma float64) accounting.Event {
+		c := c
+		c.Optimizer.NoiseMultiplier = sigma
+		return c.Event()
+	}
+	acc, err := c.Accounting()
+	if err != nil {
+		return 0, fmt.Errorf("coordinator: calibrating sigma: %w", err)
+	}
+	sigma, err := acc.Calibrate(target, p.MaxSteps, p.Delta, event)
+	if err != nil {
+		return 0, fmt.Errorf("coordinator: calibrating sigma: %w", err)
+	}
+	return sigma, nil
 }
 
 // NodeConfig derives the run configuration a node works with: what
