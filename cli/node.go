@@ -227,19 +227,11 @@ func (f *nodeFlags) validate() (urls []string, err error) {
 func loadNodeShard(ctx context.Context, spec runSpec, index, count int, log *slog.Logger) (preparedRun, *dataset.Dataset, error) {
 	spec.EvalPath = ""
 	// A node takes N, q, C and the run's name from the configuration,
-	// never σ: the noise is the leader's. So it does not calibrate σ (with
-	// the PLD accountant, seconds on every start and restart): it derives
-	// the configuration with a stand-in σ and then clears it.
-	calibrate := spec.Sigma == 0
-	if calibrate {
-		spec.Sigma, spec.sigmaStandIn = 1, true
-	}
+	// never σ: the noise is the leader's (coordinator.RunPlan.NodeConfig).
+	spec.forNode = true
 	pr, err := spec.prepare(ctx, false, "", log)
 	if err != nil {
 		return pr, nil, err
-	}
-	if calibrate {
-		pr.cfg.Optimizer.NoiseMultiplier = 0 // not the node's to know
 	}
 	if spec.Dataset == dataset.NameLocal {
 		// The node's own data, checked against the run's schema: the

@@ -88,7 +88,8 @@ func evalKind(eval dataset.EvalSet) coordinator.EvalData {
 // policy); n is the loaded data's size (0: none), schema the run's data
 // schema when its nodes bring their own data (else ""). With a dataDir (a
 // replica's) a calibrated σ is remembered there and reused by the next
-// start (RunPlan.RunConfigCached).
+// start (RunPlan.RunConfigCached). A node's spec (forNode) gets the node's
+// configuration instead, σ not calibrated (RunPlan.NodeConfig).
 func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool, dataDir string, log *slog.Logger) (coordinator.RunConfig, error) {
 	// Nodes clip only within model.CheckClipNorm's range (outside it the
 	// float error analysis no longer holds), so they would skip every
@@ -101,13 +102,17 @@ func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool,
 		return coordinator.RunConfig{}, err
 	}
 	opt := s.optimizer()
-	return coordinator.RunPlan{
+	plan := coordinator.RunPlan{
 		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
 		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
 		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema, Nodes: s.Nodes,
-	}.RunConfigCached(dataDir, log)
+	}
+	if s.forNode {
+		return plan.NodeConfig()
+	}
+	return plan.RunConfigCached(dataDir, log)
 }
 
 // keepLegacyNoise makes a run that was configured before noise modes
@@ -227,8 +232,10 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log 
 			return pr, err
 		}
 		// A σ that cannot reach max_steps within the budget is refused
-		// before the data loads, where N is known in advance.
-		if n0 := dataset.KnownTrainSize(s.Dataset); n0 > 0 && s.Sigma > 0 && s.MaxSteps > 0 {
+		// before the data loads, where N is known in advance; so is any
+		// bad plan where deriving it is cheap: σ given, or a node's plan
+		// (which calibrates no σ).
+		if n0 := dataset.KnownTrainSize(s.Dataset); n0 > 0 && (s.Sigma > 0 || s.forNode) && s.MaxSteps > 0 {
 			c, err := s.runConfig(pr.model, n0, "", seeded, "", log)
 			if err == nil {
 				err = s.checkPlannedBudget(c)
@@ -276,7 +283,7 @@ func (s *runSpec) readLocal(path string, sc dataset.Schema) (*dataset.Dataset, e
 // early, which the user did not ask for. With σ calibrated, or no step
 // limit (train until the budget is spent), there is nothing to check.
 func (s *runSpec) checkPlannedBudget(c coordinator.RunConfig) error {
-	if s.Sigma == 0 || s.sigmaStandIn || c.MaxSteps == 0 {
+	if s.Sigma == 0 || c.MaxSteps == 0 {
 		return nil
 	}
 	eps, err := c.PlannedEpsilon()
@@ -345,20 +352,16 @@ func evalSummary(eval dataset.EvalSet, sum coordinator.Summary) string {
 	return fmt.Sprintf("%s accuracy %.2f%% (loss %.4f) on %d %s", d.Label(), 100*sum.Final.Accuracy, sum.Final.Loss, sum.Final.N, d.Examples())
 }
 
-// modelInit is the replicas' θ₀: the run's model spec, initialized from
-// its seed. Deterministic, as coordinator.InitFunc requires.
-func modelInit(c coordinator.RunConfig) ([]float32, error) {
-	spec, err := model.ParseSpec(c.ModelSpec)
+// modelInit is the replicas' θ₀: the run's model built from its spec,
+// initialized from its seed (coordinator.RunConfig.Theta0).
+var modelInit = coordinator.InitFromSpec(func(spec []byte) (coordinator.Initializer, error) {
+	s, err := model.ParseSpec(spec)
 	if err != nil {
 		return nil, err
 	}
-	m, err := model.New(spec)
+	m, err := model.New(s)
 	if err != nil {
-		return nil, err
+		return nil, err // no typed nil in the interface
 	}
-	if m.Hash() != c.ModelHash {
-		return nil, fmt.Errorf("model spec hashes to %s, run says %s", m.Hash(), c.ModelHash)
-	}
-	theta := make([]float32, m.NumParams())
-	return theta, m.Init(theta, c.InitSeed)
-}
+	return m, nil
+})

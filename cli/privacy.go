@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/accounting"
-	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/coordinator"
 )
 
 // orderSet maps the --orders flag to the RDP accountant's Rényi orders.
@@ -77,24 +77,26 @@ func (f *privacyFlags) check() error {
 // event returns the ledger event of one step of the flags' mechanism.
 // With --dim, the discrete Gaussian is the leader's (mechanism.
 // DiscreteGaussian for σ, --clip and --dim): σ is the run's noise
-// multiplier and the event charges its σ_eff, with the lattice for PLD.
-// Without, σ is the discrete Gaussian's noise multiplier itself. An
+// multiplier and the event is the one the run charges (its σ_eff, with the
+// lattice for PLD: coordinator.RunConfig.Event); so is the Gaussian's.
+// Without --dim, σ is the discrete Gaussian's noise multiplier itself. An
 // impossible lattice gives the zero Event, which accounting refuses.
 func (f *privacyFlags) event(sigma float64) accounting.Event {
-	switch {
-	case f.mechanism == mechDiscreteGaussian && f.dim > 0:
-		m, err := mechanism.NewDiscreteGaussian(sigma, f.clip, f.dim)
-		if err != nil {
-			return accounting.Event{}
-		}
-		if f.accountantName == accountantPLD {
-			return m.LatticeEvent(f.sampleRate)
-		}
-		return m.Event(f.sampleRate)
-	case f.mechanism == mechDiscreteGaussian:
+	if f.mechanism == mechDiscreteGaussian && f.dim == 0 {
 		return accounting.PoissonSampled(f.sampleRate, accounting.DiscreteGaussian(sigma))
 	}
-	return accounting.SubsampledGaussian(f.sampleRate, sigma)
+	return f.run(sigma).Event()
+}
+
+// run is the part of a run's configuration that decides the event each
+// of its steps charges (coordinator.RunConfig.Event), from the flags and σ.
+func (f *privacyFlags) run(sigma float64) coordinator.RunConfig {
+	c := coordinator.RunConfig{Dim: f.dim, SampleRate: f.sampleRate, NoiseMode: coordinator.NoiseFloat, Accountant: f.accountantName}
+	if f.mechanism == mechDiscreteGaussian {
+		c.NoiseMode = coordinator.NoiseDiscrete
+	}
+	c.Optimizer.NoiseMultiplier, c.Optimizer.ClipNorm = sigma, f.clip
+	return c
 }
 
 // lattice returns v with --dim, 0 (omitted from JSON) without.

@@ -98,9 +98,10 @@ type runSpec struct {
 	Accountant string `yaml:"accountant"`
 	// legacyAccountant is set by keepLegacyAccountant, never by the user.
 	legacyAccountant bool
-	// sigmaStandIn says Sigma is a node's stand-in (a node derives q and C,
-	// never σ, which is the leader's): nothing is checked against it.
-	sigmaStandIn bool
+	// forNode says the spec is a node's: it derives the node's
+	// configuration (coordinator.RunPlan.NodeConfig: q and C, never σ,
+	// which is the leader's). Set by loadNodeShard, never by the user.
+	forNode bool
 
 	Algorithm  string  `yaml:"algorithm"`
 	LR         float64 `yaml:"lr"`

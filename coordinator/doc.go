@@ -53,8 +53,9 @@
 //     replica reports, leader announcements and the drain at the end.
 //   - config.go: ServerConfig and ReplicaConfig, each with its default and
 //     its Validate.
-//   - admission.go: which nodes a round may include; plan.go: run planning;
-//     runconfig.go: the replicated run configuration; metrics.go and
+//   - admission.go: which nodes a round may include; plan.go: the run's
+//     rules (its configuration, a node's, the event each step charges,
+//     θ₀); runconfig.go: the replicated run configuration; metrics.go and
 //     eval.go: what is exported about the run, and status.go what the loop
 //     publishes for dashboards (Server.Status, a snapshot replaced after
 //     each event, and Server.History); export.go and history.go:
@@ -65,11 +66,16 @@
 // the data's size, B, σ or a target ε, the noise mode, a seeded source)
 // into the replicated RunConfig: q = B/N, σ calibrated with the event the
 // ledger will charge (less CalibrationMargin), the seed policy
-// (seed.Policy). The command line parses flags and run files and calls it.
+// (seed.Policy). RunPlan.NodeConfig is a node's configuration (q and C,
+// never σ: a node calibrates nothing); RunConfig.Event is the event each
+// step charges; RunConfig.Theta0 (InitFromSpec as an InitFunc) is θ₀, from
+// the run's model taken as an Initializer, since the coordinator never
+// imports the model. The command line parses flags and run files and calls
+// these; it derives nothing itself.
 //
 // Typical use, one replica (see cli for the commands):
 //
-//	replica, err := coordinator.OpenReplica(replicaCfg, initParams) // initParams: deterministic θ₀
+//	replica, err := coordinator.OpenReplica(replicaCfg, coordinator.InitFromSpec(buildModel)) // θ₀: RunConfig.Theta0
 //	server, err := coordinator.NewServer(replica, conn, runCfg, coordinator.DefaultServerConfig(), logger)
 //	summary, err := server.Run(ctx) // returns when the run has stopped
 package coordinator

@@ -111,27 +111,9 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 	// 1. The ledger first: everything it charged is in the snapshot or
 	// still in the log (the replica keeps TrailingLogs entries after a
 	// snapshot, and a snapshot is taken after the charges it covers).
-	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, LedgerFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return Committed{}, fmt.Errorf("%w: %s has no %s", ErrNoReplicaState, dataDir, LedgerFile)
-	}
+	recs, lastCharge, err := readLedgerCharges(dataDir)
 	if err != nil {
 		return Committed{}, err
-	}
-	var run *ledger.Record
-	var lastCharge uint64
-	var charges uint64
-	for i := range recs {
-		switch recs[i].Kind {
-		case ledger.RecordRun:
-			run = &recs[i]
-		case ledger.RecordCharge:
-			lastCharge = max(lastCharge, recs[i].Index)
-			charges++
-		}
-	}
-	if run == nil {
-		return Committed{}, fmt.Errorf("%w: the ledger in %s has no run record (the run was never configured)", ErrNoReplicaState, dataDir)
 	}
 
 	// 2. The newest snapshot that decodes, as Raft restores it.
@@ -168,26 +150,66 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 			return Committed{}, err
 		}
 	}
+	if err := replayCommitted(fsm, logs, snapIndex, lastCharge); err != nil {
+		return Committed{}, err
+	}
+
+	// 5. Check the replay against the ledger: same records, same head.
+	return checkedCommitted(fsm, recs)
+}
+
+// readLedgerCharges reads dataDir's ledger (readCommittedOnce's step 1):
+// its records and the Raft index of its last charge. A ledger without a
+// run record is ErrNoReplicaState.
+func readLedgerCharges(dataDir string) ([]ledger.Record, uint64, error) {
+	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, LedgerFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, fmt.Errorf("%w: %s has no %s", ErrNoReplicaState, dataDir, LedgerFile)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var run *ledger.Record
+	var lastCharge uint64
+	for i := range recs {
+		switch recs[i].Kind {
+		case ledger.RecordRun:
+			run = &recs[i]
+		case ledger.RecordCharge:
+			lastCharge = max(lastCharge, recs[i].Index)
+		}
+	}
+	if run == nil {
+		return nil, 0, fmt.Errorf("%w: the ledger in %s has no run record (the run was never configured)", ErrNoReplicaState, dataDir)
+	}
+	return recs, lastCharge, nil
+}
+
+// replayCommitted applies to fsm, restored from the snapshot at snapIndex,
+// the committed entries of logs (readCommittedOnce's step 4): those up to
+// the ledger's last charge, the g̃ of that charge, and the configuration
+// entry of a run not charged yet.
+func replayCommitted(fsm *FSM, logs *raftlog.Store, snapIndex, lastCharge uint64) error {
 	first, err := logs.FirstIndex()
 	if err != nil {
-		return Committed{}, err
+		return err
 	}
 	last, err := logs.LastIndex()
 	if err != nil {
-		return Committed{}, err
+		return err
 	}
 	upTo := max(lastCharge, snapIndex)
 	for i := snapIndex + 1; i <= upTo; i++ {
 		var e raft.Log
 		if err := logs.GetLog(i, &e); err != nil {
 			if errors.Is(err, raft.ErrLogNotFound) {
-				return Committed{}, fmt.Errorf("%w: %w: the ledger charged Raft index %d, the log holds %d..%d after snapshot %d",
+				return fmt.Errorf("%w: %w: the ledger charged Raft index %d, the log holds %d..%d after snapshot %d",
 					errRaced, ErrInconsistentState, upTo, first, last, snapIndex)
 			}
-			return Committed{}, fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
+			return fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
 		}
 		if err := replayEntry(fsm, &e); err != nil {
-			return Committed{}, err
+			return err
 		}
 	}
 	// The g̃ of the last charge, if it is in the log: the leader proposes
@@ -196,7 +218,7 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 	// committed. (If it never is, the next leader charges that step again:
 	// the θ read here was released and charged all the same.)
 	if err := replayPendingGrad(fsm, logs, upTo, last); err != nil {
-		return Committed{}, err
+		return err
 	}
 	// A run configured but not charged yet: its configuration entry was
 	// committed (the ledger's run record is written when it is applied).
@@ -206,7 +228,7 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 		}
 		var e raft.Log
 		if err := logs.GetLog(i, &e); err != nil {
-			return Committed{}, fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
+			return fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
 		}
 		if e.Type != raft.LogCommand {
 			continue
@@ -215,11 +237,17 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 			break
 		}
 		if err := replayEntry(fsm, &e); err != nil {
-			return Committed{}, err
+			return err
 		}
 	}
+	return nil
+}
 
-	// 5. Check the replay against the ledger: same records, same head.
+// checkedCommitted returns fsm's state after the replay, checked against
+// the ledger's records recs (readCommittedOnce's step 5): the replay must
+// have configured the run and written the same records, up to the same
+// head.
+func checkedCommitted(fsm *FSM, recs []ledger.Record) (Committed, error) {
 	cfg, ok := fsm.Config()
 	if !ok {
 		return Committed{}, fmt.Errorf("%w: %w: the ledger has a run record but neither the snapshot nor the log holds the configuration",

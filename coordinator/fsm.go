@@ -37,7 +37,8 @@ var (
 )
 
 // InitFunc returns θ₀ for a run. It must be deterministic: every replica
-// calls it with the same configuration and must get the same bits.
+// calls it with the same configuration and must get the same bits. The
+// rule is RunConfig.Theta0; InitFromSpec makes the InitFunc that applies it.
 type InitFunc func(RunConfig) ([]float32, error)
 
 // ApplyResult is what FSM.Apply returns for each entry (the Response of the

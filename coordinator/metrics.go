@@ -45,6 +45,23 @@ type Metrics struct {
 // the run and replica. It fails if they are already registered there.
 func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error) {
 	labels := prometheus.Labels{"run": run, "replica": replica}
+	m := newMetrics(labels)
+	evals := m.addEvalGauges(labels)
+	m.touchLabels()
+	for _, c := range append([]prometheus.Collector{
+		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused, m.ctlRefused,
+	}, evals...) {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// newMetrics creates the metrics (no evaluation gauges yet) with the
+// constant labels, registering none.
+func newMetrics(labels prometheus.Labels) *Metrics {
 	gauge := func(name, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator", Name: name, Help: help, ConstLabels: labels})
 	}
@@ -101,6 +118,12 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 			Help: "Replica control messages ignored, by reason (foreign_group: another replica group under this run's name).", ConstLabels: labels,
 		}, []string{"reason"}),
 	}
+	return m
+}
+
+// addEvalGauges creates the evaluation gauges, accuracy and loss for each
+// kind of evaluation data (EvalData.Key), and returns them to register.
+func (m *Metrics) addEvalGauges(labels prometheus.Labels) []prometheus.Collector {
 	evalGauge := func(d EvalData, what, help string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: d.Key() + "_" + what,
@@ -113,6 +136,12 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		m.evalLoss[d.Key()] = evalGauge(d, "loss", "Mean loss")
 		evals = append(evals, m.evalAccuracy[d.Key()], m.evalLoss[d.Key()])
 	}
+	return evals
+}
+
+// touchLabels creates every known label value of the labelled metrics, so
+// that each is exported (at zero) before it first happens.
+func (m *Metrics) touchLabels() {
 	for _, r := range aggregation.Reasons() {
 		m.rejectedN.WithLabelValues(r.String())
 	}
@@ -129,15 +158,6 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 		m.refused.WithLabelValues(r)
 	}
 	m.ctlRefused.WithLabelValues(refusedForeignGroup)
-	for _, c := range append([]prometheus.Collector{
-		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
-		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused, m.ctlRefused,
-	}, evals...) {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
 }
 
 // observe records the replica's state, its Raft role and term.

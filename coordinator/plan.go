@@ -31,6 +31,11 @@ const CalibrationMargin = 1e-9
 // run file and flags give, before the derived ones (q = B/N, a calibrated
 // σ, the seed policy) are worked out. RunConfig turns it into the
 // replicated RunConfig; it is the one place those derivations live.
+//
+// This file holds every rule that derives something from a run, so that
+// the commands only wire: the run's configuration (RunPlan.RunConfig), a
+// node's (RunPlan.NodeConfig), the privacy event each step charges
+// (RunConfig.Event) and θ₀ (RunConfig.Theta0, InitFromSpec).
 type RunPlan struct {
 	// Run names the run.
 	Run string
@@ -102,44 +107,16 @@ type RunPlan struct {
 // On error it returns the zero RunConfig. It reads no clock and draws no
 // randomness: the same plan gives the same configuration.
 func (p RunPlan) RunConfig() (RunConfig, error) {
-	bad := func(format string, args ...any) (RunConfig, error) {
-		return RunConfig{}, fmt.Errorf("%w: %s", ErrInvalidPlan, fmt.Sprintf(format, args...))
+	n, q, err := p.sampling()
+	if err != nil {
+		return RunConfig{}, err
 	}
-	n := p.DataExamples
-	if p.TotalExamples > 0 {
-		if n > 0 && n != p.TotalExamples {
-			return bad("total_examples %d but the dataset has %d", p.TotalExamples, n)
-		}
-		n = p.TotalExamples
-	}
-	if n <= 0 {
-		return bad("the number of training examples N is unknown: give total_examples or a dataset")
-	}
-	if !(p.BatchSize > 0 && p.BatchSize <= float64(n)) {
-		return bad("batch_size %v must be in (0, N = %d]", p.BatchSize, n)
-	}
-	q := p.BatchSize / float64(n)
 	if !(p.Sigma >= 0) {
-		return bad("sigma %v must not be negative", p.Sigma)
+		return RunConfig{}, invalidPlan("sigma %v must not be negative", p.Sigma)
 	}
-	mode := p.NoiseMode
-	switch {
-	case p.KeepLegacyNoise:
-		mode = NoiseLegacy
-	case mode != NoiseDiscrete && mode != NoiseFloat:
-		return bad("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
-	}
-	accountant := p.Accountant
-	switch {
-	case p.KeepLegacyAccountant:
-		accountant = AccountantLegacy
-	case accountant == "":
-		accountant = DefaultAccountantFor(mode)
-	case accountant != AccountantPLD && accountant != AccountantRDP:
-		return bad("accountant %q must be %s or %s", accountant, AccountantPLD, AccountantRDP)
-	}
-	if !ledger.AccountantSupports(accountant, mode) {
-		return bad("accountant %s cannot charge noise %s (use accountant %s)", accountant, noiseModeLabel(mode), AccountantRDP)
+	mode, accountant, err := p.mechanism()
+	if err != nil {
+		return RunConfig{}, err
 	}
 	policy := seed.Crypto
 	if p.Seeded {
@@ -154,33 +131,177 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		Nodes: p.Nodes,
 	}
 	if p.Sigma == 0 {
-		if p.MaxSteps <= 0 {
-			return bad("calibrating sigma needs max_steps (or give sigma)")
+		if c.Optimizer.NoiseMultiplier, err = p.calibrate(c); err != nil {
+			return RunConfig{}, err
 		}
-		target := p.TargetEpsilon * (1 - CalibrationMargin)
-		// σ is calibrated for the very event the ledger will charge.
-		event := func(sigma float64) accounting.Event {
-			c := c
-			c.Optimizer.NoiseMultiplier = sigma
-			return c.Event()
-		}
-		acc, err := c.Accounting()
-		if err != nil {
-			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
-		}
-		sigma, err := acc.Calibrate(target, p.MaxSteps, p.Delta, event)
-		if err != nil {
-			return RunConfig{}, fmt.Errorf("coordinator: calibrating sigma: %w", err)
-		}
-		c.Optimizer.NoiseMultiplier = sigma
 	}
 	// B = q·N must hold exactly enough for Validate.
 	c.Optimizer.ExpectedBatchSize = q * float64(n)
 	if math.Abs(c.Optimizer.ExpectedBatchSize-p.BatchSize) > 1e-9*p.BatchSize {
-		return bad("batch_size %v does not survive q·N", p.BatchSize)
+		return RunConfig{}, invalidPlan("batch_size %v does not survive q·N", p.BatchSize)
 	}
 	if err := c.Validate(); err != nil {
 		return RunConfig{}, err
 	}
 	return c, nil
+}
+
+// invalidPlan is ErrInvalidPlan, saying why.
+func invalidPlan(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidPlan, fmt.Sprintf(format, args...))
+}
+
+// sampling derives N and q = B/N (RunConfig's steps 1 and 2).
+func (p RunPlan) sampling() (int64, float64, error) {
+	n := p.DataExamples
+	if p.TotalExamples > 0 {
+		if n > 0 && n != p.TotalExamples {
+			return 0, 0, invalidPlan("total_examples %d but the dataset has %d", p.TotalExamples, n)
+		}
+		n = p.TotalExamples
+	}
+	if n <= 0 {
+		return 0, 0, invalidPlan("the number of training examples N is unknown: give total_examples or a dataset")
+	}
+	if !(p.BatchSize > 0 && p.BatchSize <= float64(n)) {
+		return 0, 0, invalidPlan("batch_size %v must be in (0, N = %d]", p.BatchSize, n)
+	}
+	return n, p.BatchSize / float64(n), nil
+}
+
+// mechanism derives the noise mode and the accountant (RunConfig's steps
+// 3 and 4).
+func (p RunPlan) mechanism() (mode, accountant string, err error) {
+	mode = p.NoiseMode
+	switch {
+	case p.KeepLegacyNoise:
+		mode = NoiseLegacy
+	case mode != NoiseDiscrete && mode != NoiseFloat:
+		return "", "", invalidPlan("noise %q must be %s or %s", mode, NoiseDiscrete, NoiseFloat)
+	}
+	accountant = p.Accountant
+	switch {
+	case p.KeepLegacyAccountant:
+		accountant = AccountantLegacy
+	case accountant == "":
+		accountant = DefaultAccountantFor(mode)
+	case accountant != AccountantPLD && accountant != AccountantRDP:
+		return "", "", invalidPlan("accountant %q must be %s or %s", accountant, AccountantPLD, AccountantRDP)
+	}
+	if !ledger.AccountantSupports(accountant, mode) {
+		return "", "", invalidPlan("accountant %s cannot charge noise %s (use accountant %s)", accountant, noiseModeLabel(mode), AccountantRDP)
+	}
+	return mode, accountant, nil
+}
+
+// calibrate returns the σ that run c, derived from the plan, is calibrated
+// to (RunConfig's step 6).
+func (p RunPlan) calibrate(c RunConfig) (float64, error) {
+	if p.MaxSteps <= 0 {
+		return 0, invalidPlan("calibrating sigma needs max_steps (or give sigma)")
+	}
+	target := p.TargetEpsilon * (1 - CalibrationMargin)
+	// σ is calibrated for the very event the ledger will charge.
+	event := func(sigma float64) accounting.Event {
+		c := c
+		c.Optimizer.NoiseMultiplier = sigma
+		return c.Event()
+	}
+	acc, err := c.Accounting()
+	if err != nil {
+		return 0, fmt.Errorf("coordinator: calibrating sigma: %w", err)
+	}
+	sigma, err := acc.Calibrate(target, p.MaxSteps, p.Delta, event)
+	if err != nil {
+		return 0, fmt.Errorf("coordinator: calibrating sigma: %w", err)
+	}
+	return sigma, nil
+}
+
+// NodeConfig derives the run configuration a node works with: what
+// RunConfig derives (N, q, C, the model, the noise mode and accountant),
+// but without calibrating σ. A node takes q and C from the run, never σ
+// (the noise is the leader's), so with Sigma 0 it does not search for one
+// (with the PLD accountant, seconds on every start and restart): the
+// configuration is derived with a stand-in σ of 1, which no other
+// derivation depends on, and its NoiseMultiplier is then 0, not the
+// node's to know. A σ given in the plan is kept. Its errors are
+// RunConfig's.
+func (p RunPlan) NodeConfig() (RunConfig, error) {
+	if p.Sigma != 0 {
+		return p.RunConfig()
+	}
+	p.Sigma = 1 // the stand-in
+	c, err := p.RunConfig()
+	if err != nil {
+		return c, err
+	}
+	c.Optimizer.NoiseMultiplier = 0
+	return c, nil
+}
+
+// Event returns the ledger event charged for each step of the run. It is
+// the single place the run's privacy accounting is defined:
+//
+//   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
+//     rate q, at the effective noise multiplier of the snapped sum,
+//     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
+//     accounted by accounting.SubsampledDiscreteGaussianRDP). A PLD run's
+//     event also names the lattice (d and ⌈σC/Λ⌉), which the PLD
+//     accountant needs (accounting/pld_discrete.go); runs with the RDP
+//     accountant keep the event without it, as written before PLD
+//     accounted for discrete noise, so their logs replay unchanged;
+//   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
+//     multiplier σ on a Poisson sample of rate q.
+//
+// For an invalid discrete configuration it returns the zero Event, which
+// the ledger refuses to charge.
+func (c RunConfig) Event() accounting.Event {
+	if c.NoiseMode == NoiseDiscrete {
+		m, ok := c.Discrete()
+		if !ok {
+			return accounting.Event{}
+		}
+		if c.Accountant == AccountantPLD {
+			return m.LatticeEvent(c.SampleRate)
+		}
+		return m.Event(c.SampleRate)
+	}
+	return accounting.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
+}
+
+// Initializer is what θ₀ needs of a run's model: its hash, its number of
+// parameters and its deterministic initialization (Init must give the
+// same bits for the same seed on every machine). package model's *Model
+// is one; the coordinator takes it as this interface because it never
+// imports the model.
+type Initializer interface {
+	Hash() string
+	NumParams() int
+	Init(theta []float32, seed uint64) error
+}
+
+// Theta0 returns the run's initial parameters θ₀: m.NumParams() values
+// initialized by m.Init from InitSeed. m must be the run's model: one
+// that hashes to another ModelHash is an error. Deterministic, as
+// InitFunc requires.
+func (c RunConfig) Theta0(m Initializer) ([]float32, error) {
+	if m.Hash() != c.ModelHash {
+		return nil, fmt.Errorf("model spec hashes to %s, run says %s", m.Hash(), c.ModelHash)
+	}
+	theta := make([]float32, m.NumParams())
+	return theta, m.Init(theta, c.InitSeed)
+}
+
+// InitFromSpec returns the InitFunc of replicas that build the run's
+// model from its spec (RunConfig.ModelSpec) with build: θ₀ is
+// RunConfig.Theta0 of that model. build's errors are returned as they are.
+func InitFromSpec(build func(spec []byte) (Initializer, error)) InitFunc {
+	return func(c RunConfig) ([]float32, error) {
+		m, err := build(c.ModelSpec)
+		if err != nil {
+			return nil, err
+		}
+		return c.Theta0(m)
+	}
 }

@@ -230,3 +230,60 @@ func TestRunPlanDeterministic(t *testing.T) {
 		t.Errorf("two derivations differ: %+v, %+v", a.Optimizer, b.Optimizer)
 	}
 }
+
+// TestRunPlanNodeConfig: a node's configuration is the run's, but σ is
+// kept when given and neither calibrated nor known when not.
+func TestRunPlanNodeConfig(t *testing.T) {
+	p := testPlan()
+	p.TargetEpsilon = 1e-6 // unreachable: calibrating would fail
+	got, err := p.NodeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Sigma = 1
+	want, err := p.RunConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Optimizer.NoiseMultiplier = 0
+	if diff := ConfigDiff(got, want); len(diff) != 0 {
+		t.Errorf("NodeConfig differs from RunConfig less σ: %v", diff)
+	}
+	p.Sigma = 2
+	if got, err := p.NodeConfig(); err != nil || got.Optimizer.NoiseMultiplier != 2 {
+		t.Errorf("NodeConfig with σ = 2: σ = %v, %v; want 2", got.Optimizer.NoiseMultiplier, err)
+	}
+	p.BatchSize = 0
+	if _, err := p.NodeConfig(); !errors.Is(err, ErrInvalidPlan) {
+		t.Errorf("NodeConfig of a bad plan: %v, want ErrInvalidPlan", err)
+	}
+}
+
+// fakeModel is an Initializer whose θ₀ is the seed in every parameter.
+type fakeModel struct{ hash string }
+
+func (m fakeModel) Hash() string   { return m.hash }
+func (m fakeModel) NumParams() int { return 3 }
+func (m fakeModel) Init(theta []float32, seed uint64) error {
+	for i := range theta {
+		theta[i] = float32(seed)
+	}
+	return nil
+}
+
+func TestTheta0(t *testing.T) {
+	c := RunConfig{ModelSpec: []byte("spec"), ModelHash: "h", InitSeed: 7}
+	init := InitFromSpec(func(spec []byte) (Initializer, error) {
+		if string(spec) != "spec" {
+			t.Errorf("built from %q, want the run's spec", spec)
+		}
+		return fakeModel{hash: "h"}, nil
+	})
+	theta, err := init(c)
+	if err != nil || len(theta) != 3 || theta[0] != 7 || theta[2] != 7 {
+		t.Errorf("θ₀ = %v, %v; want [7 7 7]", theta, err)
+	}
+	if _, err := c.Theta0(fakeModel{hash: "other"}); err == nil {
+		t.Error("θ₀ of a model that is not the run's: no error")
+	}
+}

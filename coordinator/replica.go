@@ -51,13 +51,8 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("replica", cfg.ID)
-	if err := claimDataDir(cfg.DataDir, cfg.ID, log); err != nil {
+	if err := makeDataDir(cfg, log); err != nil {
 		return nil, err
-	}
-	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "raft")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
 	}
 	raftLog := newRaftLogWriter(log, cfg.ID)
 	hlog := hclog.New(&hclog.LoggerOptions{
@@ -92,65 +87,67 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.transport = cfg.Transport; r.transport == nil {
-		stream, err := raftnet.Listen(cfg.RaftAddr)
-		if err != nil {
-			return nil, fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
-		}
-		var layer raft.StreamLayer = stream
-		if cfg.TLS != nil {
-			r.tls = raftnet.NewTLSStream(stream, cfg.TLS, log)
-			layer = r.tls
-		}
-		tc := &raft.NetworkTransportConfig{Stream: layer, MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog}
-		if len(cfg.DialAddrs) > 0 {
-			tc.ServerAddressProvider = dialAddrs(cfg.DialAddrs)
-		}
-		r.transport = raft.NewNetworkTransportWithConfig(tc)
+	if err := r.openTransport(hlog); err != nil {
+		return nil, err
 	}
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.ID)
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.CommitTimeout
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.TrailingLogs = cfg.TrailingLogs
-	rc.SnapshotInterval = cfg.SnapshotInterval
-	rc.Logger = hlog
-	if err := raft.ValidateConfig(rc); err != nil {
-		return nil, fmt.Errorf("coordinator: %w", err)
-	}
-	// The ledger resumes only on the Raft state it charged from: refuse to
-	// start (writing nothing, not even a bootstrap) if that state is gone.
-	st, err := readRaftState(r.logs, snaps)
+	rc, err := raftConfig(cfg, hlog)
 	if err != nil {
 		return nil, err
 	}
-	if err := fsm.checkRaftState(st); err != nil {
-		return nil, fmt.Errorf("coordinator: replica %s will not start on %s: %w; "+
-			"to resume, restore this data directory's Raft log (raft/) and snapshots from a backup; "+
-			"to train again instead, use a new data directory and keep this ledger (its charges were spent on the same data)",
-			cfg.ID, cfg.DataDir, err)
+	if err := r.checkRaftState(snaps); err != nil {
+		return nil, err
 	}
 	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(r.logs, r.logs, snaps)
-		if err != nil {
+		if err := r.bootstrap(rc, snaps); err != nil {
 			return nil, err
 		}
-		if !has {
-			peers := cfg.Peers
-			if len(peers) == 0 {
-				peers = []raft.Server{{ID: rc.LocalID, Address: r.transport.LocalAddr()}}
-			}
-			if err := raft.BootstrapCluster(rc, r.logs, r.logs, snaps, r.transport, raft.Configuration{Servers: peers}); err != nil {
-				return nil, fmt.Errorf("coordinator: bootstrap: %w", err)
-			}
+	}
+	if err := r.startRaft(rc, snaps, raftLog); err != nil {
+		return nil, err
+	}
+	ok = true
+	return r, nil
+}
+
+// makeDataDir claims the replica's data dir (claimDataDir) and creates it
+// and its raft/ folder if needed.
+func makeDataDir(cfg ReplicaConfig, log *slog.Logger) error {
+	if err := claimDataDir(cfg.DataDir, cfg.ID, log); err != nil {
+		return err
+	}
+	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "raft")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
 		}
 	}
-	r.raft, err = raft.NewRaft(rc, fsm, r.logs, r.logs, snaps, r.transport)
+	return nil
+}
+
+// checkRaftState refuses to start the replica (writing nothing, not even a
+// bootstrap) if the Raft state its ledger charged from is gone from its
+// log and snapshots: the ledger resumes only on that state.
+func (r *Replica) checkRaftState(snaps raft.SnapshotStore) error {
+	st, err := readRaftState(r.logs, snaps)
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: starting Raft: %w", err)
+		return err
+	}
+	if err := r.fsm.checkRaftState(st); err != nil {
+		return fmt.Errorf("coordinator: replica %s will not start on %s: %w; "+
+			"to resume, restore this data directory's Raft log (raft/) and snapshots from a backup; "+
+			"to train again instead, use a new data directory and keep this ledger (its charges were spent on the same data)",
+			r.cfg.ID, r.cfg.DataDir, err)
+	}
+	return nil
+}
+
+// startRaft starts Raft on the replica's stores and transport, gives the
+// Raft log writer its configuration (to name peers) and starts the
+// snapshot goroutine.
+func (r *Replica) startRaft(rc *raft.Config, snaps raft.SnapshotStore, raftLog *raftLogWriter) error {
+	var err error
+	r.raft, err = raft.NewRaft(rc, r.fsm, r.logs, r.logs, snaps, r.transport)
+	if err != nil {
+		return fmt.Errorf("coordinator: starting Raft: %w", err)
 	}
 	rf := r.raft
 	r.rf.Store(rf)
@@ -166,8 +163,68 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	})
 	r.stop, r.stopped = make(chan struct{}), make(chan struct{})
 	go r.snapshots()
-	ok = true
-	return r, nil
+	return nil
+}
+
+// openTransport sets r.transport: ReplicaConfig.Transport if given, else
+// Raft's TCP transport listening on RaftAddr (with TLS if configured,
+// r.tls), hashicorp/raft logging to hlog.
+func (r *Replica) openTransport(hlog hclog.Logger) error {
+	cfg := r.cfg
+	if r.transport = cfg.Transport; r.transport != nil {
+		return nil
+	}
+	stream, err := raftnet.Listen(cfg.RaftAddr)
+	if err != nil {
+		return fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
+	}
+	var layer raft.StreamLayer = stream
+	if cfg.TLS != nil {
+		r.tls = raftnet.NewTLSStream(stream, cfg.TLS, r.log)
+		layer = r.tls
+	}
+	tc := &raft.NetworkTransportConfig{Stream: layer, MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog}
+	if len(cfg.DialAddrs) > 0 {
+		tc.ServerAddressProvider = dialAddrs(cfg.DialAddrs)
+	}
+	r.transport = raft.NewNetworkTransportWithConfig(tc)
+	return nil
+}
+
+// raftConfig is hashicorp/raft's configuration for the replica cfg,
+// logging to hlog, validated by raft.ValidateConfig.
+func raftConfig(cfg ReplicaConfig, hlog hclog.Logger) (*raft.Config, error) {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.Logger = hlog
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	return rc, nil
+}
+
+// bootstrap bootstraps the cluster with ReplicaConfig.Peers (or this
+// replica alone) unless the stores already hold Raft state.
+func (r *Replica) bootstrap(rc *raft.Config, snaps raft.SnapshotStore) error {
+	has, err := raft.HasExistingState(r.logs, r.logs, snaps)
+	if err != nil || has {
+		return err
+	}
+	peers := r.cfg.Peers
+	if len(peers) == 0 {
+		peers = []raft.Server{{ID: rc.LocalID, Address: r.transport.LocalAddr()}}
+	}
+	if err := raft.BootstrapCluster(rc, r.logs, r.logs, snaps, r.transport, raft.Configuration{Servers: peers}); err != nil {
+		return fmt.Errorf("coordinator: bootstrap: %w", err)
+	}
+	return nil
 }
 
 // segmentBytesFor is the Raft log's segment size for a model of dim

@@ -152,36 +152,6 @@ func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
 	return m, err == nil
 }
 
-// Event returns the ledger event charged for each step of the run. It is
-// the single place the run's privacy accounting is defined:
-//
-//   - NoiseDiscrete: the discrete Gaussian mechanism on a Poisson sample of
-//     rate q, at the effective noise multiplier of the snapped sum,
-//     σ_eff = ⌈σC/Λ⌉/(C/Λ + √d) ≥ σ/(1 + 2⁻¹⁶) (mechanism.DiscreteGaussian;
-//     accounted by accounting.SubsampledDiscreteGaussianRDP). A PLD run's
-//     event also names the lattice (d and ⌈σC/Λ⌉), which the PLD
-//     accountant needs (accounting/pld_discrete.go); runs with the RDP
-//     accountant keep the event without it, as written before PLD
-//     accounted for discrete noise, so their logs replay unchanged;
-//   - NoiseFloat and NoiseLegacy: the Gaussian mechanism with noise
-//     multiplier σ on a Poisson sample of rate q.
-//
-// For an invalid discrete configuration it returns the zero Event, which
-// the ledger refuses to charge.
-func (c RunConfig) Event() accounting.Event {
-	if c.NoiseMode == NoiseDiscrete {
-		m, ok := c.Discrete()
-		if !ok {
-			return accounting.Event{}
-		}
-		if c.Accountant == AccountantPLD {
-			return m.LatticeEvent(c.SampleRate)
-		}
-		return m.Event(c.SampleRate)
-	}
-	return accounting.SubsampledGaussian(c.SampleRate, c.Optimizer.NoiseMultiplier)
-}
-
 // Validate checks ranges and the relations between fields: the expected
 // batch size B must equal q·N (to relative 1e-9), since DP-AdamBC's Φ and
 // the noisy average g̃ = (S+z)/B both depend on it.

@@ -196,10 +196,7 @@ func NewCluster(t testing.TB, opts Options) *Cluster {
 		net: fake.NewNetwork(opts.Seed, fake.Options{}), model: m, ctx: ctx, stop: stop, log: log,
 		replicas: make(map[string]*member), cut: make(map[[2]string]bool),
 	}
-	c.init = func(rc coordinator.RunConfig) ([]float32, error) {
-		theta := make([]float32, m.NumParams())
-		return theta, m.Init(theta, rc.InitSeed)
-	}
+	c.init = func(rc coordinator.RunConfig) ([]float32, error) { return rc.Theta0(m) }
 	t.Cleanup(c.shutdown)
 	if c.obs, err = newObserver(c); err != nil {
 		t.Fatal(err)
