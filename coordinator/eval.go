@@ -88,3 +88,85 @@ func (d EvalData) Examples() string {
 	}
 	return "examples held out of the private training data (NOT differentially private)"
 }
+
+// evalResult is an evaluation startEval ran: of θ of step, for the
+// progress p of that step.
+type evalResult struct {
+	p    Progress
+	step int64
+	m    Evaluation
+	err  error
+}
+
+// startEval scores θ of step (released: its charge is applied) on the
+// evaluation data on a goroutine of the loop's, so that the next round
+// does not wait for it (issue 28): θ is copied first, and the result
+// comes back on evalResults (onEval). One evaluation runs at a time (the
+// Evaluator is called from one goroutine); a step that comes due while
+// one runs is not evaluated, and says so.
+func (l *loop) startEval(p Progress, theta []float32, step int64) {
+	if l.evalBusy {
+		l.log.Debug("evaluation skipped: the last one is still running", "step", step)
+		return
+	}
+	l.evalBusy = true
+	l.evalTheta = append(l.evalTheta[:0], theta...)
+	ev, th := l.s.cfg.Evaluator, l.evalTheta
+	l.ops.Add(1)
+	go func() {
+		defer l.ops.Done()
+		m, err := ev.Evaluate(th)
+		l.evalResults <- evalResult{p: p, step: step, m: m, err: err} // buffered: one in flight
+	}()
+}
+
+// onEval records an evaluation startEval ran (recordEval) and reports it
+// to OnStep with the progress of the step it evaluated.
+func (l *loop) onEval(e evalResult) {
+	l.evalBusy = false
+	if e.err != nil {
+		l.log.Warn("evaluation failed", "step", e.step, "err", e.err)
+		return
+	}
+	if e.step <= l.last.EvalStep {
+		return // a later θ was evaluated meanwhile (finish)
+	}
+	p := e.p
+	l.recordEval(&p, e.m, e.step)
+	l.statusDirty = true
+	if l.s.cfg.OnStep != nil {
+		l.s.cfg.OnStep(p)
+	}
+}
+
+// evaluateNow scores θ of step on the loop and records it in p: the final
+// θ, once the run has stopped, after any evaluation still running.
+func (l *loop) evaluateNow(p *Progress, theta []float32, step int64) {
+	if l.evalBusy {
+		l.onEval(<-l.evalResults)
+	}
+	if l.last.EvalStep == step && step > 0 {
+		p.Eval, p.EvalStep, p.EvalData = l.last.Eval, l.last.EvalStep, l.last.EvalData // θ has not moved since
+		return
+	}
+	l.evalBusy = true
+	l.evalTheta = append(l.evalTheta[:0], theta...)
+	m, err := l.s.cfg.Evaluator.Evaluate(l.evalTheta)
+	l.evalBusy = false
+	if err != nil {
+		l.log.Warn("evaluation failed", "step", step, "err", err)
+		return
+	}
+	l.recordEval(p, m, step)
+}
+
+// recordEval records evaluation m of θ of step in p, l.last, the metrics
+// and the log (labelled by ServerConfig.EvalData).
+func (l *loop) recordEval(p *Progress, m Evaluation, step int64) {
+	d := l.s.cfg.EvalData
+	p.Eval, p.EvalStep, p.EvalData = m, step, d
+	l.last = *p
+	l.s.metrics.evaluated(m, d)
+	l.log.Info(d.Label()+" evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N,
+		"eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)
+}
