@@ -288,6 +288,9 @@ func TestPLDCalibrateDiscrete(t *testing.T) {
 // the lattice slack (1 + e^ε)·Tdτ is not small against δ, at δ = 1e-18 or
 // ε in the tens, the answer is the RDP bound.)
 func TestPLDDiscreteRobust(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a numeric sweep with no concurrency: .ci/run runs it without -race (\"accounting sweeps\")")
+	}
 	const dim = 269322
 	deltas := []float64{1e-5, 1e-18}
 	for _, sigma := range []float64{0.3, 2} {

@@ -108,6 +108,9 @@ func TestPLDConformance(t *testing.T) {
 // non-decreasing in T, and never above RDP's ε (also an upper bound) by
 // more than the stated numerical error.
 func TestPLDRobust(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a numeric sweep with no concurrency: .ci/run runs it without -race (\"accounting sweeps\")")
+	}
 	deltas := []float64{1e-5, 1e-10, 1e-18}
 	stepsList := []int64{1, 1000, 1000000}
 	for _, sigma := range []float64{0.3, 2} {
