@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 func TestEvalDataLabels(t *testing.T) {
@@ -95,19 +96,7 @@ func TestServerLabelsEvaluations(t *testing.T) {
 	for _, d := range []EvalData{EvalPublic, EvalTrainHoldout} {
 		t.Run(d.Key(), func(t *testing.T) {
 			const steps = 6
-			c := testRunConfig()
-			c.MaxSteps = steps
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			coordConn, dial := natsPair(t, c.Run)
-			startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
-				return 40, sentinelSum(0, step, c.Dim, 40, c.Optimizer.ClipNorm)
-			})
-			r := openReplicaForServer(t, t.TempDir())
-			waitLeader(t, r)
-
-			scfg := DefaultServerConfig()
-			scfg.Noise = mechanism.NewSeededNoiseSource(5)
+			c, ctx, coordConn, r, scfg := oneNodeRun(t, steps)
 			ev := &thetaEvaluator{}
 			scfg.Evaluator, scfg.EvalData, scfg.EvalEvery = ev, d, 3
 			var progress []Progress
@@ -216,18 +205,7 @@ func (e *blockingEvaluator) Evaluate(theta []float32) (Evaluation, error) {
 // the run ends with its final evaluation.
 func TestServerEvaluatesBesideTheRounds(t *testing.T) {
 	const steps = 12
-	c := testRunConfig()
-	c.MaxSteps = steps
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
-		return 40, sentinelSum(0, step, c.Dim, 40, c.Optimizer.ClipNorm)
-	})
-	r := openReplicaForServer(t, t.TempDir())
-	waitLeader(t, r)
-	scfg := DefaultServerConfig()
-	scfg.Noise = mechanism.NewSeededNoiseSource(5)
+	c, ctx, coordConn, r, scfg := oneNodeRun(t, steps)
 	ev := &blockingEvaluator{started: make(chan struct{}), release: make(chan struct{})}
 	scfg.Evaluator, scfg.EvalData, scfg.EvalEvery = ev, EvalPublic, 2
 	var mu sync.Mutex
@@ -266,4 +244,23 @@ func TestServerEvaluatesBesideTheRounds(t *testing.T) {
 			t.Errorf("step %d was evaluated while step 2's evaluation was held (reported %v)", st, evalSteps)
 		}
 	}
+}
+
+// oneNodeRun sets up a run of steps steps with one scripted node and one
+// replica that leads, and the server configuration for it (seeded noise).
+func oneNodeRun(t *testing.T, steps int64) (RunConfig, context.Context, *transport.Client, *Replica, ServerConfig) {
+	t.Helper()
+	c := testRunConfig()
+	c.MaxSteps = steps
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	coordConn, dial := natsPair(t, c.Run)
+	startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+		return 40, sentinelSum(0, step, c.Dim, 40, c.Optimizer.ClipNorm)
+	})
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = mechanism.NewSeededNoiseSource(5)
+	return c, ctx, coordConn, r, scfg
 }
