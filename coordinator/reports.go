@@ -31,12 +31,11 @@ func isVoter(c Consensus, id string) bool {
 
 func (l *loop) publishReplicaStatus(ctx context.Context) {
 	st := l.rep.FSM().State()
-	history, _ := l.rep.FSM().configuredHistory()
 	l.publish(ctx, transport.Control{
 		Run: l.s.run.Run, From: l.rep.ID(), Step: uint64(st.Applied), Code: transport.ControlReplica,
 		Term: l.rep.Term(), Role: string(l.rep.Role()), Leader: l.rep.Leader(),
 		Epsilon: st.Epsilon, Nodes: l.nodes.count(), Blocked: l.blocked.String(), Insecure: l.s.cfg.Insecure,
-		History: history,
+		History: st.History,
 	})
 }
 
