@@ -302,7 +302,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			})
 			d := time.Since(killed)
 			failovers = append(failovers, d)
-			t.Logf("step %d: killed leader %s; next step committed %v later", step, leader.id, d.Round(time.Millisecond))
+			t.Logf("step %d: killed leader %s at %s; next step committed %v later", step, leader.id, killed.UTC().Format("15:04:05.000"), d.Round(time.Millisecond))
 			leader.p.Restart()
 		case pauseFollower:
 			step, leader := waitStep(f.at, true)
