@@ -3,18 +3,14 @@ package coordinator
 import (
 	"context"
 	"math"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
-	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/transport"
 )
@@ -415,60 +411,4 @@ func (h *configHook) Configure(ctx context.Context, c RunConfig) error {
 		h.after()
 	}
 	return err
-}
-
-// enqueueTimeoutOnce is a real Replica whose g̃ proposal for step failAt
-// fails once with raft.ErrEnqueueTimeout (Raft too busy to take it),
-// without proposing it: the leader keeps its term.
-type enqueueTimeoutOnce struct {
-	*Replica
-	failAt int64
-	failed atomic.Bool
-}
-
-func (e *enqueueTimeoutOnce) ProposeGrad(ctx context.Context, step int64, charge uint64, g []float32) (func() (ApplyResult, error), error) {
-	if step == e.failAt && e.failed.CompareAndSwap(false, true) {
-		return nil, raft.ErrEnqueueTimeout
-	}
-	return e.Replica.ProposeGrad(ctx, step, charge, g)
-}
-
-// TestServerGradEnqueueTimeout: a g̃ that Raft would not take (enqueue
-// timeout) after its step was charged and θ released is proposed again by
-// the same leader before the next step's charge, and the run finishes
-// with one charge per step. It used
-// to stand down and lead again in the same term, charging the step a
-// second time with fresh noise: a wasted step of ε, and a ledger whose
-// audit failed ("step 3 applied after step 3 in term 2"; seen as a flake
-// of TestRemoveIsolatedReplica on a loaded machine).
-func TestServerGradEnqueueTimeout(t *testing.T) {
-	c := testRunConfig()
-	c.MaxSteps = 8
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
-		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
-	})
-	dir := t.TempDir()
-	r := openReplicaForServer(t, dir)
-	waitLeader(t, r)
-	cons := &enqueueTimeoutOnce{Replica: r, failAt: 3}
-	scfg := DefaultServerConfig()
-	scfg.Noise = mechanism.NewSeededNoiseSource(3)
-	s, err := NewServer(cons, coordConn, c, scfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := s.Run(ctx)
-	if err != nil || sum.Steps != c.MaxSteps {
-		t.Fatalf("Run: %+v, %v", sum, err)
-	}
-	if !cons.failed.Load() {
-		t.Fatal("the g̃ of step 3 was never proposed")
-	}
-	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
-	if err != nil || !rep.OK || int64(rep.Applied) != c.MaxSteps || rep.Recharges != 0 || int64(rep.Charges) != c.MaxSteps {
-		t.Errorf("audit: %v; %+v", err, rep)
-	}
 }

@@ -640,11 +640,6 @@ func (d dialAddrs) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 
 // isLeadershipLoss reports whether err is one a deposed (or deposing)
 // leader's Raft operation fails with.
-// isEnqueueTimeout reports whether err says Raft did not take an entry at
-// all (too busy to enqueue it): the leader keeps its term, and the entry
-// is not in the log.
-func isEnqueueTimeout(err error) bool { return errors.Is(err, raft.ErrEnqueueTimeout) }
-
 func isLeadershipLoss(err error) bool {
 	return errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
 		errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrEnqueueTimeout)

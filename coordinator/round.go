@@ -521,16 +521,6 @@ func (l *loop) proposeGrad(term uint64, s stepInFlight, index uint64, g []float3
 		// waits for it). Raft bounds the wait: the entry commits, or the
 		// leadership (or raft) ends.
 		wait, err := l.rep.ProposeGrad(context.WithoutCancel(l.opCtx), s.step, index, g)
-		for isEnqueueTimeout(err) && l.rep.IsLeader() && l.rep.Term() == term {
-			// Raft did not take it (too busy to enqueue: not in the log),
-			// and this replica still leads the term that charged it:
-			// propose it again before anything queued after it. Standing
-			// down instead made this term's next leadership charge the
-			// step a second time, with fresh noise: a wasted step of ε and
-			// a ledger whose audit failed (TestServerGradEnqueueTimeout).
-			l.log.Warn("g̃ not taken by Raft (enqueue timeout); proposing it again", "step", s.step)
-			wait, err = l.rep.ProposeGrad(context.WithoutCancel(l.opCtx), s.step, index, g)
-		}
 		close(queued)
 		r := opResult{kind: opGrad, term: term, g: g, step: s, err: err}
 		if err == nil {
