@@ -4,11 +4,7 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -96,11 +92,9 @@ func startRogue(t *testing.T, run, certs string, urls []string, observerID, rogu
 	if err := errors.Join(err1, err2); err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tlsConfigFor(certs, rogueID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(urls[0], nats.Secure(cert), nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(urls[0], nats.RootCAs(filepath.Join(certs, pki.CACertFile)),
+		nats.ClientCert(filepath.Join(certs, rogueID+".crt"), filepath.Join(certs, rogueID+".key")),
+		nats.Timeout(5*time.Second))
 	if err != nil {
 		t.Fatalf("rogue: %s connects: %v", rogueID, err)
 	}
@@ -154,22 +148,4 @@ func (r *rogue) stop() (bombs, claims int, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.bombs, r.claims, r.err
-}
-
-// tlsConfigFor is a client TLS configuration presenting id's certificate
-// from certs and trusting its CA.
-func tlsConfigFor(certs, id string) (*tls.Config, error) {
-	c, err := tls.LoadX509KeyPair(filepath.Join(certs, id+".crt"), filepath.Join(certs, id+".key"))
-	if err != nil {
-		return nil, err
-	}
-	ca, err := os.ReadFile(filepath.Join(certs, pki.CACertFile))
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("no certificate in %s", pki.CACertFile)
-	}
-	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{c}, MinVersion: tls.VersionTLS12}, nil
 }
