@@ -139,20 +139,20 @@ func (l *loop) onEval(e evalResult) {
 	}
 }
 
-// evaluateNow scores θ of step on the loop and records it in p: the final
-// θ, once the run has stopped, after any evaluation still running.
-func (l *loop) evaluateNow(p *Progress, theta []float32, step int64) {
+// evaluateNow scores the state machine's θ on the loop and records it in
+// p: the final θ, once the run has stopped, after any evaluation still
+// running (its θ is reused when it is of the same step).
+func (l *loop) evaluateNow(p *Progress) {
 	if l.evalBusy {
 		l.onEval(<-l.evalResults)
 	}
-	if l.last.EvalStep == step && step > 0 {
+	if l.last.EvalStep == p.Step && p.Step > 0 {
 		p.Eval, p.EvalStep, p.EvalData = l.last.Eval, l.last.EvalStep, l.last.EvalData // θ has not moved since
 		return
 	}
-	l.evalBusy = true
-	l.evalTheta = append(l.evalTheta[:0], theta...)
-	m, err := l.s.cfg.Evaluator.Evaluate(l.evalTheta)
-	l.evalBusy = false
+	theta, step := l.rep.FSM().Params(l.evalTheta) // a copy the loop owns: nothing else runs Evaluate now
+	l.evalTheta = theta
+	m, err := l.s.cfg.Evaluator.Evaluate(theta)
 	if err != nil {
 		l.log.Warn("evaluation failed", "step", step, "err", err)
 		return

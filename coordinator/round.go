@@ -599,8 +599,7 @@ func (l *loop) finish(ctx context.Context, st State) {
 	sum := l.summary(st)
 	if cfg := l.s.cfg; cfg.Evaluator != nil {
 		p := Progress{Step: st.Applied, MaxSteps: l.s.run.MaxSteps, Epsilon: st.Epsilon, TargetEpsilon: l.s.run.TargetEpsilon}
-		theta, step := l.rep.FSM().Params(nil)
-		l.evaluateNow(&p, theta, step)
+		l.evaluateNow(&p)
 		if p.EvalStep > 0 {
 			sum.Final, sum.FinalEvaluated, sum.EvalData = p.Eval, true, p.EvalData
 			if cfg.OnStep != nil {
