@@ -226,7 +226,10 @@ func TestServerEvaluatesBesideTheRounds(t *testing.T) {
 	<-ev.started // step 2's evaluation is held
 	for r.FSM().State().Applied < 8 {
 		if ctx.Err() != nil {
-			t.Fatalf("the run stopped at step %d while an evaluation was held", r.FSM().State().Applied)
+			at := r.FSM().State().Applied
+			close(ev.release) // let a loop blocked in Evaluate return, so Run does
+			<-done
+			t.Fatalf("the run stopped at step %d while an evaluation was held", at)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -252,7 +255,7 @@ func oneNodeRun(t *testing.T, steps int64) (RunConfig, context.Context, *transpo
 	t.Helper()
 	c := testRunConfig()
 	c.MaxSteps = steps
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	coordConn, dial := natsPair(t, c.Run)
 	startScriptNode(t, ctx, dial("n0"), "n0", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
