@@ -300,13 +300,21 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		}
 	}
 	if interrupted(ctx, runErr) {
-		if sum.Charged > sum.Steps {
-			// The interruption fell between step Charged's charge and its
+		// The line reports the state the model file holds, read once: an
+		// entry proposed before the interruption may still have been
+		// applied after Run's summary (settle waits for it at most
+		// settleTimeout).
+		steps, eps, charged := sum.Steps, sum.Epsilon, sum.Charged
+		if err == nil {
+			steps, eps, charged = committed.Step, committed.Epsilon, committed.Charged
+		}
+		if charged > steps {
+			// The interruption fell between step charged's charge and its
 			// update: charged (its release may be out), not applied.
 			fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f, charged through step %d); run the same command to resume\n",
-				sum.Steps, sum.Epsilon, sum.Charged)
+				steps, eps, charged)
 		} else {
-			fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", sum.Steps, sum.Epsilon)
+			fmt.Fprintf(cmd.OutOrStdout(), "interrupted after %d steps (ε = %.4f); run the same command to resume\n", steps, eps)
 		}
 		if committed.Step > 0 {
 			fmt.Fprintf(cmd.OutOrStdout(), "model: %s (θ at step %d, safetensors)\n", modelPath, committed.Step)

@@ -60,8 +60,12 @@ var ErrInconsistentState = errors.New("coordinator: replica state does not agree
 // Committed is a replica's training state at its last committed step, read
 // offline by ReadCommitted. It holds only public or privatized values.
 type Committed struct {
-	Config  RunConfig
-	Step    int64     // last applied (committed) step; 0 before the first
+	Config RunConfig
+	Step   int64 // last applied (committed) step; 0 before the first
+	// Charged is the last step charged (State.Charged): Step, or Step+1
+	// when that step's charge is applied and its g̃ is not. Epsilon is the
+	// ε spent through it.
+	Charged int64
 	Theta   []float32 // θ after Step
 	Epsilon float64   // ε spent at the run's δ, from the ledger
 	Charges uint64    // ledger charge records
@@ -286,7 +290,11 @@ func (f *FSM) Committed() (Committed, error) {
 	if err != nil {
 		return Committed{}, err
 	}
-	return Committed{Config: *f.cfg, Step: f.applied, Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
+	charged := f.applied
+	if f.pending != nil {
+		charged = max(charged, f.pending.Step)
+	}
+	return Committed{Config: *f.cfg, Step: f.applied, Charged: charged, Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
 		Charges: f.ledger.Charges(), Stopped: f.stopped, Digest: digest}, nil
 }
 
