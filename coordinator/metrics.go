@@ -30,10 +30,14 @@ type Metrics struct {
 	rejectedN    *prometheus.CounterVec
 	raftState    *prometheus.GaugeVec
 	term         prometheus.Gauge
-	nodes        prometheus.Gauge
-	blocked      *prometheus.GaugeVec
-	refused      *prometheus.CounterVec
-	ctlRefused   *prometheus.CounterVec
+	// leaderExit counts Consensus.LeaderExitElections; leaderExitSeen is
+	// the count already added.
+	leaderExit     prometheus.Counter
+	leaderExitSeen uint64
+	nodes          prometheus.Gauge
+	blocked        *prometheus.GaugeVec
+	refused        *prometheus.CounterVec
+	ctlRefused     *prometheus.CounterVec
 	// evalAccuracy and evalLoss, by EvalData.Key: vectors without
 	// labels, so a metric is exported only once an evaluation on its data
 	// happened.
@@ -50,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	m.touchLabels()
 	for _, c := range append([]prometheus.Collector{
 		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
-		m.acceptedN, m.rejectedN, m.raftState, m.term, m.nodes, m.blocked, m.refused, m.ctlRefused,
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.leaderExit, m.nodes, m.blocked, m.refused, m.ctlRefused,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -101,7 +105,13 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "raft_state",
 			Help: "1 for the replica's current Raft state.", ConstLabels: labels,
 		}, []string{"state"}),
-		term:         gauge("raft_term", "Current Raft term."),
+		term: gauge("raft_term", "Current Raft term."),
+		leaderExit: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "raft_leader_exit_elections_total",
+			Help: "Elections this replica started at once on proof that the leader's process was gone (an inbound Raft " +
+				"connection ended, the leader silent, its address refusing connections), not on Raft's heartbeat timeout.",
+			ConstLabels: labels,
+		}),
 		nodes:        gauge("nodes", "Live registered nodes."),
 		evalAccuracy: map[string]*prometheus.GaugeVec{},
 		evalLoss:     map[string]*prometheus.GaugeVec{},
@@ -186,6 +196,10 @@ func (m *Metrics) observe(st State, c Consensus) {
 		m.raftState.WithLabelValues(string(r)).Set(v)
 	}
 	m.term.Set(float64(c.Term()))
+	if n := c.LeaderExitElections(); n > m.leaderExitSeen {
+		m.leaderExit.Add(float64(n - m.leaderExitSeen))
+		m.leaderExitSeen = n
+	}
 }
 
 func (m *Metrics) nodeCount(n int) {

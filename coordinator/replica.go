@@ -31,6 +31,13 @@ type Replica struct {
 	tls       *raftnet.TLSStream // nil: plain TCP
 	log       *slog.Logger
 
+	// watch reports the end of inbound Raft connections to the leader
+	// watch (leaderwatch.go; nil with ReplicaConfig.Transport); watchDone
+	// is closed when the watch has returned.
+	watch               *raftnet.WatchedStream
+	watchDone           chan struct{}
+	leaderExitElections atomic.Uint64
+
 	// The snapshot goroutine (snapshots): stop ends it, stopped is closed
 	// when it has.
 	stop, stopped chan struct{}
@@ -163,6 +170,12 @@ func (r *Replica) startRaft(rc *raft.Config, snaps raft.SnapshotStore, raftLog *
 	})
 	r.stop, r.stopped = make(chan struct{}), make(chan struct{})
 	go r.snapshots()
+	r.watchDone = make(chan struct{})
+	if r.watch != nil {
+		go r.watchLeader()
+	} else {
+		close(r.watchDone)
+	}
 	return nil
 }
 
@@ -183,6 +196,8 @@ func (r *Replica) openTransport(hlog hclog.Logger) error {
 		r.tls = raftnet.NewTLSStream(stream, cfg.TLS, r.log)
 		layer = r.tls
 	}
+	r.watch = raftnet.Watch(layer)
+	layer = r.watch
 	tc := &raft.NetworkTransportConfig{Stream: layer, MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog}
 	if len(cfg.DialAddrs) > 0 {
 		tc.ServerAddressProvider = dialAddrs(cfg.DialAddrs)
@@ -543,6 +558,7 @@ func (r *Replica) Close() error {
 	err := r.raft.Shutdown().Error()
 	close(r.stop)
 	<-r.stopped
+	<-r.watchDone
 	r.closeStores()
 	return err
 }

@@ -88,6 +88,9 @@ type Consensus interface {
 	// re-reads IsLeader and Term on each signal (Replica.LeadershipChanges).
 	LeadershipChanges() <-chan bool
 	Voters() ([]Voter, error)
+	// LeaderExitElections counts the elections this replica started on
+	// proof that the leader's process was gone (Replica.LeaderExitElections).
+	LeaderExitElections() uint64
 
 	Barrier(ctx context.Context) error
 	Configure(ctx context.Context, c RunConfig) error

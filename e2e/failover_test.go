@@ -281,6 +281,9 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	}
 
 	var failovers []time.Duration
+	// Elections the survivors started on proof that the killed leader's
+	// process was gone (the leader watch), over every leader kill.
+	exitElections := 0.0
 	for _, f := range plan.faults {
 		switch f.kind {
 		case killLeader:
@@ -302,7 +305,16 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			})
 			d := time.Since(killed)
 			failovers = append(failovers, d)
-			t.Logf("step %d: killed leader %s at %s; next step committed %v later", step, leader.id, killed.UTC().Format("15:04:05.000"), d.Round(time.Millisecond))
+			fast := 0.0
+			for _, r := range reps {
+				if m, err := Scrape(r.metricsAddr); r != leader && err == nil {
+					v, _ := m.Value("dpcluster_coordinator_raft_leader_exit_elections_total")
+					fast += v
+				}
+			}
+			exitElections = max(exitElections, fast) // the survivors' counts only grow until they restart
+			t.Logf("step %d: killed leader %s at %s; next step committed %v later (survivors' leader-exit elections so far: %v)",
+				step, leader.id, killed.UTC().Format("15:04:05.000"), d.Round(time.Millisecond), fast)
 			leader.p.Restart()
 		case pauseFollower:
 			step, leader := waitStep(f.at, true)
@@ -388,6 +400,11 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	checkRunEnd(h, cfg, reps, nodes)
 	if len(failovers) > 0 {
 		t.Logf("failovers: %s", percentiles(failovers))
+		// A SIGKILLed leader's address refuses connections at once: the
+		// survivors need not wait out their heartbeat timeouts.
+		if exitElections == 0 {
+			t.Errorf("%d leader kills, and no survivor started an election on the leader's exit (dpcluster_coordinator_raft_leader_exit_elections_total)", len(failovers))
+		}
 	}
 	t.Logf("%d steps with %d faults in %v", cfg.maxSteps, len(plan.faults), time.Since(start).Round(time.Millisecond))
 }
