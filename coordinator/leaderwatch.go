@@ -29,9 +29,10 @@ import (
 //     path, which pre-vote alone guarantees otherwise.
 //
 // It then waits its turn among the surviving voters (rank × leaderSilence,
-// by ID, so that two survivors do not split the vote), checks that the dead
-// leader is still the one it knows (no new leader has been heard from),
-// and sends itself Raft's TimeoutNow, the RPC of a leadership transfer: it
+// by ID, so that two survivors do not split the vote); if another survivor
+// asked for votes meanwhile (the term moved), it gives that election
+// leaderSilence to produce a leader (awaitElection); then, if no new leader
+// has been heard from, it sends itself Raft's TimeoutNow, the RPC of a leadership transfer: it
 // becomes a candidate at once, and its vote requests carry the transfer
 // flag, which the other survivors grant although their own timers still
 // run. Raft's safety does not depend on any of this: a vote still needs an
@@ -98,6 +99,7 @@ func (r *Replica) leaderGone() bool {
 // candidate with Raft's TimeoutNow sent to itself.
 func (r *Replica) electOnLeaderExit() {
 	_, dead := r.raft.LeaderWithID()
+	term := r.raft.CurrentTerm()
 	cf := r.raft.GetConfiguration()
 	if cf.Error() != nil {
 		return
@@ -118,8 +120,11 @@ func (r *Replica) electOnLeaderExit() {
 		return
 	case <-time.After(time.Duration(rank) * leaderSilence):
 	}
-	if _, id := r.raft.LeaderWithID(); id != dead || r.raft.State() != raft.Follower {
-		return // another survivor won, or Raft's own timer fired
+	if r.raft.CurrentTerm() != term && !r.awaitElection(dead) {
+		return
+	}
+	if _, id := r.raft.LeaderWithID(); (id != dead && id != "") || r.raft.State() != raft.Follower {
+		return // another survivor won, or Raft's own timer fired here
 	}
 	self := r.transport.LocalAddr()
 	req := &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
@@ -130,6 +135,27 @@ func (r *Replica) electOnLeaderExit() {
 	}
 	r.leaderExitElections.Add(1)
 	r.log.Info("the leader's process is gone (connection ended, silent, address refused); started an election", "leader", string(dead))
+}
+
+// awaitElection is called when the term moved while this replica waited
+// its turn: another survivor asked for votes. It waits up to leaderSilence
+// for a leader to be heard from and reports whether none was (that
+// candidate lost, its log behind this one's, say a replica restarted
+// moments ago: this one goes) and this replica is still a follower. Going
+// at once instead would depose a candidate that is winning.
+func (r *Replica) awaitElection(dead raft.ServerID) bool {
+	deadline := time.Now().Add(leaderSilence)
+	for time.Now().Before(deadline) {
+		if _, id := r.raft.LeaderWithID(); (id != "" && id != dead) || r.raft.State() != raft.Follower {
+			return false
+		}
+		select {
+		case <-r.stop:
+			return false
+		case <-time.After(leaderWatchPoll):
+		}
+	}
+	return r.raft.State() == raft.Follower
 }
 
 // LeaderExitElections is the number of elections this replica started on

@@ -35,6 +35,7 @@ type Replica struct {
 	// watch (leaderwatch.go; nil with ReplicaConfig.Transport); watchDone
 	// is closed when the watch has returned.
 	watch               *raftnet.WatchedStream
+	stream              *raftnet.Stream // the TCP listener under both (nil with ReplicaConfig.Transport)
 	watchDone           chan struct{}
 	leaderExitElections atomic.Uint64
 
@@ -191,6 +192,7 @@ func (r *Replica) openTransport(hlog hclog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("coordinator: Raft transport on %s: %w", cfg.RaftAddr, err)
 	}
+	r.stream = stream
 	var layer raft.StreamLayer = stream
 	if cfg.TLS != nil {
 		r.tls = raftnet.NewTLSStream(stream, cfg.TLS, r.log)
@@ -554,6 +556,11 @@ func (r *Replica) Close() error {
 				r.log.Info("transferred leadership before shutdown")
 			}
 		}
+	}
+	if r.stream != nil {
+		// Raft's Shutdown waits for its RPCs; a dial to a peer that is
+		// down must not hold it for its whole timeout (raftnet.Stream).
+		r.stream.EndRetries()
 	}
 	err := r.raft.Shutdown().Error()
 	close(r.stop)

@@ -34,7 +34,9 @@ type leading struct {
 	term  uint64
 	log   *slog.Logger
 	phase leadPhase
-	round *openRound // phaseRound only
+	// gained is when this replica saw it was elected (the Barrier's start).
+	gained time.Time
+	round  *openRound // phaseRound only
 	// retryAt is when an idle leader that found no round to open looks
 	// again (the registry changes with every heartbeat).
 	retryAt time.Time
@@ -97,7 +99,7 @@ func (l *loop) checkLeadership() {
 	if l.lead != nil || !isLeader {
 		return
 	}
-	ls := &leading{term: term, log: l.log.With("term", term), phase: phaseBarrier}
+	ls := &leading{term: term, log: l.log.With("term", term), phase: phaseBarrier, gained: time.Now()}
 	l.lead = ls
 	l.start(opBarrier, term, func(ctx context.Context) opResult {
 		return opResult{err: l.rep.Barrier(ctx)}
@@ -148,7 +150,9 @@ func (l *loop) onLeading(ctx context.Context, done opKind) {
 		return
 	}
 	ls.released = l.ahead.step
-	ls.log.Info("leading", "step", ls.released)
+	// barrier_ms: from the election won to leading (every committed entry
+	// applied here, the configuration checked).
+	ls.log.Info("leading", "step", ls.released, "barrier_ms", time.Since(ls.gained).Milliseconds())
 	ls.phase = phaseIdle
 	ls.announcing, ls.nextAnnounce = true, time.Now() // at once, at the top of the loop
 	l.publishParams(ctx, ls.term)

@@ -273,7 +273,7 @@ func (s *TLSStream) Accept() (net.Conn, error) {
 // handshakes in progress and waits for their goroutines.
 func (s *TLSStream) Close() error {
 	s.cancel()
-	err := s.Listener.Close()
+	err := s.Stream.Close()
 	s.wg.Wait()
 	return err
 }
@@ -282,7 +282,7 @@ func (s *TLSStream) Close() error {
 // proved it holds a replica certificate, handshaken within timeout.
 func (s *TLSStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	deadline := time.Now().Add(timeout)
-	c, err := net.DialTimeout("tcp", string(address), timeout)
+	c, err := s.dialTCP(string(address), deadline)
 	if err != nil {
 		return nil, err
 	}

@@ -75,3 +75,51 @@ func TestRefused(t *testing.T) {
 		t.Error("a malformed address was reported as refusing")
 	}
 }
+
+// TestDialWaitsForARestartingPeer: a dial to a port that refuses is tried
+// again until a listener comes up there (a replica restarting), within the
+// dial's timeout; EndRetries ends a dial's retries at once.
+func TestDialWaitsForARestartingPeer(t *testing.T) {
+	s, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // the peer is down
+	up := make(chan net.Listener, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the peer restarts
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Error(err)
+		}
+		up <- l
+	}()
+	c, err := s.Dial(raft.ServerAddress(addr), 10*time.Second)
+	if err != nil {
+		t.Fatalf("dial to a peer that came back: %v", err)
+	}
+	c.Close()
+	(<-up).Close()
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Dial(raft.ServerAddress(addr), time.Minute) // down for good
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	s.EndRetries()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a dial to a port nobody listens on succeeded")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("EndRetries did not end the retries of a dial in progress")
+	}
+}
