@@ -34,7 +34,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // WriteTokensFile writes d to path as a token file: through a temporary
 // file in path's directory, fsynced, renamed over path, and the directory
-// fsynced, so path holds either its old content or all of d. d must pass
+// fsynced, so path holds either its old content or all of d; the file's
+// mode is 0600 (training text is private). d must pass
 // Validate, be a token dataset (Vocab > 0) and have every label 0 (the
 // format stores no labels).
 func WriteTokensFile(path string, d *Dataset) (err error) {

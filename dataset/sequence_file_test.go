@@ -195,6 +195,12 @@ func TestWriteSequenceCorpusShards(t *testing.T) {
 	total := 0
 	for s, path := range sf.TrainShards {
 		d := read(path)
+		// A node of a run whose nodes bring their own data reads its
+		// shard against the run's schema (as cli's readLocal does).
+		run := Schema{Shape: []int{7}, Classes: 1, Vocab: ByteVocab}
+		if err := run.Check(d); err != nil {
+			t.Fatalf("shard %d does not have the run's schema: %v", s, err)
+		}
 		if d.Len() != sf.ShardRows[s] {
 			t.Fatalf("shard %d: %d rows, SequenceFiles says %d", s, d.Len(), sf.ShardRows[s])
 		}
@@ -253,4 +259,40 @@ func splitAtBOS(ids []int32) [][]int32 {
 		}
 	}
 	return out
+}
+
+// BenchmarkReadTokens measures reading a token file of 40000 windows of
+// 65 ids (the fortunes training split at T = 64 is 37762 windows).
+func BenchmarkReadTokens(b *testing.B) {
+	const rows, width = 40000, 65
+	ids := make([]int32, rows*width)
+	for i := range ids {
+		ids[i] = int32(i % ByteVocab)
+	}
+	path := filepath.Join(b.TempDir(), "bench.tokens")
+	if err := os.WriteFile(path, rawTokens(ByteVocab, width, rows, ids), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(4 * len(ids)))
+	for b.Loop() {
+		if _, err := ReadFile(path, FileOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkNewSequenceCorpus measures tokenizing, splitting and windowing
+// 15000 documents of 170 bytes (the fortunes' count and mean length) at
+// T = 64.
+func BenchmarkNewSequenceCorpus(b *testing.B) {
+	docs := make([][]byte, 15000)
+	for i := range docs {
+		docs[i] = bytes.Repeat([]byte{'a' + byte(i%26)}, 170)
+	}
+	b.SetBytes(15000 * 170)
+	for b.Loop() {
+		if _, err := NewSequenceCorpus("bench", docs, DefaultSequenceConfig()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
