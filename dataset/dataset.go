@@ -5,7 +5,10 @@
 // nodes with their own data must share, the IDX reader (MNIST /
 // Fashion-MNIST format) with Fashion-MNIST discovery, seeded synthetic
 // generators (a Gaussian mixture and a Zipf-distributed many-class task), a
-// token-sequence builder, train/test splitting and sharding across nodes.
+// token-sequence builder, next-token windows of text (a byte-level
+// tokenizer, a split by document, token files, the Debian fortunes as
+// dataset fortunes-seq: sequence.go), train/test splitting and sharding
+// across nodes.
 //
 // A Dataset is a plain struct: X holds Len()*Dim float32 values row-major and
 // Y holds Len() labels in [0, Classes). Image datasets use Shape [C,H,W] with

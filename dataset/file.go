@@ -59,6 +59,7 @@ const (
 	FormatParquet     = "parquet"
 	FormatImageFolder = "images"
 	FormatTextFolder  = "text"
+	FormatTokens      = "tokens"
 )
 
 // ErrFormat is wrapped by every ReadFile error about the content of a file.
@@ -142,7 +143,7 @@ func openData(path string) (*os.File, int64, error) {
 }
 
 // FormatOf says how ReadFile reads path: by extension (.csv, .npy, .npz,
-// .parquet, in any case); a directory is an image folder; anything else is
+// .parquet, .tokens, in any case); a directory is an image folder; anything else is
 // an error that lists the formats. A path that does not exist but has a
 // known extension gets its format (ReadFile then reports the missing
 // file).
@@ -164,11 +165,13 @@ func FormatOf(path string) (string, error) {
 		return FormatNPZ, nil
 	case ".parquet":
 		return FormatParquet, nil
+	case ".tokens":
+		return FormatTokens, nil
 	}
 	if statErr != nil {
 		return "", fileOpenErr(path, statErr)
 	}
-	return "", formatErr(path, nil, "unknown data file format %q: want .csv, .npy, .npz, .parquet or a directory of images or .txt documents (one sub-folder per class)", ext)
+	return "", formatErr(path, nil, "unknown data file format %q: want .csv, .npy, .npz, .parquet, .tokens or a directory of images or .txt documents (one sub-folder per class)", ext)
 }
 
 // ReadFile reads path in its format (FormatOf) into a Dataset that passes
@@ -188,6 +191,9 @@ func FormatOf(path string) (string, error) {
 //     o.InputShape [C,H,W]; or, if its first class sub-folder holds .txt
 //     files, a text folder DIR/<class>/*.txt, one document per file,
 //     tokenized by a HashTokenizer (o.SeqLen, o.Vocab) into token ids.
+//   - .tokens: a token file (WriteTokensFile) of next-token windows: its
+//     header gives Vocab and the row width; every label is 0, Classes is
+//     o.Classes or 1; o.Vocab and o.SeqLen, if set, must match the file.
 //
 // Labels follow o.Labels and o.Classes; the Dataset's LabelNames is set
 // when the labels came from names. Errors about the file's content wrap
@@ -216,6 +222,8 @@ func ReadFile(path string, o FileOptions) (*Dataset, error) {
 		d, err = readNPZFile(path, o)
 	case FormatParquet:
 		d, err = readParquetFile(path, o)
+	case FormatTokens:
+		d, err = readTokensFile(path, o)
 	case FormatImageFolder:
 		d, err = readImageFolder(path, o)
 	case FormatTextFolder:

@@ -68,11 +68,13 @@ type Shaper interface {
 // run must use the same options, so that the nodes' shards partition the
 // training set the coordinator counts as N.
 type RunOptions struct {
-	// Dataset is NameFashionMNIST, NameGaussian or NameCSV.
+	// Dataset is NameFashionMNIST, NameGaussian, NameFortunesSeq, NameFile
+	// or NameCSV.
 	Dataset string
 	// Dir is searched first for the Fashion-MNIST files (LoadOptions.Dir;
 	// then $DPCLUSTER_DATA, the user cache, the Debian package's
-	// directory).
+	// directory). For NameFortunesSeq it is the fortune files' directory
+	// ("" → FortunesDir).
 	Dir string
 	// Path is the training file (NameFile, NameCSV), read with ReadFile
 	// and File. Its rows are private training data: all of them are the
@@ -138,10 +140,14 @@ func (o RunOptions) Validate() error {
 		if o.EvalHoldout != 0 && !(o.EvalHoldout > 0 && o.EvalHoldout < 1) {
 			return bad("eval_split_from_train %v must be a fraction in (0, 1)", o.EvalHoldout)
 		}
+	case NameFortunesSeq:
+		if o.Path != "" {
+			return bad("dataset %s reads the fortune files in the data directory (default %s); it takes no data_path", o.Dataset, FortunesDir)
+		}
 	case NameLocal:
 		return bad("dataset local: each node loads its own file (ReadFile); LoadRun loads no shared training set")
 	default:
-		return bad("dataset must be %s, %s or %s, not %q", NameFashionMNIST, NameGaussian, NameFile, o.Dataset)
+		return bad("dataset must be %s, %s, %s or %s, not %q", NameFashionMNIST, NameGaussian, NameFortunesSeq, NameFile, o.Dataset)
 	}
 	if o.Dataset != NameCSV && o.Dataset != NameFile && (o.EvalPath != "" || o.EvalHoldout != 0) {
 		return bad("eval_path and eval_split_from_train are for dataset file: %s evaluates on its own public test split", o.Dataset)
@@ -157,6 +163,12 @@ func (o RunOptions) Validate() error {
 //     public t10k files.
 //   - gaussian: a fixed public synthetic draw, split 10000/2000; the
 //     evaluation split is public synthetic data.
+//   - fortunes-seq: the fortunes in o.Dir (default FortunesDir), split
+//     by document 80/10/10 with a public seed (LoadFortunesSequences);
+//     training on the training split's windows, evaluation on the
+//     validation split's (documents never trained on; the corpus is
+//     public Debian text standing in for private text). The test split
+//     is left for final reports (experiments).
 //   - csv: every row of o.Path is training data. Evaluation is on the
 //     separate file o.EvalPath (public), or, only with o.EvalHoldout, on
 //     rows held out of o.Path (EvalSet.Holdout, NON-PRIVATE); with
@@ -189,6 +201,8 @@ func LoadRun(ctx context.Context, o RunOptions) (train *Dataset, eval EvalSet, e
 		}
 	case NameFile, NameCSV:
 		train, eval, err = loadRunFile(o)
+	case NameFortunesSeq:
+		train, eval.Data, err = loadRunFortunes(o)
 	}
 	if err != nil {
 		return nil, EvalSet{}, err
@@ -257,4 +271,34 @@ func sameFile(a, b string) (bool, error) {
 		return false, err
 	}
 	return os.SameFile(sa, sb), nil
+}
+
+// loadRunFortunes loads the fortunes-seq training and validation splits
+// (see LoadRun): windows of the model's input length [T+1] (without a
+// model, DefaultContext+1), labelled with the model's classes (all labels
+// are 0).
+func loadRunFortunes(o RunOptions) (train, validation *Dataset, err error) {
+	c := DefaultSequenceConfig()
+	if o.Model != nil {
+		in := o.Model.InputShape()
+		if len(in) != 1 || in[0] < 2 || in[0]-1 > MaxContext {
+			return nil, nil, fmt.Errorf("%w: dataset %s is token windows [T+1] with 1 ≤ T ≤ %d; the model takes input %v",
+				ErrRunOptions, NameFortunesSeq, MaxContext, in)
+		}
+		c.Context = in[0] - 1
+	}
+	corpus, err := LoadFortunesSequences(o.Dir, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.Model != nil {
+		corpus.Train.Classes = o.Model.Classes()
+		corpus.Validation.Classes = o.Model.Classes()
+	}
+	if log := o.Log; log != nil {
+		log.Info("fortunes-seq loaded", "context", c.Context, "train_windows", corpus.Train.Len(),
+			"validation_windows", corpus.Validation.Len(), "train_documents", len(corpus.TrainDocs),
+			"validation_documents", len(corpus.ValidationDocs))
+	}
+	return corpus.Train, corpus.Validation, nil
 }

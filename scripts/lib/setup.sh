@@ -30,8 +30,10 @@ MAIN_JOB_PACKAGES=(dataset-fashion-mnist "${OPENBLAS_PACKAGES[@]}")
 # (47 packages beyond a base system, 1.4 GB to download, 4.9 GB unpacked);
 # python3-numpy: examples/safetensors_classify.py, which
 # TestPythonExampleMatchesEvaluation runs; chromium: the headless browser
-# in which TestDashboardInChromium renders the coordinator's dashboard.
-TEST_PACKAGES=(gcc libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium)
+# in which TestDashboardInChromium renders the coordinator's dashboard;
+# fortunes (Debian main, 2.6 MB of text in /usr/share/games/fortunes): the
+# fortunes-seq next-token dataset, which TestFortunesPackage reads.
+TEST_PACKAGES=(gcc libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes)
 
 # NON_FREE_PACKAGES are in Debian's contrib or non-free components, which
 # ensure_packages enables before installing one of them.
