@@ -182,11 +182,15 @@ func checkClipResult(t *testing.T, ref [][]float64, coef []float32, bounds clipB
 }
 
 // fuzzSpec returns the model a fuzz input selects: issue 11's cancellation
-// case for seed 0, otherwise a small random spec (randomSpec: linear,
+// case for seed 0, a small random transformer (randomSeqSpec) for seeds
+// from 2³², otherwise a small random spec (randomSpec: linear,
 // convolutions with pooling, embedding bags, layer norm, activations).
 func fuzzSpec(seed uint64) Spec {
 	if seed == 0 {
 		return cancelSpec()
+	}
+	if seed >= 1<<32 {
+		return randomSeqSpec(rand.New(rand.NewPCG(seed, 0)))
 	}
 	return randomSpec(rand.New(rand.NewPCG(seed, 0)))
 }
@@ -246,6 +250,11 @@ func FuzzClippedSum(f *testing.F) {
 	f.Add(uint64(1), uint8(0b0110), 1.0, []byte{0, 200, 1, 20, 8, 140, 15, 100}, []byte{})
 	f.Add(uint64(2), uint8(0b1111), 0.1, []byte{10, 200, 0, 130, 11, 60, 12, 190}, []byte{})
 	f.Add(uint64(3), uint8(0b0101), 3.0, []byte{15, 128, 15, 160, 15, 96, 14, 0}, []byte{0, 160, 14, 0, 3, 100})
+	// Transformers: large nearly equal parameters (embeddings of about
+	// 10⁴ at every position), alternating signs, repeated tokens.
+	f.Add(uint64(1<<32+1), uint8(0b0111), 1.0, []byte{0, 140, 0, 140, 0, 170}, []byte{15, 128, 15, 129, 13, 0, 14, 0})
+	f.Add(uint64(1<<32+2), uint8(0b1010), 0.01, []byte{0, 200, 0, 180, 0, 160}, []byte{8, 160, 13, 0, 14, 0, 1, 100})
+	f.Add(uint64(1<<32+3), uint8(0b0001), 10.0, []byte{1, 130, 2, 200}, []byte{})
 	f.Fuzz(func(t *testing.T, seed uint64, mode uint8, clip float64, xb, thb []byte) {
 		spec := fuzzSpec(seed)
 		m0, err := New(spec)

@@ -257,7 +257,7 @@ func PresetFor(name string, input []int, classes, vocab int) (Spec, error) {
 	bad := func(format string, args ...any) (Spec, error) {
 		return Spec{}, fmt.Errorf("%w: preset %s: %s", ErrInvalidSpec, name, fmt.Sprintf(format, args...))
 	}
-	if classes < 1 {
+	if classes < 1 && name != "transformer" {
 		return bad("%d classes: the data needs at least 1", classes)
 	}
 	if shapeSize(input) < 1 {
