@@ -344,7 +344,10 @@ func (m *Model) checkClipped(maxB int, dst, theta, x []float32, y []int32, clip 
 // ghost norms, up to κ·(ρᵢ/‖Gᵢ‖)²/2 (κ ≈ γ_K + γ_O; see conv.bound). On
 // typical examples of the presets that is at most 1.6e-5 (logreg),
 // 2.8e-5 (mlp), 2.3e-5 (textbag) and 3.5e-5 (cnn, where ρᵢ/‖Gᵢ‖ is 5 to
-// 10; TestClipBoundTightOnPresets). Examples whose terms
+// 10; TestClipBoundTightOnPresets), and 6.1e-5 for the transformer (its
+// linear layers at T positions are 1×1 convolutions, seqLinear; its
+// per-position layer norms and embeddings add γ_T(u64)·ρᵢ for their float64
+// sums over positions, seqLNState.bound and seqEmbedState.bound). Examples whose terms
 // cancel across positions (ρᵢ ≫ ‖Gᵢ‖) are over-clipped instead of escaping
 // the clip; that is safe.
 //
