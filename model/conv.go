@@ -47,17 +47,22 @@ func newConv(ls LayerSpec, in []int) (layer, error) {
 		return nil, errors.New("layer too large")
 	}
 	cv := &conv{c: c, h: h, w: w, o: ls.Out, k: ls.Kernel, s: ls.Stride, p: ls.Pad, ho: ho, wo: wo, T: ho * wo, K: K}
-	// Per-example norm strategy (Li et al. 2022, "Large Language Models
-	// Can Be Strong Differentially Private Learners", §4; Bu et al. 2023,
-	// "Differentially Private Optimization on Large Model at Small Cost",
-	// "book-keeping"). Per example, the ghost norm costs ~T²(K+O) (two
-	// T×T Gram matrices) and its share of the clipped sum's product
-	// ~T·O·K; materializing costs ~T·O·K for the per-example gradient,
-	// which the clipped sum then adds (~O·K). Pick the cheaper, unless
-	// storing the B per-example gradients would take more than twice
-	// the memory of the layer's unfolded input and output gradients.
-	cv.ghost = cv.T*cv.T*(cv.K+cv.o) < cv.o*cv.K || cv.o*cv.K > 2*cv.T*(cv.K+cv.o)
+	cv.ghost = ghostCheaper(cv.T, cv.K, cv.o)
 	return cv, nil
+}
+
+// ghostCheaper picks the per-example norm strategy of a weight applied at
+// T positions (K inputs, O outputs; Li et al. 2022, "Large Language Models
+// Can Be Strong Differentially Private Learners", §4; Bu et al. 2023,
+// "Differentially Private Optimization on Large Model at Small Cost",
+// "book-keeping", mixed ghost clipping). Per example, the ghost norm costs
+// ~T²(K+O) (two T×T Gram matrices) and its share of the clipped sum's
+// product ~T·O·K; materializing costs ~T·O·K for the per-example gradient,
+// which the clipped sum then adds (~O·K). It picks the cheaper, unless
+// storing the B per-example gradients would take more than twice the
+// memory of the layer's unfolded input and output gradients.
+func ghostCheaper(T, K, O int) bool {
+	return T*T*(K+O) < O*K || O*K > 2*T*(K+O)
 }
 
 // convState is a convolution's kernels with one workspace's buffers.

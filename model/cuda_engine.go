@@ -87,8 +87,11 @@ func cudaSupports(m *Model) error {
 		switch ly.(type) {
 		case *linear, *activation, *flatten, *conv, *pool, *embedBag, *layerNorm:
 		default:
-			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer, l, m.spec.Layers[l].Type)
+			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer, l, layerKind(ly, m.spec.Layers[l].Type))
 		}
+	}
+	if m.seqT > 0 {
+		return fmt.Errorf("%w: loss %s has no CUDA kernels yet", ErrUnsupportedLayer, m.spec.Loss)
 	}
 	return nil
 }

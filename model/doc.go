@@ -4,8 +4,10 @@
 // non-private mean gradient and evaluation metrics.
 //
 // A Spec is a list of layers (linear, relu, tanh, conv2d, maxpool, avgpool,
-// flatten, embeddingbag, layernorm) with a softmax cross-entropy loss;
-// presets "logreg", "mlp", "cnn" and "textbag" are built in. A Model holds
+// flatten, embeddingbag, layernorm, and for token sequences embedding,
+// attention, residual blocks and meanpool) with a softmax cross-entropy
+// loss, per example or, for language models, per next token (NextToken);
+// presets "logreg", "mlp", "cnn", "textbag" and "transformer" are built in. A Model holds
 // the validated layout: all parameters live in one flat []float32 ("theta")
 // with named tensor views (Params), so a whole model is one vector on the
 // wire and in the optimizer. Spec.Hash (SHA-256 of canonical JSON) lets nodes

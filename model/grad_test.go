@@ -35,6 +35,12 @@ func gradCases() []Spec {
 			{Type: MaxPool, Kernel: 2, Stride: 1}, {Type: Flatten}, {Type: Linear, Out: 3}}},
 		TextBag(9, 4, 5, 3, 6),
 		CNN([]int{1, 28, 28}, 10),
+		TransformerLM(7, 5, 4, 1, 2),
+		TransformerClassifier(9, 6, 4, 1, 2, 3),
+		{Name: "seq-embed-linear", Input: []int{4}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 5, Dim: 3}, {Type: Linear, Out: 5}, {Type: Tanh},
+			{Type: Residual, Layers: []LayerSpec{{Type: LayerNorm}, {Type: Linear, Out: 5}}},
+			{Type: MeanPool}, {Type: Linear, Out: 3}}},
 	}
 }
 
@@ -109,11 +115,7 @@ func withConvMode(m *Model, ghost bool) *Model {
 	c := *m
 	c.layers = slices.Clone(m.layers)
 	for i, l := range c.layers {
-		if cv, ok := l.(*conv); ok {
-			cp := *cv
-			cp.ghost = ghost
-			c.layers[i] = &cp
-		}
+		c.layers[i] = withGhost(l, ghost)
 	}
 	return &c
 }

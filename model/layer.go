@@ -208,10 +208,20 @@ func unused(ls LayerSpec, fields ...string) error {
 	return nil
 }
 
-// buildLayer checks one (normalized) layer spec against its input shape.
+// buildLayer checks one (normalized) layer spec against its input shape;
+// idx is its index in the model, -1 inside a residual block.
 func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
+	if ls.Heads != 0 && ls.Type != Attention {
+		return nil, fmt.Errorf("field %q is not used by %s", "heads", ls.Type)
+	}
+	if ls.Layers != nil && ls.Type != Residual {
+		return nil, fmt.Errorf("field %q is not used by %s", "layers", ls.Type)
+	}
 	switch ls.Type {
 	case Linear:
+		if len(in) == 2 {
+			return newSeqLinear(ls, in)
+		}
 		return newLinear(ls, in)
 	case ReLU, Tanh:
 		return newActivation(ls, in)
@@ -224,7 +234,18 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 	case EmbeddingBag:
 		return newEmbedBag(idx, ls, in)
 	case LayerNorm:
+		if len(in) == 2 {
+			return newSeqLayerNorm(ls, in)
+		}
 		return newLayerNorm(ls, in)
+	case Embedding:
+		return newSeqEmbed(idx, ls, in)
+	case Attention:
+		return newAttention(ls, in)
+	case Residual:
+		return newResidual(ls, in)
+	case MeanPool:
+		return newMeanPool(ls, in)
 	case "":
 		return nil, errors.New("missing layer type")
 	}

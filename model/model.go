@@ -49,8 +49,11 @@ type Model struct {
 	inShape   []int
 	inSize    int
 	classes   int
-	vocab     int // > 0 when the first layer is an embedding bag
-	backend   Backend
+	vocab     int // > 0 when the first layer is an embedding bag or embedding
+	// seqT is, for the NextToken loss, the number of positions T the
+	// layers see (the input holds T+1 ids); 0 otherwise.
+	seqT    int
+	backend Backend
 }
 
 // New validates spec and builds its parameter layout with DefaultBackend.
@@ -73,8 +76,8 @@ func NewWithBackend(spec Spec, be Backend) (*Model, error) {
 // plan normalizes and validates a spec and infers every layer's shape.
 func plan(s Spec) (*Model, error) {
 	s = s.normalized()
-	if s.Loss != SoftmaxCrossEntropy {
-		return nil, fmt.Errorf("%w: unknown loss %q (have %q)", ErrInvalidSpec, s.Loss, SoftmaxCrossEntropy)
+	if s.Loss != SoftmaxCrossEntropy && s.Loss != NextToken {
+		return nil, fmt.Errorf("%w: unknown loss %q (have %q, %q)", ErrInvalidSpec, s.Loss, SoftmaxCrossEntropy, NextToken)
 	}
 	if len(s.Input) != 1 && len(s.Input) != 3 {
 		return nil, fmt.Errorf("%w: input shape %v must be [D] or [C, H, W]", ErrInvalidSpec, s.Input)
@@ -91,6 +94,13 @@ func plan(s Spec) (*Model, error) {
 	}
 	m := &Model{spec: s, inShape: slices.Clone(s.Input), inSize: inSize, classes: s.Classes}
 	shape := slices.Clone(s.Input)
+	if s.Loss == NextToken {
+		if len(s.Input) != 1 || s.Input[0] < 2 {
+			return nil, fmt.Errorf("%w: loss %s needs input [T+1] token ids with T ≥ 1, got %v", ErrInvalidSpec, s.Loss, s.Input)
+		}
+		m.seqT = s.Input[0] - 1
+		shape = []int{m.seqT}
+	}
 	names := map[string]bool{}
 	off := 0
 	for i, ls := range s.Layers {
@@ -98,7 +108,8 @@ func plan(s Spec) (*Model, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: layer %d (%s) on input %v: %v", ErrInvalidSpec, i, ls.Type, shape, err)
 		}
-		if _, ok := l.(*embedBag); ok {
+		switch l.(type) {
+		case *embedBag, *seqEmbed:
 			m.vocab = ls.Vocab
 		}
 		prefix := ls.Name
@@ -127,8 +138,8 @@ func plan(s Spec) (*Model, error) {
 			return nil, fmt.Errorf("%w: layer %d (%s) output %v is empty or too large", ErrInvalidSpec, i, ls.Type, shape)
 		}
 	}
-	if len(shape) != 1 || shape[0] != s.Classes {
-		return nil, fmt.Errorf("%w: last layer outputs %v, want [%d] (classes)", ErrInvalidSpec, shape, s.Classes)
+	if err := m.checkHead(shape); err != nil {
+		return nil, err
 	}
 	if off == 0 {
 		return nil, fmt.Errorf("%w: model has no parameters", ErrInvalidSpec)
@@ -192,8 +203,9 @@ func (m *Model) Classes() int { return m.classes }
 func (m *Model) Backend() Backend { return m.backend }
 
 // CheckDataset reports whether d fits the model: same per-example size,
-// shape (if d.Shape is set), number of classes and, for token models, a
-// vocabulary no larger than the embedding table.
+// shape (if d.Shape is set), number of classes (except for NextToken
+// models, whose labels are not used) and, for token models, a vocabulary no
+// larger than the embedding table.
 func (m *Model) CheckDataset(d *dataset.Dataset) error {
 	if d == nil {
 		return fmt.Errorf("%w: nil dataset", ErrShape)
@@ -204,7 +216,7 @@ func (m *Model) CheckDataset(d *dataset.Dataset) error {
 	if d.Shape != nil && len(d.Shape) == len(m.inShape) && !slices.Equal(d.Shape, m.inShape) {
 		return fmt.Errorf("%w: dataset %q has shape %v, model wants %v", ErrShape, d.Name, d.Shape, m.inShape)
 	}
-	if d.Classes != m.classes {
+	if d.Classes != m.classes && m.seqT == 0 {
 		return fmt.Errorf("%w: dataset %q has %d classes, model has %d", ErrShape, d.Name, d.Classes, m.classes)
 	}
 	if m.vocab > 0 && (d.Vocab < 1 || d.Vocab > m.vocab) {

@@ -14,6 +14,9 @@ import (
 // (float64) on the batch.
 func refLoss(t testing.TB, m *Model, theta []float64, x []float32, y []int32) float64 {
 	t.Helper()
+	if m.seqT > 0 {
+		return refNextTokenLoss(t, m, theta, x)
+	}
 	d := m.InputSize()
 	var total float64
 	for i := range y {
@@ -39,118 +42,131 @@ func refForward(t testing.TB, m *Model, theta []float64, x32 []float32) []float6
 		x[i] = float64(v)
 	}
 	shape := m.InputShape()
+	if m.seqT > 0 {
+		x, shape = x[:m.seqT], []int{m.seqT}
+	}
 	for li, ls := range m.spec.Layers {
 		w := theta[m.layerOff[li] : m.layerOff[li]+m.layerSize[li]]
-		switch ls.Type {
-		case Linear:
-			in, out := shape[0], ls.Out
-			y := make([]float64, out)
-			for o := 0; o < out; o++ {
-				s := w[out*in+o]
-				for j := 0; j < in; j++ {
-					s += w[o*in+j] * x[j]
-				}
-				y[o] = s
-			}
-			x, shape = y, []int{out}
-		case ReLU:
-			for j := range x {
-				x[j] = math.Max(x[j], 0)
-			}
-		case Tanh:
-			for j := range x {
-				x[j] = math.Tanh(x[j])
-			}
-		case Flatten:
-			shape = []int{len(x)}
-		case Conv2D:
-			c, h, wd := shape[0], shape[1], shape[2]
-			k, s, p, o := ls.Kernel, ls.Stride, ls.Pad, ls.Out
-			ho, wo := (h+2*p-k)/s+1, (wd+2*p-k)/s+1
-			y := make([]float64, o*ho*wo)
-			for oc := 0; oc < o; oc++ {
-				for oh := 0; oh < ho; oh++ {
-					for ow := 0; ow < wo; ow++ {
-						sum := w[o*c*k*k+oc]
-						for ic := 0; ic < c; ic++ {
-							for kh := 0; kh < k; kh++ {
-								for kw := 0; kw < k; kw++ {
-									hh, ww := oh*s-p+kh, ow*s-p+kw
-									if hh < 0 || hh >= h || ww < 0 || ww >= wd {
-										continue
-									}
-									sum += w[((oc*c+ic)*k+kh)*k+kw] * x[(ic*h+hh)*wd+ww]
-								}
-							}
-						}
-						y[(oc*ho+oh)*wo+ow] = sum
-					}
-				}
-			}
-			x, shape = y, []int{o, ho, wo}
-		case MaxPool, AvgPool:
-			c, h, wd := shape[0], shape[1], shape[2]
-			k, s := ls.Kernel, ls.Stride
-			ho, wo := (h-k)/s+1, (wd-k)/s+1
-			y := make([]float64, c*ho*wo)
-			for ic := 0; ic < c; ic++ {
-				for oh := 0; oh < ho; oh++ {
-					for ow := 0; ow < wo; ow++ {
-						best, sum := math.Inf(-1), 0.0
-						for kh := 0; kh < k; kh++ {
-							for kw := 0; kw < k; kw++ {
-								v := x[(ic*h+oh*s+kh)*wd+ow*s+kw]
-								best = math.Max(best, v)
-								sum += v
-							}
-						}
-						if ls.Type == MaxPool {
-							y[(ic*ho+oh)*wo+ow] = best
-						} else {
-							y[(ic*ho+oh)*wo+ow] = sum / float64(k*k)
-						}
-					}
-				}
-			}
-			x, shape = y, []int{c, ho, wo}
-		case EmbeddingBag:
-			y := make([]float64, ls.Dim)
-			n := 0
-			for _, tok := range x {
-				if tok < 0 {
-					continue
-				}
-				n++
-				for j := range y {
-					y[j] += w[int(tok)*ls.Dim+j]
-				}
-			}
-			if n > 0 {
-				for j := range y {
-					y[j] /= float64(n)
-				}
-			}
-			x, shape = y, []int{ls.Dim}
-		case LayerNorm:
-			f := len(x)
-			var mu, vr float64
-			for _, v := range x {
-				mu += v
-			}
-			mu /= float64(f)
-			for _, v := range x {
-				vr += (v - mu) * (v - mu)
-			}
-			vr /= float64(f)
-			r := 1 / math.Sqrt(vr+ls.Eps)
-			for j := range x {
-				x[j] = (x[j]-mu)*r*w[j] + w[f+j]
-			}
-		default:
-			t.Fatalf("reference: unknown layer %q", ls.Type)
-		}
+		x, shape = refLayer(t, m.layers[li], ls, w, x, shape)
 	}
 	return x
+}
+
+// refLayer applies one layer (ly, built from ls) with parameters w to one
+// example's values x of the given shape.
+func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) ([]float64, []int) {
+	if y, sh, ok := refSeqLayer(t, ly, ls, w, x, shape); ok {
+		return y, sh
+	}
+	switch ls.Type {
+	case Linear:
+		in, out := shape[0], ls.Out
+		y := make([]float64, out)
+		for o := 0; o < out; o++ {
+			s := w[out*in+o]
+			for j := 0; j < in; j++ {
+				s += w[o*in+j] * x[j]
+			}
+			y[o] = s
+		}
+		x, shape = y, []int{out}
+	case ReLU:
+		for j := range x {
+			x[j] = math.Max(x[j], 0)
+		}
+	case Tanh:
+		for j := range x {
+			x[j] = math.Tanh(x[j])
+		}
+	case Flatten:
+		shape = []int{len(x)}
+	case Conv2D:
+		c, h, wd := shape[0], shape[1], shape[2]
+		k, s, p, o := ls.Kernel, ls.Stride, ls.Pad, ls.Out
+		ho, wo := (h+2*p-k)/s+1, (wd+2*p-k)/s+1
+		y := make([]float64, o*ho*wo)
+		for oc := 0; oc < o; oc++ {
+			for oh := 0; oh < ho; oh++ {
+				for ow := 0; ow < wo; ow++ {
+					sum := w[o*c*k*k+oc]
+					for ic := 0; ic < c; ic++ {
+						for kh := 0; kh < k; kh++ {
+							for kw := 0; kw < k; kw++ {
+								hh, ww := oh*s-p+kh, ow*s-p+kw
+								if hh < 0 || hh >= h || ww < 0 || ww >= wd {
+									continue
+								}
+								sum += w[((oc*c+ic)*k+kh)*k+kw] * x[(ic*h+hh)*wd+ww]
+							}
+						}
+					}
+					y[(oc*ho+oh)*wo+ow] = sum
+				}
+			}
+		}
+		x, shape = y, []int{o, ho, wo}
+	case MaxPool, AvgPool:
+		c, h, wd := shape[0], shape[1], shape[2]
+		k, s := ls.Kernel, ls.Stride
+		ho, wo := (h-k)/s+1, (wd-k)/s+1
+		y := make([]float64, c*ho*wo)
+		for ic := 0; ic < c; ic++ {
+			for oh := 0; oh < ho; oh++ {
+				for ow := 0; ow < wo; ow++ {
+					best, sum := math.Inf(-1), 0.0
+					for kh := 0; kh < k; kh++ {
+						for kw := 0; kw < k; kw++ {
+							v := x[(ic*h+oh*s+kh)*wd+ow*s+kw]
+							best = math.Max(best, v)
+							sum += v
+						}
+					}
+					if ls.Type == MaxPool {
+						y[(ic*ho+oh)*wo+ow] = best
+					} else {
+						y[(ic*ho+oh)*wo+ow] = sum / float64(k*k)
+					}
+				}
+			}
+		}
+		x, shape = y, []int{c, ho, wo}
+	case EmbeddingBag:
+		y := make([]float64, ls.Dim)
+		n := 0
+		for _, tok := range x {
+			if tok < 0 {
+				continue
+			}
+			n++
+			for j := range y {
+				y[j] += w[int(tok)*ls.Dim+j]
+			}
+		}
+		if n > 0 {
+			for j := range y {
+				y[j] /= float64(n)
+			}
+		}
+		x, shape = y, []int{ls.Dim}
+	case LayerNorm:
+		f := len(x)
+		var mu, vr float64
+		for _, v := range x {
+			mu += v
+		}
+		mu /= float64(f)
+		for _, v := range x {
+			vr += (v - mu) * (v - mu)
+		}
+		vr /= float64(f)
+		r := 1 / math.Sqrt(vr+ls.Eps)
+		for j := range x {
+			x[j] = (x[j]-mu)*r*w[j] + w[f+j]
+		}
+	default:
+		t.Fatalf("reference: unknown layer %q", ls.Type)
+	}
+	return x, shape
 }
 
 // randomBatch draws B inputs and labels for m: N(0,1) features, or token

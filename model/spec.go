@@ -21,11 +21,17 @@ const (
 	Flatten      = "flatten"
 	EmbeddingBag = "embeddingbag"
 	LayerNorm    = "layernorm"
+	Embedding    = "embedding"
+	Attention    = "attention"
+	Residual     = "residual"
+	MeanPool     = "meanpool"
 )
 
 // Loss names accepted in Spec.Loss.
 const (
 	SoftmaxCrossEntropy = "softmax_cross_entropy"
+	// NextToken is next-token prediction (see Spec.Loss).
+	NextToken = "next_token"
 )
 
 // ErrInvalidSpec is returned (wrapped, naming the offending layer) when a
@@ -45,7 +51,14 @@ type Spec struct {
 	// Classes is the number of output classes; the last layer must produce
 	// [Classes] values.
 	Classes int `json:"classes"`
-	// Loss is the loss name; "" means SoftmaxCrossEntropy.
+	// Loss is the loss name; "" means SoftmaxCrossEntropy. With NextToken
+	// one example is one sequence: Input is [T+1] token ids (float32
+	// integers below Classes, -1 = padding), the layers see ids 0..T-1,
+	// the first layer must be an embedding with Vocab = Classes and the
+	// last must output [T, Classes]; position t's target is id t+1, and
+	// the example's loss is the mean softmax cross-entropy over its
+	// targets that are not padding (zero if all are). Labels are ignored
+	// (callers pass 0).
 	Loss string `json:"loss,omitempty"`
 	// Layers are applied in order.
 	Layers []LayerSpec `json:"layers"`
@@ -64,7 +77,25 @@ type Spec struct {
 //	              input [L] token ids (float32 integers, -1 = padding);
 //	              output is the mean embedding of the non-padding tokens
 //	              (zero if there are none)
-//	layernorm:    Eps (default 1e-5); gain and bias over the whole flat input
+//	layernorm:    Eps (default 1e-5); gain and bias [F] over the whole flat
+//	              input [F], or over each position of a sequence [T, F]
+//
+// Sequence layers (activations [T, D]: T positions of D values):
+//
+//	embedding:    Vocab, Dim; must be the first layer; input [T] token ids
+//	              (-1 = padding, embedded as zero); output [T, Dim], token
+//	              embedding plus a learned position embedding (weight
+//	              [Vocab, Dim], pos [T, Dim])
+//	linear:       on a [T, D] input, the same map at every position:
+//	              weight [Out, D], bias [Out], output [T, Out]
+//	attention:    Heads; multi-head causal self-attention without
+//	              parameters: input [T, 3D] holds each position's query,
+//	              key and value (D = Heads·head size), output [T, D]; put
+//	              linear layers before (3D) and after (D) it
+//	residual:     Layers; y = x + f(x), f the nested layers, whose output
+//	              shape must equal the input's
+//	meanpool:     none; [T, D] becomes the mean over positions [D]
+//	relu, tanh:   elementwise, any shape
 type LayerSpec struct {
 	Type string `json:"type"`
 	// Name prefixes the layer's parameter names ("<name>.weight"); default
@@ -77,6 +108,9 @@ type LayerSpec struct {
 	Vocab  int     `json:"vocab,omitempty"`
 	Dim    int     `json:"dim,omitempty"`
 	Eps    float64 `json:"eps,omitempty"`
+	Heads  int     `json:"heads,omitempty"`
+	// Layers are the nested layers of a residual block.
+	Layers []LayerSpec `json:"layers,omitempty"`
 }
 
 // maxElems bounds every tensor and activation size so index arithmetic
@@ -112,12 +146,21 @@ func (s Spec) Validate() error {
 func (s Spec) normalized() Spec {
 	out := s
 	out.Input = append([]int(nil), s.Input...)
-	out.Layers = append([]LayerSpec(nil), s.Layers...)
 	if out.Loss == "" {
 		out.Loss = SoftmaxCrossEntropy
 	}
-	for i := range out.Layers {
-		l := &out.Layers[i]
+	out.Layers = normalizedLayers(s.Layers)
+	return out
+}
+
+// normalizedLayers returns a deep copy of ls with defaults filled in.
+func normalizedLayers(ls []LayerSpec) []LayerSpec {
+	out := append([]LayerSpec(nil), ls...)
+	for i := range out {
+		l := &out[i]
+		if l.Layers != nil {
+			l.Layers = normalizedLayers(l.Layers)
+		}
 		switch l.Type {
 		case Conv2D:
 			if l.Stride == 0 {
@@ -180,16 +223,22 @@ func shapeSize(dims []int) int {
 }
 
 // Presets returns the names accepted by Preset.
-func Presets() []string { return []string{"logreg", "mlp", "cnn", "textbag"} }
+func Presets() []string { return []string{"logreg", "mlp", "cnn", "textbag", "transformer"} }
 
 // Preset returns a built-in spec for Fashion-MNIST-shaped data
 // ([1, 28, 28] inputs, 10 classes); "textbag" uses a 10000-token
 // vocabulary, 64-dimensional embeddings, 64 hidden units, 4 classes and
-// sequences of 128 tokens. PresetFor shapes a preset for other data; the
-// constructors (LogReg, MLP, CNN, TextBag) build other sizes.
+// sequences of 128 tokens; "transformer" is a next-token language model
+// (TransformerLM) over a 2048-token vocabulary with context 64, width 128,
+// 2 blocks and 4 heads (about 0.93M parameters). PresetFor shapes a preset
+// for other data; the constructors (LogReg, MLP, CNN, TextBag,
+// TransformerLM, TransformerClassifier) build other sizes.
 func Preset(name string) (Spec, error) {
-	if name == "textbag" {
+	switch name {
+	case "textbag":
 		return TextBag(10000, 64, 64, 4, 128), nil
+	case "transformer":
+		return TransformerLM(2048, 64, 128, 2, 4), nil
 	}
 	return PresetFor(name, []int{1, 28, 28}, 10, 0)
 }
@@ -200,19 +249,26 @@ func Preset(name string) (Spec, error) {
 // (flattened; mlp has two hidden layers of 256); cnn needs images
 // ([C, H, W], at least 8×8 for its first 8×8 convolution); textbag needs
 // token sequences ([L] with vocab > 0; 64-dimensional embeddings, 64
-// hidden units). An input the preset cannot take is an error naming the
-// preset, the shape and what it needs.
+// hidden units); transformer needs token sequences of shape [T+1] (T ≥ 1)
+// and is a next-token model over the data's vocabulary (classes are not
+// used: its outputs are the vocabulary). An input the preset cannot take is
+// an error naming the preset, the shape and what it needs.
 func PresetFor(name string, input []int, classes, vocab int) (Spec, error) {
 	bad := func(format string, args ...any) (Spec, error) {
 		return Spec{}, fmt.Errorf("%w: preset %s: %s", ErrInvalidSpec, name, fmt.Sprintf(format, args...))
 	}
-	if classes < 1 {
+	if classes < 1 && name != "transformer" {
 		return bad("%d classes: the data needs at least 1", classes)
 	}
 	if shapeSize(input) < 1 {
 		return bad("input shape %v is not a shape", input)
 	}
 	switch name {
+	case "transformer":
+		if vocab < 1 || len(input) != 1 || input[0] < 2 {
+			return bad("needs token sequences of shape [T+1] with T ≥ 1 and a vocabulary (next-token prediction); the data has shape %v and vocabulary %d", input, vocab)
+		}
+		return TransformerLM(vocab, input[0]-1, 128, 2, 4), nil
 	case "logreg", "mlp", "cnn":
 		if vocab > 0 {
 			return bad("the data is token sequences (vocabulary %d): use --model textbag or a spec with an embedding", vocab)

@@ -37,6 +37,9 @@ type Workspace struct {
 	// ClippedSumIndexed buffers, allocated on first use
 	gx []float32
 	gy []int32
+	// targets holds a NextToken batch's targets [B, T], allocated on
+	// first use.
+	targets []int32
 }
 
 // clipShade is the relative margin under the clip norm (see ClippedSum).
@@ -46,12 +49,18 @@ const clipShade = 1 - 1.0/(1<<16)
 // (Workspace.Evaluate). It is not a Prometheus collector: those are the
 // Metrics types of packages coordinator and node.
 type Evaluation struct {
-	// Loss is the mean softmax cross-entropy (natural log).
+	// Loss is the mean softmax cross-entropy (natural log); for a
+	// NextToken model, the mean over all target tokens (not padding) of
+	// the set, so exp(Loss) is the perplexity.
 	Loss float64
-	// Accuracy is the fraction of examples whose arg-max logit is the label.
+	// Accuracy is the fraction of examples whose arg-max logit is the
+	// label; for a NextToken model, the fraction of target tokens.
 	Accuracy float64
 	// N is the number of examples.
 	N int
+	// Tokens is, for a NextToken model, the number of target tokens Loss
+	// and Accuracy average over; 0 otherwise.
+	Tokens int
 }
 
 // NewWorkspace allocates buffers for batches of up to maxBatch examples.
@@ -130,7 +139,9 @@ func (w *Workspace) pass(B int) *pass {
 func (w *Workspace) forward(p *pass, theta, x []float32) {
 	m := w.m
 	in := w.act[0]
-	if len(m.inShape) == 3 && m.inShape[0] > 1 {
+	if m.seqT > 0 {
+		w.loadSequences(p.B, x)
+	} else if len(m.inShape) == 3 && m.inShape[0] > 1 {
 		c, hw := m.inShape[0], m.inShape[1]*m.inShape[2]
 		for i := 0; i < p.B; i++ {
 			src, dst := x[i*m.inSize:(i+1)*m.inSize], in[i*m.inSize:(i+1)*m.inSize]
@@ -180,6 +191,10 @@ func (w *Workspace) paramGrads(p *pass, dst []float32, alpha float32) {
 // it. It returns the loss sum (float64, log-sum-exp with the max
 // subtracted) and the number of correct arg-max predictions.
 func (w *Workspace) softmaxXent(B int, y []int32, dlogits []float32, scale float32) (float64, int) {
+	if w.m.seqT > 0 {
+		r := w.nextTokenXent(B, dlogits, scale)
+		return r.sum, r.correct
+	}
 	k := w.m.classes
 	logits := w.act[len(w.m.layers)]
 	var loss float64
@@ -329,7 +344,10 @@ func (m *Model) checkClipped(maxB int, dst, theta, x []float32, y []int32, clip 
 // ghost norms, up to κ·(ρᵢ/‖Gᵢ‖)²/2 (κ ≈ γ_K + γ_O; see conv.bound). On
 // typical examples of the presets that is at most 1.6e-5 (logreg),
 // 2.8e-5 (mlp), 2.3e-5 (textbag) and 3.5e-5 (cnn, where ρᵢ/‖Gᵢ‖ is 5 to
-// 10; TestClipBoundTightOnPresets). Examples whose terms
+// 10; TestClipBoundTightOnPresets), and 6.1e-5 for the transformer (its
+// linear layers at T positions are 1×1 convolutions, seqLinear; its
+// per-position layer norms and embeddings add γ_T(u64)·ρᵢ for their float64
+// sums over positions, seqLNState.bound and seqEmbedState.bound). Examples whose terms
 // cancel across positions (ρᵢ ≫ ‖Gᵢ‖) are over-clipped instead of escaping
 // the clip; that is safe.
 //
@@ -412,21 +430,27 @@ func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64,
 			continue
 		}
 		d := w.grad[l+1]
-		per := len(d) / w.maxB
-		for i, c := range coef {
-			switch {
-			case c == 0:
-				w.states[l].clearExample(i, w.act[l], d)
-			case c < 1:
-				row := d[i*per : (i+1)*per]
-				for j := range row {
-					row[j] *= c
-				}
-			}
-		}
+		applyCoef(w.states[l], coef, w.act[l], d, len(d)/w.maxB)
 		off, n := m.layerOff[l], m.layerSize[l]
 		p.coef, p.fresh, p.final = coef, fresh, final
 		w.states[l].accGrad(p, acc[off:off+n], dst[off:off+n], w.act[l], w.act[l+1], d)
+	}
+}
+
+// applyCoef scales example i's stored output gradients d (per values each)
+// by its clip factor coef[i] < 1, or, for coef[i] = 0, clears the example's
+// stored values (st.clearExample), so that st.accGrad adds cᵢ·Gᵢ.
+func applyCoef(st layerState, coef, in, d []float32, per int) {
+	for i, c := range coef {
+		switch {
+		case c == 0:
+			st.clearExample(i, in, d)
+		case c < 1:
+			row := d[i*per : (i+1)*per]
+			for j := range row {
+				row[j] *= c
+			}
+		}
 	}
 }
 
@@ -516,7 +540,7 @@ func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Evaluation, error) 
 		return Evaluation{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
 	}
 	var loss float64
-	correct := 0
+	correct, tokens := 0, 0
 	for lo := 0; lo < len(y); lo += w.maxB {
 		hi := min(lo+w.maxB, len(y))
 		xb, yb := x[lo*d:hi*d], y[lo:hi]
@@ -525,6 +549,13 @@ func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Evaluation, error) 
 		}
 		p := w.pass(hi - lo)
 		w.forward(p, theta, xb)
+		if w.m.seqT > 0 {
+			r := w.nextTokenXent(hi-lo, nil, 0)
+			loss += r.tokenSum
+			correct += r.correct
+			tokens += r.tokens
+			continue
+		}
 		l, c := w.softmaxXent(hi-lo, yb, nil, 0)
 		loss += l
 		correct += c
@@ -536,7 +567,10 @@ func (w *Workspace) Evaluate(theta, x []float32, y []int32) (Evaluation, error) 
 		return Evaluation{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
 	}
 	n := float64(len(y))
-	return Evaluation{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
+	if w.m.seqT > 0 {
+		n = float64(max(tokens, 1))
+	}
+	return Evaluation{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y), Tokens: tokens}, nil
 }
 
 // EvaluateDataset is Evaluate on a whole dataset, after CheckDataset.

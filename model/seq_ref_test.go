@@ -1,0 +1,230 @@
+package model
+
+import (
+	"math"
+	"testing"
+)
+
+// The float64 reference of the sequence layers and the NextToken loss,
+// written as direct loops over [T, D] values (no im2col, no BLAS), in the
+// style of ref_test.go.
+
+// refNextTokenLoss is the mean over examples of each example's mean
+// next-token cross-entropy over its non-padding targets (0 if none).
+func refNextTokenLoss(t testing.TB, m *Model, theta []float64, x []float32) float64 {
+	t.Helper()
+	d, T, V := m.InputSize(), m.seqT, m.classes
+	B := len(x) / d
+	var total float64
+	for i := 0; i < B; i++ {
+		ex := x[i*d : (i+1)*d]
+		z := refForward(t, m, theta, ex)
+		var sum float64
+		n := 0
+		for p := 0; p < T; p++ {
+			tg := int(ex[p+1])
+			if tg < 0 {
+				continue
+			}
+			n++
+			row := z[p*V : (p+1)*V]
+			mx := math.Inf(-1)
+			for _, v := range row {
+				mx = math.Max(mx, v)
+			}
+			var se float64
+			for _, v := range row {
+				se += math.Exp(v - mx)
+			}
+			sum += mx + math.Log(se) - row[tg]
+		}
+		if n > 0 {
+			total += sum / float64(n)
+		}
+	}
+	return total / float64(B)
+}
+
+// refSeqLayer applies a sequence layer (or linear or layer norm on a
+// [T, D] input, or a layer inside a residual block); ok is false for the
+// other layers, which refLayer handles.
+func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) (y []float64, sh []int, ok bool) {
+	switch {
+	case ls.Type == Embedding:
+		T, D := shape[0], ls.Dim
+		y = make([]float64, T*D)
+		for p := 0; p < T; p++ {
+			for j := 0; j < D; j++ {
+				v := w[ls.Vocab*D+p*D+j]
+				if id := int(x[p]); id >= 0 {
+					v += w[id*D+j]
+				}
+				y[p*D+j] = v
+			}
+		}
+		return y, []int{T, D}, true
+	case ls.Type == Linear && len(shape) == 2:
+		T, in, out := shape[0], shape[1], ls.Out
+		y = make([]float64, T*out)
+		for p := 0; p < T; p++ {
+			for o := 0; o < out; o++ {
+				s := w[out*in+o]
+				for j := 0; j < in; j++ {
+					s += w[o*in+j] * x[p*in+j]
+				}
+				y[p*out+o] = s
+			}
+		}
+		return y, []int{T, out}, true
+	case ls.Type == LayerNorm && len(shape) == 2:
+		T, f := shape[0], shape[1]
+		y = make([]float64, T*f)
+		for p := 0; p < T; p++ {
+			row := x[p*f : (p+1)*f]
+			var mu, vr float64
+			for _, v := range row {
+				mu += v
+			}
+			mu /= float64(f)
+			for _, v := range row {
+				vr += (v - mu) * (v - mu)
+			}
+			vr /= float64(f)
+			r := 1 / math.Sqrt(vr+ls.Eps)
+			for j, v := range row {
+				y[p*f+j] = (v-mu)*r*w[j] + w[f+j]
+			}
+		}
+		return y, shape, true
+	case ls.Type == Attention:
+		return refAttention(x, shape[0], shape[1]/3, ls.Heads), []int{shape[0], shape[1] / 3}, true
+	case ls.Type == MeanPool:
+		T, D := shape[0], shape[1]
+		y = make([]float64, D)
+		for p := 0; p < T; p++ {
+			for j := 0; j < D; j++ {
+				y[j] += x[p*D+j] / float64(T)
+			}
+		}
+		return y, []int{D}, true
+	case ls.Type == Residual:
+		r := ly.(*residual)
+		f, fs := append([]float64(nil), x...), shape
+		for j, inner := range ls.Layers {
+			f, fs = refLayer(t, r.layers[j], inner, w[r.off[j]:r.off[j]+r.size[j]], f, fs)
+		}
+		y = make([]float64, len(x))
+		for k := range y {
+			y[k] = x[k] + f[k]
+		}
+		return y, shape, true
+	}
+	return nil, nil, false
+}
+
+// refAttention is causal multi-head attention on x [T, 3D] in float64.
+func refAttention(x []float64, T, D, H int) []float64 {
+	dh := D / H
+	y := make([]float64, T*D)
+	for h := 0; h < H; h++ {
+		for p := 0; p < T; p++ {
+			s := make([]float64, p+1)
+			mx := math.Inf(-1)
+			for u := 0; u <= p; u++ {
+				var dot float64
+				for j := 0; j < dh; j++ {
+					dot += x[p*3*D+h*dh+j] * x[u*3*D+D+h*dh+j]
+				}
+				s[u] = dot / math.Sqrt(float64(dh))
+				mx = math.Max(mx, s[u])
+			}
+			var se float64
+			for u := range s {
+				s[u] = math.Exp(s[u] - mx)
+				se += s[u]
+			}
+			for u := range s {
+				for j := 0; j < dh; j++ {
+					y[p*D+h*dh+j] += s[u] / se * x[u*3*D+2*D+h*dh+j]
+				}
+			}
+		}
+	}
+	return y
+}
+
+// refSeqGrad writes example i's exact gradient of a sequence layer (ly,
+// state st, input in, output gradient dout; stored values) into g, as
+// refGradsStored does for the other layers; ok is false for those.
+func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64) bool {
+	switch ly := ly.(type) {
+	case *seqLinear:
+		T, K, O := ly.T, ly.K, ly.o
+		A, D := st.(*convState).cols[i*T*K:(i+1)*T*K], dout[i*T*O:(i+1)*T*O]
+		for p := 0; p < T; p++ {
+			for o := 0; o < O; o++ {
+				dv := float64(D[p*O+o])
+				for k := 0; k < K; k++ {
+					g[o*K+k] += dv * float64(A[p*K+k])
+				}
+				g[O*K+o] += dv
+			}
+		}
+	case *seqLayerNorm:
+		T, f := ly.t, ly.f
+		xh := st.(*seqLNState).rows.xhat
+		for p := 0; p < T; p++ {
+			r := (i*T + p) * f
+			for j := 0; j < f; j++ {
+				g[j] += float64(dout[r+j]) * float64(xh[r+j])
+				g[f+j] += float64(dout[r+j])
+			}
+		}
+	case *seqEmbed:
+		T, D := ly.T, ly.D
+		for p, id := range in[i*T : (i+1)*T] {
+			for j := 0; j < D; j++ {
+				dv := float64(dout[(i*T+p)*D+j])
+				g[ly.V*D+p*D+j] += dv
+				if id >= 0 {
+					g[int(id)*D+j] += dv
+				}
+			}
+		}
+	case *residual:
+		rs := st.(*resState)
+		for j, inner := range ly.layers {
+			if ly.size[j] > 0 {
+				refLayerGrad(inner, rs.states[j], rs.act[j], rs.grad[j+1], i, g[ly.off[j]:ly.off[j]+ly.size[j]])
+			}
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// withGhost returns l with its per-example norm strategy set: convolutions
+// and sequence linear layers, also inside residual blocks, take the ghost
+// norm (ghost = true) or materialize per-example gradients; other layers
+// are returned as they are.
+func withGhost(l layer, ghost bool) layer {
+	switch l := l.(type) {
+	case *conv:
+		cp := *l
+		cp.ghost = ghost
+		return &cp
+	case *seqLinear:
+		cp := *l.conv
+		cp.ghost = ghost
+		return &seqLinear{&cp}
+	case *residual:
+		cp := *l
+		cp.layers = make([]layer, len(l.layers))
+		for j, inner := range l.layers {
+			cp.layers[j] = withGhost(inner, ghost)
+		}
+		return &cp
+	}
+	return l
+}

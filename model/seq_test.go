@@ -1,0 +1,336 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestSeqSpecErrors: malformed sequence specs are refused with
+// ErrInvalidSpec and a message naming the problem.
+func TestSeqSpecErrors(t *testing.T) {
+	emb := LayerSpec{Type: Embedding, Vocab: 5, Dim: 4}
+	for _, c := range []struct {
+		name string
+		spec Spec
+		want string
+	}{
+		{"heads on linear", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 2, Heads: 2}}}, `"heads"`},
+		{"layers on relu", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: ReLU, Layers: []LayerSpec{{Type: Tanh}}}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `"layers"`},
+		{"attention needs 3D", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Attention, Heads: 1}}}, "[T, 3D]"},
+		{"heads divide D", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12}, {Type: Attention, Heads: 3}}}, "divide"},
+		{"residual shape", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Residual, Layers: []LayerSpec{{Type: Linear, Out: 5}}}}}, "want the input shape"},
+		{"empty residual", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Residual}}}, "nested layers"},
+		{"embedding not first", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 3}, emb}}, "first layer"},
+		{"embedding in residual", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Residual, Layers: []LayerSpec{emb}}}}, "first layer"},
+		{"meanpool needs sequence", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: MeanPool}}}, "[T, D]"},
+		{"next_token head", Spec{Input: []int{4}, Classes: 5, Loss: NextToken, Layers: []LayerSpec{emb, {Type: MeanPool}, {Type: Linear, Out: 5}}}, "want [3, 5]"},
+		{"next_token vocab", Spec{Input: []int{4}, Classes: 6, Loss: NextToken, Layers: []LayerSpec{emb, {Type: Linear, Out: 6}}}, "vocab = classes"},
+		{"next_token input", Spec{Input: []int{1}, Classes: 5, Loss: NextToken, Layers: []LayerSpec{emb, {Type: Linear, Out: 5}}}, "T ≥ 1"},
+	} {
+		err := c.spec.Validate()
+		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalidSpec containing %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestSeqSpecCanonical: nested layers get their defaults before hashing,
+// parameters are named through the blocks, and the transformer preset has
+// about 1M parameters.
+func TestSeqSpecCanonical(t *testing.T) {
+	a := TransformerLM(11, 6, 8, 1, 2)
+	b := TransformerLM(11, 6, 8, 1, 2)
+	b.Layers[1].Layers[0].Eps = 1e-5 // the default, written out
+	ha, _ := a.Hash()
+	hb, _ := b.Hash()
+	if ha != hb {
+		t.Fatalf("hash differs when a nested default is written out")
+	}
+	b.Layers[1].Layers[2].Heads = 1
+	if hc, _ := b.Hash(); hc == ha {
+		t.Fatalf("hash ignores a nested layer's field")
+	}
+	m, err := New(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range m.Params() {
+		names = append(names, fmt.Sprintf("%s%v", p.Name, p.Shape))
+	}
+	want := "0.weight[11 8] 0.pos[6 8] 1.0.weight[8] 1.0.bias[8] 1.1.weight[24 8] 1.1.bias[24] 1.3.weight[8 8] 1.3.bias[8] " +
+		"2.0.weight[8] 2.0.bias[8] 2.1.weight[32 8] 2.1.bias[32] 2.3.weight[8 32] 2.3.bias[8] 3.weight[8] 3.bias[8] 4.weight[11 8] 4.bias[11]"
+	if got := strings.Join(names, " "); got != want {
+		t.Fatalf("parameters:\n%s\nwant\n%s", got, want)
+	}
+	p, err := Preset("transformer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pm.NumParams(); n < 800_000 || n > 1_200_000 {
+		t.Fatalf("transformer preset has %d parameters, want about 1M", n)
+	}
+	if s, err := PresetFor("transformer", []int{33}, 0, 300); err != nil || s.Input[0] != 33 || s.Classes != 300 {
+		t.Fatalf("PresetFor: %+v, %v", s, err)
+	}
+	if _, err := PresetFor("transformer", []int{33}, 2, 0); !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("PresetFor without a vocabulary: %v", err)
+	}
+}
+
+// seqCancelCase is the sequence form of issue 11's cancellation: a
+// next-token model embedding → linear head over 2 tokens whose embeddings
+// are both nearly 10⁴ (so every position's activation is nearly equal),
+// targets alternating 0, 1, and a zero head, so p = ½ and the output
+// gradients alternate ±(½, −½)/T: the head's weight gradient Σₜ dₜaₜᵀ
+// cancels to the position embeddings' small differences while every Gram
+// entry is about D·10⁸.
+func seqCancelCase(t *testing.T, T, D int) (*Model, []float32, []float32, []int32) {
+	t.Helper()
+	m, err := New(Spec{Name: "seq-cancel", Input: []int{T + 1}, Classes: 2, Loss: NextToken,
+		Layers: []LayerSpec{{Type: Embedding, Vocab: 2, Dim: D}, {Type: Linear, Out: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theta := make([]float32, m.NumParams())
+	tok, _ := m.Param(theta, "0.weight")
+	pos, _ := m.Param(theta, "0.pos")
+	rng := rand.New(rand.NewPCG(uint64(T), uint64(D)))
+	for j := range tok {
+		tok[j] = 1e4
+	}
+	for j := range pos {
+		pos[j] = float32(1 - 2*rng.IntN(2))
+	}
+	x := make([]float32, T+1)
+	for j := range x {
+		x[j] = float32(j % 2)
+	}
+	return m, theta, x, []int32{0}
+}
+
+// TestClipSequenceCancellation: on seqCancelCase the float32 Gram estimate
+// of the head's squared norm is off by far more than the norm itself (the
+// defect issue 11 fixed for convolutions), yet with the ghost norm and
+// with materialized gradients every example is clipped to C against the
+// exact reference, for several clip norms.
+func TestClipSequenceCancellation(t *testing.T) {
+	m, theta, x, y := seqCancelCase(t, 64, 64)
+	ws, _ := m.NewWorkspace(1)
+	ref := refGrads(ws, theta, x, y)[0]
+	head := m.layers[1].(*seqLinear)
+	st := ws.states[1].(*convState)
+	T, K, O := head.T, head.K, head.o
+	ga, gd := make([]float32, T*T), make([]float32, T*T)
+	A, Dg := st.cols[:T*K], ws.grad[2][:T*O]
+	m.backend.Sgemm(false, true, T, T, K, 1, A, K, A, K, 0, ga, T)
+	m.backend.Sgemm(false, true, T, T, O, 1, Dg, O, Dg, O, 0, gd, T)
+	var est float64
+	for j := range ga {
+		est += float64(ga[j]) * float64(gd[j])
+	}
+	off := m.layerOff[1]
+	trueW := norm64(ref[off : off+O*K])
+	if !(math.Abs(est-trueW*trueW) > trueW*trueW) {
+		t.Fatalf("Gram estimate %v vs true %v: the case does not cancel, the test is vacuous", est, trueW*trueW)
+	}
+	for _, ghost := range []bool{true, false} {
+		for _, clip := range []float64{0.01, 1, 100} {
+			checkClipAgainstReference(t, withConvMode(m, ghost), theta, x, y, clip)
+		}
+	}
+}
+
+// TestClipTransformerAdversarial: a small transformer whose token
+// embeddings are all nearly 10⁴ (large, equal activations at every
+// position) and whose targets alternate (opposite output gradients across
+// positions), then the same with embeddings of 10¹⁹: the clip holds against the reference for every layer, with
+// both norm strategies.
+func TestClipTransformerAdversarial(t *testing.T) {
+	spec := TransformerLM(3, 16, 8, 2, 2)
+	m0, err := New(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, scale := range []float32{1e4, 1e19} {
+		theta := randomTheta(t, m0, 3)
+		tok, _ := m0.Param(theta, "0.weight")
+		for j := range tok {
+			tok[j] = scale * (1 + float32(j%3)*1e-6)
+		}
+		rng := rand.New(rand.NewPCG(uint64(k), 2))
+		x, y := randomBatch(m0, 4, rng)
+		for j := 0; j < 17; j++ {
+			x[j] = float32(j % 2)
+		}
+		for _, ghost := range []bool{true, false} {
+			for _, clip := range []float64{0.1, 10} {
+				checkClipAgainstReference(t, withConvMode(m0, ghost), theta, x, y, clip)
+			}
+		}
+	}
+}
+
+// TestNextTokenLossContract: padding targets are left out, an example's
+// loss is the mean over its targets (zero and no gradient when all are
+// padding), the label is ignored, and Evaluate averages over tokens.
+func TestNextTokenLossContract(t *testing.T) {
+	m, err := New(TransformerLM(5, 4, 4, 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theta := randomTheta(t, m, 1)
+	ws, _ := m.NewWorkspace(3)
+	x := []float32{
+		1, 2, 3, 4, 0, // 4 targets
+		2, 3, -1, -1, -1, // 1 target
+		-1, -1, -1, -1, -1, // none
+	}
+	g := make([]float32, m.NumParams())
+	loss, err := ws.MeanGrad(g, theta, x, []int32{0, 3, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	th64 := make([]float64, len(theta))
+	for i, v := range theta {
+		th64[i] = float64(v)
+	}
+	if want := refNextTokenLoss(t, m, th64, x); math.Abs(loss-want) > 1e-5 {
+		t.Fatalf("loss %v, reference %v", loss, want)
+	}
+	g3 := make([]float32, m.NumParams())
+	if _, err := ws.MeanGrad(g3, theta, x[10:], []int32{0}); err != nil {
+		t.Fatal(err)
+	}
+	if s := sumSq(g3); s != 0 {
+		t.Fatalf("all-padding example has gradient norm² %v, want 0", s)
+	}
+	ev, err := ws.Evaluate(theta, x, []int32{0, 0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, _ := ws.Evaluate(theta, x[:5], []int32{0})
+	l2, _ := ws.Evaluate(theta, x[5:10], []int32{0})
+	if ev.Tokens != 5 || ev.N != 3 || math.Abs(ev.Loss-(4*l1.Loss+l2.Loss)/5) > 1e-9 {
+		t.Fatalf("Evaluate = %+v, want 5 tokens and loss %v", ev, (4*l1.Loss+l2.Loss)/5)
+	}
+	if _, err := ws.MeanGrad(g, theta, []float32{1, 2, 5, 0, 0}, []int32{0}); !errors.Is(err, ErrShape) {
+		t.Fatalf("token id = vocab: %v, want ErrShape", err)
+	}
+}
+
+// TestTinyTransformerLearns: non-private Adam (Kingma and Ba 2015, Alg. 1)
+// on a synthetic repeat task (each sequence repeats a random pattern of 3
+// tokens, so from position 3 on the next token is the one 3 back; the
+// first 2 targets are unpredictable) lowers the held-out loss per token
+// from about ln 8 ≈ 2.08 to well under half of it.
+func TestTinyTransformerLearns(t *testing.T) {
+	const V, T, B, steps = 8, 12, 16, 300
+	m, err := New(TransformerLM(V, T, 16, 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	batch := func(n int) ([]float32, []int32) {
+		x := make([]float32, n*(T+1))
+		for i := 0; i < n; i++ {
+			pat := []int{rng.IntN(V), rng.IntN(V), rng.IntN(V)}
+			for j := 0; j <= T; j++ {
+				x[i*(T+1)+j] = float32(pat[j%3])
+			}
+		}
+		return x, make([]int32, n)
+	}
+	theta := make([]float32, m.NumParams())
+	if err := m.Init(theta, 1); err != nil {
+		t.Fatal(err)
+	}
+	ws, _ := m.NewWorkspace(64)
+	xv, yv := batch(64)
+	before, err := ws.Evaluate(theta, xv, yv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]float32, len(theta))
+	mom, vel := make([]float64, len(theta)), make([]float64, len(theta))
+	const lr, b1, b2 = 3e-3, 0.9, 0.999
+	for step := 1; step <= steps; step++ {
+		x, y := batch(B)
+		if _, err := ws.MeanGrad(g, theta, x, y); err != nil {
+			t.Fatal(err)
+		}
+		c1, c2 := 1-math.Pow(b1, float64(step)), 1-math.Pow(b2, float64(step))
+		for j, gj := range g {
+			mom[j] = b1*mom[j] + (1-b1)*float64(gj)
+			vel[j] = b2*vel[j] + (1-b2)*float64(gj)*float64(gj)
+			theta[j] -= float32(lr * mom[j] / c1 / (math.Sqrt(vel[j]/c2) + 1e-8))
+		}
+	}
+	after, err := ws.Evaluate(theta, xv, yv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("held-out loss per token %.3f → %.3f, accuracy %.3f → %.3f", before.Loss, after.Loss, before.Accuracy, after.Accuracy)
+	if !(after.Loss < 0.5*before.Loss) {
+		t.Fatalf("loss %.3f → %.3f: did not halve", before.Loss, after.Loss)
+	}
+}
+
+// randomSeqSpec draws a small random sequence model: a next-token
+// transformer or a sequence classifier, 0 to 2 blocks, 1 or 2 heads, or an
+// embedding → linear → activation → meanpool stack.
+func randomSeqSpec(rng *rand.Rand) Spec {
+	V, T := 2+rng.IntN(8), 1+rng.IntN(8)
+	heads := 1 + rng.IntN(2)
+	width := heads * (1 + rng.IntN(3))
+	blocks := rng.IntN(3)
+	switch rng.IntN(3) {
+	case 0:
+		return TransformerLM(V, T, width, blocks, heads)
+	case 1:
+		return TransformerClassifier(V, T, width, blocks, heads, 2+rng.IntN(3))
+	}
+	s := Spec{Name: "rand-seq", Input: []int{T}, Classes: 2 + rng.IntN(3), Layers: []LayerSpec{
+		{Type: Embedding, Vocab: V, Dim: width}, {Type: Linear, Out: 1 + rng.IntN(6)},
+		{Type: []string{ReLU, Tanh}[rng.IntN(2)]}, {Type: MeanPool}, {}}}
+	s.Layers[4] = LayerSpec{Type: Linear, Out: s.Classes}
+	return s
+}
+
+// TestClipRandomSeq checks the clip against the exact per-example
+// reference (checkClipAgainstReference) on random sequence models, with
+// the clip norm at the median per-example norm so that some examples are
+// clipped and some are not. (The comparison with ClippedSumNaive in
+// relative norm of the sum, checkClipped, is too strict here: on these
+// models the examples' gradients largely cancel in the sum.)
+func TestClipRandomSeq(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2025, 3))
+	for trial := range 30 {
+		spec := randomSeqSpec(rng)
+		m, err := New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		B := 1 + rng.IntN(6)
+		ghost := rng.IntN(2) == 0
+		t.Run(fmt.Sprintf("%d-%s", trial, spec.Name), func(t *testing.T) {
+			m := withConvMode(m, ghost)
+			theta := randomTheta(t, m, uint64(trial))
+			x, y := randomBatch(m, B, rand.New(rand.NewPCG(uint64(trial), 7)))
+			ws, _ := m.NewWorkspace(B)
+			norms := perExampleNorms(t, ws, theta, x, y)
+			slices.Sort(norms)
+			clip := max(norms[len(norms)/2], MinClipNorm)
+			checkClipAgainstReference(t, m, theta, x, y, clip)
+		})
+	}
+}
