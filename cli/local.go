@@ -39,10 +39,14 @@ type localResult struct {
 	// private training file, "none" without evaluation data. The metrics
 	// come under the matching keys (EvalData.Key), so a holdout's accuracy
 	// never appears as test_accuracy.
-	EvalData                  string   `json:"eval_data"`
-	TestAccuracy              *float64 `json:"test_accuracy,omitempty"`
-	TestLoss                  *float64 `json:"test_loss,omitempty"`
-	TestExamples              *int     `json:"test_examples,omitempty"`
+	EvalData     string   `json:"eval_data"`
+	TestAccuracy *float64 `json:"test_accuracy,omitempty"`
+	TestLoss     *float64 `json:"test_loss,omitempty"`
+	TestExamples *int     `json:"test_examples,omitempty"`
+	// TestPerplexity and TestTokens: a next-token model's evaluation
+	// (TestLoss is then nats per token).
+	TestPerplexity            *float64 `json:"test_perplexity,omitempty"`
+	TestTokens                *int     `json:"test_tokens,omitempty"`
 	NonPrivateHoldoutAccuracy *float64 `json:"nonprivate_holdout_accuracy,omitempty"`
 	NonPrivateHoldoutLoss     *float64 `json:"nonprivate_holdout_loss,omitempty"`
 	NonPrivateHoldoutExamples *int     `json:"nonprivate_holdout_examples,omitempty"`
@@ -81,6 +85,10 @@ func (r *localResult) setFinalEval(sum coordinator.Summary) {
 	m := sum.Final
 	if sum.EvalData.Private() {
 		r.TestAccuracy, r.TestLoss, r.TestExamples = &m.Accuracy, &m.Loss, &m.N
+		if m.Tokens > 0 {
+			ppl := m.Perplexity()
+			r.TestPerplexity, r.TestTokens = &ppl, &m.Tokens
+		}
 	} else {
 		r.NonPrivateHoldoutAccuracy, r.NonPrivateHoldoutLoss, r.NonPrivateHoldoutExamples = &m.Accuracy, &m.Loss, &m.N
 	}

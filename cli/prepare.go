@@ -327,7 +327,7 @@ func (e *modelEvaluator) Evaluate(theta []float32) (coordinator.Evaluation, erro
 	if err != nil {
 		return coordinator.Evaluation{}, err
 	}
-	return coordinator.Evaluation{Loss: ev.Loss, Accuracy: ev.Accuracy, N: ev.N}, nil
+	return coordinator.Evaluation{Loss: ev.Loss, Accuracy: ev.Accuracy, N: ev.N, Tokens: ev.Tokens}, nil
 }
 
 // evalLabel is eval's label (coordinator.EvalData.Label), or "none".
@@ -348,8 +348,12 @@ func evalSummary(eval dataset.EvalSet, sum coordinator.Summary) string {
 	if !sum.FinalEvaluated {
 		return ""
 	}
-	d := sum.EvalData
-	return fmt.Sprintf("%s accuracy %.2f%% (loss %.4f) on %d %s", d.Label(), 100*sum.Final.Accuracy, sum.Final.Loss, sum.Final.N, d.Examples())
+	d, m := sum.EvalData, sum.Final
+	if m.Tokens > 0 { // a next-token model: per token
+		return fmt.Sprintf("%s perplexity %.2f (loss %.4f nats per token, next-token accuracy %.2f%%) over %d tokens of %d %s",
+			d.Label(), m.Perplexity(), m.Loss, 100*m.Accuracy, m.Tokens, m.N, d.Examples())
+	}
+	return fmt.Sprintf("%s accuracy %.2f%% (loss %.4f) on %d %s", d.Label(), 100*m.Accuracy, m.Loss, m.N, d.Examples())
 }
 
 // modelInit is the replicas' θ₀: the run's model built from its spec,

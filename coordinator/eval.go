@@ -1,6 +1,9 @@
 package coordinator
 
-import "errors"
+import (
+	"errors"
+	"math"
+)
 
 // Evaluation is one score of θ on evaluation data, as an Evaluator reports
 // it and Progress.Eval and Summary.Final carry it. It is not one of the
@@ -14,6 +17,18 @@ type Evaluation struct {
 	Accuracy float64
 	// N is the number of examples scored.
 	N int
+	// Tokens is, for a next-token model, the number of target tokens Loss
+	// and Accuracy average over (Loss is then nats per token, and
+	// exp(Loss) the perplexity); 0 for a classifier.
+	Tokens int
+}
+
+// Perplexity is exp(Loss) for a next-token evaluation (Tokens > 0), else 0.
+func (e Evaluation) Perplexity() float64 {
+	if e.Tokens == 0 {
+		return 0
+	}
+	return math.Exp(e.Loss)
 }
 
 // EvalData says where an Evaluator's examples come from, which decides
@@ -167,6 +182,9 @@ func (l *loop) recordEval(p *Progress, m Evaluation, step int64) {
 	p.Eval, p.EvalStep, p.EvalData = m, step, d
 	l.last = *p
 	l.s.metrics.evaluated(m, d)
-	l.log.Info(d.Label()+" evaluation", "step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N,
-		"eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)
+	attrs := []any{"step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N}
+	if m.Tokens > 0 {
+		attrs = append(attrs, "tokens", m.Tokens, "perplexity", m.Perplexity())
+	}
+	l.log.Info(d.Label()+" evaluation", append(attrs, "eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)...)
 }
