@@ -1,7 +1,6 @@
 package model
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -24,19 +23,30 @@ type embedBag struct {
 // newEmbedBag checks an embeddingbag layer spec; idx is its position in
 // the model (it must be first).
 func newEmbedBag(idx int, ls LayerSpec, in []int) (layer, error) {
-	if err := unused(ls, "out", "kernel", "stride", "pad", "eps"); err != nil {
+	if err := checkTokenInput("embeddingbag", "[L]", idx, ls, in); err != nil {
 		return nil, err
 	}
+	return &embedBag{L: in[0], V: ls.Vocab, D: ls.Dim}, nil
+}
+
+// checkTokenInput checks a layer of kind that embeds token ids: the first
+// layer (idx 0), on a one-dimensional input (shape names it), with
+// 1 ≤ Vocab ≤ dataset.MaxTokenID, Dim ≥ 1 and a weight and output whose
+// sizes fit an int.
+func checkTokenInput(kind, shape string, idx int, ls LayerSpec, in []int) error {
+	if err := unused(ls, "out", "kernel", "stride", "pad", "eps"); err != nil {
+		return err
+	}
 	if idx != 0 {
-		return nil, errors.New("embeddingbag must be the first layer (its input is token ids)")
+		return fmt.Errorf("%s must be the first layer (its input is token ids)", kind)
 	}
 	if len(in) != 1 {
-		return nil, errors.New("embeddingbag needs a [L] token input")
+		return fmt.Errorf("%s needs a %s token input", kind, shape)
 	}
-	if ls.Vocab < 1 || ls.Vocab > dataset.MaxTokenID || ls.Dim < 1 || shapeSize([]int{ls.Vocab, ls.Dim}) < 1 {
-		return nil, fmt.Errorf("need 1 ≤ vocab ≤ %d and dim ≥ 1 (got vocab %d dim %d)", dataset.MaxTokenID, ls.Vocab, ls.Dim)
+	if ls.Vocab < 1 || ls.Vocab > dataset.MaxTokenID || ls.Dim < 1 || shapeSize([]int{ls.Vocab, ls.Dim}) < 1 || shapeSize([]int{in[0], ls.Dim}) < 1 {
+		return fmt.Errorf("need 1 ≤ vocab ≤ %d and dim ≥ 1 (got vocab %d dim %d)", dataset.MaxTokenID, ls.Vocab, ls.Dim)
 	}
-	return &embedBag{L: in[0], V: ls.Vocab, D: ls.Dim}, nil
+	return nil
 }
 
 // embedState is an embedding bag's kernels with one workspace's buffers.

@@ -1,13 +1,9 @@
 package model
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
-
-	"github.com/dpcluster/dpcluster/dataset"
 )
 
 // seqEmbed maps T token ids to [T, D]: row t is the token's embedding
@@ -25,17 +21,8 @@ type seqEmbed struct {
 // newSeqEmbed checks an embedding layer spec; idx is its position in the
 // model (it must be first).
 func newSeqEmbed(idx int, ls LayerSpec, in []int) (layer, error) {
-	if err := unused(ls, "out", "kernel", "stride", "pad", "eps"); err != nil {
+	if err := checkTokenInput("embedding", "[T]", idx, ls, in); err != nil {
 		return nil, err
-	}
-	if idx != 0 {
-		return nil, errors.New("embedding must be the first layer (its input is token ids)")
-	}
-	if len(in) != 1 {
-		return nil, errors.New("embedding needs a [T] token input")
-	}
-	if ls.Vocab < 1 || ls.Vocab > dataset.MaxTokenID || ls.Dim < 1 || shapeSize([]int{ls.Vocab, ls.Dim}) < 1 || shapeSize([]int{in[0], ls.Dim}) < 1 {
-		return nil, fmt.Errorf("need 1 ≤ vocab ≤ %d and dim ≥ 1 (got vocab %d dim %d)", dataset.MaxTokenID, ls.Vocab, ls.Dim)
 	}
 	return &seqEmbed{T: in[0], V: ls.Vocab, D: ls.Dim}, nil
 }
