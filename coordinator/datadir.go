@@ -46,18 +46,25 @@ func CheckDataDirOwner(dir, id string) (claimed bool, err error) {
 // written (a replica started on another's dir would take its Raft
 // identity's place with that replica's log and ledger: two voters claiming
 // one history). A dir without the file is claimed: a new one, or one
-// written before the file existed (then the claim is logged).
+// written before the file existed (then, if it holds a ledger or a Raft
+// log, the claim is logged as a warning).
 func claimDataDir(dir, id string, log *slog.Logger) error {
 	claimed, err := CheckDataDirOwner(dir, id)
 	if err != nil || claimed {
 		return err
 	}
 	path := filepath.Join(dir, ReplicaIDFile)
-	ents, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("coordinator: %w", err)
+	// Replica state without an ID: a ledger or a Raft log (not the
+	// calibration, which the commands write before the replica opens).
+	var state bool
+	for _, name := range []string{LedgerFile, "raft"} {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("coordinator: %w", err)
+		}
+		state = state || err == nil
 	}
-	if len(ents) > 0 {
+	if state {
 		log.Warn("data dir has no replica ID (written before they were recorded): claiming it for this replica", "data_dir", dir, "file", ReplicaIDFile)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

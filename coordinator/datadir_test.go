@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"errors"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -44,4 +45,44 @@ func TestDataDirBelongsToOneReplica(t *testing.T) {
 		t.Fatalf("r1 reopening its own dir: %v", err)
 	}
 	r.Close()
+}
+
+// TestDataDirClaimWarnsOnlyOnReplicaState: a data dir is claimed without a
+// warning when it holds no replica state yet (a fresh dir, or one holding
+// only the calibration `local` and `serve` write before the replica
+// opens); a dir with a ledger or a Raft log and no ID (written before IDs
+// were recorded) is claimed with one. Every fresh `local` run warned.
+func TestDataDirClaimWarnsOnlyOnReplicaState(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		files []string
+		warn  bool
+	}{
+		{"fresh", nil, false},
+		{"calibration only", []string{CalibrationFile}, false},
+		{"a ledger", []string{CalibrationFile, LedgerFile}, true},
+		{"a Raft log", []string{"raft/"}, true},
+	} {
+		dir := t.TempDir()
+		for _, f := range c.files {
+			p := filepath.Join(dir, f)
+			var err error
+			if strings.HasSuffix(f, "/") {
+				err = os.MkdirAll(p, 0o755)
+			} else {
+				err = os.WriteFile(p, []byte("x"), 0o644)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		var logs strings.Builder
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		if err := claimDataDir(dir, "r1", log); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if warned := strings.Contains(logs.String(), "level=WARN"); warned != c.warn {
+			t.Errorf("%s: warned %v, want %v:\n%s", c.name, warned, c.warn, logs.String())
+		}
+	}
 }
