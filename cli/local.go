@@ -78,6 +78,13 @@ type localResult struct {
 // setFinalEval fills the final evaluation's fields: the test_ keys for
 // public data (coordinator.EvalData.Private), the nonprivate_holdout_
 // keys (EvalData.Key) otherwise.
+// stepTrained reports whether p, reported to ServerConfig.OnStep, is a
+// step applied by this run rather than an evaluation (those come with
+// EvalStep set: of a step of this run, or, at the end, of the final θ, also
+// when the data dir held a run that had finished before, which trains
+// nothing).
+func stepTrained(p coordinator.Progress) bool { return p.EvalStep == 0 }
+
 func (r *localResult) setFinalEval(sum coordinator.Summary) {
 	if !sum.FinalEvaluated {
 		return
@@ -245,11 +252,13 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	// Timing (the hook runs on the server's loop, Run returns after it).
 	var firstStep, lastStep time.Time
 	onStep := func(p coordinator.Progress) {
-		now := time.Now()
-		if firstStep.IsZero() {
-			firstStep = now
+		if stepTrained(p) {
+			now := time.Now()
+			if firstStep.IsZero() {
+				firstStep = now
+			}
+			lastStep = now
 		}
-		lastStep = now
 		if f.hooks.OnStep != nil {
 			f.hooks.OnStep(p)
 		}

@@ -323,3 +323,21 @@ func TestLocalCSVWithHeader(t *testing.T) {
 		t.Errorf("with --label-column label: %v\n%s", err, out)
 	}
 }
+
+// TestStepTrainedIgnoresEvaluations: `local` decides whether it trained
+// from the OnStep reports; the final evaluation of a run that had finished
+// before (the Server's finish reports Step = EvalStep = the last step) is
+// not a step trained. It was counted, so a second `local` on a finished
+// run's dir said "trained … for 5 steps" whenever its replica led before
+// the loop saw the stopped state (CI stop 37, TestLocalFinishedRunSaysSo).
+func TestStepTrainedIgnoresEvaluations(t *testing.T) {
+	step := coordinator.Progress{Step: 5, MaxSteps: 5, Epsilon: 3}
+	final := step
+	final.Eval, final.EvalStep = coordinator.Evaluation{Loss: 2.4, Accuracy: 0.1, N: 2000}, 5
+	if !stepTrained(step) {
+		t.Error("a step's report was not counted as a step trained")
+	}
+	if stepTrained(final) {
+		t.Error("the final evaluation's report was counted as a step trained")
+	}
+}
