@@ -62,6 +62,10 @@ type failoverPlan struct {
 	// tls runs every connection over mutual TLS with the run's
 	// certificates (Raft between replicas, NATS clients and routes).
 	tls bool
+	// singleFaults makes a leader kill wait until the other replicas are
+	// caught up (within a step of the leader), so that no kill falls on a
+	// replica still recovering from the previous fault.
+	singleFaults bool
 }
 
 // replicaProc is one `coordinator serve` process and its addresses.
@@ -169,7 +173,9 @@ func TestProcessLeaderKilledOnTheCommitPath(t *testing.T) {
 // runs only when DPCLUSTER_SOAK_STEPS is set (it takes minutes) and logs
 // every failover time (leader killed → next step committed).
 // DPCLUSTER_SOAK_HIDDEN (e.g. 2048,1024: 3.7M parameters) trains an MLP
-// of those hidden widths instead of logreg.
+// of those hidden widths instead of logreg. DPCLUSTER_SOAK_SINGLE=1 kills
+// a leader only once the other replicas have caught up (failoverPlan.
+// singleFaults): the failover of one fault, not of two at once.
 func TestProcessFailoverSoak(t *testing.T) {
 	steps := int(envUint(t, "DPCLUSTER_SOAK_STEPS", 0))
 	if steps == 0 {
@@ -177,7 +183,8 @@ func TestProcessFailoverSoak(t *testing.T) {
 	}
 	seed := envUint(t, "DPCLUSTER_E2E_SEED", 1)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	plan := failoverPlan{cfg: runConfig{run: "e2e-soak", maxSteps: steps, nodes: 3, roundTimeout: 2 * time.Second}}
+	plan := failoverPlan{cfg: runConfig{run: "e2e-soak", maxSteps: steps, nodes: 3, roundTimeout: 2 * time.Second},
+		singleFaults: os.Getenv("DPCLUSTER_SOAK_SINGLE") == "1"}
 	if h := os.Getenv("DPCLUSTER_SOAK_HIDDEN"); h != "" {
 		for _, w := range strings.Split(h, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(w))
@@ -280,11 +287,19 @@ func runFailover(t *testing.T, plan failoverPlan) {
 		}
 	}
 
-	var failovers []time.Duration
+	// failovers: every leader kill's, kill to the next step committed;
+	// single: those of the kills when the other replicas were caught up
+	// (not a second fault at once: a replica restarted moments before).
+	var failovers, single []time.Duration
 	// Elections the survivors started on proof that the killed leader's
 	// process was gone (the leader watch), over every leader kill.
 	exitElections := 0.0
 	for _, f := range plan.faults {
+		// The waits for catch-up use the steps left for the rest (and
+		// each kill may cost a recharge, so the budget ends the run early).
+		if s, _ := observe(); plan.singleFaults && s >= cfg.maxSteps-30-2*len(plan.faults) {
+			break
+		}
 		switch f.kind {
 		case killLeader:
 			_, leader := waitStep(f.at, true)
@@ -294,6 +309,29 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			if m, err := Scrape(leader.metricsAddr); err == nil {
 				v, _ := m.Value("dpcluster_coordinator_step")
 				step = int(v)
+			}
+			// Single fault or overlapping: were the other replicas up and
+			// caught up (within a step of the leader) when it was killed?
+			caughtUp := func() bool {
+				m, err := Scrape(leader.metricsAddr)
+				v, _ := m.Value("dpcluster_coordinator_step")
+				if err != nil {
+					return false
+				}
+				step = int(v)
+				for _, r := range reps {
+					m, err := Scrape(r.metricsAddr)
+					v, _ := m.Value("dpcluster_coordinator_step")
+					if r != leader && (err != nil || int(v) < step-1) {
+						return false
+					}
+				}
+				return true
+			}
+			single0 := caughtUp()
+			for deadline := time.Now().Add(10 * time.Second); plan.singleFaults && !single0 && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond) // up to 10 s; then the kill overlaps
+				single0 = caughtUp()
 			}
 			killed := time.Now()
 			leader.p.Kill()
@@ -305,6 +343,9 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			})
 			d := time.Since(killed)
 			failovers = append(failovers, d)
+			if single0 {
+				single = append(single, d)
+			}
 			fast := 0.0
 			for _, r := range reps {
 				if m, err := Scrape(r.metricsAddr); r != leader && err == nil {
@@ -400,6 +441,9 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	checkRunEnd(h, cfg, reps, nodes)
 	if len(failovers) > 0 {
 		t.Logf("failovers: %s", percentiles(failovers))
+		if len(single) > 0 {
+			t.Logf("failovers with the other replicas caught up at the kill: %s", percentiles(single))
+		}
 		// A SIGKILLed leader's address refuses connections at once: the
 		// survivors need not wait out their heartbeat timeouts.
 		if exitElections == 0 {
