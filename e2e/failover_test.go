@@ -297,7 +297,11 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	for _, f := range plan.faults {
 		// The waits for catch-up use the steps left for the rest (and
 		// each kill may cost a recharge, so the budget ends the run early).
-		if s, _ := observe(); plan.singleFaults && s >= cfg.maxSteps-30-2*len(plan.faults) {
+		over := false
+		for _, r := range reps {
+			over = over || !r.p.Running() && !paused[r]
+		}
+		if s, _ := observe(); plan.singleFaults && (over || s >= cfg.maxSteps-30-2*len(plan.faults)) {
 			break
 		}
 		switch f.kind {
