@@ -3,6 +3,7 @@ package cli
 import (
 	crand "crypto/rand"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 
@@ -67,10 +68,17 @@ func (g *gradientCanaries) nodeConfig(i int, c *node.Config) {
 }
 
 // scores reads every release g̃ₜ from the Raft log under dataDir and
-// returns each canary's score Σₜ SubsampledGaussianLLR(zᵢₜ, q, σ) with
-// zᵢₜ = ⟨B·g̃ₜ, uᵢ⟩/(σC) (g̃ = (S + z)/B: coordinator.EachLoggedGradient),
-// and the number of releases read. The inner products are accumulated in
-// float64 over uᵢ's support coordinates.
+// returns each canary's score Σₜ SubsampledGaussianLLR(zᵢₜ, q, σ), and
+// the number of releases read. xᵢₜ = ⟨B·g̃ₜ, uᵢ⟩ (g̃ = (S + z)/B:
+// coordinator.EachLoggedGradient) is the canary's gradient when sampled
+// (norm C along uᵢ), plus N(0, σ²C²) noise, plus the real examples'
+// clipped sum along uᵢ, which drifts slowly with θ and would otherwise
+// drown the canary in a small model. The score removes it: zᵢₜ =
+// (xᵢₜ − x̄ᵢₜ)/(σC·√(1 + 1/n)), x̄ᵢₜ the mean of xᵢ over the n ≤ 2·detrendWindow
+// other steps within detrendWindow of t (its noise has variance σ²C²/n,
+// hence the scale). Any function of the releases is a valid score; this
+// one only makes the attack stronger. The inner products are accumulated
+// in float64 over uᵢ's support; x is kept as m·T float32s.
 func (g *gradientCanaries) scores(dataDir string, rc coordinator.RunConfig) ([]float64, int64, error) {
 	dim := rc.Dim
 	oc := rc.Optimizer
@@ -83,7 +91,7 @@ func (g *gradientCanaries) scores(dataDir string, rc coordinator.RunConfig) ([]f
 	for i := range m {
 		idx[i], vals[i] = node.CanaryDirection(g.seed, i, dim, g.support)
 	}
-	score := make([]float64, m)
+	x := make([][]float32, m)
 	var releases int64
 	err := coordinator.EachLoggedGradient(dataDir, dim, func(_ int64, gt []float32) error {
 		releases++
@@ -92,11 +100,42 @@ func (g *gradientCanaries) scores(dataDir string, rc coordinator.RunConfig) ([]f
 			for j, k := range idx[i] {
 				dot += float64(gt[k]) * float64(vals[i][j])
 			}
-			score[i] += privacyaudit.SubsampledGaussianLLR(dot*b/(sigma*clip), q, sigma)
+			x[i] = append(x[i], float32(dot*b))
 		}
 		return nil
 	})
-	return score, releases, err
+	if err != nil {
+		return nil, 0, err
+	}
+	score := make([]float64, m)
+	for i := range m {
+		score[i] = detrendedScore(x[i], q, sigma, clip)
+	}
+	return score, releases, nil
+}
+
+// detrendWindow is how many steps on each side of t the baseline x̄ᵢₜ
+// averages (scores).
+const detrendWindow = 10
+
+// detrendedScore is one canary's score from its projections x (scores).
+func detrendedScore(x []float32, q, sigma, clip float64) float64 {
+	prefix := make([]float64, len(x)+1)
+	for t, v := range x {
+		prefix[t+1] = prefix[t] + float64(v)
+	}
+	var score float64
+	for t, v := range x {
+		lo, hi := max(0, t-detrendWindow), min(len(x), t+detrendWindow+1)
+		n := float64(hi - lo - 1)
+		z := float64(v)
+		if n > 0 {
+			base := (prefix[hi] - prefix[lo] - float64(v)) / n
+			z = (z - base) / math.Sqrt(1+1/n)
+		}
+		score += privacyaudit.SubsampledGaussianLLR(z/(sigma*clip), q, sigma)
+	}
+	return score
 }
 
 // inputCanaries are the black-box canaries: m training rows, each given

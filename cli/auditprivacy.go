@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -175,6 +177,11 @@ func runAudit(cmd *cobra.Command, spec runSpec, f auditFlags) error {
 	if err != nil {
 		return err
 	}
+	// Interrupted, the audit stops its run and removes a temporary data
+	// dir (an audit cannot resume).
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd.SetContext(ctx)
 	cleanup, err := auditDataDir(&f)
 	if err != nil {
 		return err
