@@ -19,6 +19,7 @@ func NewCoordinatorCmd() *cobra.Command {
 	root.AddCommand(newLedgerCmd())
 	root.AddCommand(newExportCmd())
 	root.AddCommand(newLocalCmd())
+	root.AddCommand(newAuditPrivacyCmd())
 	root.AddCommand(newServeCmd())
 	root.AddCommand(newStatusCmd())
 	root.AddCommand(newRemoveReplicaCmd())

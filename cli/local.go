@@ -119,6 +119,10 @@ type localFlags struct {
 	// sets the training set's lifetime ε there when it has none yet.
 	budgetDir      string
 	datasetEpsilon float64
+	// nodeConfig, if not nil, amends node i's configuration before its
+	// Worker is built: audit-privacy's canaries (auditprivacy.go), set
+	// by no other command.
+	nodeConfig func(i int, c *node.Config)
 }
 
 func newLocalCmd() *cobra.Command { return newLocalCmdHooks(LocalHooks{}) }
@@ -431,6 +435,9 @@ func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig,
 		ncfg.SampleRate, ncfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 		ncfg.ShardIndex, ncfg.ShardCount, ncfg.ShardSeed = i, f.nodes, shardSeed
 		ncfg.Device = dev
+		if f.nodeConfig != nil {
+			f.nodeConfig(i, &ncfg)
+		}
 		if f.insecureSeed != 0 {
 			ncfg.SeededSampling, ncfg.SamplingSeed = true, f.insecureSeed+uint64(i)+1
 		}

@@ -384,6 +384,9 @@ func (l *loop) closeRound(ctx context.Context) {
 	if err == nil {
 		err = privatize(l.s.run, l.s.noise, &l.pending, g, res.Sum)
 	}
+	if err == nil {
+		breakMechanism(g, res.Sum, l.s.run.Optimizer.ExpectedBatchSize) // a no-op but in -tags dpbrokenmechanism
+	}
 	clear(res.Sum)
 	l.pending.Clear()
 	if err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/dpcluster/dpcluster/model"
@@ -66,9 +67,28 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 	if err != nil {
 		return 0, err
 	}
-	// Positions in the shard, then rows of the shared dataset.
-	w.batch = w.shard.Map(p.Sample(w.batch[:0], w.shard.Len()))
-	return w.eng.ClippedSumIndexed(w.sum, theta, w.shard.Data, w.batch, clip)
+	// Positions in the shard, then rows of the shared dataset. An audit's
+	// canaries are positions n, n+1, ... after the shard's n examples,
+	// sampled by the same draw (Canaries).
+	n := w.shard.Len()
+	var canaries []int
+	if w.canaries != nil {
+		all := p.Sample(w.batch[:0], n+len(w.canaries.idx))
+		k, _ := slices.BinarySearch(all, n) // Sample's positions increase
+		all, canaries = all[:k], all[k:]
+		w.batch = all
+	} else {
+		w.batch = p.Sample(w.batch[:0], n)
+	}
+	w.batch = w.shard.Map(w.batch)
+	count, err := w.eng.ClippedSumIndexed(w.sum, theta, w.shard.Data, w.batch, clip)
+	if err != nil || len(canaries) == 0 {
+		return count, err
+	}
+	for _, pos := range canaries {
+		w.canaries.add(w.sum, pos-n, clip)
+	}
+	return count + len(canaries), nil
 }
 
 // computeErrorClass names a compute error without its text, which could

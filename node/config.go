@@ -140,6 +140,10 @@ type Config struct {
 	// SamplingSeed is the seed of SeededSampling; without SeededSampling it
 	// must be 0. Default 0.
 	SamplingSeed uint64
+	// Canaries, if not nil, makes this Worker inject a privacy audit's
+	// gradient canaries (see Canaries). Only coordinator audit-privacy sets
+	// it; the Worker logs at warn that its run is an audit. Default nil.
+	Canaries *Canaries
 	// Registerer, if not nil, receives the Worker's Prometheus metrics
 	// (see metrics.go), labelled node=ID so that several workers can share
 	// one registry.

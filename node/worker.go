@@ -115,6 +115,9 @@ type Worker struct {
 	// Owned by the Run loop goroutine.
 	batch []int
 	sum   []float32
+	// canaries are the audit's gradient canaries (Config.Canaries), nil
+	// in any other run; read-only after NewWorker.
+	canaries *canaryVectors
 }
 
 // NewWorker returns a Worker for the node cfg.ID, computing gradients of m
@@ -161,6 +164,11 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	if err := m.CheckDataset(shard.Data); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if c := cfg.Canaries; c != nil {
+		if err := c.validate(m.NumParams()); err != nil {
+			return nil, err
+		}
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -183,6 +191,11 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 		return nil, fmt.Errorf("%w: on device %s (%s), batch capacity %d: %w", ErrEngine, w.dev.ID, w.dev.Name, w.maxBatch, err)
 	}
 	w.sum = make([]float32, m.NumParams())
+	if c := cfg.Canaries; c != nil {
+		w.canaries = newCanaryVectors(c, m.NumParams())
+		w.log.Warn("node: PRIVACY AUDIT: this node injects gradient canaries; the run is an audit, not a training run",
+			"canaries", len(c.IDs))
+	}
 	w.batch = make([]int, 0, w.maxBatch)
 	w.met.device(w.dev)
 	w.stats.Skipped = make(map[SkipReason]uint64)

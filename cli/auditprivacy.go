@@ -1,0 +1,384 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/privacyaudit"
+	"github.com/dpcluster/dpcluster/transport"
+)
+
+// errPrivacyBug is returned by audit-privacy when a lower bound exceeds
+// the ledger's ε: the run leaked more than it was charged for.
+var errPrivacyBug = errors.New("audit-privacy: PRIVACY BUG: the empirical lower bound on ε exceeds the ledger's ε")
+
+// auditFile is the file in an audited run's data dir that says the run
+// was an audit, and holds its result once it has one.
+const auditFile = "AUDIT.json"
+
+type auditFlags struct {
+	local           localFlags
+	canaries        int
+	inputCanaries   int
+	canaryScale     float64
+	canarySupport   int
+	beta            float64
+	dataDirChanged  bool
+	minNodesChanged bool
+}
+
+// auditMethod is one threat model's outcome.
+type auditMethod struct {
+	Canaries int     `json:"canaries"`
+	Included int     `json:"included"`
+	Epsilon  float64 `json:"epsilon_lower_bound"`
+	// Ceiling is the largest bound any of the splits could give (all its
+	// guesses right), at its share of β.
+	Ceiling float64               `json:"ceiling"`
+	Best    privacyaudit.Result   `json:"best"`
+	Splits  []privacyaudit.Result `json:"splits"`
+}
+
+// auditResult is audit-privacy's result (--json, and AUDIT.json).
+type auditResult struct {
+	Run           string       `json:"run"`
+	Steps         int64        `json:"steps"`
+	Releases      int64        `json:"releases_read"`
+	LedgerEpsilon float64      `json:"ledger_epsilon"`
+	Delta         float64      `json:"delta"`
+	Confidence    float64      `json:"confidence"`
+	Sigma         float64      `json:"noise_multiplier"`
+	SampleRate    float64      `json:"sample_rate"`
+	DataDir       string       `json:"data_dir"`
+	WhiteBox      auditMethod  `json:"white_box"`
+	BlackBox      *auditMethod `json:"black_box,omitempty"`
+	PrivacyBug    bool         `json:"privacy_bug"`
+}
+
+func newAuditPrivacyCmd() *cobra.Command {
+	spec := defaultRunSpec()
+	f := auditFlags{local: localFlags{nodes: 3, progress: "auto", logFormat: "text", device: "cpu"},
+		canaries: 1000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05}
+	cmd := &cobra.Command{
+		Use:   "audit-privacy",
+		Short: "Measure a lower bound on the run's ε with canaries, beside the ledger's ε",
+		Long: `audit-privacy runs one training run as coordinator local does (embedded NATS, one replica,
+its ledger, in-process nodes) with canaries, and prints an empirical lower bound on ε at the run's δ
+and confidence 1−β (Steinke, Nasr and Jagielski, "Privacy Auditing with One (1) Training Run",
+2023), next to the ledger's ε and the most the canaries could show (the ceiling).
+
+White-box: --canaries gradient canaries, each included with probability ½, are extra examples of
+the nodes' shards, Poisson-sampled with the run's q; a sampled one adds a gradient of norm
+--canary-scale·C along a secret direction, clipped to C. The auditor reads every released g̃ from
+the replica's Raft log and scores each canary by the subsampled Gaussian's likelihood ratio.
+Black-box: --input-canaries training rows with a wrong label, each included with probability ½,
+scored by the final model's loss.
+
+The exit status is non-zero when a lower bound exceeds the ledger's ε: a privacy bug. A bound far
+below it is not evidence of anything (docs/PRIVACY.md). The run's name gets the prefix audit-, its
+data dir holds AUDIT.json; it is removed after the audit unless --data-dir is given.`,
+		Example: `  coordinator audit-privacy --target-epsilon 8
+  coordinator audit-privacy --model logreg --dataset gaussian --max-steps 300 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := loadRunSpec(&spec, f.local.config, cmd.Flags()); err != nil {
+				return err
+			}
+			f.dataDirChanged = cmd.Flags().Changed("data-dir")
+			f.minNodesChanged = cmd.Flags().Changed("min-nodes")
+			return runAudit(cmd, spec, f)
+		},
+	}
+	fs := cmd.Flags()
+	spec.bind(fs)
+	fs.StringVar(&f.local.config, "config", "", "YAML run file; flags override it")
+	fs.StringVar(&f.local.dataDir, "data-dir", "", "directory for the audited run (must not exist or be empty; kept). Default: a temporary directory, removed after")
+	fs.IntVar(&f.local.nodes, "nodes", f.local.nodes, "number of in-process nodes")
+	fs.StringVar(&f.local.progress, "progress", f.local.progress, "progress bar: auto (on a terminal), on or off")
+	fs.StringVar(&f.local.logFormat, "log-format", f.local.logFormat, "log format: text or json")
+	fs.StringVar(&f.local.device, "device", f.local.device, deviceFlagUsage)
+	fs.BoolVar(&f.local.json, "json", false, "print the result as JSON")
+	fs.IntVar(&f.canaries, "canaries", f.canaries, "white-box gradient canaries m (each included with probability ½)")
+	fs.IntVar(&f.inputCanaries, "input-canaries", f.inputCanaries, "black-box mislabelled-record canaries (0: none)")
+	fs.Float64Var(&f.canaryScale, "canary-scale", f.canaryScale, "a gradient canary's norm before clipping, in units of C (> 1: the clip must bound it)")
+	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction (capped at the model's parameters)")
+	fs.Float64Var(&f.beta, "beta", f.beta, "1 − confidence of the lower bound")
+	return cmd
+}
+
+func (f *auditFlags) check() error {
+	switch {
+	case f.canaries < 10:
+		return fmt.Errorf("--canaries %d: at least 10", f.canaries)
+	case f.inputCanaries != 0 && f.inputCanaries < 10:
+		return fmt.Errorf("--input-canaries %d: 0 or at least 10", f.inputCanaries)
+	case !(f.canaryScale > 1) || math.IsInf(f.canaryScale, 0):
+		return fmt.Errorf("--canary-scale %v: must be > 1 and finite", f.canaryScale)
+	case f.canarySupport < 1:
+		return fmt.Errorf("--canary-support %d: must be ≥ 1", f.canarySupport)
+	case !(f.beta > 0 && f.beta < 1):
+		return fmt.Errorf("--beta %v: must be in (0, 1)", f.beta)
+	case f.local.nodes < 1:
+		return fmt.Errorf("--nodes %d must be at least 1", f.local.nodes)
+	}
+	return nil
+}
+
+// auditDataDir makes the audited run's data dir: --data-dir, which must
+// not exist or be empty (an audit's coins live in this process: it cannot
+// resume), or a temporary one that cleanup removes.
+func auditDataDir(f *auditFlags) (cleanup func(), err error) {
+	if !f.dataDirChanged {
+		dir, err := os.MkdirTemp("", "dpcluster-audit-")
+		if err != nil {
+			return nil, err
+		}
+		f.local.dataDir = dir
+		return func() { os.RemoveAll(dir) }, nil
+	}
+	if f.local.dataDir == "" {
+		return nil, errors.New("--data-dir must not be empty")
+	}
+	ents, err := os.ReadDir(f.local.dataDir)
+	if err == nil && len(ents) > 0 {
+		return nil, fmt.Errorf("--data-dir %s is not empty: an audit runs once, from the start, in a fresh directory", f.local.dataDir)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return func() {}, os.MkdirAll(f.local.dataDir, 0o755)
+}
+
+func runAudit(cmd *cobra.Command, spec runSpec, f auditFlags) error {
+	if err := f.check(); err != nil {
+		return err
+	}
+	if spec.Dataset == "none" || spec.Dataset == dataset.NameLocal {
+		return errors.New("audit-privacy trains in one process on one training set: give --dataset or --data-path")
+	}
+	if len(spec.Nodes) > 0 && len(spec.Nodes) != f.local.nodes {
+		return fmt.Errorf("--nodes %d: the run names %d nodes", f.local.nodes, len(spec.Nodes))
+	}
+	spec.Run = auditRunName(spec.Run)
+	log, err := newLogger(cmd, f.local.logFormat, slog.LevelInfo)
+	if err != nil {
+		return err
+	}
+	// Interrupted, the audit stops its run and removes a temporary data
+	// dir (an audit cannot resume).
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd.SetContext(ctx)
+	cleanup, err := auditDataDir(&f)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := writeAuditFile(f.local.dataDir, map[string]any{"audit": true, "canaries": f.canaries, "input_canaries": f.inputCanaries}); err != nil {
+		return err
+	}
+	log.Warn("PRIVACY AUDIT: this run trains with canaries; its model is for the audit, not for use", "run", spec.Run, "data_dir", f.local.dataDir)
+	res, err := auditRun(cmd, spec, f, log)
+	if err != nil {
+		return err
+	}
+	if err := writeAuditFile(f.local.dataDir, res); err != nil {
+		return err
+	}
+	if err := printPrivacyAudit(cmd.OutOrStdout(), res, f.local.json); err != nil {
+		return err
+	}
+	if res.PrivacyBug {
+		return errPrivacyBug
+	}
+	return nil
+}
+
+// auditRunName prefixes the run's name with audit-, so that its ledger
+// and subjects say it was an audit.
+func auditRunName(run string) string {
+	const prefix = "audit-"
+	if len(run) >= len(prefix) && run[:len(prefix)] == prefix {
+		return run
+	}
+	if run = prefix + run; len(run) > 64 {
+		run = run[:64]
+	}
+	return run
+}
+
+func writeAuditFile(dir string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, auditFile), append(b, '\n'), 0o644)
+}
+
+// auditRun prepares the run with its canaries, trains it through the
+// real path, and scores the canaries.
+func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) (auditResult, error) {
+	ctx := cmd.Context()
+	r, err := auditRand()
+	if err != nil {
+		return auditResult{}, err
+	}
+	pr, err := spec.prepare(ctx, false, "", log)
+	if err != nil {
+		return auditResult{}, err
+	}
+	var in *inputCanaries
+	if f.inputCanaries > 0 {
+		if in, pr.train, err = newInputCanaries(r, pr.train, f.inputCanaries); err != nil {
+			return auditResult{}, err
+		}
+	}
+	if pr.cfg, err = spec.runConfig(pr.model, int64(pr.train.Len()), "", false, f.local.dataDir, log); err != nil {
+		return auditResult{}, err
+	}
+	if err := spec.checkPlannedBudget(pr.cfg); err != nil {
+		return auditResult{}, err
+	}
+	rc := pr.cfg
+	gc := newGradientCanaries(r, f.canaries, f.local.nodes, f.canarySupport, rc.Dim, f.canaryScale)
+	f.local.nodeConfig = gc.nodeConfig
+	committed, sum, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
+	if err != nil {
+		return auditResult{}, err
+	}
+	res := auditResult{Run: rc.Run, Steps: committed.Step, LedgerEpsilon: committed.Epsilon, Delta: rc.Delta, Confidence: 1 - f.beta,
+		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir}
+	if !f.dataDirChanged {
+		res.DataDir = "(removed)"
+	}
+	log.Info("audit: scoring the gradient canaries from the Raft log", "steps", sum.Steps)
+	scores, releases, err := gc.scores(f.local.dataDir, rc)
+	if err != nil {
+		return auditResult{}, err
+	}
+	if res.Releases = releases; releases < committed.Step {
+		return auditResult{}, fmt.Errorf("audit-privacy: the Raft log holds %d releases for %d steps: the audit needs them all", releases, committed.Step)
+	}
+	if res.WhiteBox, err = auditOf(scores, gc.included, rc.Delta, f.beta); err != nil {
+		return auditResult{}, err
+	}
+	if in != nil {
+		s, err := in.scores(pr.model, committed.Theta)
+		if err != nil {
+			return auditResult{}, err
+		}
+		bb, err := auditOf(s, in.included, rc.Delta, f.beta)
+		if err != nil {
+			return auditResult{}, err
+		}
+		res.BlackBox = &bb
+	}
+	res.PrivacyBug = res.WhiteBox.Epsilon > res.LedgerEpsilon || res.BlackBox != nil && res.BlackBox.Epsilon > res.LedgerEpsilon
+	return res, nil
+}
+
+func auditOf(scores []float64, included []bool, delta, beta float64) (auditMethod, error) {
+	best, all, err := privacyaudit.Audit(scores, included, auditSplits(len(scores)), delta, beta)
+	if err != nil {
+		return auditMethod{}, err
+	}
+	am := auditMethod{Canaries: len(scores), Epsilon: best.Epsilon, Best: best, Splits: all}
+	for _, in := range included {
+		if in {
+			am.Included++
+		}
+	}
+	for _, s := range all {
+		am.Ceiling = max(am.Ceiling, s.Ceiling)
+	}
+	return am, nil
+}
+
+// trainAudited runs pr as coordinator local would, with a replica that
+// keeps its whole Raft log (every g̃, for the auditor), and returns the
+// committed state once the run has stopped and the replica is closed.
+func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, log *slog.Logger) (coordinator.Committed, coordinator.Summary, error) {
+	raftAddr, err := freeLoopbackAddr()
+	if err != nil {
+		return coordinator.Committed{}, coordinator.Summary{}, err
+	}
+	opts := serverOptions{nats: transport.DefaultConfig(), progress: f.progress}
+	opts.nats.Embedded.Port = -1
+	opts.replica = coordinator.DefaultReplicaConfig()
+	opts.replica.ID, opts.replica.RaftAddr, opts.replica.DataDir, opts.replica.Bootstrap = "local", raftAddr, f.dataDir, true
+	opts.replica.HeartbeatTimeout, opts.replica.ElectionTimeout, opts.replica.LeaderLeaseTimeout = localRaftTimeout, localRaftTimeout, localRaftTimeout
+	// No compaction: the auditor reads every g̃ from the log.
+	const all = math.MaxInt64
+	opts.replica.SnapshotThreshold, opts.replica.TrailingLogs, opts.replica.FinalTrailingLogs, opts.replica.SnapshotModels = all, all, all, 0
+	if !minNodesChanged {
+		opts.minNodes = f.nodes
+	}
+	srv, err := openServer(ctx, cmd, spec, pr, opts, log)
+	if err != nil {
+		return coordinator.Committed{}, coordinator.Summary{}, err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			srv.close()
+		}
+	}()
+	nodeCtx, stopNodes := context.WithCancel(ctx)
+	defer stopNodes()
+	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), transport.TLSConfig{}, pr.cfg, pr.model, pr.train, spec.ShardSeed, f, nil, srv.registry, quietLogger(log))
+	if err != nil {
+		return coordinator.Committed{}, coordinator.Summary{}, err
+	}
+	sum, runErr := srv.server.Run(ctx)
+	srv.progress.finish()
+	stopNodes()
+	for range f.nodes {
+		<-nodeErrs
+	}
+	if runErr != nil {
+		return coordinator.Committed{}, sum, runErr
+	}
+	if ctx.Err() != nil {
+		return coordinator.Committed{}, sum, errors.New("audit-privacy: interrupted; an audit cannot resume")
+	}
+	committed, err := srv.replica.FSM().Committed()
+	closed = true
+	srv.close()
+	return committed, sum, err
+}
+
+func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	fmt.Fprintf(out, "audited %s: %d steps, σ = %.4f, q = %.6g; ledger ε = %.4f at δ = %g\n", res.Run, res.Steps, res.Sigma, res.SampleRate, res.LedgerEpsilon, res.Delta)
+	line := func(name string, a auditMethod) {
+		fmt.Fprintf(out, "%s: ε ≥ %.4f with confidence %g (%d canaries, %d included; best guesses %d in, %d out: %d of %d right; ceiling %.4f)\n",
+			name, a.Epsilon, res.Confidence, a.Canaries, a.Included, a.Best.KPlus, a.Best.KMinus, a.Best.V, a.Best.R, a.Ceiling)
+	}
+	line("white-box (gradient canaries)", res.WhiteBox)
+	if res.BlackBox != nil {
+		line("black-box (mislabelled records)", *res.BlackBox)
+	}
+	if res.PrivacyBug {
+		fmt.Fprintln(out, "PRIVACY BUG: a lower bound exceeds the ledger's ε")
+	} else {
+		fmt.Fprintln(out, "no violation: every lower bound is at most the ledger's ε (a bound far below it shows nothing)")
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// auditArgs is a small, fast audit: logistic regression on the synthetic
+// Gaussian mixture across 2 nodes, 60 steps.
+func auditArgs(dir string, extra ...string) []string {
+	return append([]string{"audit-privacy", "--dataset", "gaussian", "--model", "logreg",
+		"--batch-size", "100", "--max-steps", "60", "--eval-every", "0", "--round-timeout", "20s", "--nodes", "2",
+		"--canaries", "200", "--input-canaries", "100", "--target-epsilon", "2",
+		"--data-dir", dir, "--progress", "off", "--run", "t-audit", "--json"}, extra...)
+}
+
+// TestAuditPrivacyRunsTheRealPath runs audit-privacy in-process (embedded
+// NATS, a Raft replica, two nodes with canaries): the run is named and
+// marked as an audit, the auditor reads one release per step from the
+// replica's Raft log, the ledger's ε is the target, both audits count
+// their canaries and give a bound within [0, ceiling], and an intact
+// mechanism is not reported as a privacy bug.
+func TestAuditPrivacyRunsTheRealPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "audit")
+	stdout, stderr, err := runCmd(t, auditArgs(dir)...)
+	if err != nil {
+		t.Fatalf("audit-privacy: %v\n%s", err, stderr)
+	}
+	var res auditResult
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	if res.Run != "audit-t-audit" || res.Steps != 60 || res.Releases != res.Steps {
+		t.Errorf("run %q, %d steps, %d releases read; want audit-t-audit, 60, 60", res.Run, res.Steps, res.Releases)
+	}
+	if res.LedgerEpsilon > 2 || res.LedgerEpsilon < 1.99 || res.Delta != 1e-5 || res.Confidence != 0.95 {
+		t.Errorf("ledger ε %v at δ %v, confidence %v; want 2, 1e-5, 0.95", res.LedgerEpsilon, res.Delta, res.Confidence)
+	}
+	for name, a := range map[string]*auditMethod{"white-box": &res.WhiteBox, "black-box": res.BlackBox} {
+		if a == nil {
+			t.Fatalf("%s: no result", name)
+		}
+		want := map[string]int{"white-box": 200, "black-box": 100}[name]
+		if a.Canaries != want || a.Included <= 0 || a.Included >= want || len(a.Splits) != 4 {
+			t.Errorf("%s: %d canaries (%d included), %d splits; want %d, 4", name, a.Canaries, a.Included, len(a.Splits), want)
+		}
+		if !(a.Epsilon >= 0 && a.Epsilon <= a.Ceiling) || a.Epsilon > res.LedgerEpsilon {
+			t.Errorf("%s: bound %v, ceiling %v, ledger %v", name, a.Epsilon, a.Ceiling, res.LedgerEpsilon)
+		}
+	}
+	if res.PrivacyBug {
+		t.Error("an intact mechanism reported as a privacy bug")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, auditFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved auditResult
+	if err := json.Unmarshal(b, &saved); err != nil || saved.Steps != res.Steps || saved.WhiteBox.Epsilon != res.WhiteBox.Epsilon {
+		t.Errorf("%s holds %+v (err %v), want the printed result", auditFile, saved, err)
+	}
+	// An audit runs once: the same data dir is refused.
+	if _, _, err := runCmd(t, auditArgs(dir)...); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Errorf("second audit in the same data dir: %v, want refused", err)
+	}
+}
+
+// TestAuditPrivacyFlags: bad audit flags are errors before anything runs.
+func TestAuditPrivacyFlags(t *testing.T) {
+	for _, extra := range [][]string{
+		{"--canaries", "5"}, {"--input-canaries", "3"}, {"--canary-scale", "1"}, {"--canary-support", "0"},
+		{"--beta", "1"}, {"--nodes", "0"},
+	} {
+		dir := filepath.Join(t.TempDir(), "audit")
+		if _, _, err := runCmd(t, auditArgs(dir, extra...)...); err == nil {
+			t.Errorf("%v: no error", extra)
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("%v: the data dir was created", extra)
+		}
+	}
+}
+
+func TestAuditRunName(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"x", "audit-x"}, {"audit-x", "audit-x"}, {strings.Repeat("a", 64), "audit-" + strings.Repeat("a", 58)},
+	} {
+		if got := auditRunName(c.in); got != c.want {
+			t.Errorf("auditRunName(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
