@@ -42,14 +42,14 @@ func nodpExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Log
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rows := [][]string{{"task", "optimizer", "lr", "val_accuracy", "test_accuracy", "error"}}
+	rows := [][]string{{"task", "optimizer", "lr", "val_accuracy", "test_accuracy", "val_loss", "test_loss", "error"}}
 	best := map[string]*job{}
 	for _, j := range jobs {
 		e := ""
 		if j.res.Err != nil {
 			e = j.res.Err.Error()
 		}
-		rows = append(rows, []string{j.t.Name, string(j.algo), g(j.h.LR), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), e})
+		rows = append(rows, []string{j.t.Name, string(j.algo), g(j.h.LR), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), g(j.res.Val.Loss), g(j.res.Test.Loss), e})
 		k := j.t.Name + "/" + string(j.algo)
 		if j.res.Err == nil && (best[k] == nil || j.res.Val.Accuracy > best[k].res.Val.Accuracy) {
 			best[k] = j
@@ -65,7 +65,11 @@ func nodpExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Log
 		fmt.Fprintf(&md, "| %s | %d |", t.Name, t.Steps)
 		for _, a := range []dpadam.Algorithm{dpadam.SGD, dpadam.Adam} {
 			if b := best[t.Name+"/"+string(a)]; b != nil {
-				fmt.Fprintf(&md, " %g, %.2f%% |", b.h.LR, 100*b.res.Test.Accuracy)
+				fmt.Fprintf(&md, " %g, %.2f%%", b.h.LR, 100*b.res.Test.Accuracy)
+				if nextToken(t) {
+					fmt.Fprintf(&md, " (perplexity %.2f)", perplexity(b.res.Test.Loss))
+				}
+				md.WriteString(" |")
 			} else {
 				md.WriteString(" diverged |")
 			}

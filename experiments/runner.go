@@ -170,7 +170,8 @@ func logRun(log *slog.Logger, msg string, t *Task, cfg dpadam.Config, seed uint6
 	}
 	log.Info(msg, "task", t.Name, "algo", cfg.Algorithm, "lr", cfg.LearningRate, "gamma'", cfg.GammaPrime,
 		"sigma", fmt.Sprintf("%.3f", cfg.NoiseMultiplier), "seed", seed,
-		"val", fmt.Sprintf("%.4f", r.Val.Accuracy), "test", fmt.Sprintf("%.4f", r.Test.Accuracy), "wall", r.Wall.Round(time.Millisecond))
+		"val", fmt.Sprintf("%.4f", r.Val.Accuracy), "test", fmt.Sprintf("%.4f", r.Test.Accuracy),
+		"test_loss", fmt.Sprintf("%.4f", r.Test.Loss), "wall", r.Wall.Round(time.Millisecond))
 }
 
 // probe times one DP-AdamBC run of t (σ for ε = 3) and logs the cost per

@@ -25,6 +25,9 @@ type cell struct {
 	Sigma float64
 	Hyper Hyper
 	Acc   []float64 // test accuracy per seed; NaN for a diverged run
+	// Loss is the test loss per seed (nats; per target token for a
+	// next-token task); NaN for a diverged run.
+	Loss []float64
 }
 
 // mean and sample standard deviation, over finite values; n is how many.
@@ -65,12 +68,12 @@ func tableExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Lo
 	if err := writeCSV(filepath.Join(o.out, "table_tuning.csv"), tuning); err != nil {
 		return err
 	}
-	runs := [][]string{{"task", "optimizer", "epsilon", "delta", "sigma", "steps", "lr", "adam_eps", "gamma_prime_over_phi", "seed", "test_accuracy"}}
+	runs := [][]string{{"task", "optimizer", "epsilon", "delta", "sigma", "steps", "lr", "adam_eps", "gamma_prime_over_phi", "seed", "test_accuracy", "test_loss", "test_perplexity"}}
 	for _, c := range cells {
 		t := taskByName(tasks, c.Task)
 		for s, a := range c.Acc {
 			runs = append(runs, []string{c.Task, string(c.Algo), g(c.Eps), g(Delta), g(c.Sigma), fmt.Sprint(t.Steps),
-				g(c.Hyper.LR), g(c.Hyper.AdamEps), g(c.Hyper.GammaPrimeRel), fmt.Sprint(s + 1), g(a)})
+				g(c.Hyper.LR), g(c.Hyper.AdamEps), g(c.Hyper.GammaPrimeRel), fmt.Sprint(s + 1), g(a), g(c.Loss[s]), g(perplexity(c.Loss[s]))})
 		}
 	}
 	if err := writeCSV(filepath.Join(o.out, "table_runs.csv"), runs); err != nil {
@@ -97,13 +100,20 @@ func replotTable(o options) error {
 	if err != nil {
 		return err
 	}
+	if len(rows) == 0 {
+		return fmt.Errorf("table_runs.csv is empty")
+	}
+	accCol := slices.Index(rows[0], "test_accuracy")
+	if accCol < 0 {
+		return fmt.Errorf("table_runs.csv has no test_accuracy column")
+	}
 	var names []string
 	var eps []float64
 	var cells []cell
 	for _, r := range rows[1:] {
 		var e, acc float64
 		fmt.Sscan(r[2], &e)
-		fmt.Sscan(r[len(r)-1], &acc)
+		fmt.Sscan(r[accCol], &acc)
 		if !slices.Contains(names, r[0]) {
 			names = append(names, r[0])
 		}
@@ -161,7 +171,7 @@ func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logg
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	tuning := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "error", "wall_s", "chosen"}}
+	tuning := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "val_loss", "test_loss", "error", "wall_s", "chosen"}}
 	best := map[string]*tuneJob{}
 	key := func(t *Task, a dpadam.Algorithm) string { return t.Name + "/" + string(a) }
 	for _, j := range jobs {
@@ -176,7 +186,7 @@ func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logg
 			errStr = j.res.Err.Error()
 		}
 		tuning = append(tuning, []string{j.t.Name, string(j.algo), g(o.tuneEps), g(tuneSigma[j.t.Name]), g(j.h.LR), g(j.h.AdamEps),
-			g(j.h.GammaPrimeRel), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), errStr,
+			g(j.h.GammaPrimeRel), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), g(j.res.Val.Loss), g(j.res.Test.Loss), errStr,
 			fmt.Sprintf("%.1f", j.res.Wall.Seconds()), fmt.Sprint(best[key(j.t, j.algo)] == j)})
 	}
 	var cells []*cell
@@ -196,7 +206,7 @@ func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logg
 				if err != nil {
 					return nil, nil, fmt.Errorf("%s ε=%v: %w", t.Name, e, err)
 				}
-				c := &cell{Task: t.Name, Algo: a, Eps: e, Sigma: s, Hyper: b.h, Acc: make([]float64, o.seeds)}
+				c := &cell{Task: t.Name, Algo: a, Eps: e, Sigma: s, Hyper: b.h, Acc: make([]float64, o.seeds), Loss: make([]float64, o.seeds)}
 				cells = append(cells, c)
 				for seed := range o.seeds {
 					rjobs = append(rjobs, runJob{c, seed})
@@ -210,9 +220,9 @@ func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logg
 		cfg := optimizerConfig(t, j.c.Algo, j.c.Hyper, j.c.Sigma)
 		r := trainRun(ctx, t, cfg, uint64(j.seed+1), 0)
 		logRun(log, "table", t, cfg, uint64(j.seed+1), r)
-		j.c.Acc[j.seed] = r.Test.Accuracy
+		j.c.Acc[j.seed], j.c.Loss[j.seed] = r.Test.Accuracy, r.Test.Loss
 		if r.Err != nil {
-			j.c.Acc[j.seed] = math.NaN()
+			j.c.Acc[j.seed], j.c.Loss[j.seed] = math.NaN(), math.NaN()
 		}
 	})
 	if err := ctx.Err(); err != nil {
@@ -271,6 +281,7 @@ func tableMarkdown(tasks []*Task, cells []cell, eps []float64) string {
 			b.WriteString("\n")
 		}
 	}
+	b.WriteString(perplexityMarkdown(tasks, eps, find))
 	b.WriteString("\nChosen hyperparameters (tuned on the validation split) and σ per ε:\n\n")
 	b.WriteString("| task | optimizer | η | γ / γ' | steps, B, C | σ |\n| --- | --- | --- | --- | --- | --- |\n")
 	for _, t := range tasks {

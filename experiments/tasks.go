@@ -83,6 +83,10 @@ func optimizerConfig(t *Task, algo dpadam.Algorithm, h Hyper, sigma float64) dpa
 // taskNames lists the tasks of the full experiments, Adam-favoring first.
 var taskNames = []string{"zipf", "fortunes", "fmnist-mlp", "fmnist-cnn"}
 
+// extraTasks are tasks loadTask knows that the default -tasks list leaves
+// out (run them by name).
+var extraTasks = []string{"fortunes-lm"}
+
 // loadTask builds the named task at full scale. Fashion-MNIST comes from
 // dataset.LoadFashionMNIST (the Debian package dataset-fashion-mnist),
 // the text task from FortunesDir.
@@ -123,6 +127,12 @@ func loadTask(ctx context.Context, name string, log *slog.Logger) (*Task, error)
 		log.Info("fortunes task", "classes", len(classes), "train", tr.Len(), "test", te.Len(), "largest", classes[0], "smallest", classes[len(classes)-1])
 		return finishTask(&Task{Name: name, Favors: "adam", Spec: model.TextBag(4000, 64, 64, len(classes), 64),
 			B: 256, C: 1, Steps: 600, Grid: grids([]float64{2, 8, 32}, lrAdam, lrBC)}, tr, te)
+	case "fortunes-lm":
+		t, err := fortunesLMTask(FortunesDir)
+		if err == nil {
+			log.Info("fortunes-lm task", "train", t.Train.Len(), "validation", t.Val.Len(), "test", t.Test.Len())
+		}
+		return t, err
 	case "fmnist-mlp", "fmnist-cnn":
 		steps := 400
 		if name == "fmnist-cnn" {
@@ -141,7 +151,7 @@ func loadTask(ctx context.Context, name string, log *slog.Logger) (*Task, error)
 		return finishTask(&Task{Name: name, Favors: "sgd", Spec: spec,
 			B: 256, C: 1, Steps: steps, Grid: grids(lrSGD, lrAdam, lrBC)}, tr, te)
 	}
-	return nil, fmt.Errorf("unknown task %q (have %v)", name, taskNames)
+	return nil, fmt.Errorf("unknown task %q (have %v and %v)", name, taskNames, extraTasks)
 }
 
 // finishTask carves a 10% validation split out of train.
