@@ -75,9 +75,6 @@ type localResult struct {
 	Accountant string `json:"accountant"`
 }
 
-// setFinalEval fills the final evaluation's fields: the test_ keys for
-// public data (coordinator.EvalData.Private), the nonprivate_holdout_
-// keys (EvalData.Key) otherwise.
 // stepTrained reports whether p, reported to ServerConfig.OnStep, is a
 // step applied by this run rather than an evaluation (those come with
 // EvalStep set: of a step of this run, or, at the end, of the final θ, also
@@ -85,6 +82,9 @@ type localResult struct {
 // nothing).
 func stepTrained(p coordinator.Progress) bool { return p.EvalStep == 0 }
 
+// setFinalEval fills the final evaluation's fields: the test_ keys for
+// public data (coordinator.EvalData.Private), the nonprivate_holdout_
+// keys (EvalData.Key) otherwise.
 func (r *localResult) setFinalEval(sum coordinator.Summary) {
 	if !sum.FinalEvaluated {
 		return
