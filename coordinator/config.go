@@ -145,6 +145,14 @@ type ReplicaConfig struct {
 	// Raft state on disk stays under about (3 + SnapshotModels +
 	// TrailingLogs/2) copies, plus a snapshot being written.
 	SnapshotModels int
+	// SnapshotMinBytes is the least g̃ the byte trigger waits for (0: no
+	// floor). A small model's snapshot every few steps frees almost
+	// nothing, and a leader snapshotting (and compacting its log) faster
+	// than a follower installs a snapshot sends a restarted follower
+	// snapshot after snapshot: it never rejoins the quorum (44 installs in
+	// 10 s at 60 steps a second before the floor). Below the floor Raft's
+	// SnapshotThreshold, checked every SnapshotInterval, takes them.
+	SnapshotMinBytes int64
 	// FinalTrailingLogs is TrailingLogs once the run has stopped: the
 	// replica then takes a last snapshot and keeps this many entries, so
 	// a finished run's data dir holds the snapshot, at most
@@ -182,7 +190,8 @@ type ReplicaConfig struct {
 // make leaders step down needlessly on a loaded 2-core machine, which
 // pre-vote, on in hashicorp/raft since 1.7, now keeps a stalled follower
 // from turning into a new election); a snapshot every 64
-// entries or every 4 models' worth of g̃, whichever comes first, with 8
+// entries (checked every 5 s) or every 4 models' worth of g̃ once that is
+// at least 64 MiB, whichever comes first, with 8
 // entries (4 steps) trailing while the run runs and 2 (its last step) once
 // it has stopped; one snapshot retained. A follower more than about 4
 // steps behind catches up from a snapshot rather than the log.
@@ -197,6 +206,7 @@ func DefaultReplicaConfig() ReplicaConfig {
 		SnapshotInterval:   5 * time.Second,
 		SnapshotsRetained:  1,
 		SnapshotModels:     4,
+		SnapshotMinBytes:   64 << 20,
 		FinalTrailingLogs:  2,
 	}
 }
@@ -222,6 +232,8 @@ func (c ReplicaConfig) Validate() error {
 		return errors.New("coordinator: must retain at least one snapshot")
 	case c.SnapshotModels < 0:
 		return errors.New("coordinator: snapshot models must not be negative")
+	case c.SnapshotMinBytes < 0:
+		return errors.New("coordinator: snapshot minimum bytes must not be negative")
 	}
 	if c.Transport != nil {
 		return nil

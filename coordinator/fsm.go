@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
@@ -139,12 +140,16 @@ type FSM struct {
 
 	// changed holds one signal after any Apply or Restore (Changed).
 	changed chan struct{}
+	// restores counts the snapshots restored (SnapshotsRestored).
+	restores atomic.Uint64
 
 	// Snapshots by bytes (Replica.snapshots): snapModels is
-	// ReplicaConfig.SnapshotModels, sinceSnap the g̃ bytes applied since
+	// ReplicaConfig.SnapshotModels, snapMin ReplicaConfig.SnapshotMinBytes,
+	// sinceSnap the g̃ bytes applied since
 	// the last snapshot and stopAsked whether the stopped run's snapshot
 	// was asked for (under mu); wantSnap holds one request.
 	snapModels int64
+	snapMin    int64
 	sinceSnap  int64
 	stopAsked  bool
 	wantSnap   chan struct{}
@@ -160,14 +165,15 @@ type FSM struct {
 
 // askSnapshots asks the replica (Replica.snapshots, which reads State) for
 // a snapshot when the g̃ applied since the last one reach snapModels
-// copies of the model, and once when the run has stopped; without
+// copies of the model and at least snapMin bytes, and once when the run
+// has stopped; without
 // blocking: a request waiting stands for any number. Called with f.mu
 // held, after every entry.
 func (f *FSM) askSnapshots() {
 	if f.cfg == nil {
 		return
 	}
-	bytes := f.snapModels > 0 && f.sinceSnap >= f.snapModels*4*int64(f.cfg.Dim)
+	bytes := f.snapModels > 0 && f.sinceSnap >= max(f.snapModels*4*int64(f.cfg.Dim), f.snapMin)
 	stop := f.stopped != "" && !f.stopAsked
 	if !bytes && !stop {
 		return
@@ -204,6 +210,10 @@ func NewFSM(dataDir string, init InitFunc, log *slog.Logger, opts ...ledger.Opti
 // blocking and carries nothing the log does not (determinism is
 // unaffected).
 func (f *FSM) Changed() <-chan struct{} { return f.changed }
+
+// SnapshotsRestored is the number of snapshots this state machine
+// restored: the replica's own at start and those a leader sent.
+func (f *FSM) SnapshotsRestored() uint64 { return f.restores.Load() }
 
 // notify signals Changed without blocking.
 func (f *FSM) notify() {

@@ -34,10 +34,13 @@ type Metrics struct {
 	// the count already added.
 	leaderExit     prometheus.Counter
 	leaderExitSeen uint64
-	nodes          prometheus.Gauge
-	blocked        *prometheus.GaugeVec
-	refused        *prometheus.CounterVec
-	ctlRefused     *prometheus.CounterVec
+	// restores counts FSM.SnapshotsRestored; restoresSeen likewise.
+	restores     prometheus.Counter
+	restoresSeen uint64
+	nodes        prometheus.Gauge
+	blocked      *prometheus.GaugeVec
+	refused      *prometheus.CounterVec
+	ctlRefused   *prometheus.CounterVec
 	// evalAccuracy and evalLoss, by EvalData.Key: vectors without
 	// labels, so a metric is exported only once an evaluation on its data
 	// happened.
@@ -54,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	m.touchLabels()
 	for _, c := range append([]prometheus.Collector{
 		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
-		m.acceptedN, m.rejectedN, m.raftState, m.term, m.leaderExit, m.nodes, m.blocked, m.refused, m.ctlRefused,
+		m.acceptedN, m.rejectedN, m.raftState, m.term, m.leaderExit, m.restores, m.nodes, m.blocked, m.refused, m.ctlRefused,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -110,6 +113,12 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "raft_leader_exit_elections_total",
 			Help: "Elections this replica started at once on proof that the leader's process was gone (an inbound Raft " +
 				"connection ended, the leader silent, its address refusing connections), not on Raft's heartbeat timeout.",
+			ConstLabels: labels,
+		}),
+		restores: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "snapshots_restored_total",
+			Help: "Snapshots this replica process restored: its own at start and those its leader sent. One or two per " +
+				"restart; a count that keeps growing while the replica stays behind means it cannot catch up.",
 			ConstLabels: labels,
 		}),
 		nodes:        gauge("nodes", "Live registered nodes."),
@@ -199,6 +208,10 @@ func (m *Metrics) observe(st State, c Consensus) {
 	if n := c.LeaderExitElections(); n > m.leaderExitSeen {
 		m.leaderExit.Add(float64(n - m.leaderExitSeen))
 		m.leaderExitSeen = n
+	}
+	if n := c.FSM().SnapshotsRestored(); n > m.restoresSeen {
+		m.restores.Add(float64(n - m.restoresSeen))
+		m.restoresSeen = n
 	}
 }
 

@@ -71,7 +71,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	fsm.snapModels = int64(cfg.SnapshotModels)
+	fsm.snapModels, fsm.snapMin = int64(cfg.SnapshotModels), cfg.SnapshotMinBytes
 	r := &Replica{cfg: cfg, fsm: fsm, log: log}
 	ok := false
 	defer func() {

@@ -229,6 +229,7 @@ func TestSnapshotsBoundedByBytes(t *testing.T) {
 	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", freeAddr(t), dir, true
 	cfg.SnapshotThreshold, cfg.SnapshotInterval = 1<<20, time.Hour // never by entries
 	cfg.SnapshotModels, cfg.TrailingLogs, cfg.FinalTrailingLogs = 2, 4, 2
+	cfg.SnapshotMinBytes = 0 // the test model is small
 	r, err := OpenReplica(cfg, testInit)
 	if err != nil {
 		t.Fatal(err)
@@ -292,5 +293,39 @@ func TestSnapshotsBoundedByBytes(t *testing.T) {
 			t.Fatalf("the stopped run's state did not settle: %s", desc)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSmallModelNotSnapshottedEveryFewSteps: the byte trigger waits for
+// SnapshotMinBytes of g̃, so a small model is snapshotted by Raft's entry
+// threshold, not every SnapshotModels steps. Snapshotting a small model
+// every 4 steps (0963b68) made a leader compact its log faster than a
+// restarted follower installs a snapshot: it was sent snapshot after
+// snapshot and never rejoined the quorum (the snapshot treadmill).
+func TestSmallModelNotSnapshottedEveryFewSteps(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultReplicaConfig()
+	cfg.ID, cfg.RaftAddr, cfg.DataDir, cfg.Bootstrap = "r1", freeAddr(t), dir, true
+	cfg.SnapshotThreshold, cfg.SnapshotInterval = 1<<20, time.Hour // never by entries
+	r, err := OpenReplica(cfg, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	waitLeader(t, r)
+	c := testRunConfig()
+	grads := noisyGrads(12, 9)
+	runSteps(t, r, c, grads, 1, len(grads))
+	r.fsm.mu.RLock()
+	since, asked := r.fsm.sinceSnap, len(r.fsm.wantSnap)
+	r.fsm.mu.RUnlock()
+	// 12 g̃ of a test model are 3 × SnapshotModels copies, far below
+	// SnapshotMinBytes: no snapshot asked for, the bytes still counted.
+	if asked != 0 || since != int64(len(grads))*4*int64(c.Dim) {
+		t.Errorf("after %d steps of a %d-parameter model: snapshot asked %v, %d g̃ bytes since the last (want none asked, %d)",
+			len(grads), c.Dim, asked != 0, since, len(grads)*4*c.Dim)
+	}
+	if snaps, _ := os.ReadDir(filepath.Join(dir, "snapshots")); len(snaps) != 0 {
+		t.Errorf("snapshots taken: %v", snaps)
 	}
 }

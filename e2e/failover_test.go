@@ -316,6 +316,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			}
 			// Single fault or overlapping: were the other replicas up and
 			// caught up (within a step of the leader) when it was killed?
+			var lagNote string
 			caughtUp := func() bool {
 				m, err := Scrape(leader.metricsAddr)
 				v, _ := m.Value("dpcluster_coordinator_step")
@@ -323,19 +324,27 @@ func runFailover(t *testing.T, plan failoverPlan) {
 					return false
 				}
 				step = int(v)
+				lagNote = fmt.Sprintf("leader %s at %d", leader.id, step)
+				ok := true
 				for _, r := range reps {
 					m, err := Scrape(r.metricsAddr)
 					v, _ := m.Value("dpcluster_coordinator_step")
+					if r != leader {
+						lagNote += fmt.Sprintf(", %s at %d (err %v)", r.id, int(v), err)
+					}
 					if r != leader && (err != nil || int(v) < step-1) {
-						return false
+						ok = false
 					}
 				}
-				return true
+				return ok
 			}
 			single0 := caughtUp()
 			for deadline := time.Now().Add(10 * time.Second); plan.singleFaults && !single0 && time.Now().Before(deadline); {
 				time.Sleep(20 * time.Millisecond) // up to 10 s; then the kill overlaps
 				single0 = caughtUp()
+			}
+			if plan.singleFaults && !single0 {
+				t.Logf("not caught up after 10 s: %s", lagNote)
 			}
 			killed := time.Now()
 			leader.p.Kill()
@@ -443,6 +452,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	}
 
 	checkRunEnd(h, cfg, reps, nodes)
+	checkSnapshotInstalls(t, reps)
 	if len(failovers) > 0 {
 		t.Logf("failovers: %s", percentiles(failovers))
 		if len(single) > 0 {
@@ -455,6 +465,34 @@ func runFailover(t *testing.T, plan failoverPlan) {
 		}
 	}
 	t.Logf("%d steps with %d faults in %v", cfg.maxSteps, len(plan.faults), time.Since(start).Round(time.Millisecond))
+}
+
+// maxSnapshotInstalls is the most snapshots one replica process may
+// restore: its own at start, then one sent by the leader while it catches
+// up (two if the leader took another during the install). More is the
+// snapshot treadmill: a leader that snapshots and
+// compacts its log faster than a follower installs a snapshot sends
+// snapshot after snapshot to a restarted replica (44 in 10 s before the
+// fix at about 60 steps a second), which then never rejoins the quorum,
+// and the next fault is a double one.
+const maxSnapshotInstalls = 3
+
+// checkSnapshotInstalls fails the test for every replica process (every
+// incarnation) that restored more than maxSnapshotInstalls snapshots.
+func checkSnapshotInstalls(t *testing.T, reps []*replicaProc) {
+	t.Helper()
+	for _, r := range reps {
+		for i, inc := range r.p.incarnations() {
+			b, err := os.ReadFile(inc.log)
+			if err != nil {
+				t.Errorf("%s (incarnation %d): %v", r.id, i, err)
+				continue
+			}
+			if n := strings.Count(string(b), `msg="restored snapshot"`); n > maxSnapshotInstalls {
+				t.Errorf("%s (incarnation %d) restored %d snapshots, over %d: a snapshot treadmill", r.id, i, n, maxSnapshotInstalls)
+			}
+		}
+	}
 }
 
 // percentiles describes durations for the docs: their count, min,
