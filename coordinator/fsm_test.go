@@ -449,6 +449,56 @@ func TestFSMSnapshotRestore(t *testing.T) {
 	}
 }
 
+// TestFSMRestoreExtendsALaggingLedger: a replica behind the snapshot
+// (its ledger a prefix of the snapshot's) keeps its ledger file and
+// appends what it lacks (ledger.Extend) instead of replacing the file, and
+// ends with the snapshot's ledger byte for byte and the same state.
+func TestFSMRestoreExtendsALaggingLedger(t *testing.T) {
+	c := testRunConfig()
+	grads := noisyGrads(9, 13)
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a, b := newTestFSM(t, dirA), newTestFSM(t, dirB)
+	for _, f := range []*FSM{a, b} {
+		mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	}
+	for i := range grads {
+		fs := []*FSM{a}
+		if i < 3 {
+			fs = append(fs, b) // b lags from step 4 on
+		}
+		for _, f := range fs {
+			mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, grads[i]))
+		}
+	}
+	before, err := os.Stat(filepath.Join(dirB, LedgerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Restore(readCloser{bytes.NewReader(persistSnapshot(t, a))}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(filepath.Join(dirB, LedgerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Error("the lagging replica's ledger file was replaced, not extended")
+	}
+	la, _ := os.ReadFile(filepath.Join(dirA, LedgerFile))
+	lb, _ := os.ReadFile(filepath.Join(dirB, LedgerFile))
+	if !bytes.Equal(la, lb) {
+		t.Error("ledgers differ after restore")
+	}
+	da, _ := a.Digest()
+	db, _ := b.Digest()
+	if da != db || a.State().Epsilon != b.State().Epsilon {
+		t.Errorf("after restore: digests %s / %s, ε %v / %v", da, db, a.State().Epsilon, b.State().Epsilon)
+	}
+	if rep, _ := ledger.Audit(filepath.Join(dirB, LedgerFile)); !rep.OK || rep.Charges != len(grads) {
+		t.Errorf("audit after restore: %+v", rep)
+	}
+}
+
 // TestFSMDigest: replicas that applied the same log have equal digests;
 // one more step, or a restore from a snapshot, keeps that true.
 func TestFSMDigest(t *testing.T) {

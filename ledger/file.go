@@ -263,13 +263,17 @@ func ReadFile(path string) (recs []Record, torn int64, err error) {
 // EOF (header or payload) is a torn tail and ends the scan without error.
 // A CRC mismatch, a malformed or out-of-order record, or a broken hash chain
 // is ErrCorrupt.
-func scan(r io.Reader) ([]Record, int64, error) {
+func scan(r io.Reader) ([]Record, int64, error) { return scanFrom(r, 0, genesisHash) }
+
+// scanFrom is scan for frames that follow the first `after` records, the
+// last of which has hash prev: the first frame read must be record
+// after+1 and link to prev.
+func scanFrom(r io.Reader, after uint64, prev string) ([]Record, int64, error) {
 	br := bufio.NewReader(r)
 	var (
 		recs []Record
 		off  int64
 		hdr  [frameHeader]byte
-		prev = genesisHash
 	)
 	for {
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
@@ -312,9 +316,9 @@ func scan(r io.Reader) ([]Record, int64, error) {
 			return recs, off, nil // torn payload
 		}
 		if crc32.Checksum(payload, castagnoli) != sum {
-			return recs, off, fmt.Errorf("%w: CRC mismatch in record %d at offset %d", ErrCorrupt, len(recs)+1, off)
+			return recs, off, fmt.Errorf("%w: CRC mismatch in record %d at offset %d", ErrCorrupt, after+uint64(len(recs))+1, off)
 		}
-		rec, err := verifyRecord(payload, uint64(len(recs)+1), prev)
+		rec, err := verifyRecord(payload, after+uint64(len(recs))+1, prev)
 		if err != nil {
 			return recs, off, fmt.Errorf("%w at offset %d", err, off)
 		}
@@ -426,6 +430,49 @@ func (f *File) Append(r Record) (Record, error) {
 	f.n++
 	f.head = r
 	return r, nil
+}
+
+// appendFrames appends frames, whole ledger frames that continue this
+// file (its next record first, linked to its head), with one write and one
+// fsync. Each record is verified as OpenFile verifies a file's (CRC,
+// sequence number, chain link, hash, kind); a torn or trailing partial
+// frame is refused. check, if not nil, sees the verified records before
+// anything is written and may refuse them. A refusal leaves the file as
+// it was; a write or sync failure breaks it, as in Append.
+func (f *File) appendFrames(frames []byte, check func([]Record) error) ([]Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.closed:
+		return nil, ErrClosed
+	case f.broken != nil:
+		return nil, f.broken
+	}
+	recs, good, err := scanFrom(bytes.NewReader(frames), f.n, f.headHash())
+	if err != nil {
+		return nil, err
+	}
+	if good != int64(len(frames)) {
+		return nil, fmt.Errorf("%w: %d bytes after the last whole record of the tail to append", ErrCorrupt, int64(len(frames))-good)
+	}
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	if check != nil {
+		if err := check(recs); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := f.f.Write(frames); err != nil {
+		return nil, f.fail(err)
+	}
+	if err := f.sync(); err != nil {
+		return nil, f.fail(err)
+	}
+	f.size += int64(len(frames))
+	f.n += uint64(len(recs))
+	f.head = recs[len(recs)-1]
+	return recs, nil
 }
 
 func validateNew(r Record) error {

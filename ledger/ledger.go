@@ -84,38 +84,80 @@ func Open(path string, opts ...Option) (*Ledger, error) {
 // replay rebuilds ledger state from verified records.
 func replay(recs []Record) (*Ledger, error) {
 	l := &Ledger{}
-	for i := range recs {
-		r := recs[i]
-		switch r.Kind {
-		case RecordRun:
-			if l.run != nil {
-				return nil, fmt.Errorf("%w: second run record at seq %d", ErrCorrupt, r.Seq)
-			}
-			b, err := newBudget(r.Accountant, r.Delta, r.TargetEpsilon)
-			if err != nil {
-				return nil, fmt.Errorf("%w: run record: %v", ErrCorrupt, err)
-			}
-			l.run, l.budget = &r, b
-		case RecordCharge:
-			if l.run == nil {
-				return nil, fmt.Errorf("%w: charge at seq %d before the run record", ErrCorrupt, r.Seq)
-			}
-			if r.History != l.run.History {
-				return nil, fmt.Errorf("%w: charge at seq %d is from Raft history %s, the run record's is %s",
-					ErrCorrupt, r.Seq, historyName(r.History), historyName(l.run.History))
-			}
-			if err := l.budget.add(*r.Event); err != nil {
-				return nil, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, r.Seq, err)
-			}
-			l.lastIndex = max(l.lastIndex, r.Index)
-			l.lastStep = max(l.lastStep, r.Step)
-			l.charges++
-			l.spent = r.Epsilon
-		default:
-			return nil, fmt.Errorf("%w: a %q record at seq %d in a run's ledger", ErrCorrupt, r.Kind, r.Seq)
+	for _, r := range recs {
+		if err := l.replayRecord(r); err != nil {
+			return nil, err
 		}
 	}
 	return l, nil
+}
+
+// replayRecord adds one verified record, the next in file order, to the
+// ledger's in-memory state.
+func (l *Ledger) replayRecord(r Record) error {
+	switch r.Kind {
+	case RecordRun:
+		if l.run != nil {
+			return fmt.Errorf("%w: second run record at seq %d", ErrCorrupt, r.Seq)
+		}
+		b, err := newBudget(r.Accountant, r.Delta, r.TargetEpsilon)
+		if err != nil {
+			return fmt.Errorf("%w: run record: %v", ErrCorrupt, err)
+		}
+		l.run, l.budget = &r, b
+	case RecordCharge:
+		if l.run == nil {
+			return fmt.Errorf("%w: charge at seq %d before the run record", ErrCorrupt, r.Seq)
+		}
+		if r.History != l.run.History {
+			return fmt.Errorf("%w: charge at seq %d is from Raft history %s, the run record's is %s",
+				ErrCorrupt, r.Seq, historyName(r.History), historyName(l.run.History))
+		}
+		if err := l.budget.add(*r.Event); err != nil {
+			return fmt.Errorf("%w: seq %d: %v", ErrCorrupt, r.Seq, err)
+		}
+		l.lastIndex = max(l.lastIndex, r.Index)
+		l.lastStep = max(l.lastStep, r.Step)
+		l.charges++
+		l.spent = r.Epsilon
+	default:
+		return fmt.Errorf("%w: a %q record at seq %d in a run's ledger", ErrCorrupt, r.Kind, r.Seq)
+	}
+	return nil
+}
+
+// Extend appends tail, the records that follow this ledger's last one in
+// another replica's byte-identical ledger (a snapshot's, whose first
+// Size() bytes are this file), and replays them, so that a replica
+// installing a snapshot does work in proportion to the charges it lacks.
+// Replacing the file instead (Install, then Open) verifies, writes and
+// replays every record of the run: 0.45 s at 8000 charges on an idle
+// 2-core machine, 1.5 s under load, long enough for a restarted replica
+// to fall behind again while it installs. Every record of tail is verified
+// as Open verifies a file's and replayed as Open replays it before
+// anything is written (a refusal, ErrCorrupt, changes nothing); then tail
+// is written with one fsync (a failure breaks the ledger, as in Charge).
+func (l *Ledger) Extend(tail []byte) error {
+	var next *Ledger
+	_, err := l.file.appendFrames(tail, func(recs []Record) error {
+		next = &Ledger{run: l.run, lastIndex: l.lastIndex, lastStep: l.lastStep, charges: l.charges, spent: l.spent}
+		if l.budget != nil {
+			next.budget = l.budget.clone()
+		}
+		for _, r := range recs {
+			if err := next.replayRecord(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil || next == nil {
+		return err
+	}
+	l.run, l.budget, l.lastIndex, l.lastStep = next.run, next.budget, next.lastIndex, next.lastStep
+	l.charges, l.spent = next.charges, next.spent
+	l.warm()
+	return nil
 }
 
 // Position locates a release in the replicated log: the Raft history it
