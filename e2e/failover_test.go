@@ -294,6 +294,11 @@ func runFailover(t *testing.T, plan failoverPlan) {
 	// Elections the survivors started on proof that the killed leader's
 	// process was gone (the leader watch), over every leader kill.
 	exitElections := 0.0
+	// lastFault is the step at which the last fault was injected: a single
+	// fault also waits for the run to have moved on from it (a node killed
+	// and restarted must have rejoined the rounds).
+	lastFault := 0
+faults:
 	for _, f := range plan.faults {
 		// The waits for catch-up use the steps left for the rest (and
 		// each kill may cost a recharge, so the budget ends the run early).
@@ -324,8 +329,8 @@ func runFailover(t *testing.T, plan failoverPlan) {
 					return false
 				}
 				step = int(v)
-				lagNote = fmt.Sprintf("leader %s at %d", leader.id, step)
-				ok := true
+				lagNote = fmt.Sprintf("leader %s at %d (last fault at %d)", leader.id, step, lastFault)
+				ok := step >= lastFault+3
 				for _, r := range reps {
 					m, err := Scrape(r.metricsAddr)
 					v, _ := m.Value("dpcluster_coordinator_step")
@@ -342,6 +347,12 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			for deadline := time.Now().Add(10 * time.Second); plan.singleFaults && !single0 && time.Now().Before(deadline); {
 				time.Sleep(20 * time.Millisecond) // up to 10 s; then the kill overlaps
 				single0 = caughtUp()
+				if !leader.p.Running() || step >= cfg.maxSteps-30 {
+					break // the run is ending: no more faults
+				}
+			}
+			if !leader.p.Running() || plan.singleFaults && step >= cfg.maxSteps-30 {
+				break faults
 			}
 			if plan.singleFaults && !single0 {
 				t.Logf("not caught up after 10 s: %s", lagNote)
@@ -370,6 +381,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			t.Logf("step %d: killed leader %s at %s; next step committed %v later (survivors' leader-exit elections so far: %v)",
 				step, leader.id, killed.UTC().Format("15:04:05.000"), d.Round(time.Millisecond), fast)
 			leader.p.Restart()
+			lastFault = step
 		case pauseFollower:
 			step, leader := waitStep(f.at, true)
 			var victim *replicaProc
@@ -385,6 +397,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			waitStep(step+f.steps, false)
 			victim.p.Cont()
 			delete(paused, victim)
+			lastFault, _ = observe()
 			t.Logf("resumed %s", victim.id)
 		case killNode:
 			step, _ := waitStep(f.at, false)
@@ -392,6 +405,7 @@ func runFailover(t *testing.T, plan failoverPlan) {
 			n.Kill()
 			t.Logf("step %d: killed %s", step, n.Name())
 			n.Restart()
+			lastFault = step
 		case rogueNode:
 			waitStep(f.at, true)
 			stepsIn := func() int {
