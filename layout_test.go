@@ -2,6 +2,9 @@ package dpcluster
 
 import (
 	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"maps"
 	"os"
@@ -52,6 +55,46 @@ func TestFileLengths(t *testing.T) {
 		case n > tooLong[path]:
 			t.Errorf("%s has grown from %d to %d lines, over %d: split it rather than grow it", path, tooLong[path], n, maxFileLines)
 		}
+	}
+}
+
+// maxFuncLines is the most lines a function (or method) of the packages
+// in funcLengthPackages may span, its signature and closing brace
+// included (issue 28): the packages a reviewer reads step by step.
+const maxFuncLines = 80
+
+// funcLengthPackages are the directories whose functions maxFuncLines
+// bounds.
+var funcLengthPackages = []string{"coordinator", "node", "ledger", "accounting"}
+
+// TestFunctionLengths parses every hand-written, non-test Go file of
+// funcLengthPackages (their subpackages too) and reports each function
+// longer than maxFuncLines.
+func TestFunctionLengths(t *testing.T) {
+	fset := token.NewFileSet()
+	n := 0
+	for _, dir := range funcLengthPackages {
+		for path := range goFileLengths(t, dir) {
+			file := filepath.Join(dir, filepath.FromSlash(path))
+			f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range f.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Body == nil {
+					continue
+				}
+				n++
+				lines := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1
+				if lines > maxFuncLines {
+					t.Errorf("%s: %s has %d lines, over %d: split it along its steps", filepath.ToSlash(file), fd.Name.Name, lines, maxFuncLines)
+				}
+			}
+		}
+	}
+	if n < 100 {
+		t.Fatalf("only %d functions found in %v: the walk is broken", n, funcLengthPackages)
 	}
 }
 
