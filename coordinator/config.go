@@ -143,7 +143,8 @@ type ReplicaConfig struct {
 	// 0: never by bytes). A snapshot holds θ and the optimizer's state (3
 	// copies for Adam and DP-AdamBC), so with one snapshot retained the
 	// Raft state on disk stays under about (3 + SnapshotModels +
-	// TrailingLogs/2) copies, plus a snapshot being written.
+	// TrailingLogs/2) copies, plus a snapshot being written, or
+	// SnapshotMinBytes more for a model under SnapshotMinBytes/SnapshotModels.
 	SnapshotModels int
 	// SnapshotMinBytes is the least g̃ the byte trigger waits for (0: no
 	// floor). A small model's snapshot every few steps frees almost
