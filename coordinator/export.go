@@ -316,44 +316,27 @@ type LoggedRelease struct {
 // compares them with a ledger: every g̃ on a disk must have its charge
 // (Charge) in the ledger of every replica that applied that far.
 func LoggedReleases(dataDir string) ([]LoggedRelease, error) {
-	logs, err := raftlog.OpenReadOnly(filepath.Join(dataDir, "raft"))
-	if err != nil {
-		return nil, err
-	}
-	defer logs.Close()
-	first, err := logs.FirstIndex()
-	if err != nil {
-		return nil, err
-	}
-	last, err := logs.LastIndex()
-	if err != nil {
-		return nil, err
-	}
 	var out []LoggedRelease
-	for i := first; i <= last && first > 0; i++ {
-		var e raft.Log
-		if err := logs.GetLog(i, &e); err != nil {
-			return nil, fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
-		}
-		if e.Type != raft.LogCommand {
-			continue
-		}
-		t, body, err := decodeEntry(e.Data)
-		if err != nil || (t != entryGrad && t != entryStep) {
-			continue
-		}
+	err := eachLoggedRelease(dataDir, func(e *raft.Log, t entryType, body []byte) error {
 		var h entryHeader
 		if err := msgpack.Unmarshal(body, &h); err != nil {
-			return nil, fmt.Errorf("%w: entry %d: %v", ErrBadEntry, i, err)
+			return fmt.Errorf("%w: entry %d: %v", ErrBadEntry, e.Index, err)
 		}
 		r := LoggedRelease{Step: h.Step, Index: e.Index, Term: e.Term, Charge: h.Charge}
 		if t == entryStep {
 			r.Charge = e.Index
 		}
 		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
+
+// errFound ends a walk of the log (eachCommand) that found what it sought.
+var errFound = errors.New("found")
 
 // replayPendingGrad replays, from the entries after upTo, the grad entry
 // that names fsm's pending charge, if there is one.
@@ -362,24 +345,19 @@ func replayPendingGrad(fsm *FSM, logs *raftlog.Store, upTo, last uint64) error {
 	if st.PendingIndex == 0 {
 		return nil
 	}
-	for i := upTo + 1; i <= last; i++ {
-		var e raft.Log
-		if err := logs.GetLog(i, &e); err != nil {
-			return fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
-		}
-		if e.Type != raft.LogCommand {
-			continue
-		}
-		t, body, err := decodeEntry(e.Data)
-		if err != nil || t != entryGrad {
-			continue
-		}
+	var pending *raft.Log
+	err := eachCommand(logs, upTo+1, last, func(e *raft.Log, t entryType, body []byte) error {
 		var g entryHeader
-		if msgpack.Unmarshal(body, &g) == nil && g.Charge == st.PendingIndex && g.Step == st.PendingStep {
-			return replayEntry(fsm, &e)
+		if t == entryGrad && msgpack.Unmarshal(body, &g) == nil && g.Charge == st.PendingIndex && g.Step == st.PendingStep {
+			pending = e
+			return errFound
 		}
+		return nil
+	})
+	if pending != nil {
+		return replayEntry(fsm, pending)
 	}
-	return nil
+	return err
 }
 
 // replayEntry applies e to fsm as Raft would, failing on what makes a

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -27,6 +28,32 @@ func EachLoggedGradient(dataDir string, dim int, fn func(step int64, g []float32
 	if dim <= 0 {
 		return fmt.Errorf("%w: dimension %d", ErrBadEntry, dim)
 	}
+	g := make([]float32, dim)
+	return eachLoggedRelease(dataDir, func(e *raft.Log, t entryType, body []byte) error {
+		var (
+			step            int64
+			gradErr, decErr error
+		)
+		if t == entryGrad {
+			var ge gradEntry
+			ge, gradErr, decErr = decodeGradInto(body, g)
+			step = ge.Step
+		} else {
+			var se stepEntry
+			se, gradErr, decErr = decodeStepInto(body, g)
+			step = se.Step
+		}
+		if err := errors.Join(decErr, gradErr); err != nil {
+			return fmt.Errorf("%w: entry %d: %v", ErrBadEntry, e.Index, err)
+		}
+		return fn(step, g)
+	})
+}
+
+// eachLoggedRelease opens the Raft log under dataDir read-only and calls
+// fn with every entry that carries a g̃ (grad and step entries), oldest
+// first; an error of fn stops the walk and is returned.
+func eachLoggedRelease(dataDir string, fn func(e *raft.Log, t entryType, body []byte) error) error {
 	logs, err := raftlog.OpenReadOnly(filepath.Join(dataDir, "raft"))
 	if err != nil {
 		return err
@@ -37,11 +64,23 @@ func EachLoggedGradient(dataDir string, dim int, fn func(step int64, g []float32
 		return err
 	}
 	last, err := logs.LastIndex()
-	if err != nil {
+	if err != nil || first == 0 {
 		return err
 	}
-	g := make([]float32, dim)
-	for i := first; i <= last && first > 0; i++ {
+	return eachCommand(logs, first, last, func(e *raft.Log, t entryType, body []byte) error {
+		if t != entryGrad && t != entryStep {
+			return nil
+		}
+		return fn(e, t, body)
+	})
+}
+
+// eachCommand calls fn with every command entry from index from to last
+// of logs that decodes (its type and body), in log order. Entries of
+// other Raft types and entries that do not decode are skipped; an error
+// reading the log, or of fn, stops the walk and is returned.
+func eachCommand(logs *raftlog.Store, from, last uint64, fn func(e *raft.Log, t entryType, body []byte) error) error {
+	for i := from; i <= last; i++ {
 		var e raft.Log
 		if err := logs.GetLog(i, &e); err != nil {
 			return fmt.Errorf("coordinator: Raft log entry %d: %w", i, err)
@@ -50,27 +89,10 @@ func EachLoggedGradient(dataDir string, dim int, fn func(step int64, g []float32
 			continue
 		}
 		t, body, err := decodeEntry(e.Data)
-		if err != nil || (t != entryGrad && t != entryStep) {
+		if err != nil {
 			continue
 		}
-		var step int64
-		var gradErr error
-		if t == entryGrad {
-			var ge gradEntry
-			ge, gradErr, err = decodeGradInto(body, g)
-			step = ge.Step
-		} else {
-			var se stepEntry
-			se, gradErr, err = decodeStepInto(body, g)
-			step = se.Step
-		}
-		if err == nil {
-			err = gradErr
-		}
-		if err != nil {
-			return fmt.Errorf("%w: entry %d: %v", ErrBadEntry, i, err)
-		}
-		if err := fn(step, g); err != nil {
+		if err := fn(&e, t, body); err != nil {
 			return err
 		}
 	}
