@@ -152,54 +152,42 @@ func (l *seqEmbed) boundExample(b clipBounds, i int, n, rho float64) {
 }
 
 func (s *seqEmbedState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
-	l := s.l
 	clear(dw)
-	tok, pos := dw[:l.V*l.D], dw[l.V*l.D:]
-	for i := 0; i < p.B; i++ {
-		for t, id := range in[i*l.T : (i+1)*l.T] {
-			d := dout[(i*l.T+t)*l.D : (i*l.T+t+1)*l.D]
-			g := pos[t*l.D : (t+1)*l.D]
-			for j, v := range d {
-				g[j] += alpha * v
-			}
-			if id < 0 {
-				continue
-			}
-			g = tok[int(id)*l.D : (int(id)+1)*l.D]
-			for j, v := range d {
-				g[j] += alpha * v
-			}
-		}
-	}
+	addSeqEmbedGrad(s.l, dw, p.B, in, dout, alpha)
 }
 
 // accGrad adds into acc directly, in example and position order, then
 // rounds it into dst if final.
 func (s *seqEmbedState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
-	l := s.l
 	if p.fresh {
 		clear(acc)
 	}
-	tok, pos := acc[:l.V*l.D], acc[l.V*l.D:]
-	for i := 0; i < p.B; i++ {
-		for t, id := range in[i*l.T : (i+1)*l.T] {
-			d := dout[(i*l.T+t)*l.D : (i*l.T+t+1)*l.D]
-			g := pos[t*l.D : (t+1)*l.D]
-			for j, v := range d {
-				g[j] += float64(v)
-			}
-			if id < 0 {
-				continue
-			}
-			g = tok[int(id)*l.D : (int(id)+1)*l.D]
-			for j, v := range d {
-				g[j] += float64(v)
-			}
-		}
-	}
+	addSeqEmbedGrad(s.l, acc, p.B, in, dout, 1)
 	if p.final {
 		for j, v := range acc {
 			dst[j] = float32(v)
+		}
+	}
+}
+
+// addSeqEmbedGrad adds alpha·dout into g, the layer's token and position
+// tables laid out as its parameters, for the B examples' token ids in, in
+// example and position order (the order fixes the bits); a padding id
+// (< 0) adds to its position's row only.
+func addSeqEmbedGrad[F float32 | float64](l *seqEmbed, g []F, B int, in, dout []float32, alpha F) {
+	tok, pos := g[:l.V*l.D], g[l.V*l.D:]
+	add := func(row []F, d []float32) {
+		for j, v := range d {
+			row[j] += alpha * F(v)
+		}
+	}
+	for i := 0; i < B; i++ {
+		for t, id := range in[i*l.T : (i+1)*l.T] {
+			d := dout[(i*l.T+t)*l.D : (i*l.T+t+1)*l.D]
+			add(pos[t*l.D:(t+1)*l.D], d)
+			if id >= 0 {
+				add(tok[int(id)*l.D:(int(id)+1)*l.D], d)
+			}
 		}
 	}
 }
