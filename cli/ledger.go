@@ -102,11 +102,13 @@ With --json the output is ONE indented JSON object (not JSON lines):
   torn_bytes  bytes of a torn tail after the last complete record
   error       only when the file is corrupt
   records     array of every record, with the ledger file's own field names:
-              format, seq, kind ("run" or "charge"), prev_hash, hash; run
+              format, seq, kind ("run", "charge" or "end"), prev_hash, hash; run
               records: run, target_epsilon, delta, noise, mechanism,
               accountant (absent in ledgers written before it), history;
               charge records: history, step, event (kind, sample_rate,
-              noise_multiplier, event), term, index, replay, epsilon.
+              noise_multiplier, event), term, index, replay, epsilon;
+              the end record: history, step (the last step applied),
+              reason, term, index (the entry that ended the run).
               A field that is empty, zero or false is left out, as in the
               file (replay appears only when true).
 These names are stable: they are the names the records' hashes cover.`,
@@ -187,6 +189,10 @@ func printRecords(w io.Writer, recs []ledger.Record) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tKIND\tSTEP\tQ\tσ\tTERM\tINDEX\tREPLAY\tε\tHASH")
 	for _, r := range recs {
+		if r.Kind == ledger.RecordEnd {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t%d\t%d\t-\t-\t%s  (%s)\n", r.Seq, r.Kind, r.Step, r.Term, r.Index, shortHash(r.Hash), r.Reason)
+			continue
+		}
 		if r.Kind != ledger.RecordCharge {
 			fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", r.Seq, r.Kind, shortHash(r.Hash))
 			continue
@@ -251,6 +257,14 @@ the accountant the run enforces (ε under the other one is reported too), no
 and no reuse across Raft histories (every charge from the run record's
 history, Raft terms never decreasing). A torn tail is reported, not a
 failure.
+
+Applied steps are the ledger's own statement: a run that ended wrote an end
+record (why it ended, the last step it applied), and the steps charged as
+applied up to it must be exactly 1…that step; a step charged after it
+(charged ahead of its noisy gradient by a leader that was lost, never
+applied) is counted as charged and never applied, its ε counted like every
+charge's. A ledger without an end record (a run still running, or written
+before end records) counts every step charged as applied.
 
 With --report FILE it also draws ε over the steps against the target, with
 the replays and the new Raft terms (a leader change or a restart: the ledger
@@ -320,7 +334,7 @@ either way.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the audit report as JSON")
-	cmd.Flags().IntVar(&expectSteps, "expect-steps", 0, "also fail unless exactly this many steps were applied (non-replay charges)")
+	cmd.Flags().IntVar(&expectSteps, "expect-steps", 0, "also fail unless exactly this many steps were applied (see above)")
 	cmd.Flags().StringVar(&report, "report", "", "also write a report drawing ε over steps to FILE (.html: page with inline SVG; .png: chart image)")
 	return cmd
 }
@@ -352,8 +366,13 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(rep.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
-	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d recharges, %d applied steps), last step %d\n",
-		rep.Records, rep.Charges, rep.Replays, rep.Recharges, rep.Applied, rep.LastStep)
+	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d recharges, %d applied steps, %d charged and never applied), last step charged %d\n",
+		rep.Records, rep.Charges, rep.Replays, rep.Recharges, rep.Applied, rep.Unapplied, rep.LastStep)
+	if rep.Ended {
+		fmt.Fprintf(w, "ended    after step %d: %s\n", rep.EndStep, rep.EndReason)
+	} else {
+		fmt.Fprintf(w, "ended    - (no end record: the run runs, or its ledger predates end records)\n")
+	}
 	printAuditEpsilon(w, rep)
 	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
 	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)

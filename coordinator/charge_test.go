@@ -206,23 +206,31 @@ func persistSnapshot(t *testing.T, f *FSM) []byte {
 	return sink.Bytes()
 }
 
-// TestFSMGradAfterStop: a stop entry between a charge and its g̃ does not
-// refuse the g̃: the step was charged while the run ran and its θ may
-// have been released, so every replica ends on that θ.
+// TestFSMGradAfterStop: the end of the run is final. A stop entry between
+// a charge and its g̃ (a leader never proposes one there: it proposes its
+// stop after its last g̃, and a new leader's stop follows every entry of
+// the old one it will ever commit) drops the pending charge: the g̃ after
+// it is refused, θ stays at the step the end record states, and the step
+// stays charged (its ε counts) and is counted as never applied.
 func TestFSMGradAfterStop(t *testing.T) {
 	c := testRunConfig()
 	g := noisyGrads(1, 9)
-	f := newTestFSM(t, t.TempDir())
+	dir := t.TempDir()
+	f := newTestFSM(t, dir)
 	mustApply(t, f, logEntry(t, 1, entryConfig, c))
 	mustApply(t, f, chargeLog(t, 2, 1, 1, c))
 	mustApply(t, f, logEntry(t, 3, entryStop, stopEntry{Reason: "test"}))
-	if res := mustApply(t, f, gradLog(t, 4, 1, 1, 2, g[0])); !res.Applied {
-		t.Fatalf("g̃ after the stop: %+v", res)
+	if res := mustApply(t, f, gradLog(t, 4, 1, 1, 2, g[0])); res.Applied || !errors.Is(res.Err, ErrUnmatchedGrad) {
+		t.Fatalf("g̃ after the stop: %+v, want refused with ErrUnmatchedGrad", res)
 	}
-	if got, step := f.Params(nil); step != 1 || !bitsEqual(got, reference(t, c, g)) {
-		t.Errorf("θ at step %d differs from the optimizer run over the g̃", step)
+	if _, step := f.Params(nil); step != 0 {
+		t.Errorf("θ at step %d after the end at step 0", step)
 	}
-	if st := f.State(); st.Stopped != "test" || st.Applied != 1 {
+	if st := f.State(); st.Stopped != "test" || st.Applied != 0 || st.Charges != 1 || st.Fatal != nil {
 		t.Errorf("state: %+v", st)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.EndStep != 0 || rep.EndReason != "test" || rep.Applied != 0 || rep.Unapplied != 1 {
+		t.Errorf("audit: %+v, %v", rep, err)
 	}
 }

@@ -163,8 +163,10 @@ func readCommittedOnce(dataDir string, init InitFunc) (Committed, error) {
 }
 
 // readLedgerCharges reads dataDir's ledger (readCommittedOnce's step 1):
-// its records and the Raft index of its last charge. A ledger without a
-// run record is ErrNoReplicaState.
+// its records and the Raft index of its last charge or of its end record,
+// whichever is later (the replay must reach the entry that ended the run,
+// which wrote the end record). A ledger without a run record is
+// ErrNoReplicaState.
 func readLedgerCharges(dataDir string) ([]ledger.Record, uint64, error) {
 	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, LedgerFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -179,7 +181,7 @@ func readLedgerCharges(dataDir string) ([]ledger.Record, uint64, error) {
 		switch recs[i].Kind {
 		case ledger.RecordRun:
 			run = &recs[i]
-		case ledger.RecordCharge:
+		case ledger.RecordCharge, ledger.RecordEnd:
 			lastCharge = max(lastCharge, recs[i].Index)
 		}
 	}

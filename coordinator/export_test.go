@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -166,5 +167,34 @@ func TestReadCommittedChecksLedger(t *testing.T) {
 	s.Close()
 	if _, err := ReadCommitted(dir, testInit); !errors.Is(err, ErrInconsistentState) {
 		t.Fatalf("ReadCommitted = %v, want ErrInconsistentState", err)
+	}
+}
+
+// TestReadCommittedAfterEnd: a run ended by a stop entry after step 3's
+// charge, whose g̃ never came: ReadCommitted replays up to the entry that
+// ended the run, which wrote the ledger's end record, and reads step 2,
+// the stop reason and the three charges.
+func TestReadCommittedAfterEnd(t *testing.T) {
+	dir := t.TempDir()
+	c := testRunConfig()
+	grads := noisyGrads(2, 32)
+	r := openTestReplica(t, dir, freeAddr(t))
+	defer r.Close()
+	waitLeader(t, r)
+	runSteps(t, r, c, grads, 1, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if res, err := r.ProposeCharge(ctx, 3, c.Event(), "test"); err != nil || !res.Pending {
+		t.Fatalf("step 3's charge: %+v, %v", res, err)
+	}
+	if err := r.ProposeStop(ctx, stopBudget); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadCommitted(dir, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Step != 2 || got.Stopped != stopBudget || got.Charges != 3 {
+		t.Errorf("read step %d, stopped %q, %d charges; want step 2, %q, 3", got.Step, got.Stopped, got.Charges, stopBudget)
 	}
 }

@@ -98,6 +98,16 @@ type ApplyResult struct {
 // apply if the entry is the next step (a step entry for an already-applied
 // step is charged, since its g̃ is committed, but changes nothing).
 //
+// The run ends in Apply, at one entry, the same on every replica (end): a
+// stop entry, the charge the budget refuses, the g̃ of the last step
+// (MaxSteps) or an entry refused as no honest leader's. The ledger then
+// records the end (ledger.End: the reason, the last applied step, the
+// entry's position), so every replica's ledger says how the run ended and
+// how many steps it applied; a step charged ahead whose g̃ never came is
+// charged there and not counted as applied. An ended run applies nothing
+// more: the pending charge is dropped, and a later entry's release is
+// charged as a replay (over-count, never under-count).
+//
 // After a restart the ledger may already hold charges for entries Raft
 // replays (it is durable; the snapshot may be older); those are not charged
 // twice, and their updates are applied if the restored state is behind.
@@ -255,7 +265,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	t, body, err := decodeEntry(l.Data)
 	if err == nil && t == entryGrad {
-		return f.applyGrad(body) // takes mu only briefly
+		return f.applyGrad(l, body) // takes mu only briefly
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -274,11 +284,8 @@ func (f *FSM) Apply(l *raft.Log) any {
 		if err := msgpack.Unmarshal(body, &s); err != nil {
 			return f.fail(fmt.Errorf("%w: stop: %v", ErrBadEntry, err))
 		}
-		if f.stopped == "" {
-			f.stopped = s.Reason
-			f.log.Info("run stopped", "reason", s.Reason, "step", f.applied)
-		}
-		return ApplyResult{Step: f.applied, Epsilon: f.ledger.Spent()}
+		err := f.end(l, s.Reason)
+		return ApplyResult{Step: f.applied, Epsilon: f.ledger.Spent(), Err: err}
 	}
 	return nil
 }
@@ -371,7 +378,7 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	// g̃ the optimizer refuses) is refused: not charged, not applied, not
 	// fatal (every replica refuses it alike); the run stops.
 	if err := f.checkStep(s); err != nil {
-		f.stopRefused(s.Step, err)
+		f.stopRefused(l, s.Step, err)
 		res.Err = err
 		return res
 	}
@@ -391,7 +398,7 @@ func (f *FSM) applyStep(l *raft.Log, body []byte) ApplyResult {
 	f.diag = diag
 	res.Applied, res.Diag = true, diag
 	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
-		f.stopped = stopMaxSteps
+		res.Err = f.end(l, stopMaxSteps)
 	}
 	return res
 }
@@ -416,8 +423,10 @@ func (f *FSM) charge(l *raft.Log, step int64, unapplied bool) (charged bool, ref
 	_, err = f.ledger.Charge(step, f.cfg.Event(), pos, unapplied)
 	switch {
 	case errors.Is(err, ledger.ErrBudgetExceeded):
-		f.stopped, f.pending = stopBudget, nil
 		f.log.Warn("step refused: privacy budget exhausted", "step", step, "epsilon", f.ledger.Spent())
+		if ferr := f.end(l, stopBudget); ferr != nil {
+			return false, nil, ferr
+		}
 		return false, err, nil
 	case err != nil:
 		return false, nil, f.fail(err).Err
@@ -458,7 +467,7 @@ func (f *FSM) applyCharge(l *raft.Log, body []byte) ApplyResult {
 	res := ApplyResult{Step: c.Step, Index: l.Index}
 	if want := f.cfg.Event(); !c.Event.Equal(want) {
 		err := fmt.Errorf("%w: step %d claims %+v, the run configuration's event is %+v", ErrEventMismatch, c.Step, c.Event, want)
-		f.stopRefused(c.Step, err)
+		f.stopRefused(l, c.Step, err)
 		res.Err, res.Epsilon = err, f.ledger.Spent()
 		return res
 	}
@@ -477,7 +486,7 @@ func (f *FSM) applyCharge(l *raft.Log, body []byte) ApplyResult {
 // applyGrad applies a grad entry (step 2 of the type's doc comment).
 // Called with f.tmu held; it takes f.mu around its reads and writes of
 // the rest of the state, not around the model-sized decode and update.
-func (f *FSM) applyGrad(body []byte) ApplyResult {
+func (f *FSM) applyGrad(l *raft.Log, body []byte) ApplyResult {
 	f.mu.RLock()
 	configured := f.cfg != nil
 	f.mu.RUnlock()
@@ -498,13 +507,13 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 	case p == nil || p.Index != g.Charge || p.Step != g.Step:
 		res.Err = fmt.Errorf("%w: g̃ of step %d names the charge at index %d, the pending charge is %+v", ErrUnmatchedGrad, g.Step, g.Charge, p)
 	case g.Step != f.applied+1:
-		// Cannot happen: a charge is pending only for the next step. A
-		// stop entry between the charge and its g̃ does not refuse it:
-		// the step was charged while the run ran, and its θ released.
+		// Cannot happen: a charge is pending only for the next step,
+		// and the end of the run drops it (end): a g̃ after the end
+		// names no pending charge.
 		res.Err = f.notNext(g.Step)
 	}
 	if res.Err != nil {
-		f.stopRefused(g.Step, res.Err)
+		f.stopRefused(l, g.Step, res.Err)
 		return res
 	}
 	// The update, under tmu only (held by Apply). Step applies the
@@ -520,7 +529,7 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 	switch {
 	case errors.Is(err, dpadam.ErrNonFinite):
 		res.Err = fmt.Errorf("coordinator: step %d: %w", g.Step, err)
-		f.stopRefused(g.Step, res.Err)
+		f.stopRefused(l, g.Step, res.Err)
 		return res
 	case err != nil:
 		// Cannot happen for a g̃ of the run's dimension; if it does, this
@@ -531,7 +540,7 @@ func (f *FSM) applyGrad(body []byte) ApplyResult {
 	f.sinceSnap += 4 * int64(len(f.grad))
 	res.Applied, res.Diag = true, diag
 	if f.cfg.MaxSteps > 0 && f.applied >= f.cfg.MaxSteps {
-		f.stopped = stopMaxSteps
+		res.Err = f.end(l, stopMaxSteps)
 	}
 	return res
 }
@@ -544,14 +553,40 @@ func (f *FSM) notNext(step int64) error {
 	return fmt.Errorf("coordinator: step %d is not the next step (%d applied)", step, f.applied)
 }
 
-// stopRefused stops the run after a refused entry an honest leader never
-// proposes (fail closed; every replica refuses it alike). Called with f.mu
-// held.
-func (f *FSM) stopRefused(step int64, err error) {
+// stopRefused stops the run at l after a refused entry an honest leader
+// never proposes (fail closed; every replica refuses it alike). Called
+// with f.mu held.
+func (f *FSM) stopRefused(l *raft.Log, step int64, err error) {
 	if f.stopped == "" {
-		f.stopped = fmt.Sprintf("refused step %d: %v", step, err)
 		f.log.Error("step entry refused; run stopped", "step", step, "err", err)
+		_ = f.end(l, fmt.Sprintf("refused step %d: %v", step, err)) // a failure is fatal, recorded
 	}
+}
+
+// end ends the run at the entry l for reason (non-empty; an empty one ends
+// nothing). It is the one place a run ends, in Apply, so on every replica
+// at the same entry: the state stops, the pending charge is dropped (an
+// ended run applies no more g̃; a step charged ahead whose g̃ had not come
+// stays charged and is never applied), and the ledger records the end
+// (ledger.End: the reason, the last applied step, l's position), so every
+// replica's ledger states the same end, byte for byte. Raft replaying l
+// after a restart records nothing new (End is idempotent). A no-op once
+// the run has stopped. It returns the fatal error (recorded: fail closed)
+// if the ledger cannot record the end. Called with f.mu held.
+func (f *FSM) end(l *raft.Log, reason string) error {
+	if f.stopped != "" || reason == "" {
+		return nil
+	}
+	f.stopped, f.pending = reason, nil
+	f.log.Info("run stopped", "reason", reason, "step", f.applied)
+	if f.cfg == nil {
+		return nil // no run configured: its ledger holds no run to end
+	}
+	pos := ledger.Position{History: f.history, Term: l.Term, Index: l.Index}
+	if _, err := f.ledger.End(f.applied, reason, pos); err != nil {
+		return f.fail(err).Err
+	}
+	return nil
 }
 
 // checkStep reports why a decoded step entry (g̃ in f.grad) is not a

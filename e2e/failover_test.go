@@ -559,12 +559,15 @@ func observeReplicas(reps []*replicaProc, paused map[*replicaProc]bool) (step in
 // replicas' state digests (θ and optimizer state) are identical, their
 // ledgers are byte-identical, and each ledger passes `coordinator ledger
 // audit --expect-steps N` (steps 1..N applied in order, each charged and
-// committed). N is cfg.maxSteps, or fewer if the budget ran out first:
-// a leader killed after a step's charge committed and before its g̃ did
-// costs one more charge of that step (a recharge, by the next term's
-// leader), and σ is calibrated for exactly maxSteps charges. Then every
-// charge the budget allows was made (charges ≥ maxSteps) and each is an
-// applied step, a recharge or a replay.
+// committed) and ends with an end record stating step N and the reason.
+// N is cfg.maxSteps, or fewer if the budget ran out first: a leader
+// killed after a step's charge committed and before its g̃ did costs one
+// more charge of that step (a recharge, by the next term's leader), and σ
+// is calibrated for exactly maxSteps charges. Then every charge the
+// budget allows was made (charges ≥ maxSteps) and each is an applied
+// step, a recharge, a replay or a step charged and never applied (its g̃
+// lost with its leader and its recharge refused: the end record's step
+// is before it).
 func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) {
 	h.t.Helper()
 	t := h.t
@@ -618,49 +621,22 @@ func checkRunEnd(h *Harness, cfg runConfig, reps []*replicaProc, nodes []*Proc) 
 		} else if !bytes.Equal(b, first) {
 			h.Fatalf("%s's ledger (%d bytes) differs from %s's (%d bytes)", r.id, len(b), reps[0].id, len(first))
 		}
-		expect := ledgerSteps(h, r.dataDir, steps, reason)
-		rep, code, out := h.Audit(r.dataDir, expect)
-		if code != 0 || !rep.OK || rep.Applied != expect || rep.Charges != rep.Applied+rep.Recharges+rep.Replays ||
-			(steps < cfg.maxSteps && rep.Charges < cfg.maxSteps) {
-			h.Fatalf("%s: ledger audit exit %d: ok %v, %d charges, %d applied, %d recharges, %d replays, problems %q\n%s",
-				r.id, code, rep.OK, rep.Charges, rep.Applied, rep.Recharges, rep.Replays, rep.Problems, out)
+		// The ledger's own statement of the end: the end record's step
+		// and reason are the run's; a step charged ahead of a g̃ lost
+		// with its leader, its recharge refused by the budget, is
+		// counted as charged and never applied.
+		rep, code, out := h.Audit(r.dataDir, steps)
+		if code != 0 || !rep.OK || rep.Applied != steps || !rep.Ended || rep.EndStep != int64(steps) || rep.EndReason != reason ||
+			rep.Charges != rep.Applied+rep.Recharges+rep.Replays+rep.Unapplied || (steps < cfg.maxSteps && rep.Charges < cfg.maxSteps) {
+			h.Fatalf("%s: ledger audit exit %d: ok %v, %d charges, %d applied, %d recharges, %d replays, %d unapplied, end %v at step %d (%q), problems %q\n%s",
+				r.id, code, rep.OK, rep.Charges, rep.Applied, rep.Recharges, rep.Replays, rep.Unapplied, rep.Ended, rep.EndStep, rep.EndReason, rep.Problems, out)
 		}
 		if r == reps[0] {
-			t.Logf("ledger: %d charges, %d applied steps, %d recharges, %d replays", rep.Charges, rep.Applied, rep.Recharges, rep.Replays)
+			t.Logf("ledger: %d charges, %d applied steps, %d recharges, %d replays, %d charged and never applied; ended after step %d (%s)",
+				rep.Charges, rep.Applied, rep.Recharges, rep.Replays, rep.Unapplied, rep.EndStep, rep.EndReason)
 		}
 	}
 	checkReleasesCharged(h, reps, reps[0])
-}
-
-// ledgerSteps is the steps the ledger of a run that finished after steps
-// steps for reason counts as applied: steps, or steps+1 when the budget
-// ended the run with step steps+1 charged and never applied. That happens
-// when a leader is lost after step t's charge commits and before its g̃
-// does, and the next leader's recharge of t is refused by the budget: the
-// run stops at t−1, and the ledger, which records charges and not
-// applications, holds t's first charge as an ordinary one (its ε is
-// spent: the old leader may have released θ_t). `coordinator ledger
-// audit` then counts t as applied; the state machine did not apply it.
-func ledgerSteps(h *Harness, dataDir string, steps int, reason string) int {
-	h.t.Helper()
-	if reason != "privacy budget exhausted" {
-		return steps
-	}
-	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, "ledger.log"))
-	if err != nil {
-		h.Fatalf("%s: %v", dataDir, err)
-	}
-	last := int64(0)
-	for _, r := range recs {
-		if r.Kind == ledger.RecordCharge {
-			last = max(last, r.Step)
-		}
-	}
-	if last == int64(steps)+1 {
-		h.t.Logf("%s: step %d charged and not applied (its g̃ lost with its leader, the budget refused the recharge)", dataDir, last)
-		return steps + 1
-	}
-	return steps
 }
 
 // checkReleasesCharged checks that no g̃ reached a disk uncharged: every

@@ -204,21 +204,22 @@ func TestProcessNodeRestart(t *testing.T) {
 	}
 
 	// 4. The ledger: audit passes with exactly maxSteps applied charges and
-	// no replay, and it holds one run record and one charge for each step
-	// 1..maxSteps.
+	// no replay, and it holds one run record, one charge for each step
+	// 1..maxSteps and the end record (after step maxSteps).
 	rep, code, out := h.Audit(dataDir, cfg.maxSteps)
 	if code != 0 || !rep.OK || len(rep.Problems) != 0 {
 		h.Fatalf("ledger audit: exit %d, ok %v, problems %q\n%s", code, rep.OK, rep.Problems, out)
 	}
-	if rep.Charges != cfg.maxSteps || rep.Applied != cfg.maxSteps || rep.Replays != 0 || rep.LastStep != int64(cfg.maxSteps) || rep.Run != cfg.run {
+	if rep.Charges != cfg.maxSteps || rep.Applied != cfg.maxSteps || rep.Replays != 0 || rep.LastStep != int64(cfg.maxSteps) || rep.Run != cfg.run ||
+		!rep.Ended || rep.EndStep != int64(cfg.maxSteps) {
 		h.Fatalf("ledger audit: run %q, %d charges, %d applied, %d replays, last step %d; want run %q, %d, %d, 0, %d\n%s",
 			rep.Run, rep.Charges, rep.Applied, rep.Replays, rep.LastStep, cfg.run, cfg.maxSteps, cfg.maxSteps, cfg.maxSteps, out)
 	}
 	recs := h.LedgerRecords(dataDir)
-	if len(recs) != cfg.maxSteps+1 || recs[0].Kind != "run" {
-		h.Fatalf("ledger: %d records (first %+v), want a run record and %d charges", len(recs), recs[0], cfg.maxSteps)
+	if len(recs) != cfg.maxSteps+2 || recs[0].Kind != "run" || recs[len(recs)-1].Kind != "end" {
+		h.Fatalf("ledger: %d records (first %+v), want a run record, %d charges and the end", len(recs), recs[0], cfg.maxSteps)
 	}
-	for i, r := range recs[1:] {
+	for i, r := range recs[1 : len(recs)-1] {
 		if r.Kind != "charge" || r.Step != int64(i+1) || r.Replay {
 			h.Fatalf("ledger record %d: %+v, want the charge of step %d, not a replay", i+1, r, i+1)
 		}

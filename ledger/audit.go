@@ -31,9 +31,24 @@ type AuditReport struct {
 	// was committed and before its g̃ was, and the next leader released
 	// the step again with fresh noise. Both releases are charged.
 	Recharges int `json:"recharges"`
-	// Applied counts the distinct steps charged as applied.
-	Applied  int   `json:"applied_steps"`
+	// Applied counts the distinct steps charged as applied: with an end
+	// record, those up to its step (the last step the run applied); in a
+	// ledger without one (a run still running, or written before end
+	// records), all of them.
+	Applied int `json:"applied_steps"`
+	// Unapplied counts the steps charged as applied after the end
+	// record's step: charged ahead of their g̃ by a leader that was lost
+	// before the g̃ committed, and never applied (the next leader's
+	// recharge was refused, or the run ended first). Their ε counts like
+	// every charge's: the lost leader may have released their θ.
+	Unapplied int `json:"unapplied_steps"`
+	// LastStep is the highest step charged, applied or not.
 	LastStep int64 `json:"last_step"`
+	// Ended says the ledger holds an end record; EndStep is the last step
+	// the run applied and EndReason why it ended, as that record states.
+	Ended     bool   `json:"ended"`
+	EndStep   int64  `json:"end_step"`
+	EndReason string `json:"end_reason,omitempty"`
 	// TornBytes is the size of a torn tail (a crash during the last
 	// append). It is reported, not a failure: that append never returned,
 	// and OpenFile repairs it.
@@ -90,6 +105,11 @@ type AuditReport struct {
 // the run record's history, and Raft terms never decrease from one charge
 // to the next (they cannot along one Raft log; this also catches some
 // reuse in ledgers written before history IDs, whose records carry none).
+// An end record, if any, must be the only one, of the run's history, at or
+// after the last charge's Raft index and term, and state exactly the steps
+// charged as applied up to its step (1…EndStep); only replay charges may
+// follow it. Steps charged as applied after its step are counted as
+// Unapplied, not Applied.
 //
 // It also composes all the charges with both accountants, RDP and PLD,
 // and reports both ε beside the one the run enforced.
@@ -122,13 +142,17 @@ func Audit(path string) (AuditReport, error) {
 	}
 	a := newAuditor(&rep, run)
 	for _, r := range recs[1:] {
-		if r.Kind != RecordCharge {
+		switch r.Kind {
+		case RecordCharge:
+			a.charge(r)
+		case RecordEnd:
+			a.end(r)
+		default:
 			a.problem("record %d: unexpected %q record", r.Seq, r.Kind)
-			continue
 		}
-		a.charge(r)
 	}
 	a.epsilons()
+	a.steps()
 	return rep.finish(), nil
 }
 
@@ -150,6 +174,10 @@ type auditor struct {
 	lastAppliedTerm     uint64
 	recomputeFailed     bool
 	rdpFailed           bool
+	// applied holds the steps charged as applied, in file order; ended
+	// the end record, if any.
+	applied []int64
+	ended   *Record
 }
 
 // newAuditor fills rep from the run record and returns the auditor of its
@@ -255,8 +283,52 @@ func (a *auditor) order(r Record) {
 		if r.Step <= a.lastApplied {
 			a.problem("record %d: step %d applied after step %d in term %d", r.Seq, r.Step, a.lastApplied, a.lastAppliedTerm)
 		}
+		if a.ended != nil {
+			a.problem("record %d: step %d charged as applied after the run ended (record %d)", r.Seq, r.Step, a.ended.Seq)
+		}
 		a.lastApplied, a.lastAppliedTerm = r.Step, r.Term
-		a.rep.Applied++
+		a.applied = append(a.applied, r.Step)
+	}
+}
+
+// end audits the end record r: the only one, of the run's history, not
+// before the last charge in the Raft log.
+func (a *auditor) end(r Record) {
+	switch {
+	case a.ended != nil:
+		a.problem("record %d: a second end record (the first is record %d)", r.Seq, a.ended.Seq)
+		return
+	case r.History != a.run.History:
+		a.problem("record %d: end from Raft history %s, but the run record binds the ledger to history %s",
+			r.Seq, historyName(r.History), historyName(a.run.History))
+	case r.Index < a.lastIndex || r.Term < a.lastTerm:
+		a.problem("record %d: end at Raft term %d, index %d, before the last charge (term %d, index %d)",
+			r.Seq, r.Term, r.Index, a.lastTerm, a.lastIndex)
+	}
+	a.ended = &r
+	a.rep.Ended, a.rep.EndStep, a.rep.EndReason = true, r.Step, r.Reason
+}
+
+// steps counts the applied steps: with an end record, the steps charged
+// as applied up to its step, which must be exactly 1…EndStep, and those
+// after it as unapplied; without one, every step charged as applied.
+func (a *auditor) steps() {
+	rep := a.rep
+	rep.Applied = len(a.applied)
+	if a.ended == nil {
+		return
+	}
+	rep.Applied = 0
+	for _, s := range a.applied {
+		if s <= a.ended.Step {
+			rep.Applied++
+		} else {
+			rep.Unapplied++
+		}
+	}
+	if int64(rep.Applied) != a.ended.Step {
+		a.problem("record %d: the run ended at step %d (%s), but the ledger charges %d steps as applied up to it",
+			a.ended.Seq, a.ended.Step, a.ended.Reason, rep.Applied)
 	}
 }
 

@@ -18,9 +18,14 @@
 //     (at most PLDGridRatio above the ε of exactly the charges taken) and
 //     refuses a charge past the accountant's step limit. Audit and Replay
 //     recompute every recorded ε from the records alone, bit for bit.
-//  4. NewTimeline reads a ledger's charges as a timeline of ε with its Raft
+//  4. End records, once, how the run ended: why, and the last step it
+//     applied. Audit takes the applied steps from it and counts a step
+//     charged after that step (charged ahead of a g̃ that never came) as
+//     charged and never applied; its ε counts. After it, Charge takes
+//     replay charges only (ErrRunEnded).
+//  5. NewTimeline reads a ledger's charges as a timeline of ε with its Raft
 //     terms and replays marked (timeline.go).
-//  5. A DatasetBudget (dataset.go) is a dataset's lifetime budget across
+//  6. A DatasetBudget (dataset.go) is a dataset's lifetime budget across
 //     runs: each run reserves its step limit on admission and settles what
 //     it charged, composed by the PLD accountant.
 //

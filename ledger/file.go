@@ -72,6 +72,11 @@ const (
 	RecordRun RecordKind = "run"
 	// RecordCharge charges one noisy release.
 	RecordCharge RecordKind = "charge"
+	// RecordEnd states that the run ended: why (Reason) and the last
+	// step applied (Step), at the Raft position of the entry that ended
+	// it. At most one, after the run record; only replay charges may
+	// follow it (Ledger.End). Ledgers written before it have none.
+	RecordEnd RecordKind = "end"
 	// RecordBudget, RecordAdmit and RecordSettle are the records of a
 	// dataset budget file (DatasetBudget), never of a run's ledger.
 	RecordBudget RecordKind = "budget"
@@ -123,6 +128,10 @@ type Record struct {
 	// leader that died before the g̃ was committed, then again by the next
 	// leader.
 	Replay bool `json:"replay,omitempty"`
+	// Reason is why the run ended (end records only): the state
+	// machine's stop reason, e.g. "max steps reached" or "privacy budget
+	// exhausted". Empty in every other record, so theirs hash as before.
+	Reason string `json:"reason,omitempty"`
 	// Epsilon is ε spent so far, at the run's δ, by the run record's
 	// accountant (RDP over DefaultOrders, or PLD: see pldBudget.epsilon),
 	// including this record.
@@ -381,6 +390,10 @@ func verifyRecord(payload []byte, seq uint64, prev string) (Record, error) {
 		if err := rec.Event.Validate(); err != nil {
 			return rec, fmt.Errorf("%w: record %d: %v", ErrCorrupt, seq, err)
 		}
+	case RecordEnd:
+		if err := checkEnd(rec); err != nil {
+			return rec, fmt.Errorf("%w: record %d: %v", ErrCorrupt, seq, err)
+		}
 	default:
 		return rec, fmt.Errorf("%w: record %d has unknown kind %q", ErrCorrupt, seq, rec.Kind)
 	}
@@ -484,8 +497,30 @@ func validateNew(r Record) error {
 			return fmt.Errorf("%w: %s without an event", accounting.ErrInvalidEvent, r.Kind)
 		}
 		return r.Event.Validate()
+	case RecordEnd:
+		if err := checkEnd(r); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidParameter, err)
+		}
+		return nil
 	}
 	return fmt.Errorf("ledger: unknown record kind %q", r.Kind)
+}
+
+// checkEnd returns why r is not a well-formed end record: it needs a
+// reason, a step ≥ 0 and the Raft index (≥ 1) of the entry that ended the
+// run, and carries no event, no ε and no replay mark.
+func checkEnd(r Record) error {
+	switch {
+	case r.Reason == "":
+		return errors.New("end record without a reason")
+	case r.Step < 0:
+		return fmt.Errorf("end record with step %d", r.Step)
+	case r.Index == 0:
+		return errors.New("end record without a Raft index")
+	case r.Event != nil || r.Epsilon != 0 || r.Replay:
+		return errors.New("end record with a charge's fields")
+	}
+	return nil
 }
 
 // putFrameHeader writes the length and CRC32C of payload into hdr[:8].

@@ -40,6 +40,13 @@ var ErrOutOfOrder = errors.New("ledger: charge out of Raft log order")
 // other releases, and those releases would go uncharged.
 var ErrHistoryMismatch = errors.New("ledger: ledger and Raft state belong to different histories")
 
+// ErrRunEnded is returned by Charge for a charge of an applied step
+// (replay false) after the ledger recorded the run's end, and by End for an
+// end other than the one recorded. Nothing is recorded. An ended run
+// applies no more steps; a release committed after its end is still
+// charged, as a replay.
+var ErrRunEnded = errors.New("ledger: the run has ended")
+
 // Ledger is the durable privacy ledger of one coordinator replica: a File of
 // records and the accountant state those records imply. Charges are
 // accounted with the accountant the run record names (AccountantRDP over
@@ -57,6 +64,7 @@ type Ledger struct {
 	lastStep  int64   // highest step charged
 	charges   uint64
 	spent     float64 // the ε the last charge record holds (0 before any)
+	end       *Record // the end record, nil while the run runs
 
 	// warming is the goroutine, if any, that computes ahead what the
 	// next charge's ε needs (warm); Close sets closing and waits for it.
@@ -113,6 +121,9 @@ func (l *Ledger) replayRecord(r Record) error {
 			return fmt.Errorf("%w: charge at seq %d is from Raft history %s, the run record's is %s",
 				ErrCorrupt, r.Seq, historyName(r.History), historyName(l.run.History))
 		}
+		if l.end != nil && !r.Replay {
+			return fmt.Errorf("%w: charge of step %d at seq %d after the run ended", ErrCorrupt, r.Step, r.Seq)
+		}
 		if err := l.budget.add(*r.Event); err != nil {
 			return fmt.Errorf("%w: seq %d: %v", ErrCorrupt, r.Seq, err)
 		}
@@ -120,6 +131,17 @@ func (l *Ledger) replayRecord(r Record) error {
 		l.lastStep = max(l.lastStep, r.Step)
 		l.charges++
 		l.spent = r.Epsilon
+	case RecordEnd:
+		switch {
+		case l.run == nil:
+			return fmt.Errorf("%w: end at seq %d before the run record", ErrCorrupt, r.Seq)
+		case l.end != nil:
+			return fmt.Errorf("%w: second end record at seq %d", ErrCorrupt, r.Seq)
+		case r.History != l.run.History:
+			return fmt.Errorf("%w: end at seq %d is from Raft history %s, the run record's is %s",
+				ErrCorrupt, r.Seq, historyName(r.History), historyName(l.run.History))
+		}
+		l.end = &r
 	default:
 		return fmt.Errorf("%w: a %q record at seq %d in a run's ledger", ErrCorrupt, r.Kind, r.Seq)
 	}
@@ -140,7 +162,7 @@ func (l *Ledger) replayRecord(r Record) error {
 func (l *Ledger) Extend(tail []byte) error {
 	var next *Ledger
 	_, err := l.file.appendFrames(tail, func(recs []Record) error {
-		next = &Ledger{run: l.run, lastIndex: l.lastIndex, lastStep: l.lastStep, charges: l.charges, spent: l.spent}
+		next = &Ledger{run: l.run, end: l.end, lastIndex: l.lastIndex, lastStep: l.lastStep, charges: l.charges, spent: l.spent}
 		if l.budget != nil {
 			next.budget = l.budget.clone()
 		}
@@ -154,7 +176,7 @@ func (l *Ledger) Extend(tail []byte) error {
 	if err != nil || next == nil {
 		return err
 	}
-	l.run, l.budget, l.lastIndex, l.lastStep = next.run, next.budget, next.lastIndex, next.lastStep
+	l.run, l.end, l.budget, l.lastIndex, l.lastStep = next.run, next.end, next.budget, next.lastIndex, next.lastStep
 	l.charges, l.spent = next.charges, next.spent
 	l.warm()
 	return nil
@@ -373,6 +395,11 @@ func (l *Ledger) Charge(step int64, e accounting.Event, pos Position, replay boo
 	if exceed {
 		return Record{}, fmt.Errorf("%w: step %d would spend more than the target ε=%.6g (%s accountant)", ErrBudgetExceeded, step, l.run.TargetEpsilon, l.Accountant())
 	}
+	// After the budget check: Raft replaying the charge entry the budget
+	// refused, which ended the run, gets the same refusal.
+	if l.end != nil && !replay {
+		return Record{}, fmt.Errorf("%w: step %d charged as applied after the end at step %d (%s)", ErrRunEnded, step, l.end.Step, l.end.Reason)
+	}
 	next, err := l.after(e)
 	if err != nil {
 		return Record{}, err
@@ -398,6 +425,49 @@ func (l *Ledger) Charge(step int64, e accounting.Event, pos Position, replay boo
 	l.spent = eps
 	l.warm()
 	return r, nil
+}
+
+// End durably records the end of the run: why (reason, non-empty), the
+// last step applied (step) and the Raft position of the entry that ended
+// it, at or after the last charge's (the same entry for a step entry that
+// reached the last step). After it, Charge takes replay charges only
+// (ErrRunEnded): the run applies no more steps. Ending a run that already
+// ended at the same position, step and reason records nothing and returns
+// the recorded end (Raft replaying that entry after a restart); any other
+// end returns ErrRunEnded. It returns ErrHistoryMismatch for a position
+// of another history, ErrOutOfOrder for one before the last charge, and
+// an error wrapping ErrBroken if the record could not be made durable.
+func (l *Ledger) End(step int64, reason string, pos Position) (Record, error) {
+	if l.run == nil {
+		return Record{}, errors.New("ledger: End before Start")
+	}
+	if err := l.CheckHistory(pos.History); err != nil {
+		return Record{}, err
+	}
+	if e := l.end; e != nil {
+		if e.Index == pos.Index && e.Term == pos.Term && e.Step == step && e.Reason == reason {
+			return *e, nil
+		}
+		return Record{}, fmt.Errorf("%w: at step %d (%s), Raft index %d; asked to end at step %d (%s), Raft index %d",
+			ErrRunEnded, e.Step, e.Reason, e.Index, step, reason, pos.Index)
+	}
+	if pos.Index < l.lastIndex {
+		return Record{}, fmt.Errorf("%w: end at Raft index %d before the last charge's index %d", ErrOutOfOrder, pos.Index, l.lastIndex)
+	}
+	r, err := l.file.Append(Record{Kind: RecordEnd, Step: step, Reason: reason, History: pos.History, Term: pos.Term, Index: pos.Index})
+	if err != nil {
+		return Record{}, err
+	}
+	l.end = &r
+	return r, nil
+}
+
+// Ended returns the end record, or false while the run runs.
+func (l *Ledger) Ended() (Record, bool) {
+	if l.end == nil {
+		return Record{}, false
+	}
+	return *l.end, true
 }
 
 // Prewarm starts computing, on goroutines of the ledger's, what charging

@@ -55,7 +55,8 @@ type Mark struct {
 }
 
 // NewTimeline builds the timeline of verified records (ReadFile's): the
-// first must be the run record, and every other a charge, else it returns
+// first must be the run record, and every other a charge or the end
+// record (which it skips: it charges nothing), else it returns
 // an error wrapping ErrCorrupt. It checks nothing else: Audit does. A
 // replay that opens a new term gets both marks, the term's first.
 func NewTimeline(recs []Record) (Timeline, error) {
@@ -66,6 +67,9 @@ func NewTimeline(recs []Record) (Timeline, error) {
 	tl := Timeline{Run: run.Run, TargetEpsilon: run.TargetEpsilon, Delta: run.Delta, Points: []TimelinePoint{}, Marks: []Mark{}}
 	var lastTerm uint64
 	for _, r := range recs[1:] {
+		if r.Kind == RecordEnd {
+			continue // it charges nothing
+		}
 		if r.Kind != RecordCharge {
 			return Timeline{}, fmt.Errorf("%w: record %d is a %q record, want a charge", ErrCorrupt, r.Seq, r.Kind)
 		}

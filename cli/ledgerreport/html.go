@@ -71,6 +71,9 @@ func newPageData(tl ledger.Timeline, rep ledger.AuditReport) pageData {
 			d.Applied++
 		}
 	}
+	if rep.Ended {
+		d.Applied = rep.Applied // the end record's statement (Audit)
+	}
 	d.Points = pts.String()
 	d.Plot.X1, d.Plot.X2, d.Plot.Y1, d.Plot.Y2 = marginLeft, Width-marginRight, marginTop, Height-marginBottom
 	d.Target.X1, d.Target.X2, d.Target.Y = marginLeft, Width-marginRight, c.y(tl.TargetEpsilon)
@@ -136,7 +139,7 @@ code { font-size: 0.9em; }
 {{- if and (eq .Audit.Accountant "pld") .Audit.PLDEpsilon}}
 <tr><th>check</th><td>the PLD accountant's ε of exactly these charges is {{g (deref .Audit.PLDEpsilon)}}; the ledger records ε on its count grid, at most {{g .GridRatio}} × that</td></tr>
 {{- end}}
-<tr><th>charges</th><td>{{len .Timeline.Points}}: {{.Applied}} applied steps, {{len .Replays}} replays</td></tr>
+<tr><th>charges</th><td>{{len .Timeline.Points}}: {{.Applied}} applied steps, {{len .Replays}} replays{{if .Audit.Ended}}, {{.Audit.Unapplied}} charged and never applied; the run ended after step {{.Audit.EndStep}} ({{.Audit.EndReason}}){{end}}</td></tr>
 <tr><th>new Raft terms</th><td>{{len .Terms}} (leader changes or restarts)</td></tr>
 <tr><th>noise</th><td>{{if .Audit.Private}}{{.Audit.Noise}} (differentially private){{else}}{{.Audit.Noise}}: NOT differentially private{{end}}, mechanism {{.Audit.Mechanism}}</td></tr>
 <tr><th>history</th><td><code>{{.Audit.History}}</code></td></tr>

@@ -142,8 +142,10 @@ func (c *Cluster) EnsureSame(t testing.TB) {
 //     the same step;
 //   - every applied step charged: each live replica's ledger audits clean,
 //     with an applied (non-replay) charge for each step 1…Applied, in
-//     order (and perhaps one for Applied+1, charged ahead, its g̃ never
-//     committed), and as many charges as the state machine counts.
+//     order, and as many charges as the state machine counts; once the
+//     run stopped, an end record stating exactly Applied (a step charged
+//     ahead, its g̃ never committed, counted as unapplied), and while it
+//     runs perhaps one more applied charge (Applied+1, charged ahead).
 func (c *Cluster) Check(t testing.TB) {
 	t.Helper()
 	final := c.Applied()
@@ -197,8 +199,12 @@ func (c *Cluster) Check(t testing.TB) {
 			t.Errorf("replica %s: audit: %v", m.id, err)
 		case !rep.OK:
 			t.Errorf("replica %s: ledger audit: %v", m.id, rep.Problems)
-		case int64(rep.Applied) != st.Applied && !(int64(rep.Applied) == st.Applied+1 && rep.LastStep == st.Applied+1):
-			// (One more: the last step charged ahead, its g̃ never committed.)
+		case st.Stopped != "" && (!rep.Ended || rep.EndStep != st.Applied || int64(rep.Applied) != st.Applied):
+			t.Errorf("replica %s: the run stopped after %d steps (%s), the ledger states %v, step %d (%q), %d applied",
+				m.id, st.Applied, st.Stopped, rep.Ended, rep.EndStep, rep.EndReason, rep.Applied)
+		case st.Stopped == "" && int64(rep.Applied) != st.Applied && !(int64(rep.Applied) == st.Applied+1 && rep.LastStep == st.Applied+1):
+			// (While the run runs, one more: the step charged ahead,
+			// its g̃ not committed yet.)
 			t.Errorf("replica %s: ledger has %d applied charges up to step %d, the state machine applied %d steps",
 				m.id, rep.Applied, rep.LastStep, st.Applied)
 		case uint64(rep.Charges) != st.Charges || rep.Charges < rep.Applied:
