@@ -54,6 +54,9 @@ func TestAuditPrivacyRunsTheRealPath(t *testing.T) {
 	if res.PrivacyBug {
 		t.Error("an intact mechanism reported as a privacy bug")
 	}
+	if r := res.Reach; r == nil || r.Reps != 21 || !(r.P10 <= r.Median && r.Median <= r.P90 && r.P90 <= r.Ceiling) || r.Ceiling != res.WhiteBox.Ceiling {
+		t.Errorf("white-box reach %+v, want 21 simulations with ordered quantiles and the white-box ceiling %v", r, res.WhiteBox.Ceiling)
+	}
 	b, err := os.ReadFile(filepath.Join(dir, auditFile))
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +75,7 @@ func TestAuditPrivacyRunsTheRealPath(t *testing.T) {
 func TestAuditPrivacyFlags(t *testing.T) {
 	for _, extra := range [][]string{
 		{"--canaries", "5"}, {"--input-canaries", "3"}, {"--canary-scale", "1"}, {"--canary-support", "0"},
-		{"--beta", "1"}, {"--nodes", "0"},
+		{"--beta", "1"}, {"--nodes", "0"}, {"--reach-reps", "-1"},
 	} {
 		dir := filepath.Join(t.TempDir(), "audit")
 		if _, _, err := runCmd(t, auditArgs(dir, extra...)...); err == nil {
