@@ -76,7 +76,7 @@ type auditResult struct {
 func newAuditPrivacyCmd() *cobra.Command {
 	spec := defaultRunSpec()
 	f := auditFlags{local: localFlags{nodes: 3, progress: "auto", logFormat: "text", device: "cpu"},
-		canaries: 1000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05, reachReps: 21}
+		canaries: 10000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05, reachReps: 21}
 	cmd := &cobra.Command{
 		Use:   "audit-privacy",
 		Short: "Measure a lower bound on the run's ε with canaries, beside the ledger's ε",
