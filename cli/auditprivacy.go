@@ -36,6 +36,7 @@ type auditFlags struct {
 	canaryScale     float64
 	canarySupport   int
 	beta            float64
+	reachReps       int
 	dataDirChanged  bool
 	minNodesChanged bool
 }
@@ -54,24 +55,28 @@ type auditMethod struct {
 
 // auditResult is audit-privacy's result (--json, and AUDIT.json).
 type auditResult struct {
-	Run           string       `json:"run"`
-	Steps         int64        `json:"steps"`
-	Releases      int64        `json:"releases_read"`
-	LedgerEpsilon float64      `json:"ledger_epsilon"`
-	Delta         float64      `json:"delta"`
-	Confidence    float64      `json:"confidence"`
-	Sigma         float64      `json:"noise_multiplier"`
-	SampleRate    float64      `json:"sample_rate"`
-	DataDir       string       `json:"data_dir"`
-	WhiteBox      auditMethod  `json:"white_box"`
-	BlackBox      *auditMethod `json:"black_box,omitempty"`
-	PrivacyBug    bool         `json:"privacy_bug"`
+	Run           string      `json:"run"`
+	Steps         int64       `json:"steps"`
+	Releases      int64       `json:"releases_read"`
+	LedgerEpsilon float64     `json:"ledger_epsilon"`
+	Delta         float64     `json:"delta"`
+	Confidence    float64     `json:"confidence"`
+	Sigma         float64     `json:"noise_multiplier"`
+	SampleRate    float64     `json:"sample_rate"`
+	DataDir       string      `json:"data_dir"`
+	WhiteBox      auditMethod `json:"white_box"`
+	// Reach is the ideal white-box audit's bound on a perfect mechanism
+	// with this run's m, q, T, σ, δ, β and splits (privacyaudit.IdealReach):
+	// what the method can show here. Absent with --reach-reps 0.
+	Reach      *privacyaudit.Reach `json:"white_box_reach,omitempty"`
+	BlackBox   *auditMethod        `json:"black_box,omitempty"`
+	PrivacyBug bool                `json:"privacy_bug"`
 }
 
 func newAuditPrivacyCmd() *cobra.Command {
 	spec := defaultRunSpec()
 	f := auditFlags{local: localFlags{nodes: 3, progress: "auto", logFormat: "text", device: "cpu"},
-		canaries: 1000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05}
+		canaries: 10000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05, reachReps: 21}
 	cmd := &cobra.Command{
 		Use:   "audit-privacy",
 		Short: "Measure a lower bound on the run's ε with canaries, beside the ledger's ε",
@@ -116,6 +121,7 @@ data dir holds AUDIT.json; it is removed after the audit unless --data-dir is gi
 	fs.Float64Var(&f.canaryScale, "canary-scale", f.canaryScale, "a gradient canary's norm before clipping, in units of C (> 1: the clip must bound it)")
 	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction (capped at the model's parameters)")
 	fs.Float64Var(&f.beta, "beta", f.beta, "1 − confidence of the lower bound")
+	fs.IntVar(&f.reachReps, "reach-reps", f.reachReps, "repetitions of the simulated ideal white-box audit that gives the method's reach (0: skip)")
 	return cmd
 }
 
@@ -129,6 +135,8 @@ func (f *auditFlags) check() error {
 		return fmt.Errorf("--canary-scale %v: must be > 1 and finite", f.canaryScale)
 	case f.canarySupport < 1:
 		return fmt.Errorf("--canary-support %d: must be ≥ 1", f.canarySupport)
+	case f.reachReps < 0:
+		return fmt.Errorf("--reach-reps %d: must be ≥ 0", f.reachReps)
 	case !(f.beta > 0 && f.beta < 1):
 		return fmt.Errorf("--beta %v: must be in (0, 1)", f.beta)
 	case f.local.nodes < 1:
@@ -275,6 +283,11 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	if res.WhiteBox, err = auditOf(scores, gc.included, rc.Delta, f.beta); err != nil {
 		return auditResult{}, err
 	}
+	if f.reachReps > 0 {
+		if res.Reach, err = whiteBoxReach(res, f); err != nil {
+			return auditResult{}, err
+		}
+	}
 	if in != nil {
 		s, err := in.scores(pr.model, committed.Theta)
 		if err != nil {
@@ -288,6 +301,27 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	}
 	res.PrivacyBug = res.WhiteBox.Epsilon > res.LedgerEpsilon || res.BlackBox != nil && res.BlackBox.Epsilon > res.LedgerEpsilon
 	return res, nil
+}
+
+// reachSeed seeds the ideal audit's simulation: its result is a function
+// of the run's parameters, the same on every machine.
+const reachSeed = 31
+
+// whiteBoxReach simulates the ideal white-box audit of a perfect mechanism
+// with the run's parameters and the white-box splits, --reach-reps times
+// or as many as privacyaudit.MaxIdealWork allows (nil when not one does).
+func whiteBoxReach(res auditResult, f auditFlags) (*privacyaudit.Reach, error) {
+	p := privacyaudit.Ideal{Canaries: f.canaries, SampleRate: res.SampleRate, Steps: int(res.Steps), Sigma: res.Sigma,
+		Delta: res.Delta, Beta: f.beta, Splits: auditSplits(f.canaries)}
+	reps := min(f.reachReps, int(privacyaudit.MaxIdealWork/(float64(p.Canaries)*float64(max(p.Steps, 1)))))
+	if reps < 1 || p.Steps < 1 {
+		return nil, nil
+	}
+	r, err := privacyaudit.IdealReach(p, reps, reachSeed)
+	if err != nil {
+		return nil, fmt.Errorf("audit-privacy: the ideal audit: %w", err)
+	}
+	return &r, nil
 }
 
 func auditOf(scores []float64, included []bool, delta, beta float64) (auditMethod, error) {
@@ -372,6 +406,10 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 			name, a.Epsilon, res.Confidence, a.Canaries, a.Included, a.Best.KPlus, a.Best.KMinus, a.Best.V, a.Best.R, a.Ceiling)
 	}
 	line("white-box (gradient canaries)", res.WhiteBox)
+	if r := res.Reach; r != nil {
+		fmt.Fprintf(out, "white-box reach (ideal audit of a perfect mechanism with these m, q, T, σ; %d simulations): median %.4f, 10–90%% %.4f–%.4f; a bound below it is lost to the system, one within it is all the method shows\n",
+			r.Reps, r.Median, r.P10, r.P90)
+	}
 	if res.BlackBox != nil {
 		line("black-box (mislabelled records)", *res.BlackBox)
 	}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dpcluster/dpcluster/privacyaudit"
 )
 
 // auditArgs is a small, fast audit: logistic regression on the synthetic
@@ -54,6 +56,9 @@ func TestAuditPrivacyRunsTheRealPath(t *testing.T) {
 	if res.PrivacyBug {
 		t.Error("an intact mechanism reported as a privacy bug")
 	}
+	if r := res.Reach; r == nil || r.Reps != 21 || !(r.P10 <= r.Median && r.Median <= r.P90 && r.P90 <= r.Ceiling) || r.Ceiling != res.WhiteBox.Ceiling {
+		t.Errorf("white-box reach %+v, want 21 simulations with ordered quantiles and the white-box ceiling %v", r, res.WhiteBox.Ceiling)
+	}
 	b, err := os.ReadFile(filepath.Join(dir, auditFile))
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +77,7 @@ func TestAuditPrivacyRunsTheRealPath(t *testing.T) {
 func TestAuditPrivacyFlags(t *testing.T) {
 	for _, extra := range [][]string{
 		{"--canaries", "5"}, {"--input-canaries", "3"}, {"--canary-scale", "1"}, {"--canary-support", "0"},
-		{"--beta", "1"}, {"--nodes", "0"},
+		{"--beta", "1"}, {"--nodes", "0"}, {"--reach-reps", "-1"},
 	} {
 		dir := filepath.Join(t.TempDir(), "audit")
 		if _, _, err := runCmd(t, auditArgs(dir, extra...)...); err == nil {
@@ -91,5 +96,28 @@ func TestAuditRunName(t *testing.T) {
 		if got := auditRunName(c.in); got != c.want {
 			t.Errorf("auditRunName(%q) = %q, want %q", c.in, got, c.want)
 		}
+	}
+}
+
+// TestPrintPrivacyAuditReach: the text output gives the white-box reach
+// beside the bound, and omits it when the simulation was skipped.
+func TestPrintPrivacyAuditReach(t *testing.T) {
+	res := auditResult{Run: "audit-x", Steps: 10, LedgerEpsilon: 2, Delta: 1e-5, Confidence: 0.95,
+		WhiteBox: auditMethod{Canaries: 100, Epsilon: 0.1, Ceiling: 1},
+		Reach:    &privacyaudit.Reach{Reps: 21, Median: 0.25, P10: 0.125, P90: 0.5, Ceiling: 1}}
+	var b strings.Builder
+	if err := printPrivacyAudit(&b, res, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "white-box reach") || !strings.Contains(b.String(), "median 0.2500, 10–90% 0.1250–0.5000") {
+		t.Errorf("output without the reach:\n%s", b.String())
+	}
+	res.Reach = nil
+	b.Reset()
+	if err := printPrivacyAudit(&b, res, false); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "reach") {
+		t.Errorf("a skipped simulation printed:\n%s", b.String())
 	}
 }

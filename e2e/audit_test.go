@@ -50,7 +50,7 @@ func runAudit(t *testing.T, bin string) (auditOutcome, int) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "audit-privacy", "--model", "logreg", "--dataset", "gaussian",
 		"--max-steps", "300", "--batch-size", "64", "--target-epsilon", "1", "--eval-every", "0",
-		"--input-canaries", "0", "--progress", "off", "--json")
+		"--canaries", "1000", "--input-canaries", "0", "--progress", "off", "--json")
 	cmd.Env = append(os.Environ(), coordinator.BrokenMechanismEnv+"="+coordinator.BrokenSigmaQuarter)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

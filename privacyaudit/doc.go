@@ -1,8 +1,9 @@
 // Package privacyaudit is the statistics of the one-run privacy audit of
 // Steinke, Nasr and Jagielski, "Privacy Auditing with One (1) Training
 // Run" (NeurIPS 2023, arXiv 2305.08846; section and theorem numbers below
-// are those of arXiv v1). It is pure math: no files, no clocks, no
-// randomness; every function is deterministic and safe for concurrent use.
+// are those of arXiv v1). It is pure math: no files, no clocks; its one
+// use of randomness, IdealReach's simulation, is seeded by its caller, so
+// every function is deterministic and safe for concurrent use.
 //
 // # The audit
 //
@@ -39,6 +40,14 @@
 // anything: it may mean a weak attack, too few canaries (compare with the
 // Ceiling: a ledger ε above it cannot be confirmed by r guesses), or
 // canaries that are easy to hide. Never report it as the run's ε.
+//
+// IdealReach tells these apart for white-box gradient canaries of a
+// Poisson-subsampled Gaussian run: it simulates the same audit (the same
+// score, SubsampledGaussianLLR, and splits) on a perfect mechanism with
+// the run's m, q, T and σ and nothing else along the canaries'
+// directions. A real bound near that reach is all the method can show; one
+// well below it is lost to the system (e.g. the real gradients' component
+// along the canaries).
 //
 // The guarantee needs k₊ and k₋ fixed before the scores are seen (trying
 // several and keeping the best needs β divided by their number), the
