@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"encoding/csv"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"gonum.org/v1/gonum/mat"
 
 	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // localRow is one row of the Parquet file a node of TestProcessNodeLocalData
@@ -228,4 +230,68 @@ func writeLocalParquet(t *testing.T, path string, d *dataset.Dataset) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestProcessNodesOnTokenShards is issue 30's multi-process run on a
+// tokenized corpus: dataset.WriteSequenceCorpus deals the training
+// documents to two shard files, and two node processes, each holding only
+// its own `.tokens` file (dataset: local), train a small byte-level
+// transformer through one `coordinator serve` that loads no training
+// data, to the run's last step; the ledger audits clean.
+func TestProcessNodesOnTokenShards(t *testing.T) {
+	h := New(t)
+	dir := t.TempDir()
+	docs := make([][]byte, 60)
+	for i := range docs {
+		docs[i] = fmt.Appendf(nil, "Fortune %d: a journey of %d miles begins with a single step.", i, 10+i)
+	}
+	c := dataset.DefaultSequenceConfig()
+	c.Context = 16
+	sf, err := dataset.WriteSequenceCorpus(dir, "toy", docs, c, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := json.Marshal(model.TransformerLM(dataset.ByteVocab, c.Context, 16, 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	specFile := filepath.Join(dir, "lm.json")
+	writeFile(t, specFile, string(spec))
+	const run, maxSteps = "e2e-tokens", 8
+	runFile := filepath.Join(h.Dir("run"), "run.yaml")
+	writeFile(t, runFile, fmt.Sprintf("run: %s\ndataset: local\ninput_shape: [%d]\nclasses: %d\nvocab: %d\n"+
+		"total_examples: %d\nbatch_size: 16\nmodel_spec: %s\nmax_steps: %d\nround_timeout: 3s\nmin_nodes: 2\neval_every: 0\n",
+		run, c.Context+1, dataset.ByteVocab, dataset.ByteVocab, sf.TrainRows, specFile, maxSteps))
+
+	_, natsURL := h.StartNATS("nats")
+	dataDir := h.Dir("r1")
+	serve := h.Start("serve", h.Bin.Coordinator, "serve", "--id", "r1", "--raft-addr", FreeAddr(t), "--data-dir", dataDir,
+		"--bootstrap", "--nats", natsURL, "--metrics-addr", FreeAddr(t), "--config", runFile, "--insecure-seed", "7")
+	var nodes []*Proc
+	for i, shard := range sf.TrainShards {
+		nodes = append(nodes, h.Start("node-"+strconv.Itoa(i), h.Bin.Node, "--config", runFile, "--nats", natsURL,
+			"--id", nodeID(i), "--data-path", shard, "--insecure-seed", strconv.Itoa(101+i)))
+	}
+	if ps := serve.Wait(3 * time.Minute); ps.ExitCode() != 0 {
+		h.Fatalf("serve: %v, want exit 0", ps)
+	}
+	logs := serve.Logs()
+	if want := fmt.Sprintf("run %s finished after %d steps (max steps reached)", run, maxSteps); !strings.Contains(logs, want) {
+		h.Fatalf("serve's output lacks %q", want)
+	}
+	for i, n := range sf.ShardRows {
+		want := fmt.Sprintf(`msg="node joined with its own data" node=%s examples=%d`, nodeID(i), n)
+		if !strings.Contains(logs, want) {
+			h.Fatalf("serve's log lacks %q", want)
+		}
+	}
+	for _, n := range nodes {
+		if ps := n.Wait(30 * time.Second); ps.ExitCode() != 0 {
+			h.Fatalf("%s: %v, want exit 0 after the run", n.Name(), ps)
+		}
+	}
+	rep, code, out := h.Audit(dataDir, maxSteps)
+	if code != 0 || !rep.OK || rep.Applied != maxSteps || rep.Run != run {
+		h.Fatalf("ledger audit: exit %d, ok %v, %d applied, run %q\n%s", code, rep.OK, rep.Applied, rep.Run, out)
+	}
 }
