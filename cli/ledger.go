@@ -319,7 +319,7 @@ either way.`,
 				// on stderr beside --json (whose stdout is one object).
 				out := cmd.OutOrStdout()
 				if asJSON {
-					out = cmd.ErrOrStderr()
+					out = stderr(cmd)
 				}
 				abs, err := filepath.Abs(report)
 				if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -339,5 +340,43 @@ func TestStepTrainedIgnoresEvaluations(t *testing.T) {
 	}
 	if stepTrained(final) {
 		t.Error("the final evaluation's report was counted as a step trained")
+	}
+}
+
+// TestLogAndBarShareStderr: the logger (written from the Raft, NATS and
+// node goroutines) and the progress bar (the server's loop) write to one
+// stderr; their writes are serialized. Before, each took only its own lock,
+// a data race on any stderr that is not an *os.File (found by -race on the
+// command's test buffer).
+func TestLogAndBarShareStderr(t *testing.T) {
+	cmd := NewCoordinatorCmd()
+	var buf bytes.Buffer
+	cmd.SetErr(&buf)
+	log, err := newLogger(cmd, "text", slog.LevelInfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProgress(stderr(cmd), "on", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range n {
+			log.Warn("from another goroutine", "i", i)
+		}
+	}()
+	for i := range n {
+		p.update(coordinator.Progress{Step: int64(i + 1), MaxSteps: n, EvalStep: int64(i + 1), EvalData: coordinator.EvalPublic})
+	}
+	<-done
+	out := buf.String()
+	if got := strings.Count(out, "msg=\"from another goroutine\""); got != n {
+		t.Errorf("%d whole log records, want %d", got, n)
+	}
+	if got := strings.Count(out, "\r\x1b[K["); got != n {
+		t.Errorf("%d whole bar draws, want %d", got, n)
 	}
 }

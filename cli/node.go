@@ -282,7 +282,7 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	if local && (cmd.Flags().Changed("shard-index") || cmd.Flags().Changed("shard-count")) {
 		return errors.New("--shard-index and --shard-count cut one shared training set; with --dataset local this node trains on its own --data-path")
 	}
-	log, err := nodeLogger(cmd.ErrOrStderr(), f.logFormat, f.logLevel)
+	log, err := nodeLogger(stderr(cmd), f.logFormat, f.logLevel)
 	if err != nil {
 		return err
 	}

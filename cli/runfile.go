@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -457,14 +458,40 @@ func (s *runSpec) checkOptimizer() error {
 	return fmt.Errorf("optimizer settings: %w", err)
 }
 
+// stderr returns the command's stderr, made safe for the writers that
+// share it: the logger's handler and the progress bar each hold only their
+// own lock, and write from different goroutines (Raft, NATS and nodes log;
+// the server's loop draws the bar). The first call wraps it, and later
+// calls return the same lockedWriter.
+func stderr(cmd *cobra.Command) io.Writer {
+	w := cmd.ErrOrStderr()
+	if _, ok := w.(*lockedWriter); !ok {
+		w = &lockedWriter{w: w}
+		cmd.SetErr(w)
+	}
+	return w
+}
+
+// lockedWriter serializes the writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
 // newLogger returns the command's slog logger on stderr.
 func newLogger(cmd *cobra.Command, format string, level slog.Level) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), opts)), nil
+		return slog.New(slog.NewTextHandler(stderr(cmd), opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), opts)), nil
+		return slog.New(slog.NewJSONHandler(stderr(cmd), opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
 }

@@ -402,7 +402,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	if err := registerTransport(o.registry, o.conn, rc.Run); err != nil {
 		return o, err
 	}
-	if o.progress, err = newProgress(cmd.ErrOrStderr(), opts.progress, log); err != nil {
+	if o.progress, err = newProgress(stderr(cmd), opts.progress, log); err != nil {
 		return o, err
 	}
 	scfg := spec.serverConfig()
@@ -492,7 +492,7 @@ with --tls-ca, --tls-cert and --tls-key.`,
 				}
 			}
 			if history == "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "no replica of run %s reported within %v: the request names no replica group\n", runName, listen)
+				fmt.Fprintf(stderr(cmd), "no replica of run %s reported within %v: the request names no replica group\n", runName, listen)
 			}
 			err = conn.Publish(cmd.Context(), transport.Control{Run: runName, From: conn.Name(), Code: transport.ControlRemove,
 				Replica: args[0], History: history})
