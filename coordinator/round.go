@@ -24,8 +24,8 @@ const (
 	phaseBarrier   leadPhase = iota // 1. Barrier in flight
 	phaseConfigure                  // 1. the run configuration's proposal in flight
 	phaseIdle                       // no round open, no proposal in flight: advance decides
-	phaseRound                      // 2-3. a round is open
-	phaseProposing                  // 5. a step's charge (or the stop) in flight
+	phaseRound                      // 2-3. a round is open (its step's charge in flight or applied)
+	phaseProposing                  // 5. g̃ formed, waiting for its charge; or the stop in flight
 	phaseDraining                   // the run stopped: waiting for the voters' reports
 )
 
@@ -50,6 +50,28 @@ type leading struct {
 	// then each step whose charge is applied (onCharged). The next round
 	// is released+1.
 	released int64
+	// charge is the charge of step released+1, proposed when its first
+	// round opened (nil: none yet in this term). It outlives a round
+	// that closes empty: the retried round is released under it.
+	charge *stepCharge
+	// formed is step released+1's g̃ once its round closed, while its
+	// charge is not yet applied (phaseProposing); nil otherwise.
+	formed *formedStep
+}
+
+// stepCharge is a step's charge entry, proposed while the step's round
+// runs: the charge does not depend on the data, so its commit and fsync
+// overlap the nodes' computation instead of following it.
+type stepCharge struct {
+	step int64
+	done bool // applied here, pending (a refused charge is dropped)
+	ar   ApplyResult
+}
+
+// formedStep is a g̃ waiting for its step's charge.
+type formedStep struct {
+	s stepInFlight
+	g []float32
 }
 
 // aheadState is θ and the optimizer state at step: a copy of the state
@@ -78,7 +100,7 @@ type stepInFlight struct {
 	step         int64
 	participants int
 	started      time.Time // the round opened
-	proposed     time.Time
+	formed       time.Time // g̃ formed (the round closed and was privatized)
 }
 
 // Stop reasons the Server writes into the log.
@@ -116,6 +138,10 @@ func (l *loop) stepDown(why string) {
 	if ls.round != nil {
 		clear(ls.round.r.Close().Sum) // discarded unreleased
 		ls.round = nil
+	}
+	if ls.formed != nil {
+		l.putGrad(ls.formed.g) // discarded unreleased
+		ls.formed = nil
 	}
 	l.awaitNoise()
 	l.pending.Clear()
@@ -215,7 +241,10 @@ func (l *loop) advance(ctx context.Context) {
 	if last := l.s.run.MaxSteps; last > 0 && ls.released >= last {
 		return // the last step is released; the run stops when its g̃ is applied (onState)
 	}
-	exceed, err := fsm.WouldExceed()
+	exceed, err := false, error(nil)
+	if c := ls.charge; c == nil || c.step != ls.released+1 {
+		exceed, err = fsm.WouldExceed() // else the step is charged already
+	}
 	if err != nil {
 		l.fail(err)
 		return
@@ -326,6 +355,64 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 	// empty round it is drawn from here, while the nodes compute.
 	l.startNoise()
 	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started}
+	if c := ls.charge; c == nil || c.step != t {
+		l.proposeCharge(t, fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, id))
+	}
+}
+
+// proposeCharge proposes step t's charge entry (step 5 of the Server doc
+// comment) as round t opens, after the previous g̃ (its grad entry holds
+// its place in the log first), and waits on the operation's goroutine for
+// its commit and local apply (onChargeResult). The charge names the round
+// it was proposed with; a round that closes empty is retried under it.
+func (l *loop) proposeCharge(t int64, round string) {
+	ls := l.lead
+	ls.charge = &stepCharge{step: t}
+	event, queued := l.s.run.Event(), l.gradQueued
+	l.start(opCharge, ls.term, func(ctx context.Context) opResult {
+		s := stepInFlight{step: t}
+		if err := waitQueued(ctx, queued); err != nil {
+			return opResult{err: err, step: s}
+		}
+		ar, err := l.rep.ProposeCharge(ctx, t, event, round)
+		return opResult{ar: ar, err: err, step: s}
+	})
+}
+
+// onChargeResult records step t's charge, applied here. A pending charge
+// releases the g̃ that waits for it, if the round has closed (onCharged);
+// else the round's close does. A refused one (the budget, the run stopped,
+// not the next step) releases nothing of step t: its round, open or
+// closed, is discarded, and advance sees why.
+func (l *loop) onChargeResult(ctx context.Context, t int64, ar ApplyResult) {
+	ls := l.lead
+	c := ls.charge
+	if c == nil || c.step != t {
+		return // cannot happen: one charge per step and term
+	}
+	if ar.Pending {
+		c.done, c.ar = true, ar
+		if f := ls.formed; f != nil {
+			ls.formed = nil
+			l.onCharged(ctx, f.s, ar, f.g)
+		}
+		return
+	}
+	ls.charge = nil
+	ls.log.Info("step not applied", "step", t, "reason", ar.Err)
+	switch {
+	case ls.round != nil && ls.round.step == t:
+		clear(ls.round.r.Close().Sum) // discarded unreleased
+		ls.round, ls.phase = nil, phaseIdle
+	case ls.formed != nil:
+		l.putGrad(ls.formed.g)
+		ls.formed, ls.phase = nil, phaseIdle
+	}
+	l.ahead.valid = false
+	if err := l.syncAhead(); err == nil && l.ahead.step != ls.released {
+		ls.released = l.ahead.step
+		l.publishParams(ctx, ls.term)
+	}
 }
 
 // onContribution hands a contribution to the open round (step 3), if any.
@@ -408,28 +495,27 @@ func (l *loop) closeRound(ctx context.Context) {
 	l.s.metrics.phase(phasePrivatize, time.Since(privStart))
 	ls.log.Debug("round closed", "step", t, "participants", len(res.Accepted), "missing", len(res.Missing),
 		"rejected", len(res.Rejected), "round_ms", time.Since(or.started).Milliseconds())
-	// 5. Propose the charge, after the previous g̃ (its grad entry holds
-	// its place in the log first), and wait (on the operation's goroutine)
-	// for its commit and local apply. g̃ stays in this process's memory
-	// until then; the proposal owns g until its result hands it back.
-	ls.phase = phaseProposing
-	event, round := l.s.run.Event(), fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, or.id)
-	inFlight := stepInFlight{step: t, participants: len(res.Accepted), started: or.started, proposed: time.Now()}
-	queued := l.gradQueued
-	l.start(opCharge, ls.term, func(ctx context.Context) opResult {
-		if err := waitQueued(ctx, queued); err != nil {
-			return opResult{err: err, g: g, step: inFlight}
-		}
-		ar, err := l.rep.ProposeCharge(ctx, t, event, round)
-		return opResult{ar: ar, err: err, g: g, step: inFlight}
-	})
+	// 5. The charge, proposed when the round opened: release g̃ now if it
+	// is applied here, else once it is (onChargeResult). g̃ stays in this
+	// process's memory until then.
+	s := stepInFlight{step: t, participants: len(res.Accepted), started: or.started, formed: time.Now()}
+	c := ls.charge
+	if c == nil || c.step != t {
+		l.putGrad(g)
+		l.fail(fmt.Errorf("coordinator: round %d closed without its charge", t))
+		return
+	}
 	// Start drawing the noise of round t+1 now: it depends on nothing,
-	// and drawn on its own goroutine it uses the cores the proposal's
-	// fsync leaves idle without holding up the loop, which releases θ_t
-	// as soon as the step is applied.
+	// and drawn on its own goroutine it uses the cores the charge's fsync
+	// leaves idle without holding up the loop.
 	if last := l.s.run.MaxSteps; last == 0 || t < last {
 		l.startNoise()
 	}
+	if !c.done {
+		ls.phase, ls.formed = phaseProposing, &formedStep{s: s, g: g}
+		return
+	}
+	l.onCharged(ctx, s, c.ar, g)
 }
 
 // startNoise starts drawing the next release's discrete noise into
@@ -468,19 +554,7 @@ func (l *loop) awaitNoise() error {
 // this process before.
 func (l *loop) onCharged(ctx context.Context, s stepInFlight, ar ApplyResult, g []float32) {
 	ls := l.lead
-	ls.phase = phaseIdle
-	if !ar.Pending {
-		// Refused by the state machine (budget, stop), or not the next
-		// step there: advance sees the stopped state, or the next round
-		// is over the state machine's step again.
-		ls.log.Info("step not applied", "step", s.step, "reason", ar.Err)
-		l.ahead.valid = false
-		if err := l.syncAhead(); err == nil && l.ahead.step != ls.released {
-			ls.released = l.ahead.step
-			l.publishParams(ctx, ls.term)
-		}
-		return
-	}
+	ls.phase, ls.charge = phaseIdle, nil
 	if err := l.stepAhead(s.step, g); err != nil {
 		l.putGrad(g)
 		l.fail(err)
@@ -489,7 +563,7 @@ func (l *loop) onCharged(ctx context.Context, s stepInFlight, ar ApplyResult, g 
 	l.proposeGrad(ls.term, s, ar.Index, g)
 	ls.released = s.step
 	charged := time.Now()
-	l.s.metrics.phase(phaseCommit, charged.Sub(s.proposed))
+	l.s.metrics.phase(phaseCommit, charged.Sub(s.formed)) // the chain's wait for the charge
 	// 6. Release θ_t.
 	l.publishParams(ctx, ls.term)
 	l.s.metrics.phase(phaseRelease, time.Since(charged))

@@ -116,21 +116,25 @@ var _ Consensus = (*Replica)(nil)
 //     node is registered only if admitNode admits it), a deadline
 //     RoundTimeout away; publish RoundStart. No round opens while the live
 //     nodes' shards are not disjoint (checkShards): the leader reports why
-//     instead (log, metric, replica status).
+//     instead (log, metric, replica status). Propose step t's charge
+//     entry (t, the ledger event, the round; no tensor) at once, after the
+//     previous g̃'s grad entry: it does not depend on the data, so its
+//     commit and the ledger's fsync run while the nodes compute. A round
+//     that closes empty keeps the charge for its retry.
 //  3. Collect contributions into an aggregation.Round (which validates
 //     them) until every node answered or the deadline passed.
 //  4. Privatize S with the run's noise mode (privatize): by default snap
 //     it to the grid Λℤ^d and add exact discrete Gaussian noise,
 //     g̃ = Λ(round(S/Λ) + z)/B, z ~ N_Z(0, ⌈σC/Λ⌉²I) from the CSPRNG,
-//     drawn ahead, as z does not depend on the data: while the previous
-//     step's proposal waits for the disk (step 5), or at step 2 after a
-//     new leadership or an empty round; clear S and z. Nothing un-noised leaves this function. Check g̃ with
-//     dpadam.CheckGradient, the rule the state machine applies: if it
-//     fails, propose the end of the run instead of the step.
-//  5. Propose the charge entry (t, the ledger event, the round; no
-//     tensor) and wait until it is committed and applied here: the state
+//     drawn ahead, as z does not depend on the data: after the previous
+//     round closed, or at step 2 after a new leadership or an empty
+//     round; clear S and z. Nothing un-noised leaves this function. Check
+//     g̃ with dpadam.CheckGradient, the rule the state machine applies: if
+//     it fails, propose the end of the run instead of the step.
+//  5. Wait until step t's charge is committed and applied here: the state
 //     machine has charged the ledger (fsynced). g̃ is still only in this
-//     process's memory.
+//     process's memory. A charge the state machine refuses (the budget,
+//     a stopped run) releases nothing of step t.
 //  6. Only then compute θ_t on the loop's copy of the optimizer one step
 //     ahead (aheadState), publish Params(θ_t), and propose the grad entry
 //     (t, the charge's index, g̃) on a goroutine of its own; every replica
@@ -305,8 +309,8 @@ type opResult struct {
 	term uint64 // the leadership term it was started in
 	err  error
 	ar   ApplyResult
-	// g is the noisy gradient an opCharge or opGrad held, handed back to
-	// the loop (its owner while no proposal holds it).
+	// g is the noisy gradient an opGrad held, handed back to the loop
+	// (its owner while no proposal holds it).
 	g []float32
 	// step carries what the loop needs after an opCharge or opGrad.
 	step stepInFlight
@@ -588,10 +592,6 @@ func (l *loop) start(kind opKind, term uint64, op func(ctx context.Context) opRe
 // onResult handles an operation's result.
 func (l *loop) onResult(ctx context.Context, r opResult) {
 	switch r.kind {
-	case opCharge:
-		if !r.ar.Pending || r.err != nil || l.lead == nil || r.term != l.lead.term {
-			l.putGrad(r.g) // not handed on to a grad entry: the loop's again
-		}
 	case opGrad:
 		l.putGrad(r.g)
 	case opMembership:
@@ -621,7 +621,7 @@ func (l *loop) onResult(ctx context.Context, r opResult) {
 	case opBarrier, opConfigure:
 		l.onLeading(ctx, r.kind)
 	case opCharge:
-		l.onCharged(ctx, r.step, r.ar, r.g)
+		l.onChargeResult(ctx, r.step.step, r.ar)
 	case opGrad:
 		l.onGradApplied(r)
 	case opStop:

@@ -725,3 +725,91 @@ func checkReplicaViews(t *testing.T, s1, s2 *Server) {
 		}
 	}
 }
+
+// TestChargeCommittedWhileRoundRuns: a step's charge does not depend on
+// the data, so the leader proposes it as the step's round opens, and its
+// commit and fsync overlap the nodes' computation instead of following it
+// on the step's chain (issue 25). The scripted node answers round t only
+// once the ledger holds t charges (or after 3 s): before, the charge was
+// proposed after the round closed, so no answer ever found it.
+func TestChargeCommittedWhileRoundRuns(t *testing.T) {
+	dir := t.TempDir()
+	c := testRunConfig()
+	c.MaxSteps = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	var rep atomic.Pointer[Replica]
+	var early atomic.Int64 // rounds answered before their charge was seen
+	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(time.Millisecond) {
+			if r := rep.Load(); r != nil && r.FSM().State().Charges >= step {
+				break
+			}
+			if time.Now().After(deadline) {
+				early.Add(1)
+				break
+			}
+		}
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	r := openReplicaForServer(t, dir)
+	rep.Store(r)
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = mechanism.NewSeededNoiseSource(5)
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.Run(ctx)
+	if err != nil || sum.Steps != 4 || sum.Charges != 4 {
+		t.Fatalf("Run = %+v, %v; want 4 steps, 4 charges", sum, err)
+	}
+	if n := early.Load(); n != 0 {
+		t.Errorf("%d of 4 rounds answered without their step charged: the charge follows the round", n)
+	}
+}
+
+// TestEmptyRoundKeepsItsCharge: a round that closes with no contribution
+// releases nothing, and its step's charge (proposed as the round opened)
+// is kept for the retried round: one charge per released step, none
+// wasted on the empty round.
+func TestEmptyRoundKeepsItsCharge(t *testing.T) {
+	dir := t.TempDir()
+	c := testRunConfig()
+	c.MaxSteps = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	var silent atomic.Bool
+	n := startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+		if step == 2 && silent.CompareAndSwap(false, true) {
+			time.Sleep(900 * time.Millisecond) // past the round's deadline: it closes empty
+		}
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	})
+	r := openReplicaForServer(t, dir)
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.Noise = mechanism.NewSeededNoiseSource(6)
+	scfg.RoundTimeout = 300 * time.Millisecond
+	s, err := NewServer(r, coordConn, c, scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.Run(ctx)
+	if err != nil || sum.Steps != 4 || sum.Charges != 4 {
+		t.Fatalf("Run = %+v, %v; want 4 steps, 4 charges", sum, err)
+	}
+	n.mu.Lock()
+	rounds := n.answered[2]
+	n.mu.Unlock()
+	if rounds < 2 {
+		t.Errorf("step 2 had %d round(s), want the empty one and its retry", rounds)
+	}
+	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
+	if err != nil || !rep.OK || rep.Charges != 4 || rep.Applied != 4 {
+		t.Errorf("audit %+v, %v", rep, err)
+	}
+}

@@ -104,8 +104,10 @@ func TestFSMRefusesInvalidGradient(t *testing.T) {
 
 // TestServerChecksGradientBeforeProposing: a clip norm so large that g̃
 // exceeds MaxGradient (an operator mistake). The leader checks g̃ with the
-// optimizer's rule before proposing: nothing is proposed or charged, and
-// the run stops with the reason, instead of every replica failing.
+// optimizer's rule before proposing: no g̃ is proposed or released, and
+// the run stops with the reason, instead of every replica failing. Step 1
+// was charged while its round ran, and stays charged, not applied
+// (over-count, never under-count).
 func TestServerChecksGradientBeforeProposing(t *testing.T) {
 	dir := t.TempDir()
 	c := testRunConfig()
@@ -117,11 +119,11 @@ func TestServerChecksGradientBeforeProposing(t *testing.T) {
 	}
 	// The leader stopped the run itself (the state machine would also
 	// refuse the entry, but then a g̃ would have been committed).
-	if sum.Steps != 0 || sum.Charges != 0 || !strings.Contains(sum.Stopped, "not proposed") {
-		t.Errorf("summary %+v, want no step, no charge, stopped by the leader before proposing", sum)
+	if sum.Steps != 0 || sum.Charges != 1 || !strings.Contains(sum.Stopped, "not proposed") {
+		t.Errorf("summary %+v, want no step, step 1's charge, stopped by the leader before proposing", sum)
 	}
 	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
-	if err != nil || !rep.OK || rep.Charges != 0 {
+	if err != nil || !rep.OK || rep.Charges != 1 || rep.Applied != 0 || rep.Unapplied != 1 {
 		t.Errorf("audit %+v, %v", rep, err)
 	}
 }
