@@ -50,22 +50,28 @@ type leading struct {
 	// then each step whose charge is applied (onCharged). The next round
 	// is released+1.
 	released int64
-	// charge is the charge of step released+1, proposed when its first
-	// round opened (nil: none yet in this term). It outlives a round
-	// that closes empty: the retried round is released under it.
+	// charge is the charge of step released+1 (nil: none yet): proposed
+	// as step released is released (chargeAhead), or when the step's
+	// first round opens. It outlives a round that closes empty: the
+	// retried round is released under it.
 	charge *stepCharge
 	// formed is step released+1's g̃ once its round closed, while its
 	// charge is not yet applied (phaseProposing); nil otherwise.
 	formed *formedStep
 }
 
-// stepCharge is a step's charge entry, proposed while the step's round
-// runs: the charge does not depend on the data, so its commit and fsync
-// overlap the nodes' computation instead of following it.
+// stepCharge is a step's charge entry, proposed before or as the step's
+// round opens: the charge does not depend on the data, so its commit and
+// fsync overlap the release of θ and the nodes' computation instead of
+// following the round.
 type stepCharge struct {
 	step int64
-	done bool // applied here, pending (a refused charge is dropped)
-	ar   ApplyResult
+	// roundID is the ID of the step's first round, which the charge
+	// names; opened says that round was opened.
+	roundID uint64
+	opened  bool
+	done    bool // applied here, pending (a refused charge is dropped)
+	ar      ApplyResult
 }
 
 // formedStep is a g̃ waiting for its step's charge.
@@ -323,11 +329,21 @@ func (l *loop) setBlocked(b *roundBlock) {
 // compute: it does not depend on the data.
 func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards map[string]int64) {
 	ls := l.lead
-	id, err := randomID()
-	if err != nil {
-		l.fail(err)
-		return
+	c := ls.charge
+	if c == nil || c.step != t {
+		if c = l.proposeCharge(t); c == nil {
+			return
+		}
 	}
+	id := c.roundID
+	if c.opened {
+		var err error
+		if id, err = randomID(); err != nil { // a retry: a round ID of its own
+			l.fail(err)
+			return
+		}
+	}
+	c.opened = true
 	started := time.Now()
 	deadline := started.Add(l.s.cfg.RoundTimeout)
 	run := l.s.run
@@ -355,20 +371,39 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 	// empty round it is drawn from here, while the nodes compute.
 	l.startNoise()
 	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started}
-	if c := ls.charge; c == nil || c.step != t {
-		l.proposeCharge(t, fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, id))
+}
+
+// chargeAhead proposes step t's charge as step t−1 is released, right
+// behind t−1's grad entry, whose log write it shares, unless the run ends
+// before step t (MaxSteps, or one more step would exceed the budget:
+// advance then stops the run).
+func (l *loop) chargeAhead(t int64) {
+	if last := l.s.run.MaxSteps; last > 0 && t > last {
+		return
 	}
+	if exceed, err := l.rep.FSM().WouldExceed(); err != nil || exceed {
+		return // advance decides, and reports
+	}
+	l.proposeCharge(t)
 }
 
 // proposeCharge proposes step t's charge entry (step 5 of the Server doc
-// comment) as round t opens, after the previous g̃ (its grad entry holds
-// its place in the log first), and waits on the operation's goroutine for
-// its commit and local apply (onChargeResult). The charge names the round
-// it was proposed with; a round that closes empty is retried under it.
-func (l *loop) proposeCharge(t int64, round string) {
+// comment) after the previous g̃ (its grad entry holds its place in the
+// log first), naming the step's first round by a fresh ID, and waits on
+// the operation's goroutine for its commit and local apply
+// (onChargeResult). A round that closes empty is retried under it. It
+// returns the charge, or nil if it failed the loop.
+func (l *loop) proposeCharge(t int64) *stepCharge {
 	ls := l.lead
-	ls.charge = &stepCharge{step: t}
+	id, err := randomID()
+	if err != nil {
+		l.fail(err)
+		return nil
+	}
+	c := &stepCharge{step: t, roundID: id}
+	ls.charge = c
 	event, queued := l.s.run.Event(), l.gradQueued
+	round := fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, id)
 	l.start(opCharge, ls.term, func(ctx context.Context) opResult {
 		s := stepInFlight{step: t}
 		if err := waitQueued(ctx, queued); err != nil {
@@ -377,6 +412,7 @@ func (l *loop) proposeCharge(t int64, round string) {
 		ar, err := l.rep.ProposeCharge(ctx, t, event, round)
 		return opResult{ar: ar, err: err, step: s}
 	})
+	return c
 }
 
 // onChargeResult records step t's charge, applied here. A pending charge
@@ -564,6 +600,7 @@ func (l *loop) onCharged(ctx context.Context, s stepInFlight, ar ApplyResult, g 
 	ls.released = s.step
 	charged := time.Now()
 	l.s.metrics.phase(phaseCommit, charged.Sub(s.formed)) // the chain's wait for the charge
+	l.chargeAhead(s.step + 1)
 	// 6. Release θ_t.
 	l.publishParams(ctx, ls.term)
 	l.s.metrics.phase(phaseRelease, time.Since(charged))

@@ -116,11 +116,12 @@ var _ Consensus = (*Replica)(nil)
 //     node is registered only if admitNode admits it), a deadline
 //     RoundTimeout away; publish RoundStart. No round opens while the live
 //     nodes' shards are not disjoint (checkShards): the leader reports why
-//     instead (log, metric, replica status). Propose step t's charge
-//     entry (t, the ledger event, the round; no tensor) at once, after the
-//     previous g̃'s grad entry: it does not depend on the data, so its
-//     commit and the ledger's fsync run while the nodes compute. A round
-//     that closes empty keeps the charge for its retry.
+//     instead (log, metric, replica status). Step t's charge entry (t, the
+//     ledger event, the round; no tensor) is already proposed, right
+//     behind step t−1's grad entry as θ_{t−1} was released (step 6), or
+//     is proposed now: it does not depend on the data, so its commit and
+//     the ledger's fsync run while θ goes out and the nodes compute. A
+//     round that closes empty keeps the charge for its retry.
 //  3. Collect contributions into an aggregation.Round (which validates
 //     them) until every node answered or the deadline passed.
 //  4. Privatize S with the run's noise mode (privatize): by default snap
@@ -138,8 +139,9 @@ var _ Consensus = (*Replica)(nil)
 //  6. Only then compute θ_t on the loop's copy of the optimizer one step
 //     ahead (aheadState), publish Params(θ_t), and propose the grad entry
 //     (t, the charge's index, g̃) on a goroutine of its own; every replica
-//     moves θ when it commits, while the next round runs. The next charge
-//     (or the stop) is proposed after it.
+//     moves θ when it commits, while the next round runs. Step t+1's
+//     charge (or the stop) is proposed right after it, unless the run
+//     ends at step t (MaxSteps, or the budget).
 //
 // Before opening a round the leader checks that one more step fits the
 // budget; if not, it proposes the end of the run (the state machine

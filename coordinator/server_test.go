@@ -727,9 +727,10 @@ func checkReplicaViews(t *testing.T, s1, s2 *Server) {
 }
 
 // TestChargeCommittedWhileRoundRuns: a step's charge does not depend on
-// the data, so the leader proposes it as the step's round opens, and its
-// commit and fsync overlap the nodes' computation instead of following it
-// on the step's chain (issue 25). The scripted node answers round t only
+// the data, so the leader proposes it before the step's round closes (as
+// the previous step is released, or as the round opens), and its commit
+// and fsync overlap the nodes' computation instead of following it on the
+// step's chain (issue 25). The scripted node answers round t only
 // once the ledger holds t charges (or after 3 s): before, the charge was
 // proposed after the round closed, so no answer ever found it.
 func TestChargeCommittedWhileRoundRuns(t *testing.T) {
