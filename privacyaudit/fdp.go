@@ -12,18 +12,19 @@ import (
 // guesses, v right); what changes is the hypothesis tested: "the mechanism
 // is f-DP" for a trade-off function f, here μ-GDP, f = G_μ with G_μ(x) =
 // Φ(Φ⁻¹(1−x) − μ) (Dong, Roth and Su, "Gaussian Differential Privacy",
-// 2019/2022, Def. 2.5), instead of "(ε, δ)-DP". The whole curve constrains
+// 2019/2022), instead of "(ε, δ)-DP". The whole curve constrains
 // the count of correct guesses, not only its (ε, δ) corner, which is what
 // makes the bound tighter for Gaussian-like mechanisms.
 //
-// # The bound (derived here; the recursion is the paper's)
+// # The bound (derived here; the recursion is the authors')
 //
 // Only the paper's abstract could be read from this machine, so the
 // statement below is derived from first principles; its recursion is the
 // one of the authors' reference implementation (facebookresearch/
-// PrivacyGuard, privacy_guard/analysis FDPAnalysisNode), with one
-// relaxation that makes it provable here (step 3). Theorem numbers are
-// not cited because they could not be checked.
+// PrivacyGuard, privacy_guard/analysis/mia/fdp_analysis_node.py,
+// FDPAnalysisNode; read, not copied), with one relaxation that makes it
+// provable here (step 3). Theorem numbers are not cited because they
+// could not be checked.
 //
 //  1. Lemma. Let W be the number of correct guesses and u_w = P[W = w].
 //     Draw a canary I uniformly from the m. For 1 ≤ i ≤ k let
