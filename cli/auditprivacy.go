@@ -23,7 +23,7 @@ import (
 
 // errPrivacyBug is returned by audit-privacy when a lower bound exceeds
 // the ledger's ε: the run leaked more than it was charged for.
-var errPrivacyBug = errors.New("audit-privacy: PRIVACY BUG: the empirical lower bound on ε exceeds the ledger's ε")
+var errPrivacyBug = errors.New("audit-privacy: PRIVACY BUG: an empirical lower bound on ε exceeds the ledger's ε")
 
 // auditFile is the file in an audited run's data dir that says the run
 // was an audit, and holds its result once it has one.
@@ -41,16 +41,29 @@ type auditFlags struct {
 	minNodesChanged bool
 }
 
-// auditMethod is one threat model's outcome.
+// auditMethod is one threat model's outcome, under the two analyses of
+// privacyaudit.Audit: the (ε, δ) one (Epsilon, Ceiling, Best) and the
+// f-DP one for μ-GDP (the FDP fields, GDPMu; BestFDP is its best split).
 type auditMethod struct {
 	Canaries int     `json:"canaries"`
 	Included int     `json:"included"`
 	Epsilon  float64 `json:"epsilon_lower_bound"`
 	// Ceiling is the largest bound any of the splits could give (all its
 	// guesses right), at its share of β.
-	Ceiling float64               `json:"ceiling"`
-	Best    privacyaudit.Result   `json:"best"`
-	Splits  []privacyaudit.Result `json:"splits"`
+	Ceiling float64 `json:"ceiling"`
+	// EpsilonFDP is the f-DP bound: the ε at the run's δ of the largest μ
+	// whose μ-GDP the guesses reject (GDPMu); CeilingFDP its ceiling.
+	EpsilonFDP float64               `json:"epsilon_lower_bound_fdp"`
+	GDPMu      float64               `json:"gdp_mu_lower_bound"`
+	CeilingFDP float64               `json:"ceiling_fdp"`
+	Best       privacyaudit.Result   `json:"best"`
+	BestFDP    privacyaudit.Result   `json:"best_fdp"`
+	Splits     []privacyaudit.Result `json:"splits"`
+}
+
+// exceeds reports whether either analysis's bound is above the ledger's ε.
+func (a *auditMethod) exceeds(ledger float64) bool {
+	return a != nil && (a.Epsilon > ledger || a.EpsilonFDP > ledger)
 }
 
 // auditResult is audit-privacy's result (--json, and AUDIT.json).
@@ -299,7 +312,7 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 		}
 		res.BlackBox = &bb
 	}
-	res.PrivacyBug = res.WhiteBox.Epsilon > res.LedgerEpsilon || res.BlackBox != nil && res.BlackBox.Epsilon > res.LedgerEpsilon
+	res.PrivacyBug = res.WhiteBox.exceeds(res.LedgerEpsilon) || res.BlackBox.exceeds(res.LedgerEpsilon)
 	return res, nil
 }
 
@@ -329,7 +342,9 @@ func auditOf(scores []float64, included []bool, delta, beta float64) (auditMetho
 	if err != nil {
 		return auditMethod{}, err
 	}
-	am := auditMethod{Canaries: len(scores), Epsilon: best.Epsilon, Best: best, Splits: all}
+	bf := privacyaudit.BestFDP(all)
+	am := auditMethod{Canaries: len(scores), Epsilon: best.Epsilon, Best: best, Splits: all,
+		EpsilonFDP: bf.EpsilonFDP, GDPMu: bf.GDPMu, BestFDP: bf}
 	for _, in := range included {
 		if in {
 			am.Included++
@@ -337,6 +352,7 @@ func auditOf(scores []float64, included []bool, delta, beta float64) (auditMetho
 	}
 	for _, s := range all {
 		am.Ceiling = max(am.Ceiling, s.Ceiling)
+		am.CeilingFDP = max(am.CeilingFDP, s.CeilingFDP)
 	}
 	return am, nil
 }
@@ -404,11 +420,14 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 	line := func(name string, a auditMethod) {
 		fmt.Fprintf(out, "%s: ε ≥ %.4f with confidence %g (%d canaries, %d included; best guesses %d in, %d out: %d of %d right; ceiling %.4f)\n",
 			name, a.Epsilon, res.Confidence, a.Canaries, a.Included, a.Best.KPlus, a.Best.KMinus, a.Best.V, a.Best.R, a.Ceiling)
+		fmt.Fprintf(out, "%s, f-DP analysis: ε ≥ %.4f with confidence %g (not μ-GDP for μ < %.4f; best guesses %d in, %d out: %d of %d right; ceiling %.4f)\n",
+			name, a.EpsilonFDP, res.Confidence, a.GDPMu, a.BestFDP.KPlus, a.BestFDP.KMinus, a.BestFDP.V, a.BestFDP.R, a.CeilingFDP)
 	}
 	line("white-box (gradient canaries)", res.WhiteBox)
 	if r := res.Reach; r != nil {
 		fmt.Fprintf(out, "white-box reach (ideal audit of a perfect mechanism with these m, q, T, σ; %d simulations): median %.4f, 10–90%% %.4f–%.4f; a bound below it is lost to the system, one within it is all the method shows\n",
 			r.Reps, r.Median, r.P10, r.P90)
+		fmt.Fprintf(out, "white-box reach, f-DP analysis: median %.4f, 10–90%% %.4f–%.4f, largest %.4f\n", r.FDPMedian, r.FDPP10, r.FDPP90, r.FDPMax)
 	}
 	if res.BlackBox != nil {
 		line("black-box (mislabelled records)", *res.BlackBox)

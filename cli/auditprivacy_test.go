@@ -121,3 +121,38 @@ func TestPrintPrivacyAuditReach(t *testing.T) {
 		t.Errorf("a skipped simulation printed:\n%s", b.String())
 	}
 }
+
+// TestAuditMethodExceeds: either analysis's bound above the ledger's ε is
+// a privacy bug; a missing black-box method is not.
+func TestAuditMethodExceeds(t *testing.T) {
+	for _, c := range []struct {
+		eps, fdp float64
+		want     bool
+	}{{0.5, 0.9, false}, {1.5, 0.9, true}, {0.5, 1.5, true}, {1, 1, false}} {
+		a := auditMethod{Epsilon: c.eps, EpsilonFDP: c.fdp}
+		if got := a.exceeds(1); got != c.want {
+			t.Errorf("(ε, δ) bound %v, f-DP bound %v at ledger ε 1: exceeds = %v, want %v", c.eps, c.fdp, got, c.want)
+		}
+	}
+	var none *auditMethod
+	if none.exceeds(1) {
+		t.Error("a nil method exceeds")
+	}
+}
+
+// TestPrintPrivacyAuditFDP: the text output gives the f-DP bound, its μ
+// and ceiling beside the (ε, δ) one, and the reach under both analyses.
+func TestPrintPrivacyAuditFDP(t *testing.T) {
+	res := auditResult{Run: "audit-x", Steps: 10, LedgerEpsilon: 2, Delta: 1e-5, Confidence: 0.95,
+		WhiteBox: auditMethod{Canaries: 100, Epsilon: 0.1, Ceiling: 1, EpsilonFDP: 0.375, GDPMu: 0.125, CeilingFDP: 3},
+		Reach:    &privacyaudit.Reach{Reps: 21, Median: 0.25, P10: 0.125, P90: 0.5, Ceiling: 1, FDPMedian: 0.75, FDPP10: 0.5, FDPP90: 1, FDPMax: 1.25}}
+	var b strings.Builder
+	if err := printPrivacyAudit(&b, res, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"f-DP analysis: ε ≥ 0.3750", "μ < 0.1250", "ceiling 3.0000", "f-DP analysis: median 0.7500, 10–90% 0.5000–1.0000, largest 1.2500"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output without %q:\n%s", want, b.String())
+		}
+	}
+}

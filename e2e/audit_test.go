@@ -21,7 +21,8 @@ import (
 type auditOutcome struct {
 	LedgerEpsilon float64 `json:"ledger_epsilon"`
 	WhiteBox      struct {
-		Epsilon float64 `json:"epsilon_lower_bound"`
+		Epsilon    float64 `json:"epsilon_lower_bound"`
+		EpsilonFDP float64 `json:"epsilon_lower_bound_fdp"`
 	} `json:"white_box"`
 	PrivacyBug bool `json:"privacy_bug"`
 }
@@ -66,7 +67,7 @@ func runAudit(t *testing.T, bin string) (auditOutcome, int) {
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		t.Fatalf("%s: exit %d, output %q: %v\n%s", bin, code, stdout.String(), err, stderr.String())
 	}
-	t.Logf("%s: ledger ε %.4f, white-box lower bound %.4f, exit %d", bin, res.LedgerEpsilon, res.WhiteBox.Epsilon, code)
+	t.Logf("%s: ledger ε %.4f, white-box lower bound %.4f, f-DP %.4f, exit %d", bin, res.LedgerEpsilon, res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, code)
 	return res, code
 }
 
@@ -76,8 +77,9 @@ func runAudit(t *testing.T, bin string) (auditOutcome, int) {
 // caught by audit-privacy: the white-box lower bound exceeds the ledger's ε
 // and the command exits non-zero. The product binary (no tag), given the
 // same variable, cannot be broken: its audit exits 0 with a bound below
-// the ledger's ε. (Measured on this test's settings: 2.33 broken, 0.13
-// intact, at ledger ε = 1.)
+// the ledger's ε. Both analyses, (ε, δ) and f-DP, must agree on it.
+// (Measured on this test's settings: 2.33 broken, 0.13 intact, at ledger
+// ε = 1, with the (ε, δ) analysis.)
 func TestAuditCatchesBrokenMechanism(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two coordinator binaries and runs two audits")
@@ -87,13 +89,13 @@ func TestAuditCatchesBrokenMechanism(t *testing.T) {
 	product := buildCoordinator(t, filepath.Join(dir, "product"), "")
 
 	res, code := runAudit(t, broken)
-	if !(res.WhiteBox.Epsilon > res.LedgerEpsilon) || !res.PrivacyBug || code == 0 {
-		t.Errorf("broken mechanism: lower bound %v, ledger ε %v, privacy_bug %v, exit %d; want a bound above the ledger's ε and a non-zero exit",
-			res.WhiteBox.Epsilon, res.LedgerEpsilon, res.PrivacyBug, code)
+	if !(res.WhiteBox.Epsilon > res.LedgerEpsilon) || !(res.WhiteBox.EpsilonFDP > res.LedgerEpsilon) || !res.PrivacyBug || code == 0 {
+		t.Errorf("broken mechanism: lower bounds %v, f-DP %v, ledger ε %v, privacy_bug %v, exit %d; want both bounds above the ledger's ε and a non-zero exit",
+			res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, res.LedgerEpsilon, res.PrivacyBug, code)
 	}
 	res, code = runAudit(t, product)
-	if !(res.WhiteBox.Epsilon < res.LedgerEpsilon) || res.PrivacyBug || code != 0 {
-		t.Errorf("product binary: lower bound %v, ledger ε %v, privacy_bug %v, exit %d; want a bound below the ledger's ε and exit 0",
-			res.WhiteBox.Epsilon, res.LedgerEpsilon, res.PrivacyBug, code)
+	if !(res.WhiteBox.Epsilon < res.LedgerEpsilon) || !(res.WhiteBox.EpsilonFDP < res.LedgerEpsilon) || res.PrivacyBug || code != 0 {
+		t.Errorf("product binary: lower bounds %v, f-DP %v, ledger ε %v, privacy_bug %v, exit %d; want both bounds below the ledger's ε and exit 0",
+			res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, res.LedgerEpsilon, res.PrivacyBug, code)
 	}
 }

@@ -41,6 +41,17 @@
 // Ceiling: a ledger ε above it cannot be confirmed by r guesses), or
 // canaries that are easy to hide. Never report it as the run's ε.
 //
+// # The f-DP analysis
+//
+// The same guesses also get the f-DP analysis of Mahloujifar, Melis and
+// Chaudhuri, "Auditing f-Differential Privacy in One Run" (arXiv
+// 2410.22235; fdp.go states and derives it): the hypothesis "the
+// mechanism is μ-GDP" constrains the count of correct guesses through the
+// whole Gaussian trade-off curve rather than its (ε, δ) corner, and
+// GDPLowerBound returns the largest μ the count rejects at level β,
+// GDPEpsilon that μ's ε at δ. On Gaussian-like mechanisms it is the
+// tighter of the two (TestGDPLowerBoundIdealGame); Audit reports both.
+//
 // IdealReach tells these apart for white-box gradient canaries of a
 // Poisson-subsampled Gaussian run: it simulates the same audit (the same
 // score, SubsampledGaussianLLR, and splits) on a perfect mechanism with

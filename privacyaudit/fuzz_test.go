@@ -81,3 +81,64 @@ func FuzzGuess(f *testing.F) {
 		}
 	})
 }
+
+// FuzzGDPLowerBound: no input panics; an error is ErrInvalid; a result is
+// a multiple of Tolerance in [0, 64) that the test rejects (or 0), the
+// next grid point is not rejected, and the ceiling is at least it. Valid
+// r above 4096 are skipped to keep each input fast.
+func FuzzGDPLowerBound(f *testing.F) {
+	f.Add(1000, 100, 80, 0.05)
+	f.Add(1, 1, 1, 0.5)
+	f.Add(0, 0, 0, math.NaN())
+	f.Add(math.MaxInt, math.MaxInt, math.MinInt, 0.0)
+	f.Fuzz(func(t *testing.T, m, r, v int, beta float64) {
+		if r > 4096 && r <= MaxGuesses && r <= m {
+			t.Skip()
+		}
+		got, err := GDPLowerBound(m, r, v, beta)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if !(got >= 0 && got < maxGDP) || math.Mod(got, Tolerance) != 0 {
+			t.Fatalf("GDPLowerBound(%d, %d, %d, %v) = %v", m, r, v, beta, got)
+		}
+		if got > 0 && !gdpRejects(m, r, v, got, beta) || gdpRejects(m, r, v, got+Tolerance, beta) {
+			t.Fatalf("GDPLowerBound(%d, %d, %d, %v) = %v is not the edge of the rejected set", m, r, v, beta, got)
+		}
+		if c, err := GDPLowerBound(m, r, r, beta); err != nil || c < got {
+			t.Fatalf("ceiling %v, %v below the bound %v", c, err, got)
+		}
+	})
+}
+
+// FuzzGDPEpsilon: no input panics; an error is ErrInvalid; a result is a
+// finite multiple of Tolerance, 0 or with δ_μ above δ there, and δ_μ at
+// most δ one grid step above.
+func FuzzGDPEpsilon(f *testing.F) {
+	f.Add(1.0, 1e-5)
+	f.Add(0.0, 0.5)
+	f.Add(math.Inf(1), 0.0)
+	f.Add(1e-300, 1e-300)
+	f.Add(60.0, 0.999)
+	f.Fuzz(func(t *testing.T, mu, delta float64) {
+		got, err := GDPEpsilon(mu, delta)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if !(got >= 0) || math.IsInf(got, 0) || math.Mod(got, Tolerance) != 0 {
+			t.Fatalf("GDPEpsilon(%v, %v) = %v", mu, delta, got)
+		}
+		if mu > 0 && got > 0 && !(GDPDelta(mu, got) > delta) {
+			t.Fatalf("GDPEpsilon(%v, %v) = %v, but δ_μ there is %v", mu, delta, got, GDPDelta(mu, got))
+		}
+		if mu > 0 && got < 1000 && GDPDelta(mu, got+Tolerance) > delta {
+			t.Fatalf("GDPEpsilon(%v, %v) = %v, but δ_μ one step above is %v", mu, delta, got, GDPDelta(mu, got+Tolerance))
+		}
+	})
+}

@@ -33,7 +33,9 @@ type Ideal struct {
 // audit, of its bound: the median and the 10% and 90% quantiles (each
 // the sorted bounds' element at index ⌊p·(Reps−1)⌋, no interpolation),
 // and the largest ceiling among the splits (the same in every
-// repetition).
+// repetition); the same for the f-DP analysis's bound, ε at δ of the μ of
+// BestFDP (FDP fields; 0 when δ = 0), and its largest value over the
+// repetitions.
 type Reach struct {
 	Reps             int     `json:"reps"`
 	Median           float64 `json:"median"`
@@ -41,6 +43,12 @@ type Reach struct {
 	P90              float64 `json:"p90"`
 	Ceiling          float64 `json:"ceiling"`
 	CanariesIncluded float64 `json:"mean_included"`
+
+	FDPMedian  float64 `json:"fdp_median"`
+	FDPP10     float64 `json:"fdp_p10"`
+	FDPP90     float64 `json:"fdp_p90"`
+	FDPMax     float64 `json:"fdp_max"`
+	FDPCeiling float64 `json:"fdp_ceiling"`
 }
 
 // MaxIdealWork bounds m·T·reps, the number of simulated observations
@@ -49,8 +57,8 @@ const MaxIdealWork = 4e8
 
 // IdealReach simulates reps repetitions of the ideal audit (see Ideal)
 // with a PCG generator seeded by seed, and returns the distribution of
-// their bounds. It is deterministic given its arguments. The bounds are
-// those of Audit (its grid, Tolerance); the simulation's own error is
+// their bounds, under both analyses of Audit. It is deterministic given
+// its arguments. The bounds are those of Audit (its grid, Tolerance); the simulation's own error is
 // statistical only: the quantiles of reps draws, which the caller sizes.
 // It returns ErrInvalid for a parameter outside its range, reps < 1, or
 // m·T·reps above 4·10⁸, and the errors of Audit.
@@ -67,6 +75,7 @@ func IdealReach(p Ideal, reps int, seed uint64) (Reach, error) {
 	scores := make([]float64, p.Canaries)
 	included := make([]bool, p.Canaries)
 	bounds := make([]float64, reps)
+	fdp := make([]float64, reps)
 	out := Reach{Reps: reps}
 	nIn := 0
 	for k := range reps {
@@ -82,15 +91,19 @@ func IdealReach(p Ideal, reps int, seed uint64) (Reach, error) {
 			return Reach{}, err
 		}
 		bounds[k] = best.Epsilon
+		fdp[k] = BestFDP(all).EpsilonFDP
 		if k == 0 {
 			for _, r := range all {
 				out.Ceiling = max(out.Ceiling, r.Ceiling)
+				out.FDPCeiling = max(out.FDPCeiling, r.CeilingFDP)
 			}
 		}
 	}
 	slices.Sort(bounds)
-	at := func(f float64) float64 { return bounds[int(f*float64(reps-1))] }
-	out.Median, out.P10, out.P90 = at(0.5), at(0.1), at(0.9)
+	slices.Sort(fdp)
+	at := func(b []float64, f float64) float64 { return b[int(f*float64(reps-1))] }
+	out.Median, out.P10, out.P90 = at(bounds, 0.5), at(bounds, 0.1), at(bounds, 0.9)
+	out.FDPMedian, out.FDPP10, out.FDPP90, out.FDPMax = at(fdp, 0.5), at(fdp, 0.1), at(fdp, 0.9), fdp[reps-1]
 	out.CanariesIncluded = float64(nIn) / float64(reps)
 	return out, nil
 }

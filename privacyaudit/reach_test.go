@@ -22,6 +22,9 @@ func TestIdealReachSeparableReachesCeiling(t *testing.T) {
 	if r.P10 != r.Ceiling || r.Median != r.Ceiling || r.P90 != r.Ceiling {
 		t.Fatalf("reach %+v, want every quantile at the ceiling %v", r, r.Ceiling)
 	}
+	if r.FDPCeiling <= r.Ceiling || r.FDPP10 != r.FDPCeiling || r.FDPMedian != r.FDPCeiling || r.FDPMax != r.FDPCeiling {
+		t.Fatalf("reach %+v, want every f-DP quantile at its ceiling, above the (ε, δ) ceiling %v", r, r.Ceiling)
+	}
 }
 
 // With σ large the canaries' shift is lost in the noise: the ideal audit

@@ -72,6 +72,19 @@ func TestAudit(t *testing.T) {
 		if res.Epsilon > best.Epsilon {
 			t.Errorf("split %v's bound %v above the best's %v", splits[i], res.Epsilon, best.Epsilon)
 		}
+		mu := mustGDP(t, m, r, v, beta/3)
+		ceilMu := mustGDP(t, m, r, r, beta/3)
+		epsFDP, err1 := GDPEpsilon(mu, delta)
+		ceilFDP, err2 := GDPEpsilon(ceilMu, delta)
+		if err1 != nil || err2 != nil || res.GDPMu != mu || res.GDPCeilingMu != ceilMu || res.EpsilonFDP != epsFDP || res.CeilingFDP != ceilFDP {
+			t.Errorf("split %v: f-DP %+v, want μ %v (ε %v), ceiling μ %v (ε %v)", splits[i], res, mu, epsFDP, ceilMu, ceilFDP)
+		}
+		if res.GDPMu > BestFDP(all).GDPMu {
+			t.Errorf("split %v's μ %v above BestFDP's", splits[i], res.GDPMu)
+		}
+	}
+	if !(BestFDP(all).EpsilonFDP > 0) {
+		t.Errorf("best f-DP bound %v, want positive", BestFDP(all).EpsilonFDP)
 	}
 	if !(best.Epsilon > 0) {
 		t.Errorf("best bound %v, want positive for an attack right on most guesses", best.Epsilon)
