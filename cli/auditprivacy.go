@@ -61,9 +61,17 @@ type auditMethod struct {
 	Splits     []privacyaudit.Result `json:"splits"`
 }
 
-// exceeds reports whether either analysis's bound is above the ledger's ε.
+// exceeds reports whether the (ε, δ) bound, a lower bound on the ε of any
+// (ε, δ)-DP mechanism, is above the ledger's ε: a privacy bug.
 func (a *auditMethod) exceeds(ledger float64) bool {
-	return a != nil && (a.Epsilon > ledger || a.EpsilonFDP > ledger)
+	return a != nil && a.Epsilon > ledger
+}
+
+// fdpExceeds reports whether the f-DP bound is above the ledger's ε: a
+// suspected bug, not a proven one, since the run's mechanism is not
+// μ-GDP (docs/PRIVACY.md, "What its ε means, and the exit status").
+func (a *auditMethod) fdpExceeds(ledger float64) bool {
+	return a != nil && a.EpsilonFDP > ledger
 }
 
 // auditResult is audit-privacy's result (--json, and AUDIT.json).
@@ -81,9 +89,12 @@ type auditResult struct {
 	// Reach is the ideal white-box audit's bound on a perfect mechanism
 	// with this run's m, q, T, σ, δ, β and splits (privacyaudit.IdealReach):
 	// what the method can show here. Absent with --reach-reps 0.
-	Reach      *privacyaudit.Reach `json:"white_box_reach,omitempty"`
-	BlackBox   *auditMethod        `json:"black_box,omitempty"`
-	PrivacyBug bool                `json:"privacy_bug"`
+	Reach    *privacyaudit.Reach `json:"white_box_reach,omitempty"`
+	BlackBox *auditMethod        `json:"black_box,omitempty"`
+	// PrivacyBug says an (ε, δ) bound exceeds the ledger's ε (the exit
+	// status); FDPAboveLedger says an f-DP bound does (a warning).
+	PrivacyBug     bool `json:"privacy_bug"`
+	FDPAboveLedger bool `json:"fdp_above_ledger"`
 }
 
 func newAuditPrivacyCmd() *cobra.Command {
@@ -313,6 +324,7 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 		res.BlackBox = &bb
 	}
 	res.PrivacyBug = res.WhiteBox.exceeds(res.LedgerEpsilon) || res.BlackBox.exceeds(res.LedgerEpsilon)
+	res.FDPAboveLedger = res.WhiteBox.fdpExceeds(res.LedgerEpsilon) || res.BlackBox.fdpExceeds(res.LedgerEpsilon)
 	return res, nil
 }
 
@@ -432,9 +444,12 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 	if res.BlackBox != nil {
 		line("black-box (mislabelled records)", *res.BlackBox)
 	}
-	if res.PrivacyBug {
+	switch {
+	case res.PrivacyBug:
 		fmt.Fprintln(out, "PRIVACY BUG: a lower bound exceeds the ledger's ε")
-	} else {
+	case res.FDPAboveLedger:
+		fmt.Fprintln(out, "SUSPECTED PRIVACY BUG: an f-DP (μ-GDP) bound exceeds the ledger's ε; not a proof (the mechanism is not μ-GDP): rerun, and with more canaries")
+	default:
 		fmt.Fprintln(out, "no violation: every lower bound is at most the ledger's ε (a bound far below it shows nothing)")
 	}
 	return nil

@@ -122,20 +122,25 @@ func TestPrintPrivacyAuditReach(t *testing.T) {
 	}
 }
 
-// TestAuditMethodExceeds: either analysis's bound above the ledger's ε is
-// a privacy bug; a missing black-box method is not.
+// TestAuditMethodExceeds: the (ε, δ) bound above the ledger's ε is a
+// privacy bug (the exit status); the f-DP bound above it only a suspected
+// one (the mechanism is not μ-GDP); a missing black-box method is
+// neither.
 func TestAuditMethodExceeds(t *testing.T) {
 	for _, c := range []struct {
-		eps, fdp float64
-		want     bool
-	}{{0.5, 0.9, false}, {1.5, 0.9, true}, {0.5, 1.5, true}, {1, 1, false}} {
+		eps, fdp     float64
+		bug, suspect bool
+	}{{0.5, 0.9, false, false}, {1.5, 0.9, true, false}, {0.5, 1.5, false, true}, {1, 1, false, false}, {1.5, 1.6, true, true}} {
 		a := auditMethod{Epsilon: c.eps, EpsilonFDP: c.fdp}
-		if got := a.exceeds(1); got != c.want {
-			t.Errorf("(ε, δ) bound %v, f-DP bound %v at ledger ε 1: exceeds = %v, want %v", c.eps, c.fdp, got, c.want)
+		if got := a.exceeds(1); got != c.bug {
+			t.Errorf("(ε, δ) bound %v, f-DP bound %v at ledger ε 1: exceeds = %v, want %v", c.eps, c.fdp, got, c.bug)
+		}
+		if got := a.fdpExceeds(1); got != c.suspect {
+			t.Errorf("(ε, δ) bound %v, f-DP bound %v at ledger ε 1: fdpExceeds = %v, want %v", c.eps, c.fdp, got, c.suspect)
 		}
 	}
 	var none *auditMethod
-	if none.exceeds(1) {
+	if none.exceeds(1) || none.fdpExceeds(1) {
 		t.Error("a nil method exceeds")
 	}
 }
