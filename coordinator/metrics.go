@@ -90,9 +90,11 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 		phaseSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "step_phase_seconds",
 			Help: "The leader's links of a step after its round closed, by phase: privatize (noise over the sum, " +
-				"and the optimizer's check of g̃), commit (the charge entry's proposal to applied here: the Raft log's fsync, " +
-				"replication, the ledger's charge; then the update of the leader's θ), release (θ published), " +
-				"and off the chain, log (g̃'s entry from proposal to applied here, while the next round runs).",
+				"and the optimizer's check of g̃), commit (from g̃ formed until its charge entry, proposed before the round closed, " +
+				"is applied here; then the update of the leader's θ), release (θ published), " +
+				"and off the chain, charge (the charge entry from proposal to applied here: the Raft log's fsync, replication, " +
+				"the ledger's charge, while θ goes out and the nodes compute) and log (g̃'s entry from proposal to applied here, " +
+				"while the next round runs).",
 			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"phase"}),
 		participants: gauge("round_participants", "Nodes whose contribution the last round accepted."),
@@ -167,7 +169,7 @@ func (m *Metrics) touchLabels() {
 	for _, r := range Roles() {
 		m.raftState.WithLabelValues(string(r))
 	}
-	for _, p := range []string{phasePrivatize, phaseCommit, phaseRelease, phaseLog} {
+	for _, p := range []string{phasePrivatize, phaseCommit, phaseRelease, phaseCharge, phaseLog} {
 		m.phaseSeconds.WithLabelValues(p)
 	}
 	for _, r := range blockReasons {
@@ -265,6 +267,9 @@ const (
 	phasePrivatize = "privatize"
 	phaseCommit    = "commit"
 	phaseRelease   = "release"
+	// phaseCharge is the charge entry's, off the chain: from its proposal
+	// (as the previous step is released) to its apply on the leader.
+	phaseCharge = "charge"
 	// phaseLog is the grad entry's, off the chain: from its proposal to
 	// its apply on the leader, while θ_t is released and the next round
 	// runs.

@@ -68,10 +68,11 @@ type stepCharge struct {
 	step int64
 	// roundID is the ID of the step's first round, which the charge
 	// names; opened says that round was opened.
-	roundID uint64
-	opened  bool
-	done    bool // applied here, pending (a refused charge is dropped)
-	ar      ApplyResult
+	roundID  uint64
+	opened   bool
+	proposed time.Time
+	done     bool // applied here, pending (a refused charge is dropped)
+	ar       ApplyResult
 }
 
 // formedStep is a g̃ waiting for its step's charge.
@@ -400,7 +401,7 @@ func (l *loop) proposeCharge(t int64) *stepCharge {
 		l.fail(err)
 		return nil
 	}
-	c := &stepCharge{step: t, roundID: id}
+	c := &stepCharge{step: t, roundID: id, proposed: time.Now()}
 	ls.charge = c
 	event, queued := l.s.run.Event(), l.gradQueued
 	round := fmt.Sprintf("%s/%d/%016x", l.rep.ID(), ls.term, id)
@@ -427,6 +428,7 @@ func (l *loop) onChargeResult(ctx context.Context, t int64, ar ApplyResult) {
 		return // cannot happen: one charge per step and term
 	}
 	if ar.Pending {
+		l.s.metrics.phase(phaseCharge, time.Since(c.proposed))
 		c.done, c.ar = true, ar
 		if f := ls.formed; f != nil {
 			ls.formed = nil

@@ -229,15 +229,15 @@ func (c *Cluster) WaitCrash(ctx context.Context) (string, error) {
 
 var _ coordinator.Consensus = (*crashHooks)(nil)
 
-// Charges returns how many charge records each live replica's ledger holds
-// for step.
-func (c *Cluster) Charges(t testing.TB, step int64) map[string]int {
+// Charges returns the Raft terms of the charge records each live
+// replica's ledger holds for step, in ledger order.
+func (c *Cluster) Charges(t testing.TB, step int64) map[string][]uint64 {
 	t.Helper()
-	out := make(map[string]int)
+	out := make(map[string][]uint64)
 	for _, m := range c.live() {
 		for _, r := range chargeRecords(t, m) {
 			if r.Step == step {
-				out[m.id]++
+				out[m.id] = append(out[m.id], r.Term)
 			}
 		}
 	}

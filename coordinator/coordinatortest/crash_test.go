@@ -27,12 +27,22 @@ func TestLeaderCrashAtEveryPointOfTheCommitPath(t *testing.T) {
 			finish(t, ctx, c)
 			c.CheckDisks(t)
 			// Where step 6's charge was committed and its g̃ never
-			// proposed, the next leader charged it again.
+			// proposed, the next leader charged it again. Each leader
+			// charges a step at most once, so a later election while
+			// step 6 was in flight (a loaded machine) adds one charge
+			// in a later term: more is allowed, in distinct terms.
 			want := map[string]int{coordinatortest.CrashChargeCommitted: 2, coordinatortest.CrashBeforeGrad: 2,
 				coordinatortest.CrashBeforeCharge: 1, coordinatortest.CrashGradApplied: 1}
-			for id, n := range c.Charges(t, 6) {
-				if w, ok := want[point]; ok && n != w {
-					t.Errorf("replica %s charged step 6 %d times, want %d", id, n, w)
+			for id, terms := range c.Charges(t, 6) {
+				if w, ok := want[point]; ok && len(terms) < w {
+					t.Errorf("replica %s charged step 6 %d times (terms %v), want %d", id, len(terms), terms, w)
+				} else if ok && len(terms) > w {
+					t.Logf("replica %s charged step 6 in terms %v: %d more leader change(s) while it was in flight", id, terms, len(terms)-w)
+				}
+				for i := 1; i < len(terms); i++ {
+					if terms[i] <= terms[i-1] {
+						t.Errorf("replica %s charged step 6 twice in term %d (terms %v)", id, terms[i], terms)
+					}
 				}
 			}
 		})
