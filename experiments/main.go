@@ -15,7 +15,8 @@
 //
 //	table    the paper's Table 1: DP-SGD, DP-Adam and DP-AdamBC at
 //	         ε ∈ {1, 3, 7} (δ = 1e-5), hyperparameters tuned on a grid
-//	         on a validation split, mean (std) test accuracy over seeds
+//	         on a validation split (at -tune-eps, or at every ε with
+//	         -tune-per-eps), mean (std) test accuracy over seeds
 //	sgdm     Figure 2 and Eq. 3: DP-Adam and DP-SGDM with the learning-rate
 //	         schedule of Eq. 3 on the same noise and batches
 //	moments  Table 2 and Figure 3: summary statistics of m̂ᶜ, m̂ᵖ, v̂ᶜ, v̂ᵖ,
@@ -66,6 +67,11 @@ type options struct {
 	tuneEps  float64
 	workers  int
 	stepsMul float64
+	// tunePerEps tunes the table at every ε of eps instead of at tuneEps
+	// only (each ε then gets its own chosen setting).
+	tunePerEps bool
+	// wideGrid replaces each task's Grid with its WideGrid.
+	wideGrid bool
 }
 
 func run(args []string) error {
@@ -79,11 +85,18 @@ func run(args []string) error {
 		tuneEps  = fs.Float64("tune-eps", 3, "ε at which the table's hyperparameters are tuned (one seed)")
 		workers  = fs.Int("workers", 1, "runs in parallel (each run also uses GOMAXPROCS goroutines)")
 		stepsMul = fs.Float64("steps-scale", 1, "multiply every task's number of steps (σ is recalibrated)")
+		perEps   = fs.Bool("tune-per-eps", false, "tune the table at every ε of -eps (the paper's protocol) instead of at -tune-eps only")
+		wide     = fs.Bool("wide-grid", false, "tune over each task's wide grid (only tasks that define one: fortunes-lm)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	o := options{out: *out, seeds: *seeds, tuneEps: *tuneEps, workers: *workers, stepsMul: *stepsMul}
+	o := options{out: *out, seeds: *seeds, tuneEps: *tuneEps, workers: *workers, stepsMul: *stepsMul, tunePerEps: *perEps, wideGrid: *wide}
+	tuneEpsSet := false
+	fs.Visit(func(f *flag.Flag) { tuneEpsSet = tuneEpsSet || f.Name == "tune-eps" })
+	if tuneEpsSet && o.tunePerEps {
+		return fmt.Errorf("-tune-eps and -tune-per-eps exclude each other")
+	}
 	o.exps = strings.Split(*exps, ",")
 	if *exps == "all" {
 		o.exps = []string{"table", "sgdm", "moments", "phi"}
@@ -118,6 +131,12 @@ func run(args []string) error {
 			return nil, err
 		}
 		t.Steps = max(1, int(float64(t.Steps)*o.stepsMul+0.5))
+		if o.wideGrid {
+			if t.WideGrid == nil {
+				return nil, fmt.Errorf("-wide-grid: task %s has no wide grid", name)
+			}
+			t.Grid = t.WideGrid
+		}
 		cache[name] = t
 		return t, nil
 	}
