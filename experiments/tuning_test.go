@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -139,5 +142,51 @@ func TestPerEps(t *testing.T) {
 	}
 	if got, want := perEps([]string{"0.01", "0.003", "0.003"}, eps), "0.01 (ε=1), 0.003 (ε=3), 0.003 (ε=8)"; got != want {
 		t.Errorf("perEps = %q, want %q", got, want)
+	}
+}
+
+// TestGridcheckFortunesLM checks that gridcheck's fortunes-lm points lie
+// past lmWideGrid (each beyond its range on η or γ'), and runs them on a
+// tiny task under that name: one gridcheck.csv row per point, with a
+// finite test loss.
+func TestGridcheckFortunesLM(t *testing.T) {
+	wide := lmWideGrid()
+	for a, hs := range extraGrid("fortunes-lm") {
+		var maxLR, minLR, maxGP = 0.0, math.Inf(1), 0.0
+		for _, h := range wide[a] {
+			maxLR, minLR, maxGP = max(maxLR, h.LR), min(minLR, h.LR), max(maxGP, h.GammaPrimeRel)
+		}
+		for _, h := range hs {
+			if !(h.LR > maxLR || h.LR < minLR || h.GammaPrimeRel > maxGP) {
+				t.Errorf("%s %+v is not past the wide grid", a, h)
+			}
+		}
+	}
+	tasks, err := tinyTasks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := tasks[1]
+	task.Name = "fortunes-lm"
+	o := tinyOptions(t)
+	if err := gridcheckExperiment(context.Background(), []*Task{task}, o, quiet()); err != nil {
+		t.Fatal(err)
+	}
+	rows := readCSV(t, filepath.Join(o.out, "gridcheck.csv"))
+	n := 0
+	for _, hs := range extraGrid("fortunes-lm") {
+		n += len(hs)
+	}
+	li := slices.Index(rows[0], "test_loss")
+	if n == 0 || li < 0 {
+		t.Fatalf("no fortunes-lm extra points (%d) or no test_loss column", n)
+	}
+	if len(rows)-1 != n {
+		t.Fatalf("gridcheck.csv has %d rows, want %d", len(rows)-1, n)
+	}
+	for _, r := range rows[1:] {
+		if x, err := strconv.ParseFloat(r[li], 64); err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+			t.Errorf("row %v: test loss %q not finite", r, r[li])
+		}
 	}
 }
