@@ -25,6 +25,7 @@
 //	nodp     reference without noise (σ = 0, NOT private): does Adam beat
 //	         SGD on each task at all?
 //	gridcheck  extra grid points past the edges the table's tuning chose
+//	cell     one fixed setting (-cell) at every ε and seed, no tuning
 //	probe    time one DP-AdamBC run per task (cost per step) before big runs
 //
 // These are experiments, not private training runs: noise and sampling
@@ -47,6 +48,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/model"
 )
 
@@ -72,6 +74,9 @@ type options struct {
 	tunePerEps bool
 	// wideGrid replaces each task's Grid with its WideGrid.
 	wideGrid bool
+	// cellAlgo and cellHyper are the setting of the cell experiment.
+	cellAlgo  dpadam.Algorithm
+	cellHyper Hyper
 }
 
 func run(args []string) error {
@@ -87,6 +92,7 @@ func run(args []string) error {
 		stepsMul = fs.Float64("steps-scale", 1, "multiply every task's number of steps (σ is recalibrated)")
 		perEps   = fs.Bool("tune-per-eps", false, "tune the table at every ε of -eps (the paper's protocol) instead of at -tune-eps only")
 		wide     = fs.Bool("wide-grid", false, "tune over each task's wide grid (only tasks that define one: fortunes-lm)")
+		cellSpec = fs.String("cell", "", "the cell experiment's setting: optimizer,η,γ (dp-adam) or γ'/Φ (dp-adambc), e.g. dp-adambc,0.03,3")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -96,6 +102,12 @@ func run(args []string) error {
 	fs.Visit(func(f *flag.Flag) { tuneEpsSet = tuneEpsSet || f.Name == "tune-eps" })
 	if tuneEpsSet && o.tunePerEps {
 		return fmt.Errorf("-tune-eps and -tune-per-eps exclude each other")
+	}
+	if *cellSpec != "" {
+		var err error
+		if o.cellAlgo, o.cellHyper, err = parseCell(*cellSpec); err != nil {
+			return err
+		}
 	}
 	o.exps = strings.Split(*exps, ",")
 	if *exps == "all" {
@@ -168,6 +180,15 @@ func run(args []string) error {
 				return lerr
 			}
 			err = nodpExperiment(ctx, ts, o, log)
+		case "cell":
+			if *cellSpec == "" {
+				return fmt.Errorf("-exp cell needs -cell")
+			}
+			ts, lerr := loadAll()
+			if lerr != nil {
+				return lerr
+			}
+			err = cellExperiment(ctx, ts, o, log)
 		case "replot-table":
 			err = replotTable(o)
 		case "gridcheck":
