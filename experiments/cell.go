@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/dpcluster/dpcluster/dpadam"
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // cellExperiment trains one fixed setting (o.cellAlgo with o.cellHyper,
@@ -16,7 +17,9 @@ import (
 // the table's runs do, so that a grid point found past the table's grid
 // (by gridcheck, on seed 1) can be given the table's seeds. It writes
 // cell.csv (one row per run) and cell.md (mean (std) over seeds of test
-// accuracy and, for next-token tasks, perplexity).
+// accuracy and, for next-token tasks, perplexity). With -seeds 1 it is a
+// gridcheck of one point at every ε: cell.csv also gives the validation
+// accuracy that tuning would choose by.
 func cellExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Logger) error {
 	var cells []*cell
 	type job struct {
@@ -40,17 +43,19 @@ func cellExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Log
 		}
 	}
 	errs := make([]error, len(jobs))
+	vals := make([]model.Evaluation, len(jobs))
 	parallel(len(jobs), o.workers, func(i int) {
 		j := jobs[i]
 		cfg := optimizerConfig(j.t, j.c.Algo, j.c.Hyper, j.c.Sigma)
 		r := trainRun(ctx, j.t, cfg, uint64(j.seed+1), 0)
 		logRun(log, "cell", j.t, cfg, uint64(j.seed+1), r)
 		j.c.Acc[j.seed], j.c.Loss[j.seed], errs[i] = r.Test.Accuracy, r.Test.Loss, r.Err
+		vals[i] = r.Val
 	})
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rows := [][]string{{"task", "optimizer", "epsilon", "sigma", "steps", "lr", "adam_eps", "gamma_prime_over_phi", "seed", "test_accuracy", "test_loss", "test_perplexity", "error"}}
+	rows := [][]string{{"task", "optimizer", "epsilon", "sigma", "steps", "lr", "adam_eps", "gamma_prime_over_phi", "seed", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "test_perplexity", "error"}}
 	var md strings.Builder
 	fmt.Fprintf(&md, "%s, η = %g, γ = %g, γ'/Φ = %g; test accuracy %% and perplexity, mean (std) over %d seeds:\n\n",
 		o.cellAlgo, o.cellHyper.LR, o.cellHyper.AdamEps, o.cellHyper.GammaPrimeRel, o.seeds)
@@ -62,7 +67,7 @@ func cellExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Log
 		}
 		c := j.c
 		rows = append(rows, []string{c.Task, string(c.Algo), g(c.Eps), g(c.Sigma), fmt.Sprint(j.t.Steps), g(c.Hyper.LR), g(c.Hyper.AdamEps),
-			g(c.Hyper.GammaPrimeRel), fmt.Sprint(j.seed + 1), g(c.Acc[j.seed]), g(c.Loss[j.seed]), g(perplexity(c.Loss[j.seed])), e})
+			g(c.Hyper.GammaPrimeRel), fmt.Sprint(j.seed + 1), g(vals[i].Accuracy), g(vals[i].Loss), g(c.Acc[j.seed]), g(c.Loss[j.seed]), g(perplexity(c.Loss[j.seed])), e})
 	}
 	for _, c := range cells {
 		am, as, n := meanStd(c.Acc)

@@ -34,7 +34,7 @@ func TestCellExperiment(t *testing.T) {
 		col[h] = i
 	}
 	for _, r := range rows[1:] {
-		if r[col["gamma_prime_over_phi"]] != "3" || r[col["lr"]] != "0.03" || r[col["error"]] != "" {
+		if r[col["gamma_prime_over_phi"]] != "3" || r[col["lr"]] != "0.03" || r[col["error"]] != "" || r[col["val_accuracy"]] == "" {
 			t.Errorf("row %v is not the setting, or failed", r)
 		}
 		if r[col["seed"]] != "1" {
@@ -52,7 +52,7 @@ func TestCellExperiment(t *testing.T) {
 			t.Fatal(err)
 		}
 		fresh := trainRun(context.Background(), task, optimizerConfig(task, o.cellAlgo, o.cellHyper, s), 1, 0)
-		if g(fresh.Test.Accuracy) != r[col["test_accuracy"]] || g(fresh.Test.Loss) != r[col["test_loss"]] {
+		if g(fresh.Test.Accuracy) != r[col["test_accuracy"]] || g(fresh.Test.Loss) != r[col["test_loss"]] || g(fresh.Val.Accuracy) != r[col["val_accuracy"]] {
 			t.Errorf("ε = %g seed 1: %v, %v; a fresh run: %v, %v", e, r[col["test_accuracy"]], r[col["test_loss"]], fresh.Test.Accuracy, fresh.Test.Loss)
 		}
 	}
