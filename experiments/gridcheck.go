@@ -22,6 +22,15 @@ func extraGrid(task string) map[dpadam.Algorithm][]Hyper {
 			dpadam.AdamBC: {{LR: 0.1, GammaPrimeRel: 0.01}, {LR: 0.1, GammaPrimeRel: 0.1},
 				{LR: 0.03, GammaPrimeRel: 0.3}, {LR: 0.03, GammaPrimeRel: 1}, {LR: 0.1, GammaPrimeRel: 1}},
 		}
+	case "fortunes-lm":
+		// Past the edges that per-ε tuning over lmWideGrid chose at
+		// 200 steps: DP-Adam's η = 0.01 (bottom) and DP-AdamBC's
+		// η = 0.01 with γ' = Φ (top of both axes).
+		return map[dpadam.Algorithm][]Hyper{
+			dpadam.Adam: {{LR: 3e-3, AdamEps: 1e-8}},
+			dpadam.AdamBC: {{LR: 3e-2, GammaPrimeRel: 1}, {LR: 1e-2, GammaPrimeRel: 3},
+				{LR: 3e-2, GammaPrimeRel: 3}},
+		}
 	case "fortunes":
 		return map[dpadam.Algorithm][]Hyper{
 			dpadam.SGD: {{LR: 0.5}, {LR: 1}},
@@ -66,7 +75,7 @@ func gridcheckExperiment(ctx context.Context, tasks []*Task, o options, log *slo
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rows := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "error"}}
+	rows := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "val_loss", "test_loss", "error"}}
 	var md strings.Builder
 	fmt.Fprintf(&md, "Extra grid points at ε = %g, seed 1 (compare with table_tuning.csv).\n\n", o.tuneEps)
 	md.WriteString("| task | optimizer | η | γ'/Φ | validation accuracy | test accuracy |\n| --- | --- | --- | --- | --- | --- |\n")
@@ -76,7 +85,7 @@ func gridcheckExperiment(ctx context.Context, tasks []*Task, o options, log *slo
 			e = j.res.Err.Error()
 		}
 		rows = append(rows, []string{j.t.Name, string(j.algo), g(o.tuneEps), g(sigma[j.t.Name]), g(j.h.LR), g(j.h.AdamEps),
-			g(j.h.GammaPrimeRel), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), e})
+			g(j.h.GammaPrimeRel), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), g(j.res.Val.Loss), g(j.res.Test.Loss), e})
 		fmt.Fprintf(&md, "| %s | %s | %g | %g | %.2f%% | %.2f%% |\n", j.t.Name, j.algo, j.h.LR, j.h.GammaPrimeRel, 100*j.res.Val.Accuracy, 100*j.res.Test.Accuracy)
 	}
 	if err := writeCSV(filepath.Join(o.out, "gridcheck.csv"), rows); err != nil {

@@ -54,7 +54,26 @@ func fortunesLMTask(dir string) (*Task, error) {
 			dpadam.SGD:    grid(dpadam.SGD, []float64{1, 3}),
 			dpadam.Adam:   grid(dpadam.Adam, []float64{3e-2, 1e-1}, 1e-8),
 			dpadam.AdamBC: grid(dpadam.AdamBC, []float64{1e-3, 3e-3}, 0.01, 0.1, 1),
-		}}, nil
+		},
+		WideGrid: lmWideGrid()}, nil
+}
+
+// lmWideGrid is fortunes-lm's grid under -wide-grid: one learning-rate
+// step past every edge that the 200-step tuning at ε = 3 chose (DP-SGD
+// η = 3 and DP-AdamBC η = 0.003 were at the top, DP-Adam's η = 0.03 at
+// the bottom), so that tuning at other ε can move either way: DP-SGD
+// η ∈ {1, 3, 10}, DP-Adam η ∈ {0.01, 0.03, 0.1} with γ = 1e-8, DP-AdamBC
+// η ∈ {0.001, 0.003, 0.01} × γ' ∈ {0.01, 0.1, 1}·Φ; 15 points per ε.
+// DP-Adam's γ is not tuned: its denominator is √v̂ + γ, and v̂ stays near
+// Φ (the 200-step moments run: min v̂ᵖ = 0.66·Φ), so √v̂ ≥ 0.8·σC/B ≥
+// 0.0026 at ε ≤ 8; any γ ≤ 1e-4 changes the update by under 4%, and a
+// larger one acts as a smaller η.
+func lmWideGrid() map[dpadam.Algorithm][]Hyper {
+	return map[dpadam.Algorithm][]Hyper{
+		dpadam.SGD:    grid(dpadam.SGD, []float64{1, 3, 10}),
+		dpadam.Adam:   grid(dpadam.Adam, []float64{1e-2, 3e-2, 1e-1}, 1e-8),
+		dpadam.AdamBC: grid(dpadam.AdamBC, []float64{1e-3, 3e-3, 1e-2}, 0.01, 0.1, 1),
+	}
 }
 
 // nextToken reports whether t is a next-token task, whose evaluations

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,6 +56,27 @@ func TestFortunesLMTask(t *testing.T) {
 	for _, a := range tableAlgos {
 		if len(task.Grid[a]) == 0 {
 			t.Errorf("no grid for %s", a)
+		}
+	}
+	// The wide grid holds the grid and reaches one learning-rate step
+	// past an edge of it for every optimizer.
+	for _, a := range tableAlgos {
+		lrs := func(hs []Hyper) (lo, hi float64) {
+			lo, hi = math.Inf(1), 0
+			for _, h := range hs {
+				lo, hi = min(lo, h.LR), max(hi, h.LR)
+			}
+			return lo, hi
+		}
+		for _, h := range task.Grid[a] {
+			if !slices.Contains(task.WideGrid[a], h) {
+				t.Errorf("%s: wide grid lacks the grid's %+v", a, h)
+			}
+		}
+		glo, ghi := lrs(task.Grid[a])
+		wlo, whi := lrs(task.WideGrid[a])
+		if !(wlo < glo || whi > ghi) {
+			t.Errorf("%s: wide grid's η range [%g, %g] is not past the grid's [%g, %g]", a, wlo, whi, glo, ghi)
 		}
 	}
 	for _, h := range task.Grid[dpadam.AdamBC] {

@@ -15,7 +15,8 @@
 //
 //	table    the paper's Table 1: DP-SGD, DP-Adam and DP-AdamBC at
 //	         ε ∈ {1, 3, 7} (δ = 1e-5), hyperparameters tuned on a grid
-//	         on a validation split, mean (std) test accuracy over seeds
+//	         on a validation split (at -tune-eps, or at every ε with
+//	         -tune-per-eps), mean (std) test accuracy over seeds
 //	sgdm     Figure 2 and Eq. 3: DP-Adam and DP-SGDM with the learning-rate
 //	         schedule of Eq. 3 on the same noise and batches
 //	moments  Table 2 and Figure 3: summary statistics of m̂ᶜ, m̂ᵖ, v̂ᶜ, v̂ᵖ,
@@ -24,6 +25,7 @@
 //	nodp     reference without noise (σ = 0, NOT private): does Adam beat
 //	         SGD on each task at all?
 //	gridcheck  extra grid points past the edges the table's tuning chose
+//	cell     one fixed setting (-cell) at every ε and seed, no tuning
 //	probe    time one DP-AdamBC run per task (cost per step) before big runs
 //
 // These are experiments, not private training runs: noise and sampling
@@ -46,6 +48,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/model"
 )
 
@@ -66,6 +69,14 @@ type options struct {
 	tuneEps  float64
 	workers  int
 	stepsMul float64
+	// tunePerEps tunes the table at every ε of eps instead of at tuneEps
+	// only (each ε then gets its own chosen setting).
+	tunePerEps bool
+	// wideGrid replaces each task's Grid with its WideGrid.
+	wideGrid bool
+	// cellAlgo and cellHyper are the setting of the cell experiment.
+	cellAlgo  dpadam.Algorithm
+	cellHyper Hyper
 }
 
 func run(args []string) error {
@@ -79,11 +90,25 @@ func run(args []string) error {
 		tuneEps  = fs.Float64("tune-eps", 3, "ε at which the table's hyperparameters are tuned (one seed)")
 		workers  = fs.Int("workers", 1, "runs in parallel (each run also uses GOMAXPROCS goroutines)")
 		stepsMul = fs.Float64("steps-scale", 1, "multiply every task's number of steps (σ is recalibrated)")
+		perEps   = fs.Bool("tune-per-eps", false, "tune the table at every ε of -eps (the paper's protocol) instead of at -tune-eps only")
+		wide     = fs.Bool("wide-grid", false, "tune over each task's wide grid (only tasks that define one: fortunes-lm)")
+		cellSpec = fs.String("cell", "", "the cell experiment's setting: optimizer,η,γ (dp-adam) or γ'/Φ (dp-adambc), e.g. dp-adambc,0.03,3")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	o := options{out: *out, seeds: *seeds, tuneEps: *tuneEps, workers: *workers, stepsMul: *stepsMul}
+	o := options{out: *out, seeds: *seeds, tuneEps: *tuneEps, workers: *workers, stepsMul: *stepsMul, tunePerEps: *perEps, wideGrid: *wide}
+	tuneEpsSet := false
+	fs.Visit(func(f *flag.Flag) { tuneEpsSet = tuneEpsSet || f.Name == "tune-eps" })
+	if tuneEpsSet && o.tunePerEps {
+		return fmt.Errorf("-tune-eps and -tune-per-eps exclude each other")
+	}
+	if *cellSpec != "" {
+		var err error
+		if o.cellAlgo, o.cellHyper, err = parseCell(*cellSpec); err != nil {
+			return err
+		}
+	}
 	o.exps = strings.Split(*exps, ",")
 	if *exps == "all" {
 		o.exps = []string{"table", "sgdm", "moments", "phi"}
@@ -118,6 +143,12 @@ func run(args []string) error {
 			return nil, err
 		}
 		t.Steps = max(1, int(float64(t.Steps)*o.stepsMul+0.5))
+		if o.wideGrid {
+			if t.WideGrid == nil {
+				return nil, fmt.Errorf("-wide-grid: task %s has no wide grid", name)
+			}
+			t.Grid = t.WideGrid
+		}
 		cache[name] = t
 		return t, nil
 	}
@@ -149,6 +180,15 @@ func run(args []string) error {
 				return lerr
 			}
 			err = nodpExperiment(ctx, ts, o, log)
+		case "cell":
+			if *cellSpec == "" {
+				return fmt.Errorf("-exp cell needs -cell")
+			}
+			ts, lerr := loadAll()
+			if lerr != nil {
+				return lerr
+			}
+			err = cellExperiment(ctx, ts, o, log)
 		case "replot-table":
 			err = replotTable(o)
 		case "gridcheck":

@@ -336,6 +336,10 @@ func TestRunFlagErrors(t *testing.T) {
 		{"-exp", "nonsense", "-out", t.TempDir(), "-tasks", "zipf"},
 		{"-seeds", "0"},
 		{"-eps", "x"},
+		{"-tune-per-eps", "-tune-eps", "1", "-out", t.TempDir()},
+		{"-wide-grid", "-exp", "table", "-tasks", "zipf", "-out", t.TempDir()},
+		{"-exp", "cell", "-tasks", "zipf", "-out", t.TempDir()},
+		{"-cell", "dp-adambc,0.03", "-out", t.TempDir()},
 	} {
 		if err := run(args); err == nil {
 			t.Errorf("run(%q) succeeded, want an error", args)

@@ -58,7 +58,8 @@ func meanStd(xs []float64) (mean, std float64, n int) {
 // tableExperiment tunes each optimizer's hyperparameters per task on the
 // validation split at ε = o.tuneEps (seed 1), then trains every
 // (task, optimizer, ε) with the chosen setting for o.seeds seeds and
-// reports the mean (std) test accuracy. It writes table_tuning.csv,
+// reports the mean (std) test accuracy (with -tune-per-eps, tuned at each
+// ε; see accuracyTable). It writes table_tuning.csv, tuning.md,
 // table_runs.csv, table.md and table.png into o.out.
 func tableExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Logger) error {
 	cells, tuning, err := accuracyTable(ctx, tasks, o, log)
@@ -66,6 +67,13 @@ func tableExperiment(ctx context.Context, tasks []*Task, o options, log *slog.Lo
 		return err
 	}
 	if err := writeCSV(filepath.Join(o.out, "table_tuning.csv"), tuning); err != nil {
+		return err
+	}
+	tmd, err := tuningMarkdown(tuning)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.out, "tuning.md"), []byte(tmd), 0o644); err != nil {
 		return err
 	}
 	runs := [][]string{{"task", "optimizer", "epsilon", "delta", "sigma", "steps", "lr", "adam_eps", "gamma_prime_over_phi", "seed", "test_accuracy", "test_loss", "test_perplexity"}}
@@ -139,55 +147,78 @@ func taskByName(ts []*Task, name string) *Task {
 	return nil
 }
 
+// tuneJob is one grid point's tuning run: seed 1 at ε = Eps.
+type tuneJob struct {
+	t          *Task
+	algo       dpadam.Algorithm
+	eps, sigma float64
+	h          Hyper
+	res        runResult
+}
+
+// tuneKey names the choice of one optimizer on one task at one ε.
+func tuneKey(t *Task, a dpadam.Algorithm, eps float64) string {
+	return fmt.Sprintf("%s/%s/%g", t.Name, a, eps)
+}
+
 // accuracyTable runs the tuning and the table runs and returns the cells
 // (task-major, then optimizer, then ε) and the tuning rows (with header).
+// Tuning runs every grid point at seed 1 on the validation split, at
+// ε = o.tuneEps, or at every ε of o.eps when o.tunePerEps; the highest
+// validation accuracy chooses per (task, optimizer, tuning ε). A table
+// cell at ε uses the choice made at ε (per-ε tuning) or at o.tuneEps.
+// The cell's seed-1 run is the chosen tuning run itself when that run was
+// made at the cell's ε (same seed, σ and setting; runs are
+// deterministic, so rerunning it would give the same bits).
 func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logger) ([]cell, [][]string, error) {
-	type tuneJob struct {
-		t    *Task
-		algo dpadam.Algorithm
-		h    Hyper
-		res  runResult
+	tuneEps := []float64{o.tuneEps}
+	if o.tunePerEps {
+		tuneEps = o.eps
 	}
 	var jobs []*tuneJob
-	tuneSigma := map[string]float64{}
 	for _, t := range tasks {
-		s, err := sigmaFor(t, o.tuneEps)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", t.Name, err)
-		}
-		tuneSigma[t.Name] = s
-		for _, a := range tableAlgos {
-			for _, h := range t.Grid[a] {
-				jobs = append(jobs, &tuneJob{t: t, algo: a, h: h})
+		for _, e := range tuneEps {
+			s, err := sigmaFor(t, e)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s ε=%v: %w", t.Name, e, err)
+			}
+			for _, a := range tableAlgos {
+				for _, h := range t.Grid[a] {
+					jobs = append(jobs, &tuneJob{t: t, algo: a, eps: e, sigma: s, h: h})
+				}
 			}
 		}
 	}
 	parallel(len(jobs), o.workers, func(i int) {
 		j := jobs[i]
-		cfg := optimizerConfig(j.t, j.algo, j.h, tuneSigma[j.t.Name])
+		cfg := optimizerConfig(j.t, j.algo, j.h, j.sigma)
 		j.res = trainRun(ctx, j.t, cfg, 1, 0)
 		logRun(log, "tune", j.t, cfg, 1, j.res)
 	})
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	tuning := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "val_loss", "test_loss", "error", "wall_s", "chosen"}}
 	best := map[string]*tuneJob{}
-	key := func(t *Task, a dpadam.Algorithm) string { return t.Name + "/" + string(a) }
 	for _, j := range jobs {
-		k := key(j.t, j.algo)
+		k := tuneKey(j.t, j.algo, j.eps)
 		if j.res.Err == nil && (best[k] == nil || j.res.Val.Accuracy > best[k].res.Val.Accuracy) {
 			best[k] = j
 		}
 	}
+	tuning := [][]string{{"task", "optimizer", "epsilon", "sigma", "lr", "adam_eps", "gamma_prime_over_phi", "val_accuracy", "test_accuracy", "val_loss", "test_loss", "error", "wall_s", "chosen", "grid_edge"}}
 	for _, j := range jobs {
 		errStr := ""
 		if j.res.Err != nil {
 			errStr = j.res.Err.Error()
 		}
-		tuning = append(tuning, []string{j.t.Name, string(j.algo), g(o.tuneEps), g(tuneSigma[j.t.Name]), g(j.h.LR), g(j.h.AdamEps),
+		chosen := best[tuneKey(j.t, j.algo, j.eps)] == j
+		edge := ""
+		if chosen {
+			edge = gridEdge(j.t.Grid[j.algo], j.h)
+		}
+		tuning = append(tuning, []string{j.t.Name, string(j.algo), g(j.eps), g(j.sigma), g(j.h.LR), g(j.h.AdamEps),
 			g(j.h.GammaPrimeRel), g(j.res.Val.Accuracy), g(j.res.Test.Accuracy), g(j.res.Val.Loss), g(j.res.Test.Loss), errStr,
-			fmt.Sprintf("%.1f", j.res.Wall.Seconds()), fmt.Sprint(best[key(j.t, j.algo)] == j)})
+			fmt.Sprintf("%.1f", j.res.Wall.Seconds()), fmt.Sprint(chosen), edge})
 	}
 	var cells []*cell
 	type runJob struct {
@@ -197,11 +228,15 @@ func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logg
 	var rjobs []runJob
 	for _, t := range tasks {
 		for _, a := range tableAlgos {
-			b := best[key(t, a)]
-			if b == nil {
-				return nil, nil, fmt.Errorf("%s: every %s grid point diverged", t.Name, a)
-			}
 			for _, e := range o.eps {
+				te := o.tuneEps
+				if o.tunePerEps {
+					te = e
+				}
+				b := best[tuneKey(t, a, te)]
+				if b == nil {
+					return nil, nil, fmt.Errorf("%s: every %s grid point diverged at ε = %g", t.Name, a, te)
+				}
 				s, err := sigmaFor(t, e)
 				if err != nil {
 					return nil, nil, fmt.Errorf("%s ε=%v: %w", t.Name, e, err)
@@ -209,6 +244,10 @@ func accuracyTable(ctx context.Context, tasks []*Task, o options, log *slog.Logg
 				c := &cell{Task: t.Name, Algo: a, Eps: e, Sigma: s, Hyper: b.h, Acc: make([]float64, o.seeds), Loss: make([]float64, o.seeds)}
 				cells = append(cells, c)
 				for seed := range o.seeds {
+					if seed == 0 && b.eps == e {
+						c.Acc[0], c.Loss[0] = b.res.Test.Accuracy, b.res.Test.Loss
+						continue
+					}
 					rjobs = append(rjobs, runJob{c, seed})
 				}
 			}
@@ -286,22 +325,39 @@ func tableMarkdown(tasks []*Task, cells []cell, eps []float64) string {
 	b.WriteString("| task | optimizer | η | γ / γ' | steps, B, C | σ |\n| --- | --- | --- | --- | --- | --- |\n")
 	for _, t := range tasks {
 		for _, a := range tableAlgos {
-			c := find(t.Name, a, eps[0])
-			second := "—"
-			switch a {
-			case dpadam.Adam:
-				second = fmt.Sprintf("γ = %g", c.Hyper.AdamEps)
-			case dpadam.AdamBC:
-				second = fmt.Sprintf("γ' = %g·Φ", c.Hyper.GammaPrimeRel)
-			}
-			var sig []string
+			// lr and second list one value per ε when the choice
+			// differs across ε (per-ε tuning), else the one value.
+			var lrs, seconds, sig []string
 			for _, e := range eps {
-				sig = append(sig, fmt.Sprintf("%.3f (ε=%g)", find(t.Name, a, e).Sigma, e))
+				c := find(t.Name, a, e)
+				lrs = append(lrs, fmt.Sprintf("%g", c.Hyper.LR))
+				second := "—"
+				switch a {
+				case dpadam.Adam:
+					second = fmt.Sprintf("γ = %g", c.Hyper.AdamEps)
+				case dpadam.AdamBC:
+					second = fmt.Sprintf("γ' = %g·Φ", c.Hyper.GammaPrimeRel)
+				}
+				seconds = append(seconds, second)
+				sig = append(sig, fmt.Sprintf("%.3f (ε=%g)", c.Sigma, e))
 			}
-			fmt.Fprintf(&b, "| %s | %s | %g | %s | %d, %g, %g | %s |\n", t.Name, a, c.Hyper.LR, second, t.Steps, t.B, t.C, strings.Join(sig, ", "))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d, %g, %g | %s |\n", t.Name, a, perEps(lrs, eps), perEps(seconds, eps), t.Steps, t.B, t.C, strings.Join(sig, ", "))
 		}
 	}
 	return b.String()
+}
+
+// perEps joins one value per ε as "v (ε=e), …", or returns the value
+// alone when it is the same at every ε.
+func perEps(vs []string, eps []float64) string {
+	if len(slices.Compact(slices.Clone(vs))) == 1 {
+		return vs[0]
+	}
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = fmt.Sprintf("%s (ε=%g)", v, eps[i])
+	}
+	return strings.Join(out, ", ")
 }
 
 func g(x float64) string { return fmt.Sprintf("%.6g", x) }

@@ -29,6 +29,9 @@ type Task struct {
 	Steps int
 	// Grid holds the candidate settings per optimizer.
 	Grid map[dpadam.Algorithm][]Hyper
+	// WideGrid, if not nil, is a larger grid that -wide-grid tunes over
+	// instead of Grid.
+	WideGrid map[dpadam.Algorithm][]Hyper
 }
 
 // Hyper is one grid point: the learning rate and, for DP-Adam, γ, and for
