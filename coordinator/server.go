@@ -164,7 +164,8 @@ var _ Consensus = (*Replica)(nil)
 // on a channel, so the loop never blocks on Raft and a slow membership
 // change does not hold up rounds. The files split the loop by concern:
 // this file (the loop, its inbox and its operations), round.go (the
-// leader's step, top to bottom), registry.go (nodes), membership.go
+// leader's step up to g̃), charge.go (its charge and release),
+// registry.go (nodes), membership.go
 // (join and remove) and reports.go (replica reports, announcements,
 // drain).
 type Server struct {

@@ -423,21 +423,38 @@ func TestServerRejectsBadContributions(t *testing.T) {
 // sentinel sum of 10 examples, and returns what Run returns.
 func runOneScriptedNode(t *testing.T, dir string, c RunConfig, noiseSeed uint64) (Summary, error) {
 	t.Helper()
+	_, sum, err := runScripted(t, dir, c, noiseSeed, func(step uint64) (int64, []float32) {
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	}, nil, nil)
+	return sum, err
+}
+
+// runScripted runs c on one replica in dir with one scripted node that
+// answers each round with sumFor(step); tune adjusts the ServerConfig and
+// opened sees the replica once it is open (either may be nil).
+func runScripted(t *testing.T, dir string, c RunConfig, noiseSeed uint64, sumFor func(uint64) (int64, []float32),
+	tune func(*ServerConfig), opened func(*Replica)) (*scriptNode, Summary, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	coordConn, dial := natsPair(t, c.Run)
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
-		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
-	})
+	n := startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), sumFor)
 	r := openReplicaForServer(t, dir)
+	if opened != nil {
+		opened(r)
+	}
 	waitLeader(t, r)
 	scfg := DefaultServerConfig()
 	scfg.Noise = mechanism.NewSeededNoiseSource(noiseSeed)
+	if tune != nil {
+		tune(&scfg)
+	}
 	s, err := NewServer(r, coordConn, c, scfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.Run(ctx)
+	sum, err := s.Run(ctx)
+	return n, sum, err
 }
 
 // TestServerStopsAtBudget: with no MaxSteps, the leader stops the run when
@@ -730,19 +747,15 @@ func checkReplicaViews(t *testing.T, s1, s2 *Server) {
 // the data, so the leader proposes it before the step's round closes (as
 // the previous step is released, or as the round opens), and its commit
 // and fsync overlap the nodes' computation instead of following it on the
-// step's chain (issue 25). The scripted node answers round t only
-// once the ledger holds t charges (or after 3 s): before, the charge was
-// proposed after the round closed, so no answer ever found it.
+// step's chain (issue 25). The scripted node answers round t only once the
+// ledger holds t charges (or after 3 s): before, the charge was proposed
+// after the round closed, so no answer ever found it.
 func TestChargeCommittedWhileRoundRuns(t *testing.T) {
-	dir := t.TempDir()
 	c := testRunConfig()
 	c.MaxSteps = 4
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	coordConn, dial := natsPair(t, c.Run)
 	var rep atomic.Pointer[Replica]
 	var early atomic.Int64 // rounds answered before their charge was seen
-	startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+	_, sum, err := runScripted(t, t.TempDir(), c, 5, func(step uint64) (int64, []float32) {
 		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(time.Millisecond) {
 			if r := rep.Load(); r != nil && r.FSM().State().Charges >= step {
 				break
@@ -753,17 +766,7 @@ func TestChargeCommittedWhileRoundRuns(t *testing.T) {
 			}
 		}
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
-	})
-	r := openReplicaForServer(t, dir)
-	rep.Store(r)
-	waitLeader(t, r)
-	scfg := DefaultServerConfig()
-	scfg.Noise = mechanism.NewSeededNoiseSource(5)
-	s, err := NewServer(r, coordConn, c, scfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := s.Run(ctx)
+	}, nil, rep.Store)
 	if err != nil || sum.Steps != 4 || sum.Charges != 4 {
 		t.Fatalf("Run = %+v, %v; want 4 steps, 4 charges", sum, err)
 	}
@@ -773,33 +776,20 @@ func TestChargeCommittedWhileRoundRuns(t *testing.T) {
 }
 
 // TestEmptyRoundKeepsItsCharge: a round that closes with no contribution
-// releases nothing, and its step's charge (proposed as the round opened)
-// is kept for the retried round: one charge per released step, none
-// wasted on the empty round.
+// releases nothing, and its step's charge (proposed before the round
+// opened) is kept for the retried round: one charge per released step,
+// none wasted on the empty round.
 func TestEmptyRoundKeepsItsCharge(t *testing.T) {
 	dir := t.TempDir()
 	c := testRunConfig()
 	c.MaxSteps = 4
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	coordConn, dial := natsPair(t, c.Run)
 	var silent atomic.Bool
-	n := startScriptNode(t, ctx, dial("n"), "n", c.ModelHash, shardOf(0), func(step uint64) (int64, []float32) {
+	n, sum, err := runScripted(t, dir, c, 6, func(step uint64) (int64, []float32) {
 		if step == 2 && silent.CompareAndSwap(false, true) {
 			time.Sleep(900 * time.Millisecond) // past the round's deadline: it closes empty
 		}
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
-	})
-	r := openReplicaForServer(t, dir)
-	waitLeader(t, r)
-	scfg := DefaultServerConfig()
-	scfg.Noise = mechanism.NewSeededNoiseSource(6)
-	scfg.RoundTimeout = 300 * time.Millisecond
-	s, err := NewServer(r, coordConn, c, scfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := s.Run(ctx)
+	}, func(s *ServerConfig) { s.RoundTimeout = 300 * time.Millisecond }, nil)
 	if err != nil || sum.Steps != 4 || sum.Charges != 4 {
 		t.Fatalf("Run = %+v, %v; want 4 steps, 4 charges", sum, err)
 	}

@@ -83,24 +83,34 @@ func EpsilonLowerBound(m, r, v int, delta, beta float64) (float64, error) {
 	if !rejects(0) {
 		return 0, nil
 	}
-	lo, hi := int64(0), int64(1)<<30 // rejects(lo); ε = 1 at hi
-	for rejects(hi) {
+	// At ε = 1024 every p-value is 1 ≥ β: the search's cap is unreachable.
+	return gridSup(rejects), nil
+}
+
+// gridSup returns k·Tolerance for the largest grid step k at which holds,
+// a predicate that is true at 0 and false from some step on: doubling from
+// ε = 1 (2³⁰ steps) up to maxGridSteps (which it returns if holds is
+// still true there), then bisection. It is exact on the grid for a
+// monotone predicate; for any other, its result holds and the next step
+// does not.
+func gridSup(holds func(int64) bool) float64 {
+	lo, hi := int64(0), int64(1)<<30 // holds(lo)
+	for holds(hi) {
 		lo = hi
 		if hi >= maxGridSteps {
-			// Unreachable: at ε = 1024 every p-value is 1 ≥ β.
-			return float64(lo) * Tolerance, nil
+			return float64(lo) * Tolerance
 		}
 		hi *= 2
 	}
-	for hi-lo > 1 { // rejects(lo) && !rejects(hi)
+	for hi-lo > 1 { // holds(lo) && !holds(hi)
 		mid := lo + (hi-lo)/2
-		if rejects(mid) {
+		if holds(mid) {
 			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	return float64(lo) * Tolerance, nil
+	return float64(lo) * Tolerance
 }
 
 // Ceiling returns the largest ε that r guesses among m canaries can

@@ -276,21 +276,5 @@ func GDPEpsilon(mu, delta float64) (float64, error) {
 	if !above(0) {
 		return 0, nil
 	}
-	lo, hi := int64(0), int64(1)<<30 // above(lo); ε = 1 at hi
-	for above(hi) {
-		lo = hi
-		if hi >= maxGridSteps {
-			return float64(lo) * Tolerance, nil
-		}
-		hi *= 2
-	}
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if above(mid) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return float64(lo) * Tolerance, nil
+	return gridSup(above), nil
 }
