@@ -105,15 +105,15 @@ func parseCell(s string) (dpadam.Algorithm, Hyper, error) {
 		return "", Hyper{}, fmt.Errorf("-cell %q: second value %q", s, f[2])
 	}
 	switch a {
-	case dpadam.SGD:
+	case dpadam.SGD, dpadam.SGDM: // the second value is unused (DP-SGDM: momentum 0.9)
 	case dpadam.Adam:
 		h.AdamEps = second
 	case dpadam.AdamBC:
 		h.GammaPrimeRel = second
 	default:
-		return "", Hyper{}, fmt.Errorf("-cell %q: optimizer %q is not one of %v", s, f[0], tableAlgos)
+		return "", Hyper{}, fmt.Errorf("-cell %q: optimizer %q is not one of %v or %s", s, f[0], tableAlgos, dpadam.SGDM)
 	}
-	if second == 0 && a != dpadam.SGD {
+	if second == 0 && a != dpadam.SGD && a != dpadam.SGDM {
 		return "", Hyper{}, fmt.Errorf("-cell %q: %s needs γ or γ'/Φ > 0", s, a)
 	}
 	return a, h, nil

@@ -74,6 +74,10 @@ func TestParseCell(t *testing.T) {
 	if err != nil || a != dpadam.Adam || h != (Hyper{LR: 0.01, AdamEps: 1e-8}) {
 		t.Errorf("parseCell = %v, %+v, %v", a, h, err)
 	}
+	a, h, err = parseCell("dp-sgdm,0.2,0")
+	if err != nil || a != dpadam.SGDM || h != (Hyper{LR: 0.2}) {
+		t.Errorf("parseCell = %v, %+v, %v", a, h, err)
+	}
 	for _, bad := range []string{"", "dp-adambc,0.03", "sgd,1,0", "dp-adambc,x,3", "dp-adambc,0.03,0", "dp-adam,-1,1e-8"} {
 		if _, _, err := parseCell(bad); err == nil {
 			t.Errorf("parseCell(%q) succeeded, want an error", bad)

@@ -92,7 +92,7 @@ func run(args []string) error {
 		stepsMul = fs.Float64("steps-scale", 1, "multiply every task's number of steps (σ is recalibrated)")
 		perEps   = fs.Bool("tune-per-eps", false, "tune the table at every ε of -eps (the paper's protocol) instead of at -tune-eps only")
 		wide     = fs.Bool("wide-grid", false, "tune over each task's wide grid (only tasks that define one: fortunes-lm)")
-		cellSpec = fs.String("cell", "", "the cell experiment's setting: optimizer,η,γ (dp-adam) or γ'/Φ (dp-adambc), e.g. dp-adambc,0.03,3")
+		cellSpec = fs.String("cell", "", "the cell experiment's setting: optimizer,η,γ (dp-adam) or γ'/Φ (dp-adambc) or 0 (dp-sgd, dp-sgdm: momentum 0.9), e.g. dp-adambc,0.03,3")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
