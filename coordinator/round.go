@@ -433,9 +433,9 @@ func (l *loop) closeRound(ctx context.Context) {
 	l.s.metrics.phase(phasePrivatize, time.Since(privStart))
 	ls.log.Debug("round closed", "step", t, "participants", len(res.Accepted), "missing", len(res.Missing),
 		"rejected", len(res.Rejected), "round_ms", time.Since(or.started).Milliseconds())
-	// 5. The charge, proposed when the round opened: release g̃ now if it
-	// is applied here, else once it is (onChargeResult). g̃ stays in this
-	// process's memory until then.
+	// 5. The charge, proposed before the round closed (chargeAhead, or
+	// openRound): release g̃ now if it is applied here, else once it is
+	// (onChargeResult). g̃ stays in this process's memory until then.
 	s := stepInFlight{step: t, participants: len(res.Accepted), started: or.started, formed: time.Now()}
 	c := ls.charge
 	if c == nil || c.step != t {
