@@ -22,8 +22,9 @@ type stepCharge struct {
 	roundID  uint64
 	opened   bool
 	proposed time.Time
-	done     bool // applied here, pending (a refused charge is dropped)
-	ar       ApplyResult
+	// ar is the charge's result once applied here: ar.Pending says it is
+	// (a refused charge is dropped, so a kept one is pending or in flight).
+	ar ApplyResult
 }
 
 // formedStep is a g̃ waiting for its step's charge.
@@ -33,9 +34,9 @@ type formedStep struct {
 }
 
 // chargeAhead proposes step t's charge as step t−1 is released, right
-// behind t−1's grad entry, whose log write it shares, unless the run ends
-// before step t (MaxSteps, or one more step would exceed the budget:
-// advance then stops the run).
+// behind t−1's grad entry (Raft may write both in one batch), unless the
+// run ends before step t (MaxSteps, or one more step would exceed the
+// budget: advance then stops the run).
 func (l *loop) chargeAhead(t int64) {
 	if last := l.s.run.MaxSteps; last > 0 && t > last {
 		return
@@ -87,7 +88,7 @@ func (l *loop) onChargeResult(ctx context.Context, t int64, ar ApplyResult) {
 	}
 	if ar.Pending {
 		l.s.metrics.phase(phaseCharge, time.Since(c.proposed))
-		c.done, c.ar = true, ar
+		c.ar = ar
 		if f := ls.formed; f != nil {
 			ls.formed = nil
 			l.onCharged(ctx, f.s, ar, f.g)

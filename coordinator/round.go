@@ -449,7 +449,7 @@ func (l *loop) closeRound(ctx context.Context) {
 	if last := l.s.run.MaxSteps; last == 0 || t < last {
 		l.startNoise()
 	}
-	if !c.done {
+	if !c.ar.Pending { // in flight
 		ls.phase, ls.formed = phaseProposing, &formedStep{s: s, g: g}
 		return
 	}
