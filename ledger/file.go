@@ -181,9 +181,24 @@ type File struct {
 	broken error
 	closed bool
 
+	// held says Append defers its fsync to Flush (Hold); durable is the
+	// file's state at its last successful fsync, what a failed write or
+	// sync cuts it back to.
+	held    bool
+	durable fileMark
+
 	// sync is f.Sync; tests replace it to inject failures.
 	sync func() error
 }
+
+// fileMark is a File's length, record count and last record.
+type fileMark struct {
+	size int64
+	n    uint64
+	head Record
+}
+
+func (f *File) mark() fileMark { return fileMark{size: f.size, n: f.n, head: f.head} }
 
 // OpenFile opens the ledger file at path, creating it (and fsyncing its
 // directory) if it does not exist. It verifies every record's CRC and the
@@ -231,6 +246,7 @@ func OpenFile(path string, opts ...Option) (f *File, repaired int64, err error) 
 	if len(recs) > 0 {
 		lf.head = recs[len(recs)-1]
 	}
+	lf.durable = lf.mark()
 	return lf, repaired, nil
 }
 
@@ -401,11 +417,12 @@ func verifyRecord(payload []byte, seq uint64, prev string) (Record, error) {
 }
 
 // Append fills in r's format, sequence number and hash chain, writes it and
-// fsyncs the file, and returns the record as written. On any write or sync
-// failure it tries to cut the file back to its last complete record, marks
-// the File broken and returns an error wrapping ErrBroken (and the cause);
-// every later Append fails the same way. The caller must then stop: a
-// charge that cannot be made durable must not be followed by a release.
+// fsyncs the file (while held, Flush does; see Hold), and returns the
+// record as written. On any write or sync failure it tries to cut the file
+// back to its last durable record, marks the File broken and returns an
+// error wrapping ErrBroken (and the cause); every later Append fails the
+// same way. The caller must then stop: a charge that cannot be made
+// durable must not be followed by a release.
 func (f *File) Append(r Record) (Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -436,13 +453,53 @@ func (f *File) Append(r Record) (Record, error) {
 	if _, err := f.f.Write(frame); err != nil {
 		return Record{}, f.fail(err)
 	}
-	if err := f.sync(); err != nil {
-		return Record{}, f.fail(err)
-	}
 	f.size += int64(len(frame))
 	f.n++
 	f.head = r
+	if !f.held {
+		if err := f.syncLocked(); err != nil {
+			return Record{}, err
+		}
+	}
 	return r, nil
+}
+
+// Hold makes Append write without fsyncing until Flush, so that a batch of
+// records costs one fsync. Size, and a snapshot's copy, still cover only
+// the records already fsynced. The caller must Flush before anything that
+// depends on the held records (a release after a charge) leaves it.
+func (f *File) Hold() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = true
+}
+
+// Flush ends Hold: it fsyncs the records appended since the last fsync, if
+// any. A failed fsync cuts the file back to its last durable record and
+// breaks it, as in Append: none of the held records can be trusted.
+func (f *File) Flush() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = false
+	switch {
+	case f.closed:
+		return ErrClosed
+	case f.broken != nil:
+		return f.broken
+	case f.size == f.durable.size:
+		return nil
+	}
+	return f.syncLocked()
+}
+
+// syncLocked fsyncs the file and marks what it wrote durable; on failure
+// it breaks the file. Called with f.mu held.
+func (f *File) syncLocked() error {
+	if err := f.sync(); err != nil {
+		return f.fail(err)
+	}
+	f.durable = f.mark()
+	return nil
 }
 
 // appendFrames appends frames, whole ledger frames that continue this
@@ -479,12 +536,12 @@ func (f *File) appendFrames(frames []byte, check func([]Record) error) ([]Record
 	if _, err := f.f.Write(frames); err != nil {
 		return nil, f.fail(err)
 	}
-	if err := f.sync(); err != nil {
-		return nil, f.fail(err)
-	}
 	f.size += int64(len(frames))
 	f.n += uint64(len(recs))
 	f.head = recs[len(recs)-1]
+	if err := f.syncLocked(); err != nil {
+		return nil, err
+	}
 	return recs, nil
 }
 
@@ -530,11 +587,12 @@ func putFrameHeader(hdr, payload []byte) {
 }
 
 // fail marks the file broken after a write or sync error. It tries to
-// truncate a partial frame away so that the file on disk stays a valid
-// prefix, but the File stays broken either way: after a failed fsync the
-// kernel may have dropped dirty pages, so nothing written since the last
-// successful sync can be trusted.
+// truncate the file back to its last durable record, so that the file on
+// disk stays a valid prefix, but the File stays broken either way: after a
+// failed fsync the kernel may have dropped dirty pages, so nothing written
+// since the last successful sync can be trusted.
 func (f *File) fail(cause error) error {
+	f.size, f.n, f.head = f.durable.size, f.durable.n, f.durable.head
 	_ = f.f.Truncate(f.size)
 	_, _ = f.f.Seek(f.size, io.SeekStart)
 	f.broken = fmt.Errorf("%w: %w", ErrBroken, cause)
@@ -559,7 +617,7 @@ func (f *File) Head() (Record, uint64) {
 // Path returns the file's path.
 func (f *File) Path() string { return f.path }
 
-// Close closes the file. Records appended before Close are already durable.
+// Close closes the file, fsyncing first any records still held (Hold).
 func (f *File) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -567,7 +625,11 @@ func (f *File) Close() error {
 		return nil
 	}
 	f.closed = true
-	return f.f.Close()
+	var err error
+	if f.broken == nil && f.size != f.durable.size {
+		err = f.syncLocked() // records still held
+	}
+	return errors.Join(err, f.f.Close())
 }
 
 // Size returns the number of bytes of complete, durable records. The file
@@ -576,7 +638,7 @@ func (f *File) Close() error {
 func (f *File) Size() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.size
+	return f.durable.size
 }
 
 // Install atomically replaces the ledger file at path with data, a ledger

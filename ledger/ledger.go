@@ -600,6 +600,22 @@ func (l *Ledger) Close() error {
 	return l.file.Close()
 }
 
+// Hold defers the fsync of the records Start, Charge and End append until
+// Flush, so that a batch of Raft entries (a restarted replica applying its
+// backlog) costs one fsync instead of one per charge. While held, a
+// charge's record is written but not yet durable: the caller may apply
+// the step's update in memory, but must Flush, and see it succeed, before
+// anything derived from it leaves the process (θ released, a report of
+// the step). A crash before Flush loses the held records, not a charge:
+// Raft replays the entries after the restart and Charged finds them
+// missing, so they are charged again.
+func (l *Ledger) Hold() { l.file.Hold() }
+
+// Flush ends Hold, fsyncing the records appended since the last fsync.
+// An error wraps ErrBroken: the held records are cut off the file, every
+// later append fails, and the caller must stop (as after a failed Charge).
+func (l *Ledger) Flush() error { return l.file.Flush() }
+
 // Size returns the byte length of the ledger's durable records (see
 // File.Size).
 func (l *Ledger) Size() int64 { return l.file.Size() }
