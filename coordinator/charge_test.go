@@ -14,14 +14,14 @@ import (
 
 // chargeLog and gradLog are the charge-ahead path's two entries as Raft
 // delivers them.
-func chargeLog(t *testing.T, index, term uint64, step int64, c RunConfig) *raft.Log {
+func chargeLog(t testing.TB, index, term uint64, step int64, c RunConfig) *raft.Log {
 	t.Helper()
 	l := logEntry(t, index, entryCharge, chargeEntry{Step: step, Event: c.Event(), Round: "r"})
 	l.Term = term
 	return l
 }
 
-func gradLog(t *testing.T, index, term uint64, step int64, charge uint64, g []float32) *raft.Log {
+func gradLog(t testing.TB, index, term uint64, step int64, charge uint64, g []float32) *raft.Log {
 	t.Helper()
 	data, err := encodeGradEntry(step, charge, g)
 	if err != nil {

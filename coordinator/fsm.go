@@ -58,7 +58,7 @@ type ApplyResult struct {
 }
 
 // FSM is the replicated state machine: the run configuration, θ, the
-// optimizer state and the privacy ledger. It implements raft.FSM.
+// optimizer state and the privacy ledger. It implements raft.BatchingFSM.
 //
 // Apply is deterministic: it reads no clock, draws no randomness and does no
 // network I/O, so the same log yields the same θ, optimizer state and ledger
@@ -250,6 +250,54 @@ func (f *FSM) Apply(l *raft.Log) any {
 		return nil
 	}
 	defer f.notify() // after the locks are released
+	return f.apply(l)
+}
+
+// ApplyBatch applies a batch of committed entries (raft.BatchingFSM), each
+// as Apply does, in order, with the ledger held (ledger.Ledger.Hold) so
+// that the batch's charges cost one fsync, at its end, instead of one
+// each: a restarted replica applies its backlog up to MaxAppendEntries
+// entries per fsync. Nothing leaves before that fsync: Raft answers the
+// entries' futures (the leader releases θ and reports on them) only after
+// ApplyBatch returns, Changed is signalled after it, and a snapshot is
+// taken between batches. If the fsync fails, every entry of the batch is
+// answered with the replica's fatal error, as a failed charge is.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	defer f.notify()
+	f.mu.Lock()
+	f.ledger.Hold()
+	f.mu.Unlock()
+	for i, l := range logs {
+		if l.Type == raft.LogCommand {
+			out[i] = f.apply(l)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.ledger.Flush(); err != nil {
+		fatal := f.failOnce(err)
+		for i, r := range out {
+			if ar, ok := r.(ApplyResult); ok {
+				out[i] = ApplyResult{Step: ar.Step, Index: ar.Index, Err: fatal}
+			}
+		}
+	}
+	return out
+}
+
+// failOnce records err as fatal unless the replica failed already (a
+// failed append in the batch broke the ledger first), and returns the
+// fatal error. Called with f.mu held.
+func (f *FSM) failOnce(err error) error {
+	if f.fatal != nil {
+		return f.fatal
+	}
+	return f.fail(err).Err
+}
+
+// apply is Apply without the change signal.
+func (f *FSM) apply(l *raft.Log) any {
 	f.tmu.Lock()
 	defer f.tmu.Unlock()
 	defer func() {
@@ -616,5 +664,5 @@ func (f *FSM) Close() error {
 	return f.ledger.Close()
 }
 
-var _ raft.FSM = (*FSM)(nil)
+var _ raft.BatchingFSM = (*FSM)(nil)
 var _ io.Closer = (*FSM)(nil)

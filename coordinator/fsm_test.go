@@ -59,7 +59,7 @@ func noisyGrads(n int, seed uint64) [][]float32 {
 }
 
 // logEntry wraps an encoded entry as Raft would deliver it.
-func logEntry(t *testing.T, index uint64, typ entryType, body any) *raft.Log {
+func logEntry(t testing.TB, index uint64, typ entryType, body any) *raft.Log {
 	t.Helper()
 	data, err := encodeEntry(typ, body)
 	if err != nil {
