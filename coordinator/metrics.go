@@ -1,6 +1,8 @@
 package coordinator
 
 import (
+	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,8 +19,13 @@ import (
 //
 // A nil *Metrics is valid and records nothing.
 type Metrics struct {
-	step         prometheus.Gauge
-	epsilon      prometheus.Gauge
+	step prometheus.Gauge
+	// epsilon reads the ledger of fsm (set by observe) when
+	// scraped, so it is never below what was charged; epsilonSeen is the
+	// last observed ε, read before fsm is known.
+	epsilon      prometheus.GaugeFunc
+	fsm          atomic.Pointer[FSM]
+	epsilonSeen  atomic.Uint64 // math.Float64bits
 	target       prometheus.Gauge
 	charges      prometheus.Counter
 	chargesSeen  uint64 // the ledger's charge count charges has reached
@@ -73,9 +80,8 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator", Name: name, Help: help, ConstLabels: labels})
 	}
 	m := &Metrics{
-		step:    gauge("step", "Last applied training step."),
-		epsilon: gauge("epsilon_spent", "Privacy spent so far (ε at the run's δ, by the run's accountant)."),
-		target:  gauge("epsilon_target", "The run's privacy budget ε."),
+		step:   gauge("step", "Last applied training step."),
+		target: gauge("epsilon_target", "The run's privacy budget ε."),
 		charges: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "ledger_charges_total",
 			Help:        "Charge records in the privacy ledger (≥ applied steps; a counter: the ledger only grows).",
@@ -139,7 +145,20 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 			Help: "Replica control messages ignored, by reason (foreign_group: another replica group under this run's name).", ConstLabels: labels,
 		}, []string{"reason"}),
 	}
+	m.epsilon = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator",
+		Name: "epsilon_spent", Help: "Privacy spent so far (ε at the run's δ, by the run's accountant), read from the ledger when scraped.",
+		ConstLabels: labels}, m.spent)
 	return m
+}
+
+// spent is epsilon_spent: the ledger's ε now, once an observe has
+// named the replica's state machine (the ledger only grows, so a scrape
+// never reads less than was charged before it), else the last observed.
+func (m *Metrics) spent() float64 {
+	if f := m.fsm.Load(); f != nil {
+		return f.State().Epsilon
+	}
+	return math.Float64frombits(m.epsilonSeen.Load())
 }
 
 // addEvalGauges creates the evaluation gauges, accuracy and loss for each
@@ -187,7 +206,10 @@ func (m *Metrics) observe(st State, c Consensus) {
 		return
 	}
 	m.step.Set(float64(st.Applied))
-	m.epsilon.Set(st.Epsilon)
+	m.epsilonSeen.Store(math.Float64bits(st.Epsilon))
+	if f := c.FSM(); f != nil {
+		m.fsm.Store(f)
+	}
 	if st.Charges > m.chargesSeen { // the ledger only grows
 		m.charges.Add(float64(st.Charges - m.chargesSeen))
 		m.chargesSeen = st.Charges
@@ -289,7 +311,6 @@ func (m *Metrics) stepApplied(p Progress) {
 		return
 	}
 	m.step.Set(float64(p.Step))
-	m.epsilon.Set(p.Epsilon)
 }
 
 func (m *Metrics) accepted() {
