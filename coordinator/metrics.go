@@ -20,9 +20,10 @@ import (
 // A nil *Metrics is valid and records nothing.
 type Metrics struct {
 	step prometheus.Gauge
-	// epsilon reads the ledger of fsm (set by observe) when
-	// scraped, so it is never below what was charged; epsilonSeen is the
-	// last observed ε, read before fsm is known.
+	// epsilon reads fsm's ε (FSM.Spent; fsm set by observe) when
+	// scraped, so it is never below what was charged and never waits for
+	// the state machine's lock; epsilonSeen is the last observed ε, read
+	// before fsm is known.
 	epsilon      prometheus.GaugeFunc
 	fsm          atomic.Pointer[FSM]
 	epsilonSeen  atomic.Uint64 // math.Float64bits
@@ -146,17 +147,19 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 		}, []string{"reason"}),
 	}
 	m.epsilon = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator",
-		Name: "epsilon_spent", Help: "Privacy spent so far (ε at the run's δ, by the run's accountant), read from the ledger when scraped.",
+		Name: "epsilon_spent", Help: "Privacy spent so far (ε at the run's δ, by the run's accountant), as of the last entry applied when scraped.",
 		ConstLabels: labels}, m.spent)
 	return m
 }
 
-// spent is epsilon_spent: the ledger's ε now, once an observe has
-// named the replica's state machine (the ledger only grows, so a scrape
-// never reads less than was charged before it), else the last observed.
+// spent is epsilon_spent: the state machine's ε now (FSM.Spent), once an
+// observe has named it (the ledger only grows, so a scrape never reads
+// less than was charged before it), else the last observed. A scrape
+// takes no lock the state machine holds: a replica restoring a snapshot
+// still answers at once.
 func (m *Metrics) spent() float64 {
 	if f := m.fsm.Load(); f != nil {
-		return f.State().Epsilon
+		return f.Spent()
 	}
 	return math.Float64frombits(m.epsilonSeen.Load())
 }

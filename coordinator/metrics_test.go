@@ -51,3 +51,38 @@ func TestEpsilonGaugeNeverBehindTheLedger(t *testing.T) {
 		t.Errorf("epsilon_spent = %v, the ledger holds %v (step 3's ε: %v)", got, spent, last.Epsilon)
 	}
 }
+
+// TestEpsilonGaugeDoesNotWaitForTheStateMachine: a scrape answers while
+// the state machine holds its lock (a replica restoring a snapshot, which
+// replays its ledger under it), with the ε charged so far. The first
+// version of the gauge read State, which waits for the lock: a restarting
+// replica's /metrics hung for its whole restore, and the failover soak's
+// harness, which scrapes every replica, fell 100 steps behind its
+// schedule.
+func TestEpsilonGaugeDoesNotWaitForTheStateMachine(t *testing.T) {
+	f := newTestFSM(t, t.TempDir())
+	c := testRunConfig()
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	for i, g := range noisyGrads(2, 16) {
+		mustApply(t, f, stepLog(t, uint64(i+2), int64(i+1), c, g))
+	}
+	want := f.State().Epsilon
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, c.Run, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.fsm.Store(f)
+	f.mu.Lock() // what Restore holds
+	defer f.mu.Unlock()
+	got := make(chan float64, 1)
+	go func() { got <- gaugeValue(t, reg, "dpcluster_coordinator_epsilon_spent") }()
+	select {
+	case v := <-got:
+		if v != want {
+			t.Errorf("epsilon_spent = %v, want %v", v, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a scrape waited 5 s for the state machine's lock")
+	}
+}

@@ -194,6 +194,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer f.tmu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.storeSpent() // the restored ledger's, or the old one's on failure
 	if err := f.reconcileLedger(snap); err != nil {
 		return err
 	}
