@@ -584,15 +584,25 @@ func tail(path string, n int) string {
 // kernel hands out for ":0" listeners is also one it hands out as the
 // local port of outgoing connections (NATS clients, Raft dials), which
 // took a picked port before its process bound it often enough to fail CI
-// ("bind: address already in use"). Another test could still take the
-// port first; that is rare enough.
+// ("bind: address already in use"). It never hands out a port twice in
+// one test binary: a test picks 30-40 ports before its processes bind
+// them, so repeats among its own picks were likely (a few percent a run;
+// TestProcessNetworkSoak failed CI on one). Another test binary could
+// still take the port first; that is rare enough.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	picked.Lock()
+	defer picked.Unlock()
 	for range 100 {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+		port := 20000 + rand.IntN(12000)
+		if picked.ports[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue // taken
 		}
+		picked.ports[port] = true
 		addr := ln.Addr().String()
 		if err := ln.Close(); err != nil {
 			t.Fatal(err)
@@ -602,6 +612,12 @@ func FreeAddr(t testing.TB) string {
 	t.Fatal("e2e: no free loopback port in [20000, 32000) after 100 tries")
 	return ""
 }
+
+// picked holds the ports FreeAddr has handed out in this test binary.
+var picked = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 // Metrics are one scrape of a Prometheus text endpoint: each sample's
 // value under its name with labels as exposed (name{a="b"}) and, for the
