@@ -1,14 +1,12 @@
 package coordinator
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -153,13 +151,7 @@ func TestReplicaReplaysBacklogInBatches(t *testing.T) {
 	dir, addr := t.TempDir(), freeAddr(t)
 	c := testRunConfig()
 	grads := noisyGrads(24, 13)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	r := openTestReplica(t, dir, addr)
-	waitLeader(t, r)
-	if err := r.Configure(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	r, ctx := startConfigured(t, dir, addr, c)
 	step := func(i int) {
 		if res, err := r.ProposeStep(ctx, int64(i+1), c.Event(), grads[i], "test"); err != nil || !res.Applied {
 			t.Fatalf("step %d: %+v, %v", i+1, res, err)

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -15,17 +14,10 @@ import (
 // scrape then read one charge less than the ledger held until the loop
 // next observed the state.
 func TestEpsilonGaugeNeverBehindTheLedger(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
 	c := testRunConfig()
 	grads := noisyGrads(3, 15)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	r := openTestReplica(t, dir, addr)
+	r, ctx := startConfigured(t, t.TempDir(), freeAddr(t), c)
 	defer r.Close()
-	waitLeader(t, r)
-	if err := r.Configure(ctx, c); err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg, c.Run, "r1")
 	if err != nil {

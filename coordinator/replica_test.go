@@ -58,6 +58,21 @@ func waitLeader(t *testing.T, r *Replica) {
 	}
 }
 
+// startConfigured opens a single-replica Raft in dir, waits for it to
+// lead and configures c; the context ends with the test (30 s at most).
+func startConfigured(t *testing.T, dir, addr string, c RunConfig) (*Replica, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	r := openTestReplica(t, dir, addr)
+	waitLeader(t, r)
+	if err := r.Configure(ctx, c); err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	return r, ctx
+}
+
 // TestReplicaRestartContinues runs a real single-replica Raft with durable
 // stores, restarts it from its data dir midway (after snapshots), and
 // checks the result equals the uninterrupted optimizer run on the same g̃
@@ -66,14 +81,7 @@ func TestReplicaRestartContinues(t *testing.T) {
 	dir, addr := t.TempDir(), freeAddr(t)
 	c := testRunConfig()
 	grads := noisyGrads(30, 8)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-
-	r := openTestReplica(t, dir, addr)
-	waitLeader(t, r)
-	if err := r.Configure(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	r, ctx := startConfigured(t, dir, addr, c)
 	for i := range 20 {
 		res, err := r.ProposeStep(ctx, int64(i+1), c.Event(), grads[i], "test")
 		if err != nil || !res.Applied {
