@@ -1,8 +1,11 @@
 package privacyaudit
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/dpcluster/dpcluster/accounting"
 )
@@ -47,24 +50,32 @@ import (
 // search is a bisection on k, exact for a test monotone in σ' (the exact
 // curves are: more noise is post-processing; the accountant's are up to
 // its discretization, 5·10⁻⁴ relative in ε); its tolerance is the grid,
-// 2^{1/16} ≈ 4.4% in σ'. ε is the accountant's (an upper bound on the
+// 2^{1/64} ≈ 1.1% in σ'. ε is the accountant's (an upper bound on the
 // exact ε of that σ' to within 5·10⁻⁴ relative), the scale on which the
 // ledger's ε is computed, not a bound on the mechanism's ε in general: a
 // mechanism outside the family may fail f_σ' and still be (ε, δ)-DP.
 
 // RunCurveGridSteps is the number of grid steps per doubling of σ' in
 // RunCurveBound's search.
-const RunCurveGridSteps = 16
+const RunCurveGridSteps = 64
 
 // runCurveGridMax is the largest |k| of the grid: σ' from σ/16 to 16σ
 // (at 16σ the ε is a few hundredths on the main job's configuration).
 const runCurveGridMax = 4 * RunCurveGridSteps
 
 // ProfileDeltas are the δ at which RunFamily asks the accountant for ε:
-// dense where the audit's test reads the curve (its type I errors are
-// between τv/m and k/m, about 10⁻⁵ to ½ at 10⁴ canaries), each point one
-// PLD composition (about 0.1 s at T = 1000 on the shared 2-core machine).
-var ProfileDeltas = []float64{0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 1e-4, 1e-5}
+// ½·2^{−j} down to 10⁻⁷ (23 points), covering where the audit's test
+// reads the curve (its type I errors are between τv/m and k/m, about 10⁻⁶
+// to ½ at 10⁴ canaries), each point one PLD composition.
+var ProfileDeltas = profileDeltas()
+
+func profileDeltas() []float64 {
+	var ds []float64
+	for d := 0.5; d > 1e-7; d /= 2 {
+		ds = append(ds, d)
+	}
+	return ds
+}
 
 // RunFamily is the run's own family of mechanisms, indexed by the noise
 // multiplier: Steps runs of Event(σ'), the event the ledger charges for a
@@ -123,19 +134,33 @@ func (f *RunFamily) curve(k int) (func(float64) float64, error) {
 		deltas = ProfileDeltas
 	}
 	sigma := f.sigmaAt(k)
-	pts := make([]EpsDelta, 0, len(deltas))
-	for _, d := range deltas {
-		e, ok, err := f.profileEpsilon(sigma, d)
-		if err != nil {
-			return nil, fmt.Errorf("privacyaudit: the run's curve at σ' = %v, δ = %v: %w", sigma, d, err)
-		}
-		if !ok {
-			continue // a point dropped: f_σ' only lower
-		}
-		// The accountant's ε may be below the exact one by a relative
-		// PLDNumericError: raise it by twice that, and one ulp.
-		e = math.Nextafter(e*(1+2*accounting.PLDNumericError), math.Inf(1))
-		pts = append(pts, EpsDelta{Epsilon: e, Delta: d})
+	// One PLD composition per δ, GOMAXPROCS at a time (the accountant is
+	// safe for concurrent use).
+	pts := make([]EpsDelta, len(deltas))
+	errs := make([]error, len(deltas))
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, d := range deltas {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			e, ok, err := f.profileEpsilon(sigma, d)
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("privacyaudit: the run's curve at σ' = %v, δ = %v: %w", sigma, d, err)
+			case !ok:
+				pts[i] = EpsDelta{Epsilon: math.NaN()} // dropped: f_σ' only lower
+			default:
+				// The accountant's ε may be below the exact one by a
+				// relative PLDNumericError: raise it by twice that, and
+				// one ulp.
+				pts[i] = EpsDelta{Epsilon: math.Nextafter(e*(1+2*accounting.PLDNumericError), math.Inf(1)), Delta: d}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	g := ProfileInverseTradeoff(pts)
 	if f.curves == nil {
@@ -196,10 +221,15 @@ func RunCurveBound(m int, results []Result, fam *RunFamily, delta, beta float64)
 		return false
 	}
 	var out RunCurve
-	out.Rejected = rejects(0)
 	// Bisection for the smallest rejected k, with !rejects(lo) and
-	// rejects(hi) at the virtual ends lo = −max−1, hi = max+1.
-	lo, hi := -runCurveGridMax-1, runCurveGridMax+1
+	// rejects(hi), lo = −max−1 virtual; first k = 0 (the exact rule), then,
+	// when it is accepted, the top of the grid (none rejected: done).
+	lo, hi := -runCurveGridMax-1, 0
+	if out.Rejected = rejects(0); !out.Rejected {
+		if lo, hi = 0, runCurveGridMax; !rejects(hi) && err == nil {
+			return out, nil
+		}
+	}
 	for hi-lo > 1 && err == nil {
 		mid := lo + (hi-lo)/2
 		if rejects(mid) {
@@ -210,9 +240,6 @@ func RunCurveBound(m int, results []Result, fam *RunFamily, delta, beta float64)
 	}
 	if err != nil {
 		return RunCurve{}, err
-	}
-	if hi > runCurveGridMax {
-		return out, nil
 	}
 	out.Sigma = fam.sigmaAt(hi)
 	// Where the accountant panics (profileEpsilon), ε stays 0: a valid,
