@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -336,9 +337,11 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 		return auditResult{}, fmt.Errorf("audit-privacy: the Raft log holds %d releases for %d steps: the audit needs them all", releases, committed.Step)
 	}
 	fam := runFamily(rc, committed.Step)
+	start := time.Now()
 	if res.WhiteBox, err = auditOf(scores, gc.included, rc.Delta, f.beta, fam); err != nil {
 		return auditResult{}, err
 	}
+	log.Info("audit: white-box analyses done, the run-curve one included", "elapsed", time.Since(start).Round(time.Millisecond))
 	if f.reachReps > 0 {
 		if res.Reach, err = whiteBoxReach(res, f); err != nil {
 			return auditResult{}, err
