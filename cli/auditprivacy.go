@@ -12,9 +12,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/privacyaudit"
@@ -24,6 +26,11 @@ import (
 // errPrivacyBug is returned by audit-privacy when a lower bound exceeds
 // the ledger's ε: the run leaked more than it was charged for.
 var errPrivacyBug = errors.New("audit-privacy: PRIVACY BUG: an empirical lower bound on ε exceeds the ledger's ε")
+
+// errRunCurveRejected is returned by audit-privacy when the guesses reject
+// the run's own trade-off curve: the run does not release what the ledger
+// charges.
+var errRunCurveRejected = errors.New("audit-privacy: PRIVACY BUG: the guesses reject the trade-off curve of the mechanism the ledger charges")
 
 // auditFile is the file in an audited run's data dir that says the run
 // was an audit, and holds its result once it has one.
@@ -43,7 +50,9 @@ type auditFlags struct {
 
 // auditMethod is one threat model's outcome, under the two analyses of
 // privacyaudit.Audit: the (ε, δ) one (Epsilon, Ceiling, Best) and the
-// f-DP one for μ-GDP (the FDP fields, GDPMu; BestFDP is its best split).
+// f-DP one for μ-GDP (the FDP fields, GDPMu; BestFDP is its best split);
+// and under the f-DP analysis with the run's own curve
+// (privacyaudit.RunCurveBound: the RunCurve fields).
 type auditMethod struct {
 	Canaries int     `json:"canaries"`
 	Included int     `json:"included"`
@@ -53,12 +62,19 @@ type auditMethod struct {
 	Ceiling float64 `json:"ceiling"`
 	// EpsilonFDP is the f-DP bound: the ε at the run's δ of the largest μ
 	// whose μ-GDP the guesses reject (GDPMu); CeilingFDP its ceiling.
-	EpsilonFDP float64               `json:"epsilon_lower_bound_fdp"`
-	GDPMu      float64               `json:"gdp_mu_lower_bound"`
-	CeilingFDP float64               `json:"ceiling_fdp"`
-	Best       privacyaudit.Result   `json:"best"`
-	BestFDP    privacyaudit.Result   `json:"best_fdp"`
-	Splits     []privacyaudit.Result `json:"splits"`
+	EpsilonFDP float64 `json:"epsilon_lower_bound_fdp"`
+	GDPMu      float64 `json:"gdp_mu_lower_bound"`
+	CeilingFDP float64 `json:"ceiling_fdp"`
+	// EpsilonRunCurve is the run-curve bound: the ledger accountant's ε at
+	// the run's δ for the smallest σ' whose curve (T steps of the charged
+	// mechanism at σ') the guesses reject, RunCurveSigma (0: none up to
+	// 16σ); RunCurveRejected says they reject the run's own σ: a proof.
+	EpsilonRunCurve  float64               `json:"epsilon_lower_bound_run_curve"`
+	RunCurveSigma    float64               `json:"run_curve_sigma"`
+	RunCurveRejected bool                  `json:"run_curve_rejected"`
+	Best             privacyaudit.Result   `json:"best"`
+	BestFDP          privacyaudit.Result   `json:"best_fdp"`
+	Splits           []privacyaudit.Result `json:"splits"`
 }
 
 // exceeds reports whether the (ε, δ) bound, a lower bound on the ε of any
@@ -91,10 +107,13 @@ type auditResult struct {
 	// what the method can show here. Absent with --reach-reps 0.
 	Reach    *privacyaudit.Reach `json:"white_box_reach,omitempty"`
 	BlackBox *auditMethod        `json:"black_box,omitempty"`
-	// PrivacyBug says an (ε, δ) bound exceeds the ledger's ε (the exit
-	// status); FDPAboveLedger says an f-DP bound does (a warning).
-	PrivacyBug     bool `json:"privacy_bug"`
-	FDPAboveLedger bool `json:"fdp_above_ledger"`
+	// PrivacyBug says an (ε, δ) bound exceeds the ledger's ε or the
+	// guesses reject the run's own curve (RunCurveRejected): both proofs,
+	// the exit status; FDPAboveLedger says a μ-GDP bound exceeds the
+	// ledger's ε (a warning).
+	PrivacyBug       bool `json:"privacy_bug"`
+	RunCurveRejected bool `json:"run_curve_rejected"`
+	FDPAboveLedger   bool `json:"fdp_above_ledger"`
 }
 
 func newAuditPrivacyCmd() *cobra.Command {
@@ -116,7 +135,9 @@ the replica's Raft log and scores each canary by the subsampled Gaussian's likel
 Black-box: --input-canaries training rows with a wrong label, each included with probability ½,
 scored by the final model's loss.
 
-The exit status is non-zero when a lower bound exceeds the ledger's ε: a privacy bug. A bound far
+The exit status is non-zero when an (ε, δ) lower bound exceeds the ledger's ε, or when the
+guesses reject the trade-off curve of the mechanism the ledger charges (T steps of the Poisson-
+subsampled Gaussian at the run's σ, from the PLD accountant): a privacy bug, either way. A bound far
 below it is not evidence of anything (docs/PRIVACY.md). The run's name gets the prefix audit-, its
 data dir holds AUDIT.json; it is removed after the audit unless --data-dir is given.`,
 		Example: `  coordinator audit-privacy --target-epsilon 8
@@ -233,8 +254,19 @@ func runAudit(cmd *cobra.Command, spec runSpec, f auditFlags) error {
 	if err := printPrivacyAudit(cmd.OutOrStdout(), res, f.local.json); err != nil {
 		return err
 	}
-	if res.PrivacyBug {
+	return auditErr(res)
+}
+
+// auditErr is audit-privacy's exit status for a result: errPrivacyBug when
+// an (ε, δ) bound exceeds the ledger's ε, errRunCurveRejected when the
+// guesses reject the run's own curve, nil otherwise (an f-DP bound for
+// μ-GDP above the ledger's ε is only a warning).
+func auditErr(res auditResult) error {
+	switch {
+	case res.WhiteBox.exceeds(res.LedgerEpsilon) || res.BlackBox.exceeds(res.LedgerEpsilon):
 		return errPrivacyBug
+	case res.RunCurveRejected:
+		return errRunCurveRejected
 	}
 	return nil
 }
@@ -304,9 +336,12 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	if res.Releases = releases; releases < committed.Step {
 		return auditResult{}, fmt.Errorf("audit-privacy: the Raft log holds %d releases for %d steps: the audit needs them all", releases, committed.Step)
 	}
-	if res.WhiteBox, err = auditOf(scores, gc.included, rc.Delta, f.beta); err != nil {
+	fam := runFamily(rc, committed.Step)
+	start := time.Now()
+	if res.WhiteBox, err = auditOf(scores, gc.included, rc.Delta, f.beta, fam); err != nil {
 		return auditResult{}, err
 	}
+	log.Info("audit: white-box analyses done, the run-curve one included", "elapsed", time.Since(start).Round(time.Millisecond))
 	if f.reachReps > 0 {
 		if res.Reach, err = whiteBoxReach(res, f); err != nil {
 			return auditResult{}, err
@@ -317,13 +352,14 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 		if err != nil {
 			return auditResult{}, err
 		}
-		bb, err := auditOf(s, in.included, rc.Delta, f.beta)
+		bb, err := auditOf(s, in.included, rc.Delta, f.beta, fam)
 		if err != nil {
 			return auditResult{}, err
 		}
 		res.BlackBox = &bb
 	}
-	res.PrivacyBug = res.WhiteBox.exceeds(res.LedgerEpsilon) || res.BlackBox.exceeds(res.LedgerEpsilon)
+	res.RunCurveRejected = res.WhiteBox.RunCurveRejected || res.BlackBox != nil && res.BlackBox.RunCurveRejected
+	res.PrivacyBug = res.WhiteBox.exceeds(res.LedgerEpsilon) || res.BlackBox.exceeds(res.LedgerEpsilon) || res.RunCurveRejected
 	res.FDPAboveLedger = res.WhiteBox.fdpExceeds(res.LedgerEpsilon) || res.BlackBox.fdpExceeds(res.LedgerEpsilon)
 	return res, nil
 }
@@ -349,7 +385,23 @@ func whiteBoxReach(res auditResult, f auditFlags) (*privacyaudit.Reach, error) {
 	return &r, nil
 }
 
-func auditOf(scores []float64, included []bool, delta, beta float64) (auditMethod, error) {
+// runFamily is the run's own family for the run-curve analysis: steps
+// runs of the event the ledger charges for a step of rc at noise
+// multiplier σ' (RunConfig.Event), described for the PLD accountant
+// (a discrete Gaussian with its lattice) whichever accountant the run
+// uses: the same mechanism. Its curves are cached for the white-box and
+// black-box analyses.
+func runFamily(rc coordinator.RunConfig, steps int64) *privacyaudit.RunFamily {
+	return &privacyaudit.RunFamily{Steps: steps, Sigma: rc.Optimizer.NoiseMultiplier, Event: func(sigma float64) accounting.Event {
+		c := rc
+		c.Optimizer.NoiseMultiplier, c.Accountant = sigma, coordinator.AccountantPLD
+		return c.Event()
+	}}
+}
+
+// auditOf runs both analyses of privacyaudit.Audit on the guesses, and
+// the run-curve one with fam unless it is nil.
+func auditOf(scores []float64, included []bool, delta, beta float64, fam *privacyaudit.RunFamily) (auditMethod, error) {
 	best, all, err := privacyaudit.Audit(scores, included, auditSplits(len(scores)), delta, beta)
 	if err != nil {
 		return auditMethod{}, err
@@ -365,6 +417,13 @@ func auditOf(scores []float64, included []bool, delta, beta float64) (auditMetho
 	for _, s := range all {
 		am.Ceiling = max(am.Ceiling, s.Ceiling)
 		am.CeilingFDP = max(am.CeilingFDP, s.CeilingFDP)
+	}
+	if fam != nil && fam.Steps > 0 && delta > 0 {
+		rc, err := privacyaudit.RunCurveBound(len(scores), all, fam, delta, beta)
+		if err != nil {
+			return auditMethod{}, fmt.Errorf("audit-privacy: the run-curve analysis: %w", err)
+		}
+		am.EpsilonRunCurve, am.RunCurveSigma, am.RunCurveRejected = rc.Epsilon, rc.Sigma, rc.Rejected
 	}
 	return am, nil
 }
@@ -434,6 +493,12 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 			name, a.Epsilon, res.Confidence, a.Canaries, a.Included, a.Best.KPlus, a.Best.KMinus, a.Best.V, a.Best.R, a.Ceiling)
 		fmt.Fprintf(out, "%s, f-DP analysis: ε ≥ %.4f with confidence %g (not μ-GDP for μ < %.4f; best guesses %d in, %d out: %d of %d right; ceiling %.4f)\n",
 			name, a.EpsilonFDP, res.Confidence, a.GDPMu, a.BestFDP.KPlus, a.BestFDP.KMinus, a.BestFDP.V, a.BestFDP.R, a.CeilingFDP)
+		verdict := "not rejected"
+		if a.RunCurveRejected {
+			verdict = "REJECTED"
+		}
+		fmt.Fprintf(out, "%s, f-DP with the run's own curve: ε ≥ %.4f with confidence %g (less private than %d steps at σ' = %.4f; the run's σ = %.4f: %s)\n",
+			name, a.EpsilonRunCurve, res.Confidence, res.Steps, a.RunCurveSigma, res.Sigma, verdict)
 	}
 	line("white-box (gradient canaries)", res.WhiteBox)
 	if r := res.Reach; r != nil {
@@ -445,6 +510,8 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 		line("black-box (mislabelled records)", *res.BlackBox)
 	}
 	switch {
+	case res.RunCurveRejected:
+		fmt.Fprintln(out, "PRIVACY BUG: the guesses reject the trade-off curve of the mechanism the ledger charges (T steps at the run's σ)")
 	case res.PrivacyBug:
 		fmt.Fprintln(out, "PRIVACY BUG: a lower bound exceeds the ledger's ε")
 	case res.FDPAboveLedger:

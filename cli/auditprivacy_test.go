@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,8 +53,11 @@ func TestAuditPrivacyRunsTheRealPath(t *testing.T) {
 		if !(a.Epsilon >= 0 && a.Epsilon <= a.Ceiling) || a.Epsilon > res.LedgerEpsilon {
 			t.Errorf("%s: bound %v, ceiling %v, ledger %v", name, a.Epsilon, a.Ceiling, res.LedgerEpsilon)
 		}
+		if a.RunCurveRejected || !(a.EpsilonRunCurve >= 0 && a.EpsilonRunCurve < res.LedgerEpsilon) || a.RunCurveSigma != 0 && !(a.RunCurveSigma > res.Sigma) {
+			t.Errorf("%s: run-curve bound %v (σ' %v, rejected %v), ledger %v at σ %v", name, a.EpsilonRunCurve, a.RunCurveSigma, a.RunCurveRejected, res.LedgerEpsilon, res.Sigma)
+		}
 	}
-	if res.PrivacyBug {
+	if res.PrivacyBug || res.RunCurveRejected {
 		t.Error("an intact mechanism reported as a privacy bug")
 	}
 	if r := res.Reach; r == nil || r.Reps != 21 || !(r.P10 <= r.Median && r.Median <= r.P90 && r.P90 <= r.Ceiling) || r.Ceiling != res.WhiteBox.Ceiling {
@@ -159,5 +163,33 @@ func TestPrintPrivacyAuditFDP(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("output without %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestAuditErrRunCurve: rejecting the run's own curve fails the command
+// (a proof, like the (ε, δ) bound), and the text output says so beside the
+// run-curve bound; a μ-GDP bound above the ledger's ε does not.
+func TestAuditErrRunCurve(t *testing.T) {
+	res := auditResult{Run: "audit-x", Steps: 10, Sigma: 1, LedgerEpsilon: 2, Delta: 1e-5, Confidence: 0.95,
+		WhiteBox: auditMethod{Canaries: 100, Epsilon: 0.5, EpsilonFDP: 2.5, EpsilonRunCurve: 1.75, RunCurveSigma: 1.125}}
+	if err := auditErr(res); err != nil {
+		t.Fatalf("μ-GDP bound above the ledger's ε: %v, want no error", err)
+	}
+	res.WhiteBox.RunCurveRejected, res.RunCurveRejected, res.PrivacyBug = true, true, true
+	if err := auditErr(res); !errors.Is(err, errRunCurveRejected) {
+		t.Fatalf("run curve rejected: %v, want errRunCurveRejected", err)
+	}
+	var b strings.Builder
+	if err := printPrivacyAudit(&b, res, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"run's own curve: ε ≥ 1.7500", "σ' = 1.1250; the run's σ = 1.0000: REJECTED", "PRIVACY BUG: the guesses reject"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output without %q:\n%s", want, b.String())
+		}
+	}
+	res.WhiteBox.Epsilon = 3
+	if err := auditErr(res); !errors.Is(err, errPrivacyBug) {
+		t.Fatalf("(ε, δ) bound above the ledger's ε: %v, want errPrivacyBug", err)
 	}
 }

@@ -23,8 +23,10 @@ type auditOutcome struct {
 	WhiteBox      struct {
 		Epsilon    float64 `json:"epsilon_lower_bound"`
 		EpsilonFDP float64 `json:"epsilon_lower_bound_fdp"`
+		EpsilonRun float64 `json:"epsilon_lower_bound_run_curve"`
 	} `json:"white_box"`
-	PrivacyBug bool `json:"privacy_bug"`
+	PrivacyBug       bool `json:"privacy_bug"`
+	RunCurveRejected bool `json:"run_curve_rejected"`
 }
 
 // buildCoordinator builds cmd/coordinator with tags into dir.
@@ -67,7 +69,8 @@ func runAudit(t *testing.T, bin string) (auditOutcome, int) {
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		t.Fatalf("%s: exit %d, output %q: %v\n%s", bin, code, stdout.String(), err, stderr.String())
 	}
-	t.Logf("%s: ledger ε %.4f, white-box lower bound %.4f, f-DP %.4f, exit %d", bin, res.LedgerEpsilon, res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, code)
+	t.Logf("%s: ledger ε %.4f, white-box lower bound %.4f, f-DP %.4f, run curve %.4f (rejected %v), exit %d",
+		bin, res.LedgerEpsilon, res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, res.WhiteBox.EpsilonRun, res.RunCurveRejected, code)
 	return res, code
 }
 
@@ -77,7 +80,9 @@ func runAudit(t *testing.T, bin string) (auditOutcome, int) {
 // caught by audit-privacy: the white-box lower bound exceeds the ledger's ε
 // and the command exits non-zero. The product binary (no tag), given the
 // same variable, cannot be broken: its audit exits 0 with a bound below
-// the ledger's ε. Both analyses, (ε, δ) and f-DP, must agree on it.
+// the ledger's ε. All three analyses, (ε, δ), f-DP for μ-GDP and f-DP
+// with the run's own curve, must agree on it: the broken run's own curve
+// is rejected, the product's is not.
 // (Measured on this test's settings: 2.33 broken, 0.13 intact, at ledger
 // ε = 1, with the (ε, δ) analysis.)
 func TestAuditCatchesBrokenMechanism(t *testing.T) {
@@ -89,13 +94,15 @@ func TestAuditCatchesBrokenMechanism(t *testing.T) {
 	product := buildCoordinator(t, filepath.Join(dir, "product"), "")
 
 	res, code := runAudit(t, broken)
-	if !(res.WhiteBox.Epsilon > res.LedgerEpsilon) || !(res.WhiteBox.EpsilonFDP > res.LedgerEpsilon) || !res.PrivacyBug || code == 0 {
-		t.Errorf("broken mechanism: lower bounds %v, f-DP %v, ledger ε %v, privacy_bug %v, exit %d; want both bounds above the ledger's ε and a non-zero exit",
+	if !(res.WhiteBox.Epsilon > res.LedgerEpsilon) || !(res.WhiteBox.EpsilonFDP > res.LedgerEpsilon) || !res.PrivacyBug || code == 0 ||
+		!res.RunCurveRejected || !(res.WhiteBox.EpsilonRun > res.LedgerEpsilon) {
+		t.Errorf("broken mechanism: lower bounds %v, f-DP %v, ledger ε %v, privacy_bug %v, exit %d; want both bounds above the ledger's ε and a non-zero exit (run curve: see the log)",
 			res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, res.LedgerEpsilon, res.PrivacyBug, code)
 	}
 	res, code = runAudit(t, product)
-	if !(res.WhiteBox.Epsilon < res.LedgerEpsilon) || !(res.WhiteBox.EpsilonFDP < res.LedgerEpsilon) || res.PrivacyBug || code != 0 {
-		t.Errorf("product binary: lower bounds %v, f-DP %v, ledger ε %v, privacy_bug %v, exit %d; want both bounds below the ledger's ε and exit 0",
+	if !(res.WhiteBox.Epsilon < res.LedgerEpsilon) || !(res.WhiteBox.EpsilonFDP < res.LedgerEpsilon) || res.PrivacyBug || code != 0 ||
+		res.RunCurveRejected || !(res.WhiteBox.EpsilonRun < res.LedgerEpsilon) {
+		t.Errorf("product binary: lower bounds %v, f-DP %v, ledger ε %v, privacy_bug %v, exit %d; want both bounds below the ledger's ε and exit 0 (run curve: see the log)",
 			res.WhiteBox.Epsilon, res.WhiteBox.EpsilonFDP, res.LedgerEpsilon, res.PrivacyBug, code)
 	}
 }

@@ -52,6 +52,14 @@
 // GDPEpsilon that μ's ε at δ. On Gaussian-like mechanisms it is the
 // tighter of the two (TestGDPLowerBoundIdealGame); Audit reports both.
 //
+// CurveRejects is the same test for any symmetric trade-off curve, and
+// RunCurveBound applies it to the run's own family (curve.go,
+// runcurve.go): T steps of the mechanism the ledger charges at noise
+// multiplier σ', its curve built from the PLD accountant's (ε, δ) profile
+// so that it lies below the exact one. Rejecting the run's own σ refutes
+// what the ledger charges; the bound is the smallest σ' rejected, as the
+// accountant's ε at δ.
+//
 // IdealReach tells these apart for white-box gradient canaries of a
 // Poisson-subsampled Gaussian run: it simulates the same audit (the same
 // score, SubsampledGaussianLLR, and splits) on a perfect mechanism with

@@ -184,33 +184,10 @@ func GDPRejects(m, r, v int, mu, beta float64) (bool, error) {
 	return gdpRejects(m, r, v, mu, beta), nil
 }
 
-// gdpRejects is GDPRejects for valid arguments.
+// gdpRejects is GDPRejects for valid arguments: the recursion of
+// curveRejects (privacyaudit/curve.go) with g = G_μ(1 − x).
 func gdpRejects(m, k, v int, mu, tau float64) bool {
-	fm, fk := float64(m), float64(k)
-	limit := math.Nextafter(fk/fm, math.Inf(1)) // ≥ k/m
-	if v == 0 {
-		return false // s_0 = τk/m < k/m
-	}
-	rNext := down(down(tau*float64(v)) / fm)               // r_v ≤ τv/m
-	kConst := down(down(down(tau*fk)/fm) / float64(k-v+1)) // K ≤ τk/(m(k−v+1))
-	var h, acc float64                                     // h_{i+1}; Σ_{j>i} (w_j − w_{j−1})·h_j
-	for i := v - 1; i >= 0; i-- {
-		hi := gdpInverseTradeoff(rNext, mu)
-		if i < v-1 {
-			hi = max(hi, h)
-			// w_{i+1} − w_i = k/((k−i)(k−i−1)); the product of two
-			// integers below 2²⁰ is exact.
-			dw := down(fk / (float64(k-i) * float64(k-i-1)))
-			acc = down(acc + down(dw*h))
-		}
-		h = hi
-		wi := down(float64(i) / float64(k-i))
-		rNext = down(down(kConst+down(wi*h)) + acc) // r_i
-		if down(rNext+h) > limit {
-			return true // s only grows as i falls
-		}
-	}
-	return false
+	return curveRejects(m, k, v, func(x float64) float64 { return gdpInverseTradeoff(x, mu) }, tau)
 }
 
 // GDPLowerBound returns the empirical lower bound on μ at confidence 1−β:

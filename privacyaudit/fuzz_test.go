@@ -142,3 +142,41 @@ func FuzzGDPEpsilon(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCurveRejects: no input panics; an error is ErrInvalid; the profile's
+// g stays in [0, 1] and nondecreasing on a few points, and the test gives
+// the same answer twice (no NaN-dependent branch). Valid r above 4096 are
+// skipped as in FuzzEpsilonLowerBound.
+func FuzzCurveRejects(f *testing.F) {
+	f.Add(1000, 100, 80, 1.0, 1e-5, 0.05)
+	f.Add(10, 10, 10, 0.0, 0.0, 0.5)
+	f.Add(1, 1, 1, math.Inf(1), math.NaN(), 1e-300)
+	f.Add(MaxGuesses, 1, 0, 700.0, 1.0, 0.999)
+	f.Fuzz(func(t *testing.T, m, r, v int, eps, delta, beta float64) {
+		if r > 4096 && r <= MaxGuesses && r <= m {
+			t.Skip()
+		}
+		g := ProfileInverseTradeoff([]EpsDelta{{eps, delta}, {eps / 2, min(1, 2*delta)}, {0, 0.5}})
+		prev := 0.0
+		for _, x := range []float64{math.Inf(-1), -1, 0, 1e-300, 1e-6, 0.1, 0.5, 0.9, 1, 2, math.NaN()} {
+			y := g(x)
+			if !(y >= 0 && y <= 1) || (!math.IsNaN(x) && y < prev) {
+				t.Fatalf("g(%v) = %v (previous %v)", x, y, prev)
+			}
+			if !math.IsNaN(x) {
+				prev = y
+			}
+		}
+		got, err := CurveRejects(m, r, v, g, beta)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		nan, _ := CurveRejects(m, r, v, func(float64) float64 { return math.NaN() }, beta)
+		if again, _ := CurveRejects(m, r, v, g, beta); again != got || nan && v < r/2 {
+			t.Fatalf("CurveRejects(%d, %d, %d): %v then %v; with a NaN g %v", m, r, v, got, again, nan)
+		}
+	})
+}

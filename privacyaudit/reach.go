@@ -27,6 +27,10 @@ type Ideal struct {
 	Sigma       float64 // noise multiplier σ > 0
 	Delta, Beta float64
 	Splits      []Split
+	// RunCurve adds the run-curve analysis (RunCurveBound with
+	// SubsampledGaussianFamily(q, T, σ)) to each repetition: seconds per
+	// repetition at T = 1000 (its curves are cached across repetitions).
+	RunCurve bool
 }
 
 // Reach is the distribution, over Reps seeded repetitions of the ideal
@@ -49,6 +53,15 @@ type Reach struct {
 	FDPP90     float64 `json:"fdp_p90"`
 	FDPMax     float64 `json:"fdp_max"`
 	FDPCeiling float64 `json:"fdp_ceiling"`
+
+	// With Ideal.RunCurve: the run-curve bound (RunCurve.Epsilon) and the
+	// number of repetitions that rejected the perfect mechanism's own
+	// curve (at most about β·Reps, by the bound's validity).
+	RunCurveMedian   float64 `json:"run_curve_median,omitempty"`
+	RunCurveP10      float64 `json:"run_curve_p10,omitempty"`
+	RunCurveP90      float64 `json:"run_curve_p90,omitempty"`
+	RunCurveMax      float64 `json:"run_curve_max,omitempty"`
+	RunCurveRejected int     `json:"run_curve_rejected,omitempty"`
 }
 
 // MaxIdealWork bounds m·T·reps, the number of simulated observations
@@ -76,6 +89,8 @@ func IdealReach(p Ideal, reps int, seed uint64) (Reach, error) {
 	included := make([]bool, p.Canaries)
 	bounds := make([]float64, reps)
 	fdp := make([]float64, reps)
+	run := make([]float64, reps)
+	fam := SubsampledGaussianFamily(p.SampleRate, int64(p.Steps), p.Sigma)
 	out := Reach{Reps: reps}
 	nIn := 0
 	for k := range reps {
@@ -92,6 +107,16 @@ func IdealReach(p Ideal, reps int, seed uint64) (Reach, error) {
 		}
 		bounds[k] = best.Epsilon
 		fdp[k] = BestFDP(all).EpsilonFDP
+		if p.RunCurve {
+			rc, err := RunCurveBound(p.Canaries, all, fam, p.Delta, p.Beta)
+			if err != nil {
+				return Reach{}, err
+			}
+			run[k] = rc.Epsilon
+			if rc.Rejected {
+				out.RunCurveRejected++
+			}
+		}
 		if k == 0 {
 			for _, r := range all {
 				out.Ceiling = max(out.Ceiling, r.Ceiling)
@@ -101,9 +126,13 @@ func IdealReach(p Ideal, reps int, seed uint64) (Reach, error) {
 	}
 	slices.Sort(bounds)
 	slices.Sort(fdp)
+	slices.Sort(run)
 	at := func(b []float64, f float64) float64 { return b[int(f*float64(reps-1))] }
 	out.Median, out.P10, out.P90 = at(bounds, 0.5), at(bounds, 0.1), at(bounds, 0.9)
 	out.FDPMedian, out.FDPP10, out.FDPP90, out.FDPMax = at(fdp, 0.5), at(fdp, 0.1), at(fdp, 0.9), fdp[reps-1]
+	if p.RunCurve {
+		out.RunCurveMedian, out.RunCurveP10, out.RunCurveP90, out.RunCurveMax = at(run, 0.5), at(run, 0.1), at(run, 0.9), run[reps-1]
+	}
 	out.CanariesIncluded = float64(nIn) / float64(reps)
 	return out, nil
 }
