@@ -116,21 +116,6 @@ func (f *RunFamily) Epsilon(sigma, delta float64) (float64, error) {
 	return accounting.PLD{}.Epsilon(f.Event(sigma), f.Steps, delta)
 }
 
-// profileEpsilon is Epsilon with ok false when the accountant panics: it
-// does at large σ' with large q (q = ½, T = 10: σ' = 16 at δ ≥ 0.1, σ' ≈ 47
-// at δ = 10⁻⁵; a negative slice length in accounting's buildStep), where
-// a profile point is dropped, which only lowers the curve (the safe
-// direction).
-func (f *RunFamily) profileEpsilon(sigma, delta float64) (eps float64, ok bool, err error) {
-	defer func() {
-		if recover() != nil {
-			eps, ok, err = 0, false, nil
-		}
-	}()
-	eps, err = f.Epsilon(sigma, delta)
-	return eps, err == nil, err
-}
-
 // curve returns g(x) = f_σ'(1 − x) for σ' = σ·2^{k/RunCurveGridSteps},
 // at most the exact one (see the file comment).
 func (f *RunFamily) curve(k int) (func(float64) float64, error) {
@@ -152,12 +137,10 @@ func (f *RunFamily) curve(k int) (func(float64) float64, error) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			e, ok, err := f.profileEpsilon(sigma, d)
+			e, err := f.Epsilon(sigma, d)
 			switch {
 			case err != nil:
 				errs[i] = fmt.Errorf("privacyaudit: the run's curve at σ' = %v, δ = %v: %w", sigma, d, err)
-			case !ok:
-				pts[i] = EpsDelta{Epsilon: math.NaN()} // dropped: f_σ' only lower
 			default:
 				// The accountant's ε may be below the exact one by a
 				// relative PLDNumericError: raise it by twice that, and
@@ -250,9 +233,7 @@ func RunCurveBound(m int, results []Result, fam *RunFamily, delta, beta float64)
 		return RunCurve{}, err
 	}
 	out.Sigma = fam.sigmaAt(hi)
-	// Where the accountant panics (profileEpsilon), ε stays 0: a valid,
-	// empty, lower bound.
-	if out.Epsilon, _, err = fam.profileEpsilon(out.Sigma, delta); err != nil {
+	if out.Epsilon, err = fam.Epsilon(out.Sigma, delta); err != nil {
 		return RunCurve{}, err
 	}
 	return out, nil
