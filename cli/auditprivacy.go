@@ -336,7 +336,7 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	if res.Releases = releases; releases < committed.Step {
 		return auditResult{}, fmt.Errorf("audit-privacy: the Raft log holds %d releases for %d steps: the audit needs them all", releases, committed.Step)
 	}
-	fam := runFamily(rc, committed.Step)
+	fam := runFamily(rc, res.Releases) // every g̃ released, a recharged step's too
 	start := time.Now()
 	if res.WhiteBox, err = auditOf(scores, gc.included, rc.Delta, f.beta, fam); err != nil {
 		return auditResult{}, err
