@@ -42,7 +42,9 @@ const truncation = 0x1p-60
 // into the same relative error; adding n positive terms costs n·u; the
 // final exp of ln P costs u·|ln P|; the truncation 2⁻⁵⁹ is below u. At
 // r = 10⁴, p = ½ and P ≥ 1e-10 the bound is 1e-10; the tests compare with exact
-// rational arithmetic and the errors they find are far below it.
+// rational arithmetic and the errors they find are far below it. The
+// result is capped at 1 (before, P[W ≥ 13] for Binomial(755, 1/7) came
+// out 1 + 1.04·10⁻¹², within the bound but not a probability).
 func BinomialTail(r, v int, p float64) float64 {
 	switch {
 	case r < 0 || r > MaxGuesses || math.IsNaN(p) || p < 0 || p > 1:
@@ -57,7 +59,9 @@ func BinomialTail(r, v int, p float64) float64 {
 		return 1
 	}
 	b := newBinom(r, p, math.Log(p), math.Log1p(-p))
-	return math.Exp(b.logSum(v, r))
+	// A tail near 1 may round above it (within the error bound): a
+	// probability is at most 1, and the cap moves it toward the truth.
+	return min(1, math.Exp(b.logSum(v, r)))
 }
 
 // binom is Binomial(r, p) with p in (0, 1), held in log form.
