@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"math"
 	"sync/atomic"
 	"time"
 
@@ -22,11 +21,9 @@ type Metrics struct {
 	step prometheus.Gauge
 	// epsilon reads fsm's ε (FSM.Spent; fsm set by observe) when
 	// scraped, so it is never below what was charged and never waits for
-	// the state machine's lock; epsilonSeen is the last observed ε, read
-	// before fsm is known.
+	// the state machine's lock.
 	epsilon      prometheus.GaugeFunc
 	fsm          atomic.Pointer[FSM]
-	epsilonSeen  atomic.Uint64 // math.Float64bits
 	target       prometheus.Gauge
 	charges      prometheus.Counter
 	chargesSeen  uint64 // the ledger's charge count charges has reached
@@ -152,16 +149,16 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 	return m
 }
 
-// spent is epsilon_spent: the state machine's ε now (FSM.Spent), once an
-// observe has named it (the ledger only grows, so a scrape never reads
-// less than was charged before it), else the last observed. A scrape
-// takes no lock the state machine holds: a replica restoring a snapshot
-// still answers at once.
+// spent is epsilon_spent: the state machine's ε now (FSM.Spent), once the
+// server's first observe has named it (0 before: the loop observes as it
+// starts). The ledger only grows, so a scrape never reads less than was
+// charged before it, and it takes no lock the state machine holds: a
+// replica restoring a snapshot still answers at once.
 func (m *Metrics) spent() float64 {
 	if f := m.fsm.Load(); f != nil {
 		return f.Spent()
 	}
-	return math.Float64frombits(m.epsilonSeen.Load())
+	return 0
 }
 
 // addEvalGauges creates the evaluation gauges, accuracy and loss for each
@@ -209,10 +206,7 @@ func (m *Metrics) observe(st State, c Consensus) {
 		return
 	}
 	m.step.Set(float64(st.Applied))
-	m.epsilonSeen.Store(math.Float64bits(st.Epsilon))
-	if f := c.FSM(); f != nil {
-		m.fsm.Store(f)
-	}
+	m.fsm.Store(c.FSM())
 	if st.Charges > m.chargesSeen { // the ledger only grows
 		m.charges.Add(float64(st.Charges - m.chargesSeen))
 		m.chargesSeen = st.Charges

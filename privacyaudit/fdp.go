@@ -81,7 +81,7 @@ import (
 // is rounded upward. The price is a bound lower than the exact supremum
 // by a relative 2⁻³⁰ of g, invisible at the Tolerance grid in the tests.
 
-// maxGDP is the largest μ the search tries: at μ = 64, g(x) ≤ Φ(Φ⁻¹(1) −
+// maxGDP bounds what GDPLowerBound returns (its search stops there): at μ = 64, g(x) ≤ Φ(Φ⁻¹(1) −
 // 64) is 0 for every x < 1 in float64, so s_0 = τk/m ≤ k/m and no μ ≥ 64
 // is rejected.
 const maxGDP = 64
@@ -203,16 +203,8 @@ func GDPLowerBound(m, r, v int, beta float64) (float64, error) {
 	if !rejects(0) {
 		return 0, nil
 	}
-	lo, hi := int64(0), int64(maxGDP)<<30 // rejects(lo); μ = 64 at hi is never rejected
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if rejects(mid) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return float64(lo) * Tolerance, nil
+	// gridSup's doubling stops by μ = maxGDP, which is never rejected.
+	return gridSup(rejects), nil
 }
 
 // GDPDelta returns δ_μ(ε) = Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2), the least
