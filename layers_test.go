@@ -19,7 +19,7 @@ import (
 // is in exactly one layer, so a new package must be placed here.
 var layers = [][]string{
 	// Leaves: no import of the module, or only of another leaf.
-	{"internal/durable", "internal/parallel", "internal/handoff", "internal/procstat", "internal/conformance",
+	{"internal/durable", "internal/parallel", "internal/f32le", "internal/handoff", "internal/procstat", "internal/conformance",
 		"internal/faultnet", "seed", "sampling", "accounting", "model/kernels", "privacyaudit"},
 	// Foundations: identities, data, the optimizer, the noise, the
 	// durable logs.

@@ -2,14 +2,13 @@ package coordinator
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/dpcluster/dpcluster/accounting"
+	"github.com/dpcluster/dpcluster/internal/f32le"
 )
 
 // Raft log entries are one type byte, one version byte, then a msgpack
@@ -169,6 +168,10 @@ func (g gradFloats) EncodeMsgpack(e *msgpack.Encoder) error {
 	if err := e.EncodeBytesLen(4 * len(g.src)); err != nil {
 		return err
 	}
+	if b, ok := f32le.View(g.src); ok {
+		_, err := e.Writer().Write(b)
+		return err
+	}
 	var chunk [4 * gradChunk]byte
 	for i := 0; i < len(g.src); i += gradChunk {
 		v := g.src[i:min(i+gradChunk, len(g.src))]
@@ -195,14 +198,15 @@ func (g *gradFloats) DecodeMsgpack(d *msgpack.Decoder) error {
 		}
 		return nil
 	}
+	if b, ok := f32le.View(g.dst); ok {
+		return d.ReadFull(b)
+	}
 	for i := 0; i < len(g.dst); i += gradChunk {
 		v := g.dst[i:min(i+gradChunk, len(g.dst))]
 		if err := d.ReadFull(chunk[:4*len(v)]); err != nil {
 			return err
 		}
-		for j := range v {
-			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(chunk[4*j:]))
-		}
+		f32le.Get(v, chunk[:])
 	}
 	return nil
 }
@@ -257,19 +261,13 @@ func decodeEntry(data []byte) (entryType, []byte, error) {
 
 // putFloats encodes v as little-endian float32 bytes into dst, which must
 // have 4·len(v) bytes.
-func putFloats(dst []byte, v []float32) {
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(x))
-	}
-}
+func putFloats(dst []byte, v []float32) { f32le.Put(dst, v) }
 
 // getFloats decodes little-endian float32 bytes into dst.
 func getFloats(dst []float32, b []byte) error {
 	if len(b) != 4*len(dst) {
 		return fmt.Errorf("%w: %d bytes for %d floats", ErrBadEntry, len(b), len(dst))
 	}
-	for i := range dst {
-		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
+	f32le.Get(dst, b)
 	return nil
 }

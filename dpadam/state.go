@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+
+	"github.com/dpcluster/dpcluster/internal/f32le"
 )
 
 // Errors returned by UnmarshalBinary.
@@ -107,9 +109,7 @@ func (o *Optimizer) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.LittleEndian.AppendUint64(b, uint64(o.step))
 	b = binary.LittleEndian.AppendUint64(b, uint64(o.dim))
 	for _, vec := range o.vectors() {
-		for _, x := range vec {
-			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
-		}
+		b = f32le.Append(b, vec)
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli)), nil
 }
@@ -185,12 +185,11 @@ func (o *Optimizer) UnmarshalBinary(data []byte) error {
 	p := body[stateHeaderSize:]
 	for j := range vecs {
 		vec := make([]float32, dim)
-		for i := range vec {
-			x := math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
+		f32le.Get(vec, p)
+		for i, x := range vec {
 			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
 				return fmt.Errorf("%w: state vector %d element %d is %v", ErrCorrupt, j, i, x)
 			}
-			vec[i] = x
 		}
 		p = p[4*dim:]
 		vecs[j] = vec

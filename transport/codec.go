@@ -8,9 +8,10 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
-	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/dpcluster/dpcluster/internal/f32le"
 )
 
 // The envelope of every frame is a msgpack array of three elements:
@@ -24,10 +25,6 @@ const envelopeLen = 3
 
 // castagnoli is the CRC32C table used for chunks and whole transfers.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// littleEndian reports whether the host stores float32 little-endian, in
-// which case tensors are copied to and from the wire with one memmove.
-var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // Vector is a float32 tensor. On the wire it is a msgpack bin holding a pad
 // byte p (0–3), p zero bytes, then the values as IEEE-754 little-endian
@@ -85,16 +82,14 @@ func (v Vector) EncodeMsgpack(e *msgpack.Encoder) error {
 	if _, err := w.Write(zero[:1+pad]); err != nil {
 		return err
 	}
-	if littleEndian {
-		_, err := w.Write(float32Bytes(v))
+	if b, ok := f32le.View(v); ok {
+		_, err := w.Write(b)
 		return err
 	}
 	var b [4096]byte
 	for len(v) > 0 {
 		n := min(len(v), len(b)/4)
-		for i := range n {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v[i]))
-		}
+		f32le.Put(b[:], v[:n])
 		if _, err := w.Write(b[:4*n]); err != nil {
 			return err
 		}
@@ -161,35 +156,28 @@ func (v *Vector) DecodeMsgpack(d *msgpack.Decoder) error {
 		*v = Vector{}
 		return nil
 	}
-	if fr != nil && fr.owned && littleEndian {
+	if fr != nil && fr.owned {
 		pos := len(fr.buf) - fr.Len()
-		p := unsafe.Pointer(&fr.buf[pos])
-		if uintptr(p)%4 == 0 {
-			*v = unsafe.Slice((*float32)(p), m)
+		if f, ok := f32le.Floats(fr.buf[pos : pos+4*m]); ok {
+			*v = f
 			_, err := fr.Seek(int64(4*m), io.SeekCurrent)
 			return err
 		}
 	}
 	out := make([]float32, m)
-	b := float32Bytes(out)
-	if err := d.ReadFull(b); err != nil {
-		return err
-	}
-	if !littleEndian {
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	if b, ok := f32le.View(out); ok {
+		if err := d.ReadFull(b); err != nil {
+			return err
 		}
+	} else {
+		b := make([]byte, 4*m)
+		if err := d.ReadFull(b); err != nil {
+			return err
+		}
+		f32le.Get(out, b)
 	}
 	*v = out
 	return nil
-}
-
-// float32Bytes returns the bytes backing v (no copy).
-func float32Bytes(v []float32) []byte {
-	if len(v) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
 // Encode returns the envelope encoding of m. It fails with ErrUnknownType if
