@@ -54,7 +54,8 @@ func (b *bitReader) bit() bool {
 	return v
 }
 
-// take returns n uniform bits, 1 ≤ n ≤ 64, as an integer in [0, 2ⁿ).
+// take returns n uniform bits, 1 ≤ n ≤ 64, as an integer in [0, 2ⁿ). It is
+// small enough to inline; takeRefill is its rare path.
 func (b *bitReader) take(n uint) uint64 {
 	if n <= b.n {
 		v := b.buf & (1<<n - 1) // shifts by 64 give 0 in Go: all ones for n = 64
@@ -62,9 +63,17 @@ func (b *bitReader) take(n uint) uint64 {
 		b.n -= n
 		return v
 	}
-	lo, have := b.buf, b.n // all the buffered bits, then the rest from a fresh word
-	b.buf, b.n = b.src.Uint64(), 64
-	return lo | b.take(n-have)<<have
+	return b.takeRefill(n)
+}
+
+// takeRefill is take for n > b.n: all the buffered bits, low, then the
+// other n − b.n from a fresh word.
+func (b *bitReader) takeRefill(n uint) uint64 {
+	lo, have := b.buf, b.n
+	need := n - have // 1 ≤ need ≤ 64
+	w := b.src.Uint64()
+	b.buf, b.n = w>>need, 64-need // a shift by 64 gives 0
+	return lo | (w&(1<<need-1))<<have
 }
 
 // below returns a uniform integer in [0, m), m ≥ 1, by Lemire's

@@ -67,6 +67,29 @@ type gaussTable struct {
 	// dThr[b] = ⌈2⁸·δ_max⌉ for block b's largest δ: 8 uniform bits at or
 	// above it show Bernoulli(δ) false without computing δ's digits.
 	dThr []uint64
+
+	// pick and hot are what tableGaussian reads per deviate, packed so
+	// that a draw touches two small entries instead of seven arrays: the
+	// alias table by column, and each block's fast-path facts. vMask is
+	// 2^vBits − 1.
+	pick  []aliasEntry
+	hot   []blockEntry
+	vMask uint64
+}
+
+// aliasEntry is column i of the alias table: keep i for threshold draws
+// below cut, else take alias.
+type aliasEntry struct {
+	cut         uint64
+	self, alias uint32
+}
+
+// blockEntry says whether block b takes tableGaussian's fast path: full
+// width w, c_b = 1 (cone) or c_b's first 8 binary digits ones, and 2t² <
+// 2⁶³; and dThr[b].
+type blockEntry struct {
+	dThr       uint16
+	fast, cone bool
 }
 
 // newGaussTable builds the table for N_Z(0, t²), t ≥ minTableScale, with
@@ -125,7 +148,23 @@ func newGaussTable(t uint64, factor uint64) *gaussTable {
 		g.dThr[b] = min(q.Uint64(), 256)
 	}
 	g.buildAlias(n)
+	g.pack(n)
 	return g
+}
+
+// pack fills pick, hot and vMask from the table's arrays.
+func (g *gaussTable) pack(n int) {
+	g.vMask = 1<<g.vBits - 1
+	g.pick = make([]aliasEntry, n)
+	for i := range g.pick {
+		g.pick[i] = aliasEntry{cut: g.cut[i], self: uint32(i), alias: g.alias[i]}
+	}
+	small := g.d.hi == 0 && g.d.lo < 1<<63
+	g.hot = make([]blockEntry, g.blocks)
+	for b := range g.hot {
+		g.hot[b] = blockEntry{dThr: uint16(g.dThr[b]), cone: g.cone[b],
+			fast: small && g.width[b] == g.w && (g.cone[b] || g.cFast[b])}
+	}
 }
 
 // weigh sets the block and tail weights for g.lambda and returns their sum,
@@ -257,68 +296,121 @@ func (g *gaussTable) buildAlias(n int) {
 
 // tableGaussian draws z ~ N_Z(0, t²) from the table (steps 1–4 above). It
 // returns z, or, when |z| ≥ s.limit, z in big.
+//
+// The common case, a block on the fast path (blockEntry), is written out
+// here with the bit buffer's take inlined; every other case is
+// tableBlock or tableTail. Both read the same bits in the same order
+// (TestTableStreamPinned): one word for the column, then e + 17 bits for
+// the offset, 8 bits for Bernoulli(c_b), 8 for Bernoulli(δ) and the sign.
 func (s *sampler) tableGaussian(g *gaussTable) (int64, *big.Int) {
 	for {
 		r := s.bits.word()
-		i := int(r >> g.vBits)
-		if r&(1<<g.vBits-1) >= g.cut[i] {
-			i = int(g.alias[i])
+		p := &g.pick[r>>g.vBits]
+		i := p.self
+		if r&g.vMask >= p.cut {
+			i = p.alias
 		}
-		if i > g.blocks {
-			continue // "again"
-		}
-		var x uint64
-		var neg bool
-		if i < g.blocks {
-			// One read of e+17 bits: the offset, 8 bits for Bernoulli(c_b),
-			// 8 for Bernoulli(δ), the sign (e ≤ 42 for t ≤ 2⁴⁸).
-			base := uint64(i) << g.e
-			var off, r uint64
-			if g.width[i] == g.w {
-				r = s.bits.take(g.e + 17)
-				off, r = r&(g.w-1), r>>g.e
-			} else {
-				off, r = s.below(g.width[i]), s.bits.take(17)
+		if int(i) >= g.blocks {
+			if int(i) > g.blocks {
+				continue // "again"
 			}
-			neg = r>>16 == 1
-			if !s.bernoulliC(g, i, r&0xff) {
-				continue
+			if z, bigZ, ok := s.tableTail(g); ok {
+				return z, bigZ
 			}
-			// Bernoulli(exp(−δ)), δ = (x − bw)(x + bw)/(2t²) ≤ 1/8 (CKS
-			// Algorithm 1): its first Bernoulli(δ) decides with probability
-			// 1 − δ, mostly from 8 bits (dThr).
-			x = base + off
-			delta := mul64(off, x+base)
-			if g.d.hi == 0 && g.d.lo < 1<<63 {
-				if !s.acceptSmall(delta.lo, g.d.lo, g.dThr[i], r>>8&0xff) {
-					continue
-				}
-			} else if !s.bernoulliExpFrac(delta, g.d) {
-				continue
-			}
-		} else {
-			y, bigY := s.expMagnitude(g.t)
-			if bigY != nil || y/g.factor >= s.limit-g.tail {
-				if z, ok := s.tailBig(g, y, bigY); ok {
-					return 0, z
-				}
-				continue
-			}
-			y /= g.factor // geometric with ratio exp(−T/t²)
-			if !s.bernoulliExp(mul64(y, y), g.d) || !s.bernoulliC(g, g.blocks, s.bits.take(8)) {
-				continue
-			}
-			x = g.tail + y
-			neg = s.bits.bit()
-		}
-		if neg && x == 0 {
 			continue
 		}
-		if neg {
+		h := g.hot[i]
+		if !h.fast {
+			if x, neg, ok := s.tableBlock(g, int(i)); ok {
+				return signed(x, neg), nil
+			}
+			continue
+		}
+		n := g.e + 17
+		var v uint64
+		if n <= s.bits.n {
+			v = s.bits.buf & (1<<n - 1)
+			s.bits.buf >>= n
+			s.bits.n -= n
+		} else {
+			v = s.bits.takeRefill(n)
+		}
+		off := v & (g.w - 1)
+		v >>= g.e
+		if v&0xff == 0xff && !h.cone && !s.bernoulliC(g, int(i), 0xff) {
+			continue
+		}
+		// Bernoulli(exp(−δ)), δ = off·(x + bw)/(2t²) < 2⁶³ (tableBlock).
+		base := uint64(i) << g.e
+		x := base + off
+		if dv := v >> 8 & 0xff; dv < uint64(h.dThr) && !s.acceptSmall(off*(x+base), g.d.lo, uint64(h.dThr), dv) {
+			continue
+		}
+		if v>>16 == 1 {
+			if x == 0 {
+				continue
+			}
 			return -int64(x), nil
 		}
 		return int64(x), nil
 	}
+}
+
+// signed is x with the sign neg.
+func signed(x uint64, neg bool) int64 {
+	if neg {
+		return -int64(x)
+	}
+	return int64(x)
+}
+
+// tableBlock finishes a candidate in block i (step 2) off the fast path: a
+// narrower last block, a c_i whose first 8 digits are not all ones, or
+// 2t² ≥ 2⁶³. It returns the magnitude and sign, or false for a rejection
+// (or "−0").
+func (s *sampler) tableBlock(g *gaussTable, i int) (x uint64, neg, ok bool) {
+	// One read of e+17 bits: the offset, 8 bits for Bernoulli(c_b), 8 for
+	// Bernoulli(δ), the sign (e ≤ 42 for t ≤ 2⁴⁸).
+	base := uint64(i) << g.e
+	var off, r uint64
+	if g.width[i] == g.w {
+		r = s.bits.take(g.e + 17)
+		off, r = r&(g.w-1), r>>g.e
+	} else {
+		off, r = s.below(g.width[i]), s.bits.take(17)
+	}
+	neg = r>>16 == 1
+	if !s.bernoulliC(g, i, r&0xff) {
+		return 0, false, false
+	}
+	// Bernoulli(exp(−δ)), δ = (x − bw)(x + bw)/(2t²) ≤ 1/8 (CKS
+	// Algorithm 1): its first Bernoulli(δ) decides with probability
+	// 1 − δ, mostly from 8 bits (dThr).
+	x = base + off
+	delta := mul64(off, x+base)
+	if g.d.hi == 0 && g.d.lo < 1<<63 {
+		if !s.acceptSmall(delta.lo, g.d.lo, g.dThr[i], r>>8&0xff) {
+			return 0, false, false
+		}
+	} else if !s.bernoulliExpFrac(delta, g.d) {
+		return 0, false, false
+	}
+	return x, neg, !(neg && x == 0)
+}
+
+// tableTail finishes a candidate in the tail (step 3): z, or z in big
+// when |z| ≥ s.limit, or false for a rejection.
+func (s *sampler) tableTail(g *gaussTable) (int64, *big.Int, bool) {
+	y, bigY := s.expMagnitude(g.t)
+	if bigY != nil || y/g.factor >= s.limit-g.tail {
+		z, ok := s.tailBig(g, y, bigY)
+		return 0, z, ok
+	}
+	y /= g.factor // geometric with ratio exp(−T/t²)
+	if !s.bernoulliExp(mul64(y, y), g.d) || !s.bernoulliC(g, g.blocks, s.bits.take(8)) {
+		return 0, nil, false
+	}
+	return signed(g.tail+y, s.bits.bit()), nil, true
 }
 
 // bernoulliC returns true with probability c_i, given 8 uniform bits v
