@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/dpcluster/dpcluster/aggregation"
@@ -457,30 +458,40 @@ func (l *loop) closeRound(ctx context.Context) {
 }
 
 // startNoise starts drawing the next release's discrete noise into
-// pending on a goroutine of the loop's, unless a draw is under way or
+// pending on goroutines of the loop's, unless a draw is under way or
 // pending already holds unused noise: each release uses one fresh draw,
 // consumed (zeroed) by the release's privatize, or cleared unused when the
 // leader steps down or a round closes empty. For the floating-point modes
 // it does nothing: their noise is drawn in privatize. The draw is bounded
-// work; the loop waits for it (awaitNoise) before it touches pending and
-// before it returns.
+// work on half the cores (noiseWorkers); the loop waits for it
+// (awaitNoise), lending it the rest, before it touches pending and before
+// it returns.
 func (l *loop) startNoise() {
 	m, ok := l.s.run.Discrete()
-	if !ok || l.drawing != nil || l.pending.Ready() {
+	if !ok || l.drawing != nil || l.drawErr != nil || l.pending.Ready() {
 		return
 	}
-	done := make(chan error, 1)
-	l.drawing = done
-	go func() { done <- l.s.noise.DrawDiscrete(&l.pending, m) }()
+	l.drawing, l.drawErr = l.s.noise.StartDrawDiscrete(&l.pending, m, noiseWorkers(runtime.GOMAXPROCS(0)))
 }
 
-// awaitNoise waits for the draw under way, if any, and returns its error.
+// noiseWorkers is how many goroutines draw the next release's noise on a
+// machine of procs cores: half of them, at least one. The draw runs beside
+// the chain (θ's release, the next round, the charge's fsync); on all the
+// cores it would take the chain's, and the step's (docs/BENCHMARKS.md,
+// "The noise drawn on half the cores"). If the round closes first, the
+// loop lends the draw every core (awaitNoise).
+func noiseWorkers(procs int) int { return max(1, procs/2) }
+
+// awaitNoise waits for the draw under way, if any, with as many more
+// goroutines as there are cores, and returns the draw's error if it could
+// not start.
 func (l *loop) awaitNoise() error {
-	if l.drawing == nil {
-		return nil
+	if l.drawing != nil {
+		l.drawing.Wait(runtime.GOMAXPROCS(0))
+		l.drawing = nil
 	}
-	err := <-l.drawing
-	l.drawing = nil
+	err := l.drawErr
+	l.drawErr = nil
 	return err
 }
 

@@ -376,13 +376,13 @@ type loop struct {
 	// charge or stop is proposed after it.
 	gradQueued chan struct{}
 	// pending is the discrete noise of the next release, drawn during the
-	// previous step's proposal or while the round's nodes compute, by a
-	// goroutine of the loop's (startNoise). While drawing is non-nil that
-	// goroutine owns pending; it sends the draw's error on drawing when
-	// done, and the loop receives it (awaitNoise) before it touches
-	// pending again.
+	// previous step's proposal or while the round's nodes compute, by
+	// goroutines of the loop's (startNoise). While drawing is non-nil they
+	// own pending; the loop waits for them (awaitNoise) before it touches
+	// pending again, and drawErr is the draw's error if it could not start.
 	pending mechanism.Noise
-	drawing chan error
+	drawing *mechanism.Drawing
+	drawErr error
 
 	nextReport time.Time
 	exit       *exit // set when Run is to return

@@ -179,8 +179,43 @@ func (m DiscreteGaussian) valid() error {
 // calling goroutine. It returns ErrInvalid, drawing nothing, for a
 // mechanism not made by NewDiscreteGaussian.
 func (m DiscreteGaussian) Draw(n *Noise, src Source) error {
-	if err := m.valid(); err != nil {
+	return m.DrawOn(n, src, runtime.GOMAXPROCS(0))
+}
+
+// DrawOn is Draw on at most workers goroutines (at least one): the noise
+// is the same whatever workers is.
+func (m DiscreteGaussian) DrawOn(n *Noise, src Source, workers int) error {
+	d, err := m.StartDraw(n, src, workers)
+	if err != nil {
 		return err
+	}
+	d.Wait(0)
+	return nil
+}
+
+// A Drawing is a draw under way (StartDraw). Its goroutines each take the
+// next undrawn chunk until none is left; Wait adds more and returns once
+// all have exited.
+type Drawing struct {
+	chunks int
+	next   atomic.Int64
+	wg     sync.WaitGroup
+	fn     func(c, lo, hi int, rng *rand.ChaCha8)
+	dim    int
+	keys   [][32]byte
+}
+
+// StartDraw starts drawing fresh noise for m into n, as Draw does, on
+// workers goroutines (at least one), and returns at once. Randomness is
+// read from src before it returns (one key per chunk), so src is free
+// again then; n must not be touched until Wait returns. A caller that
+// draws ahead, beside other work, leaves that work cores this way, and
+// lends the draw its own when it needs the noise (Wait). It returns
+// ErrInvalid, starting nothing, for a mechanism not made by
+// NewDiscreteGaussian.
+func (m DiscreteGaussian) StartDraw(n *Noise, src Source, workers int) (*Drawing, error) {
+	if err := m.valid(); err != nil {
+		return nil, err
 	}
 	chunks := (m.Dim + chunkSize - 1) / chunkSize
 	keys := make([][32]byte, chunks)
@@ -200,7 +235,8 @@ func (m DiscreteGaussian) Draw(n *Noise, src Source) error {
 		table = nil
 	}
 	n.mech, n.z, n.tail, n.ready = m, n.z[:m.Dim], nil, true
-	forChunks(m.Dim, func(c, lo, hi int, rng *rand.ChaCha8) {
+	d := &Drawing{chunks: chunks, dim: m.Dim, keys: keys}
+	d.fn = func(c, lo, hi int, rng *rand.ChaCha8) {
 		rng.Seed(keys[c])
 		s := newSampler(rng)
 		for j := lo; j < hi; j++ {
@@ -221,9 +257,37 @@ func (m DiscreteGaussian) Draw(n *Noise, src Source) error {
 				n.tailMu.Unlock()
 			}
 		}
-	})
-	clear(keys)
-	return nil
+	}
+	d.add(max(1, workers))
+	return d, nil
+}
+
+// Wait lends the draw up to help more goroutines (none once every chunk
+// has been taken), waits for all of its goroutines to exit, and clears
+// the chunk keys. The noise is then in the Noise given to StartDraw.
+func (d *Drawing) Wait(help int) {
+	if left := d.chunks - int(d.next.Load()); left > 0 {
+		d.add(min(help, left))
+	}
+	d.wg.Wait()
+	clear(d.keys)
+}
+
+// add starts k goroutines that draw chunks until none is left.
+func (d *Drawing) add(k int) {
+	for range k {
+		d.wg.Go(func() {
+			rng := rand.NewChaCha8([32]byte{})
+			for {
+				c := int(d.next.Add(1) - 1)
+				if c >= d.chunks {
+					return
+				}
+				lo := c * chunkSize
+				d.fn(c, lo, min(lo+chunkSize, d.dim), rng)
+			}
+		})
+	}
 }
 
 // Apply writes g̃ = Λ(round(S/Λ) + z)/B into dst, rounded once to float32,
@@ -240,7 +304,7 @@ func (m DiscreteGaussian) Apply(dst []float32, sum []float64, expectedBatch floa
 		return fmt.Errorf("%w: no noise drawn for this mechanism", ErrInvalid)
 	}
 	inv, grid := math.Ldexp(1, -m.GridExp), m.Grid() // exact powers of two
-	forChunks(m.Dim, func(_, lo, hi int, _ *rand.ChaCha8) {
+	forChunks(m.Dim, runtime.GOMAXPROCS(0), func(_, lo, hi int, _ *rand.ChaCha8) {
 		for j := lo; j < hi; j++ {
 			// S/Λ is exact (a power-of-two scaling; a subnormal result
 			// rounds, but then |S/Λ| ≪ 1/2 and k = 0 either way), and so
@@ -300,14 +364,14 @@ func (m DiscreteGaussian) check(dst []float32, sum []float64, expectedBatch floa
 }
 
 // forChunks calls fn for every chunk [lo, hi) of [0, dim), on up to
-// GOMAXPROCS goroutines that have all exited when it returns; each
+// workers goroutines (at least one) that have all exited when it returns; each
 // goroutine passes fn its own ChaCha8 state to seed. Which goroutine runs a
 // chunk is unspecified, so fn's result must depend on the chunk only.
-func forChunks(dim int, fn func(c, lo, hi int, rng *rand.ChaCha8)) {
+func forChunks(dim, workers int, fn func(c, lo, hi int, rng *rand.ChaCha8)) {
 	chunks := (dim + chunkSize - 1) / chunkSize
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), chunks) {
+	for range max(1, min(workers, chunks)) {
 		wg.Go(func() {
 			rng := rand.NewChaCha8([32]byte{})
 			for {

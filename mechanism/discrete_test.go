@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -309,5 +310,43 @@ func TestOutputBig(t *testing.T) {
 				t.Fatalf("k %d z %d B %v: %v vs %v", k, z, b, slow, fast)
 			}
 		}
+	}
+}
+
+// TestStartDrawSameNoiseAnyWorkers: a draw started on one or several
+// goroutines and finished with or without help gives the same noise as
+// Draw, reads all its randomness before StartDraw returns, and leaves no
+// goroutine behind after Wait.
+func TestStartDrawSameNoiseAnyWorkers(t *testing.T) {
+	const d = 7*chunkSize + 11
+	m := mustMechanism(t, 1, 1, d)
+	var want Noise
+	if err := m.Draw(&want, seededSource(9)); err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	for _, tc := range []struct{ workers, help int }{{1, 0}, {1, 8}, {0, 3}, {3, 0}, {16, 16}} {
+		var n Noise
+		src := &countingSource{src: seededSource(9)}
+		dr, err := m.StartDraw(&n, src, tc.workers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if read := src.n; read != 4*8 {
+			t.Errorf("workers %d: StartDraw read %d words before returning, want %d (one key per chunk)", tc.workers, read, 4*8)
+		}
+		dr.Wait(tc.help)
+		if !slices.Equal(n.z, want.z) {
+			t.Errorf("workers %d, help %d: noise differs from Draw's", tc.workers, tc.help)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines before the draws, %d after", before, runtime.NumGoroutine())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := (DiscreteGaussian{}).StartDraw(new(Noise), seededSource(1), 1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("StartDraw for the zero mechanism: %v", err)
 	}
 }

@@ -85,14 +85,16 @@ func (n *NoiseSource) DiscreteNoisyGradient64(dst []float32, sum []float64, m Di
 	return m.Release(dst, sum, expectedBatch, n.rng, &n.scratch)
 }
 
-// DrawDiscrete draws the noise of m's next release into dst, keyed from
-// this source (DiscreteGaussian.Draw), for a later
-// m.Apply. The noise does not depend on the data, so the leader draws it
-// while the nodes compute.
-func (n *NoiseSource) DrawDiscrete(dst *Noise, m DiscreteGaussian) error {
+// StartDrawDiscrete starts drawing the noise of m's next release into dst,
+// keyed from this source, on workers goroutines
+// (DiscreteGaussian.StartDraw), for a later m.Apply once the Drawing's
+// Wait has returned. The source is held only while the keys are read. The
+// noise does not depend on the data, so the leader draws it while the
+// nodes compute.
+func (n *NoiseSource) StartDrawDiscrete(dst *Noise, m DiscreteGaussian, workers int) (*Drawing, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return m.Draw(dst, n.rng)
+	return m.StartDraw(dst, n.rng, workers)
 }
 
 // NoisyGradient forms the privatized gradient of the Gaussian mechanism
