@@ -371,8 +371,8 @@ func replayEntry(fsm *FSM, e *raft.Log) error {
 	return nil
 }
 
-// snapshotMeta is the part of hashicorp/raft's FileSnapshotStore meta.json
-// that ReadCommitted needs.
+// snapshotMeta is the part of a snapshot's meta.json (raftlog.SnapshotStore,
+// in hashicorp/raft's FileSnapshotStore layout) that ReadCommitted needs.
 type snapshotMeta struct {
 	ID    string
 	Index uint64
@@ -381,9 +381,9 @@ type snapshotMeta struct {
 
 // readNewestSnapshot returns the index and bytes of the newest snapshot in
 // dataDir/snapshots that decodes (nil and 0 if there is none), in the
-// order hashicorp/raft's FileSnapshotStore lists them (term, index, ID,
+// order raftlog.SnapshotStore lists them (term, index, ID,
 // newest first), skipping unfinished (.tmp) ones. It reads the files
-// directly: opening a FileSnapshotStore writes a permission probe file.
+// directly, without opening the store (which removes unfinished snapshots).
 func readNewestSnapshot(dataDir string) (uint64, []byte, error) {
 	dir := filepath.Join(dataDir, "snapshots")
 	ents, err := os.ReadDir(dir)

@@ -91,7 +91,7 @@ func OpenReplica(cfg ReplicaConfig, init InitFunc) (*Replica, error) {
 			r.finalLater.Store(true)
 		}
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotsRetained, hlog)
+	snaps, err := raftlog.OpenSnapshots(cfg.DataDir, cfg.SnapshotsRetained)
 	if err != nil {
 		return nil, err
 	}

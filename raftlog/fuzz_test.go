@@ -2,8 +2,11 @@ package raftlog
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"hash/crc64"
 	"os"
 	"path/filepath"
 	"testing"
@@ -93,6 +96,61 @@ func FuzzLogSegment(f *testing.F) {
 		var l raft.Log
 		if err := s.GetLog(last+1, &l); err != nil || string(l.Data) != "new" {
 			t.Fatalf("the appended entry: %+v, %v", l, err)
+		}
+	})
+}
+
+// FuzzSnapshotOpen: whatever a snapshot's meta.json and state.bin hold,
+// List and Open do not panic, and Open succeeds only for a state that
+// matches the meta's checksum and size.
+func FuzzSnapshotOpen(f *testing.F) {
+	good := func(state []byte) []byte {
+		crc := crc32.Checksum(state, castagnoli)
+		b, _ := json.Marshal(snapshotMeta{SnapshotMeta: raft.SnapshotMeta{Version: 1, ID: "1-2-3", Index: 2, Term: 1,
+			Size: int64(len(state))}, CRC32C: &crc})
+		return b
+	}
+	f.Add(good([]byte("state")), []byte("state"))
+	f.Add(good([]byte("state")), []byte("statf"))
+	f.Add([]byte(`{"Version":1,"ID":"1-2-3","Size":1,"CRC":"AAAAAAAAAAA="}`), []byte("x"))
+	f.Add([]byte(`{"Version":9,"ID":"1-2-3"}`), []byte{})
+	f.Fuzz(func(t *testing.T, meta, state []byte) {
+		base := t.TempDir()
+		s, err := OpenSnapshots(base, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(base, snapshotsDir, "1-2-3")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, metaFile), meta, 0o644)
+		os.WriteFile(filepath.Join(dir, stateFile), state, 0o644)
+		if _, err := s.List(); err != nil {
+			t.Fatal(err)
+		}
+		m, rc, err := s.Open("1-2-3")
+		if err != nil {
+			return
+		}
+		defer rc.Close()
+		var sm snapshotMeta
+		if json.Unmarshal(meta, &sm) != nil || m.Size != int64(len(state)) {
+			t.Fatalf("opened with meta %q for %d bytes", meta, len(state))
+		}
+		switch {
+		case sm.CRC32C != nil:
+			if crc32.Checksum(state, castagnoli) != *sm.CRC32C {
+				t.Fatalf("opened with a wrong CRC32C")
+			}
+		case len(sm.CRC) == crc64.Size:
+			h := crc64.New(crc64Table)
+			h.Write(state)
+			if !bytes.Equal(h.Sum(nil), sm.CRC) {
+				t.Fatalf("opened with a wrong CRC64")
+			}
+		default:
+			t.Fatalf("opened without a checksum: %q", meta)
 		}
 	})
 }
