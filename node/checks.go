@@ -66,8 +66,9 @@ func checkParams(v transport.Vector, numParams int) error {
 	if len(v) != numParams {
 		return fmt.Errorf("%d values, model has %d", len(v), numParams)
 	}
+	const exp = 0x7f800000 // a float32 is NaN or ±Inf iff its exponent bits are all ones
 	for i, x := range v {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+		if math.Float32bits(x)&exp == exp {
 			return fmt.Errorf("non-finite value at index %d", i)
 		}
 	}
