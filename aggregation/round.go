@@ -403,17 +403,23 @@ type valueStats struct {
 	nan, inf bool
 }
 
+// statsOf tells NaN from ±Inf by the float32 bits (exponent all ones; a
+// non-zero fraction is a NaN) and sums the squares of the rest in
+// float64, in order.
 func statsOf(v []float32) valueStats {
+	const exp, frac = 0x7f800000, 0x007fffff
 	var st valueStats
 	for _, f := range v {
-		x := float64(f)
-		switch {
-		case x != x:
-			st.nan = true
-		case math.IsInf(x, 0):
-			st.inf = true
-		default:
+		b := math.Float32bits(f)
+		if b&exp != exp {
+			x := float64(f)
 			st.ss += x * x
+			continue
+		}
+		if b&frac != 0 {
+			st.nan = true
+		} else {
+			st.inf = true
 		}
 	}
 	return st
