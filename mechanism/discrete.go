@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/dpcluster/dpcluster/accounting"
+	"github.com/dpcluster/dpcluster/internal/parallel"
 )
 
 // ErrInvalid is returned (wrapped) for mechanism parameters out of range: a
@@ -304,7 +305,7 @@ func (m DiscreteGaussian) Apply(dst []float32, sum []float64, expectedBatch floa
 		return fmt.Errorf("%w: no noise drawn for this mechanism", ErrInvalid)
 	}
 	inv, grid := math.Ldexp(1, -m.GridExp), m.Grid() // exact powers of two
-	forChunks(m.Dim, runtime.GOMAXPROCS(0), func(_, lo, hi int, _ *rand.ChaCha8) {
+	parallel.Chunks(m.Dim, chunkSize, func(_, lo, hi int) {
 		for j := lo; j < hi; j++ {
 			// S/Λ is exact (a power-of-two scaling; a subnormal result
 			// rounds, but then |S/Λ| ≪ 1/2 and k = 0 either way), and so
@@ -361,30 +362,6 @@ func (m DiscreteGaussian) check(dst []float32, sum []float64, expectedBatch floa
 		}
 	}
 	return nil
-}
-
-// forChunks calls fn for every chunk [lo, hi) of [0, dim), on up to
-// workers goroutines (at least one) that have all exited when it returns; each
-// goroutine passes fn its own ChaCha8 state to seed. Which goroutine runs a
-// chunk is unspecified, so fn's result must depend on the chunk only.
-func forChunks(dim, workers int, fn func(c, lo, hi int, rng *rand.ChaCha8)) {
-	chunks := (dim + chunkSize - 1) / chunkSize
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range max(1, min(workers, chunks)) {
-		wg.Go(func() {
-			rng := rand.NewChaCha8([32]byte{})
-			for {
-				c := int(next.Add(1) - 1)
-				if c >= chunks {
-					return
-				}
-				lo := c * chunkSize
-				fn(c, lo, min(lo+chunkSize, dim), rng)
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // output is g̃ for an integer k + z beyond int64's fast range: the same
