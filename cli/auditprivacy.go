@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/accounting"
@@ -92,16 +93,21 @@ func (a *auditMethod) fdpExceeds(ledger float64) bool {
 
 // auditResult is audit-privacy's result (--json, and AUDIT.json).
 type auditResult struct {
-	Run           string      `json:"run"`
-	Steps         int64       `json:"steps"`
-	Releases      int64       `json:"releases_read"`
-	LedgerEpsilon float64     `json:"ledger_epsilon"`
-	Delta         float64     `json:"delta"`
-	Confidence    float64     `json:"confidence"`
-	Sigma         float64     `json:"noise_multiplier"`
-	SampleRate    float64     `json:"sample_rate"`
-	DataDir       string      `json:"data_dir"`
-	WhiteBox      auditMethod `json:"white_box"`
+	Run           string  `json:"run"`
+	Steps         int64   `json:"steps"`
+	Releases      int64   `json:"releases_read"`
+	LedgerEpsilon float64 `json:"ledger_epsilon"`
+	Delta         float64 `json:"delta"`
+	Confidence    float64 `json:"confidence"`
+	Sigma         float64 `json:"noise_multiplier"`
+	SampleRate    float64 `json:"sample_rate"`
+	// Rejected counts the contributions the leader rejected
+	// (dpcluster_coordinator_contributions_rejected_total): an honest
+	// audited run has none, since every node claims the population its
+	// sampler draws from (auditRunConfig).
+	Rejected int64       `json:"contributions_rejected"`
+	DataDir  string      `json:"data_dir"`
+	WhiteBox auditMethod `json:"white_box"`
 	// Reach is the ideal white-box audit's bound on a perfect mechanism
 	// with this run's m, q, T, σ, δ, β and splits (privacyaudit.IdealReach):
 	// what the method can show here. Absent with --reach-reps 0.
@@ -190,6 +196,17 @@ func (f *auditFlags) check() error {
 	return nil
 }
 
+// checkDim checks the canaries against a model of dim parameters: with
+// support 1 each canary has a coordinate of its own, so there are at most
+// dim of them.
+func (f *auditFlags) checkDim(dim int) error {
+	if f.canarySupport == 1 && f.canaries > dim {
+		return fmt.Errorf("--canaries %d with --canary-support 1: at most the model's %d parameters (each coordinate canary has a coordinate of its own); use fewer, or --canary-support > 1 (directions that may overlap)",
+			f.canaries, dim)
+	}
+	return nil
+}
+
 // auditDataDir makes the audited run's data dir: --data-dir, which must
 // not exist or be empty (an audit's coins live in this process: it cannot
 // resume), or a temporary one that cleanup removes.
@@ -224,6 +241,16 @@ func runAudit(cmd *cobra.Command, spec runSpec, f auditFlags) error {
 	}
 	if len(spec.Nodes) > 0 && len(spec.Nodes) != f.local.nodes {
 		return fmt.Errorf("--nodes %d: the run names %d nodes", f.local.nodes, len(spec.Nodes))
+	}
+	// A built-in dataset's model is known without its data: the canaries
+	// are checked against it before anything is created (file data shapes
+	// its model: auditRun checks once it is loaded).
+	if spec.Dataset != dataset.NameFile && spec.Dataset != dataset.NameCSV {
+		if m, err := spec.modelFor(nil, 0, 0); err == nil {
+			if err := f.checkDim(m.NumParams()); err != nil {
+				return err
+			}
+		}
 	}
 	spec.Run = auditRunName(spec.Run)
 	log, err := newLogger(cmd, f.local.logFormat, slog.LevelInfo)
@@ -310,21 +337,32 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 			return auditResult{}, err
 		}
 	}
-	if pr.cfg, err = spec.runConfig(pr.model, int64(pr.train.Len()), "", false, f.local.dataDir, log); err != nil {
+	n := int64(pr.train.Len())
+	main, err := spec.runConfig(pr.model, n, "", false, f.local.dataDir, log)
+	if err != nil {
 		return auditResult{}, err
 	}
-	if err := spec.checkPlannedBudget(pr.cfg); err != nil {
+	if err := spec.checkPlannedBudget(main); err != nil {
+		return auditResult{}, err
+	}
+	if err := f.checkDim(main.Dim); err != nil {
+		return auditResult{}, err
+	}
+	if pr.cfg, err = auditRunConfig(spec, pr, main, f.canaries, f.local.dataDir, log); err != nil {
 		return auditResult{}, err
 	}
 	rc := pr.cfg
-	gc := newGradientCanaries(r, f.canaries, f.local.nodes, f.canarySupport, rc.Dim, f.canaryScale)
+	gc := newGradientCanaries(r, f.canaries, n, f.local.nodes, f.canarySupport, rc.Dim, f.canaryScale)
 	f.local.nodeConfig = gc.nodeConfig
-	committed, sum, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
+	committed, sum, rejected, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
 	if err != nil {
 		return auditResult{}, err
 	}
 	res := auditResult{Run: rc.Run, Steps: committed.Step, LedgerEpsilon: committed.Epsilon, Delta: rc.Delta, Confidence: 1 - f.beta,
-		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir}
+		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir, Rejected: rejected}
+	if rejected > 0 {
+		log.Warn("audit: the leader rejected contributions of this run's nodes: their rounds released without them", "rejected", rejected)
+	}
 	if !f.dataDirChanged {
 		res.DataDir = "(removed)"
 	}
@@ -430,11 +468,12 @@ func auditOf(scores []float64, included []bool, delta, beta float64, fam *privac
 
 // trainAudited runs pr as coordinator local would, with a replica that
 // keeps its whole Raft log (every g̃, for the auditor), and returns the
-// committed state once the run has stopped and the replica is closed.
-func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, log *slog.Logger) (coordinator.Committed, coordinator.Summary, error) {
+// committed state once the run has stopped and the replica is closed,
+// with the number of contributions the leader rejected.
+func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, log *slog.Logger) (_ coordinator.Committed, _ coordinator.Summary, rejected int64, _ error) {
 	raftAddr, err := freeLoopbackAddr()
 	if err != nil {
-		return coordinator.Committed{}, coordinator.Summary{}, err
+		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}
 	opts := serverOptions{nats: transport.DefaultConfig(), progress: f.progress}
 	opts.nats.Embedded.Port = -1
@@ -449,7 +488,7 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 	}
 	srv, err := openServer(ctx, cmd, spec, pr, opts, log)
 	if err != nil {
-		return coordinator.Committed{}, coordinator.Summary{}, err
+		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}
 	closed := false
 	defer func() {
@@ -461,7 +500,7 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 	defer stopNodes()
 	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), transport.TLSConfig{}, pr.cfg, pr.model, pr.train, spec.ShardSeed, f, nil, srv.registry, quietLogger(log))
 	if err != nil {
-		return coordinator.Committed{}, coordinator.Summary{}, err
+		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}
 	sum, runErr := srv.server.Run(ctx)
 	srv.progress.finish()
@@ -470,15 +509,35 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 		<-nodeErrs
 	}
 	if runErr != nil {
-		return coordinator.Committed{}, sum, runErr
+		return coordinator.Committed{}, sum, 0, runErr
 	}
 	if ctx.Err() != nil {
-		return coordinator.Committed{}, sum, errors.New("audit-privacy: interrupted; an audit cannot resume")
+		return coordinator.Committed{}, sum, 0, errors.New("audit-privacy: interrupted; an audit cannot resume")
+	}
+	if rejected, err = counterSum(srv.registry, "dpcluster_coordinator_contributions_rejected_total"); err != nil {
+		return coordinator.Committed{}, sum, 0, err
 	}
 	committed, err := srv.replica.FSM().Committed()
 	closed = true
 	srv.close()
-	return committed, sum, err
+	return committed, sum, rejected, err
+}
+
+// counterSum returns the sum of the counter name over its labels in reg.
+func counterSum(reg prometheus.Gatherer, name string) (int64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int64(n), nil
 }
 
 func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
@@ -488,6 +547,9 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 		return enc.Encode(res)
 	}
 	fmt.Fprintf(out, "audited %s: %d steps, σ = %.4f, q = %.6g; ledger ε = %.4f at δ = %g\n", res.Run, res.Steps, res.Sigma, res.SampleRate, res.LedgerEpsilon, res.Delta)
+	if res.Rejected > 0 {
+		fmt.Fprintf(out, "warning: the leader rejected %d contributions: their rounds released without those nodes' canaries\n", res.Rejected)
+	}
 	line := func(name string, a auditMethod) {
 		fmt.Fprintf(out, "%s: ε ≥ %.4f with confidence %g (%d canaries, %d included; best guesses %d in, %d out: %d of %d right; ceiling %.4f)\n",
 			name, a.Epsilon, res.Confidence, a.Canaries, a.Included, a.Best.KPlus, a.Best.KMinus, a.Best.V, a.Best.R, a.Ceiling)
