@@ -129,14 +129,14 @@ func batchForRate(q float64, n int64) (float64, error) {
 	return 0, fmt.Errorf("audit-privacy: no batch size B has B/%d = q = %v exactly", n, q)
 }
 
-// scores reads every release g̃ₜ from the Raft log under dataDir and
-// returns each canary's score (detrendScorer), and the number of releases
-// read. xᵢₜ = ⟨B·g̃ₜ, uᵢ⟩ (g̃ = (S + z)/B: coordinator.EachLoggedGradient)
-// is the canary's gradient when sampled (norm C along uᵢ), plus N(0, σ²C²)
-// noise, plus the real examples' clipped sum along uᵢ, which drifts
-// slowly with θ and would otherwise drown the canary in a small model.
-// The inner products are accumulated in float64 over uᵢ's support, and
-// scored while the log is read: memory m·(2·detrendWindow+1) float32s,
+// scores reads every release g̃ₜ from the Raft log under dataDir, twice
+// (detrendScorer's two passes), and returns each canary's score and the
+// number of releases read. xᵢₜ = ⟨B·g̃ₜ, uᵢ⟩ (g̃ = (S + z)/B:
+// coordinator.EachLoggedGradient) is the canary's gradient when sampled
+// (norm C along uᵢ), plus N(0, σ²C²) noise, plus the real examples'
+// clipped sum along uᵢ, which drifts with θ and varies from batch to
+// batch. The inner products are accumulated in float64 over uᵢ's support,
+// and scored while the log is read: memory m·(2·detrendWindow+3) words,
 // whatever the number of steps.
 func (g *gradientCanaries) scores(dataDir string, rc coordinator.RunConfig) ([]float64, int64, error) {
 	dim := rc.Dim
@@ -153,20 +153,26 @@ func (g *gradientCanaries) scores(dataDir string, rc coordinator.RunConfig) ([]f
 	sc := newDetrendScorer(m, q, sigma, clip)
 	x := make([]float32, m)
 	var releases int64
-	err := coordinator.EachLoggedGradient(dataDir, dim, func(_ int64, gt []float32) error {
-		releases++
-		for i := range m {
-			var dot float64
-			for j, k := range idx[i] {
-				dot += float64(gt[k]) * float64(vals[i][j])
+	for pass := range 2 {
+		releases = 0
+		err := coordinator.EachLoggedGradient(dataDir, dim, func(_ int64, gt []float32) error {
+			releases++
+			for i := range m {
+				var dot float64
+				for j, k := range idx[i] {
+					dot += float64(gt[k]) * float64(vals[i][j])
+				}
+				x[i] = float32(dot * b)
 			}
-			x[i] = float32(dot * b)
+			sc.push(x)
+			return nil
+		})
+		if err != nil {
+			return nil, 0, err
 		}
-		sc.push(x)
-		return nil
-	})
-	if err != nil {
-		return nil, 0, err
+		if pass == 0 {
+			sc.endNoisePass()
+		}
 	}
 	return sc.finish(), releases, nil
 }
@@ -179,29 +185,44 @@ const detrendWindow = 10
 const ringLen = 2*detrendWindow + 1
 
 // detrendScorer scores m canaries from their projections xᵢₜ, pushed one
-// step at a time: canary i's score is Σₜ SubsampledGaussianLLR(zᵢₜ/(σC),
-// q, σ), zᵢₜ = (xᵢₜ − x̄ᵢₜ)/√(1 + 1/n), x̄ᵢₜ the mean of xᵢ over the n ≤
-// 2·detrendWindow other steps within detrendWindow of t (its noise has
-// variance σ²C²/n, hence the scale; zᵢₜ = xᵢₜ for a one-step series). Any
-// function of the releases is a valid score; removing the drift only
-// makes the attack stronger.
+// step at a time, in two passes over the same series. Canary i's residual
+// at step t is rᵢₜ = (xᵢₜ − x̄ᵢₜ)/√(1 + 1/n), x̄ᵢₜ the mean of xᵢ over the n
+// ≤ 2·detrendWindow other steps within detrendWindow of t (rᵢₜ = xᵢₜ for a
+// one-step series): it removes the real examples' drift along uᵢ, and
+// keeps the noise's variance (the baseline's noise has variance σ²C²/n,
+// hence the scale). The first pass estimates canary i's noise sᵢ² as the
+// mean of rᵢₜ² (σC if that is 0); the second scores it,
 //
-// Step s's baseline needs x up to s + detrendWindow, so push(x_t) scores
-// step t − detrendWindow, and finish the last detrendWindow steps (all of
-// a shorter series) with their truncated windows. It keeps the last
-// ringLen projections of each canary (m·ringLen float32s) and its score.
-// The terms are those of the whole-series computation (detrendedScore in
-// the tests), added in the same order; only a window's sum is added in
-// another order: equal to within float64 rounding.
+//	Σₜ SubsampledGaussianLLR(rᵢₜ/sᵢ, q, sᵢ/C),
+//
+// the subsampled Gaussian's likelihood ratio for a shift C in noise of
+// standard deviation sᵢ. sᵢ is σC for a canary whose direction no real
+// gradient moves, more where the real examples' batch-to-batch variation
+// along uᵢ adds to the noise (a coordinate canary on a busy weight): with
+// σC there, such a canary's large residuals would look like inclusions,
+// and crowd the included canaries out of the top scores. Any function of
+// the releases is a valid score (the guesses' validity needs only the
+// coins' independence); this one only makes the attack stronger.
+//
+// Step s's window needs x up to s + detrendWindow, so push(x_t) handles
+// step t − detrendWindow, and the end of a pass the last detrendWindow
+// steps (all of a shorter series) with their truncated windows. It keeps
+// the last ringLen projections of each canary (m·ringLen float32s) and
+// three float64s. The terms are those of the whole-series computation
+// (detrendedScore in the tests), added in the same order; only a window's
+// sum is added in another order: equal to within float64 rounding.
 type detrendScorer struct {
 	q, sigma, clip float64
 	ring           []float32 // ring[i·ringLen + t mod ringLen] = xᵢₜ
+	sumSq          []float64 // first pass: Σₜ rᵢₜ²
+	noise          []float64 // second pass: sᵢ
 	score          []float64
-	steps          int // steps pushed
+	steps          int // steps pushed in this pass
 }
 
 func newDetrendScorer(m int, q, sigma, clip float64) *detrendScorer {
-	return &detrendScorer{q: q, sigma: sigma, clip: clip, ring: make([]float32, m*ringLen), score: make([]float64, m)}
+	return &detrendScorer{q: q, sigma: sigma, clip: clip, ring: make([]float32, m*ringLen), sumSq: make([]float64, m),
+		score: make([]float64, m)}
 }
 
 // push adds step t's projections, x[i] for canary i.
@@ -212,28 +233,46 @@ func (d *detrendScorer) push(x []float32) {
 	}
 	d.steps++
 	if s := d.steps - 1 - detrendWindow; s >= 0 {
-		d.scoreStep(s)
+		d.step(s)
 	}
 }
 
-// finish scores the steps push has not and returns the scores.
-func (d *detrendScorer) finish() []float64 {
-	for s := max(0, d.steps-detrendWindow); s < d.steps; s++ {
-		d.scoreStep(s)
+// endNoisePass ends the first pass: each canary's sᵢ, and a fresh series
+// for the second.
+func (d *detrendScorer) endNoisePass() {
+	d.endPass()
+	d.noise = d.sumSq
+	for i, ss := range d.sumSq {
+		d.noise[i] = d.sigma * d.clip
+		if v := math.Sqrt(ss / float64(d.steps)); v > 0 {
+			d.noise[i] = v
+		}
 	}
+	d.steps = 0
+}
+
+// finish ends the second pass and returns the scores.
+func (d *detrendScorer) finish() []float64 {
+	d.endPass()
 	return d.score
 }
 
-// scoreStep adds step s's term to every canary's score: its window is
-// [s − detrendWindow, s + detrendWindow] within the steps pushed.
-func (d *detrendScorer) scoreStep(s int) {
+func (d *detrendScorer) endPass() {
+	for s := max(0, d.steps-detrendWindow); s < d.steps; s++ {
+		d.step(s)
+	}
+}
+
+// step handles step s: its window is [s − detrendWindow, s +
+// detrendWindow] within the steps pushed.
+func (d *detrendScorer) step(s int) {
 	lo, hi := max(0, s-detrendWindow), min(d.steps, s+detrendWindow+1)
 	n := float64(hi - lo - 1)
 	root := math.Sqrt(1 + 1/n)
 	for i := range d.score {
 		row := d.ring[i*ringLen : (i+1)*ringLen]
 		v := float64(row[s%ringLen])
-		z := v
+		r := v
 		if n > 0 {
 			var sum float64
 			if hi-lo == ringLen {
@@ -245,9 +284,13 @@ func (d *detrendScorer) scoreStep(s int) {
 					sum += float64(row[t%ringLen])
 				}
 			}
-			z = (z - (sum-v)/n) / root
+			r = (r - (sum-v)/n) / root
 		}
-		d.score[i] += privacyaudit.SubsampledGaussianLLR(z/(d.sigma*d.clip), d.q, d.sigma)
+		if d.noise == nil {
+			d.sumSq[i] += r * r
+		} else {
+			d.score[i] += privacyaudit.SubsampledGaussianLLR(r/d.noise[i], d.q, d.noise[i]/d.clip)
+		}
 	}
 }
 
@@ -322,10 +365,24 @@ func (c *inputCanaries) scores(m *model.Model, theta []float32) ([]float64, erro
 	return out, nil
 }
 
-// auditSplits are the guesses tried, fixed before any score is seen: the
-// top 1% and 5% guessed in, and the top and bottom 10% and 25%, each at
-// β/4 (privacyaudit.Audit's union bound).
+// auditSplits are the guesses tried, fixed before any score is seen, a
+// function of m only, each at β/len(splits) (privacyaudit.Audit's union
+// bound). For m < largeAudit: the top 1% and 5% guessed in, and the top
+// and bottom 10% and 25% (chosen for m = 10⁴). For m ≥ largeAudit: one
+// split, the top 0.7% guessed in, no union bound to pay: in the ideal
+// audit of the main job (privacyaudit.Ideal's model, q = 0.0043, T =
+// 1000, σ for ε = 2 and 8, δ = 1e-5, β = 0.05; docs/PRIVACY.md, "Coordinate
+// canaries") it had the best or a tied-best median run-curve bound at both
+// ε for m = 1.2·10⁵ and 2.5·10⁵ among ten candidate sets (single top
+// splits of 0.5% to 2%, unions of two or three of them, the old splits,
+// and the top 0.2%, 0.5%, 1%, 2%, 5%), 9 and 5 repetitions.
 func auditSplits(m int) []privacyaudit.Split {
+	if m >= largeAudit {
+		return []privacyaudit.Split{{KPlus: m * 7 / 1000}}
+	}
 	k := func(frac int) int { return max(1, m/frac) }
 	return []privacyaudit.Split{{KPlus: k(100)}, {KPlus: k(20)}, {KPlus: k(10), KMinus: k(10)}, {KPlus: k(4), KMinus: k(4)}}
 }
+
+// largeAudit is the least m that auditSplits gives the large-audit split.
+const largeAudit = 50000

@@ -12,41 +12,51 @@ import (
 	"github.com/dpcluster/dpcluster/privacyaudit"
 )
 
-// detrendedScore is one canary's score from its whole series x, as the
-// audit computed it before it streamed (prefix sums over the series): the
-// naive version detrendScorer is checked against.
+// detrendedScore is one canary's score from its whole series x (prefix
+// sums over the series, its residuals kept): the naive version
+// detrendScorer is checked against.
 func detrendedScore(x []float32, q, sigma, clip float64) float64 {
 	prefix := make([]float64, len(x)+1)
 	for t, v := range x {
 		prefix[t+1] = prefix[t] + float64(v)
 	}
-	var score float64
+	r := make([]float64, len(x))
+	var sumSq float64
 	for t, v := range x {
 		lo, hi := max(0, t-detrendWindow), min(len(x), t+detrendWindow+1)
 		n := float64(hi - lo - 1)
-		z := float64(v)
+		r[t] = float64(v)
 		if n > 0 {
 			base := (prefix[hi] - prefix[lo] - float64(v)) / n
-			z = (z - base) / math.Sqrt(1+1/n)
+			r[t] = (r[t] - base) / math.Sqrt(1+1/n)
 		}
-		score += privacyaudit.SubsampledGaussianLLR(z/(sigma*clip), q, sigma)
+		sumSq += r[t] * r[t]
+	}
+	s := math.Sqrt(sumSq / float64(len(x)))
+	if s == 0 {
+		s = sigma * clip
+	}
+	var score float64
+	for _, rt := range r {
+		score += privacyaudit.SubsampledGaussianLLR(rt/s, q, s/clip)
 	}
 	return score
 }
 
-// TestDetrendScorerMatchesWholeSeries: streaming, with m·(2W+1) floats,
-// gives the whole-series scores to within 1e-9 relative, on random series
-// with a drift and sampled canaries, of lengths around the window's
-// (shorter than it, one step, exactly 2W+1, one more) and longer.
+// TestDetrendScorerMatchesWholeSeries: streaming, in two passes with
+// m·(2W+1) floats, gives the whole-series scores to within 1e-9 relative,
+// on random series with a drift, a noise level of their own and sampled
+// canaries, of lengths around the window's (shorter than it, one step,
+// exactly 2W+1, one more) and longer.
 func TestDetrendScorerMatchesWholeSeries(t *testing.T) {
 	const m, q, sigma, clip = 7, 0.05, 0.8, 1.5
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, steps := range []int{1, 2, 5, detrendWindow, detrendWindow + 1, 2 * detrendWindow, ringLen, ringLen + 1, 50, 1000} {
 		series := make([][]float32, m)
 		for i := range series {
-			drift := r.NormFloat64() * 5
+			drift, noise := r.NormFloat64()*5, sigma*clip*(1+3*r.Float64())
 			for t := range steps {
-				x := drift*math.Sin(float64(t)/30) + r.NormFloat64()*sigma*clip
+				x := drift*math.Sin(float64(t)/30) + r.NormFloat64()*noise
 				if r.Float64() < q {
 					x += clip
 				}
@@ -55,11 +65,16 @@ func TestDetrendScorerMatchesWholeSeries(t *testing.T) {
 		}
 		sc := newDetrendScorer(m, q, sigma, clip)
 		x := make([]float32, m)
-		for t := range steps {
-			for i := range m {
-				x[i] = series[i][t]
+		for pass := range 2 {
+			for t := range steps {
+				for i := range m {
+					x[i] = series[i][t]
+				}
+				sc.push(x)
 			}
-			sc.push(x)
+			if pass == 0 {
+				sc.endNoisePass()
+			}
 		}
 		got := sc.finish()
 		for i := range m {

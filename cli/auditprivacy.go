@@ -47,6 +47,7 @@ type auditFlags struct {
 	reachReps       int
 	dataDirChanged  bool
 	minNodesChanged bool
+	canariesChanged bool
 }
 
 // auditMethod is one threat model's outcome, under the two analyses of
@@ -125,7 +126,7 @@ type auditResult struct {
 func newAuditPrivacyCmd() *cobra.Command {
 	spec := defaultRunSpec()
 	f := auditFlags{local: localFlags{nodes: 3, progress: "auto", logFormat: "text", device: "cpu"},
-		canaries: 10000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05, reachReps: 21}
+		canaries: defaultCanaries, inputCanaries: 1000, canaryScale: 10, canarySupport: 1, beta: 0.05, reachReps: 21}
 	cmd := &cobra.Command{
 		Use:   "audit-privacy",
 		Short: "Measure a lower bound on the run's ε with canaries, beside the ledger's ε",
@@ -154,6 +155,7 @@ data dir holds AUDIT.json; it is removed after the audit unless --data-dir is gi
 				return err
 			}
 			f.dataDirChanged = cmd.Flags().Changed("data-dir")
+			f.canariesChanged = cmd.Flags().Changed("canaries")
 			f.minNodesChanged = cmd.Flags().Changed("min-nodes")
 			return runAudit(cmd, spec, f)
 		},
@@ -167,10 +169,10 @@ data dir holds AUDIT.json; it is removed after the audit unless --data-dir is gi
 	fs.StringVar(&f.local.logFormat, "log-format", f.local.logFormat, "log format: text or json")
 	fs.StringVar(&f.local.device, "device", f.local.device, deviceFlagUsage)
 	fs.BoolVar(&f.local.json, "json", false, "print the result as JSON")
-	fs.IntVar(&f.canaries, "canaries", f.canaries, "white-box gradient canaries m (each included with probability ½)")
+	fs.IntVar(&f.canaries, "canaries", f.canaries, "white-box gradient canaries m (each included with probability ½); with --canary-support 1 at most the model's parameters (the default is capped there)")
 	fs.IntVar(&f.inputCanaries, "input-canaries", f.inputCanaries, "black-box mislabelled-record canaries (0: none)")
 	fs.Float64Var(&f.canaryScale, "canary-scale", f.canaryScale, "a gradient canary's norm before clipping, in units of C (> 1: the clip must bound it)")
-	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction (capped at the model's parameters)")
+	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction: 1, a coordinate of its own (a keyed permutation), or more, random coordinates that canaries may share (capped at the model's parameters)")
 	fs.Float64Var(&f.beta, "beta", f.beta, "1 − confidence of the lower bound")
 	fs.IntVar(&f.reachReps, "reach-reps", f.reachReps, "repetitions of the simulated ideal white-box audit that gives the method's reach (0: skip)")
 	return cmd
@@ -196,10 +198,17 @@ func (f *auditFlags) check() error {
 	return nil
 }
 
-// checkDim checks the canaries against a model of dim parameters: with
-// support 1 each canary has a coordinate of its own, so there are at most
-// dim of them.
-func (f *auditFlags) checkDim(dim int) error {
+// defaultCanaries is --canaries' default (docs/PRIVACY.md, "Coordinate
+// canaries").
+const defaultCanaries = 120000
+
+// fitDim fits the canaries to a model of dim parameters: with support 1
+// each canary has a coordinate of its own, so there are at most dim of
+// them; the default m is capped at dim, a given one above it refused.
+func (f *auditFlags) fitDim(dim int) error {
+	if f.canarySupport == 1 && f.canaries > dim && !f.canariesChanged {
+		f.canaries = dim
+	}
 	if f.canarySupport == 1 && f.canaries > dim {
 		return fmt.Errorf("--canaries %d with --canary-support 1: at most the model's %d parameters (each coordinate canary has a coordinate of its own); use fewer, or --canary-support > 1 (directions that may overlap)",
 			f.canaries, dim)
@@ -247,7 +256,7 @@ func runAudit(cmd *cobra.Command, spec runSpec, f auditFlags) error {
 	// its model: auditRun checks once it is loaded).
 	if spec.Dataset != dataset.NameFile && spec.Dataset != dataset.NameCSV {
 		if m, err := spec.modelFor(nil, 0, 0); err == nil {
-			if err := f.checkDim(m.NumParams()); err != nil {
+			if err := f.fitDim(m.NumParams()); err != nil {
 				return err
 			}
 		}
@@ -345,7 +354,7 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	if err := spec.checkPlannedBudget(main); err != nil {
 		return auditResult{}, err
 	}
-	if err := f.checkDim(main.Dim); err != nil {
+	if err := f.fitDim(main.Dim); err != nil {
 		return auditResult{}, err
 	}
 	if pr.cfg, err = auditRunConfig(spec, pr, main, f.canaries, f.local.dataDir, log); err != nil {
