@@ -32,9 +32,9 @@ func detrendedScore(x []float32, q, sigma, clip float64) float64 {
 		}
 		sumSq += r[t] * r[t]
 	}
-	s := math.Sqrt(sumSq / float64(len(x)))
-	if s == 0 {
-		s = sigma * clip
+	s := sigma * clip
+	if v := sumSq / float64(len(x)); v > (1+excessNoise)*s*s {
+		s = math.Sqrt(v)
 	}
 	var score float64
 	for _, rt := range r {
