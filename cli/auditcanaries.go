@@ -136,8 +136,8 @@ func batchForRate(q float64, n int64) (float64, error) {
 // (norm C along uᵢ), plus N(0, σ²C²) noise, plus the real examples'
 // clipped sum along uᵢ, which drifts with θ and varies from batch to
 // batch. The inner products are accumulated in float64 over uᵢ's support,
-// and scored while the log is read: memory m·(2·detrendWindow+1) float32s and 2m float64s,
-// whatever the number of steps.
+// and scored while the log is read: memory m·(2·detrendWindow+1)
+// float32s and 2m float64s, whatever the number of steps.
 func (g *gradientCanaries) scores(dataDir string, rc coordinator.RunConfig) ([]float64, int64, error) {
 	dim := rc.Dim
 	oc := rc.Optimizer
@@ -210,9 +210,10 @@ const ringLen = 2*detrendWindow + 1
 // step t − detrendWindow, and the end of a pass the last detrendWindow
 // steps (all of a shorter series) with their truncated windows. It keeps
 // the last ringLen projections of each canary (m·ringLen float32s) and
-// two float64s (its variance, then its noise level, and its score). The terms are those of the whole-series computation
-// (detrendedScore in the tests), added in the same order; only a window's
-// sum is added in another order: equal to within float64 rounding.
+// two float64s (its variance, then its noise level, and its score). The
+// terms are those of the whole-series computation (detrendedScore in the
+// tests), added in the same order; only a window's sum is added in
+// another order: equal to within float64 rounding.
 type detrendScorer struct {
 	q, sigma, clip float64
 	ring           []float32 // ring[i·ringLen + t mod ringLen] = xᵢₜ
