@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/dpcluster/dpcluster/accounting"
@@ -46,6 +47,7 @@ type auditFlags struct {
 	reachReps       int
 	dataDirChanged  bool
 	minNodesChanged bool
+	canariesChanged bool
 }
 
 // auditMethod is one threat model's outcome, under the two analyses of
@@ -92,16 +94,21 @@ func (a *auditMethod) fdpExceeds(ledger float64) bool {
 
 // auditResult is audit-privacy's result (--json, and AUDIT.json).
 type auditResult struct {
-	Run           string      `json:"run"`
-	Steps         int64       `json:"steps"`
-	Releases      int64       `json:"releases_read"`
-	LedgerEpsilon float64     `json:"ledger_epsilon"`
-	Delta         float64     `json:"delta"`
-	Confidence    float64     `json:"confidence"`
-	Sigma         float64     `json:"noise_multiplier"`
-	SampleRate    float64     `json:"sample_rate"`
-	DataDir       string      `json:"data_dir"`
-	WhiteBox      auditMethod `json:"white_box"`
+	Run           string  `json:"run"`
+	Steps         int64   `json:"steps"`
+	Releases      int64   `json:"releases_read"`
+	LedgerEpsilon float64 `json:"ledger_epsilon"`
+	Delta         float64 `json:"delta"`
+	Confidence    float64 `json:"confidence"`
+	Sigma         float64 `json:"noise_multiplier"`
+	SampleRate    float64 `json:"sample_rate"`
+	// Rejected counts the contributions the leader rejected
+	// (dpcluster_coordinator_contributions_rejected_total): an honest
+	// audited run has none, since every node claims the population its
+	// sampler draws from (auditRunConfig).
+	Rejected int64       `json:"contributions_rejected"`
+	DataDir  string      `json:"data_dir"`
+	WhiteBox auditMethod `json:"white_box"`
 	// Reach is the ideal white-box audit's bound on a perfect mechanism
 	// with this run's m, q, T, σ, δ, β and splits (privacyaudit.IdealReach):
 	// what the method can show here. Absent with --reach-reps 0.
@@ -119,7 +126,7 @@ type auditResult struct {
 func newAuditPrivacyCmd() *cobra.Command {
 	spec := defaultRunSpec()
 	f := auditFlags{local: localFlags{nodes: 3, progress: "auto", logFormat: "text", device: "cpu"},
-		canaries: 10000, inputCanaries: 1000, canaryScale: 10, canarySupport: 1024, beta: 0.05, reachReps: 21}
+		canaries: defaultCanaries, inputCanaries: 1000, canaryScale: 10, canarySupport: 1, beta: 0.05, reachReps: 21}
 	cmd := &cobra.Command{
 		Use:   "audit-privacy",
 		Short: "Measure a lower bound on the run's ε with canaries, beside the ledger's ε",
@@ -148,6 +155,7 @@ data dir holds AUDIT.json; it is removed after the audit unless --data-dir is gi
 				return err
 			}
 			f.dataDirChanged = cmd.Flags().Changed("data-dir")
+			f.canariesChanged = cmd.Flags().Changed("canaries")
 			f.minNodesChanged = cmd.Flags().Changed("min-nodes")
 			return runAudit(cmd, spec, f)
 		},
@@ -161,10 +169,10 @@ data dir holds AUDIT.json; it is removed after the audit unless --data-dir is gi
 	fs.StringVar(&f.local.logFormat, "log-format", f.local.logFormat, "log format: text or json")
 	fs.StringVar(&f.local.device, "device", f.local.device, deviceFlagUsage)
 	fs.BoolVar(&f.local.json, "json", false, "print the result as JSON")
-	fs.IntVar(&f.canaries, "canaries", f.canaries, "white-box gradient canaries m (each included with probability ½)")
+	fs.IntVar(&f.canaries, "canaries", f.canaries, "white-box gradient canaries m (each included with probability ½); with --canary-support 1 at most the model's parameters (the default is capped there)")
 	fs.IntVar(&f.inputCanaries, "input-canaries", f.inputCanaries, "black-box mislabelled-record canaries (0: none)")
 	fs.Float64Var(&f.canaryScale, "canary-scale", f.canaryScale, "a gradient canary's norm before clipping, in units of C (> 1: the clip must bound it)")
-	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction (capped at the model's parameters)")
+	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction: 1, a coordinate of its own (a keyed permutation), or more, random coordinates that canaries may share (capped at the model's parameters)")
 	fs.Float64Var(&f.beta, "beta", f.beta, "1 − confidence of the lower bound")
 	fs.IntVar(&f.reachReps, "reach-reps", f.reachReps, "repetitions of the simulated ideal white-box audit that gives the method's reach (0: skip)")
 	return cmd
@@ -186,6 +194,24 @@ func (f *auditFlags) check() error {
 		return fmt.Errorf("--beta %v: must be in (0, 1)", f.beta)
 	case f.local.nodes < 1:
 		return fmt.Errorf("--nodes %d must be at least 1", f.local.nodes)
+	}
+	return nil
+}
+
+// defaultCanaries is --canaries' default (docs/PRIVACY.md, "Coordinate
+// canaries").
+const defaultCanaries = 120000
+
+// fitDim fits the canaries to a model of dim parameters: with support 1
+// each canary has a coordinate of its own, so there are at most dim of
+// them; the default m is capped at dim, a given one above it refused.
+func (f *auditFlags) fitDim(dim int) error {
+	if f.canarySupport == 1 && f.canaries > dim && !f.canariesChanged {
+		f.canaries = dim
+	}
+	if f.canarySupport == 1 && f.canaries > dim {
+		return fmt.Errorf("--canaries %d with --canary-support 1: at most the model's %d parameters (each coordinate canary has a coordinate of its own); use fewer, or --canary-support > 1 (directions that may overlap)",
+			f.canaries, dim)
 	}
 	return nil
 }
@@ -224,6 +250,16 @@ func runAudit(cmd *cobra.Command, spec runSpec, f auditFlags) error {
 	}
 	if len(spec.Nodes) > 0 && len(spec.Nodes) != f.local.nodes {
 		return fmt.Errorf("--nodes %d: the run names %d nodes", f.local.nodes, len(spec.Nodes))
+	}
+	// A built-in dataset's model is known without its data: the canaries
+	// are checked against it before anything is created (file data shapes
+	// its model: auditRun checks once it is loaded).
+	if spec.Dataset != dataset.NameFile && spec.Dataset != dataset.NameCSV {
+		if m, err := spec.modelFor(nil, 0, 0); err == nil {
+			if err := f.fitDim(m.NumParams()); err != nil {
+				return err
+			}
+		}
 	}
 	spec.Run = auditRunName(spec.Run)
 	log, err := newLogger(cmd, f.local.logFormat, slog.LevelInfo)
@@ -310,21 +346,32 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 			return auditResult{}, err
 		}
 	}
-	if pr.cfg, err = spec.runConfig(pr.model, int64(pr.train.Len()), "", false, f.local.dataDir, log); err != nil {
+	n := int64(pr.train.Len())
+	main, err := spec.runConfig(pr.model, n, "", false, f.local.dataDir, log)
+	if err != nil {
 		return auditResult{}, err
 	}
-	if err := spec.checkPlannedBudget(pr.cfg); err != nil {
+	if err := spec.checkPlannedBudget(main); err != nil {
+		return auditResult{}, err
+	}
+	if err := f.fitDim(main.Dim); err != nil {
+		return auditResult{}, err
+	}
+	if pr.cfg, err = auditRunConfig(spec, pr, main, f.canaries, f.local.dataDir, log); err != nil {
 		return auditResult{}, err
 	}
 	rc := pr.cfg
-	gc := newGradientCanaries(r, f.canaries, f.local.nodes, f.canarySupport, rc.Dim, f.canaryScale)
+	gc := newGradientCanaries(r, f.canaries, n, f.local.nodes, f.canarySupport, rc.Dim, f.canaryScale)
 	f.local.nodeConfig = gc.nodeConfig
-	committed, sum, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
+	committed, sum, rejected, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
 	if err != nil {
 		return auditResult{}, err
 	}
 	res := auditResult{Run: rc.Run, Steps: committed.Step, LedgerEpsilon: committed.Epsilon, Delta: rc.Delta, Confidence: 1 - f.beta,
-		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir}
+		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir, Rejected: rejected}
+	if rejected > 0 {
+		log.Warn("audit: the leader rejected contributions of this run's nodes: their rounds released without them", "rejected", rejected)
+	}
 	if !f.dataDirChanged {
 		res.DataDir = "(removed)"
 	}
@@ -430,11 +477,12 @@ func auditOf(scores []float64, included []bool, delta, beta float64, fam *privac
 
 // trainAudited runs pr as coordinator local would, with a replica that
 // keeps its whole Raft log (every g̃, for the auditor), and returns the
-// committed state once the run has stopped and the replica is closed.
-func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, log *slog.Logger) (coordinator.Committed, coordinator.Summary, error) {
+// committed state once the run has stopped and the replica is closed,
+// with the number of contributions the leader rejected.
+func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, log *slog.Logger) (_ coordinator.Committed, _ coordinator.Summary, rejected int64, _ error) {
 	raftAddr, err := freeLoopbackAddr()
 	if err != nil {
-		return coordinator.Committed{}, coordinator.Summary{}, err
+		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}
 	opts := serverOptions{nats: transport.DefaultConfig(), progress: f.progress}
 	opts.nats.Embedded.Port = -1
@@ -449,7 +497,7 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 	}
 	srv, err := openServer(ctx, cmd, spec, pr, opts, log)
 	if err != nil {
-		return coordinator.Committed{}, coordinator.Summary{}, err
+		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}
 	closed := false
 	defer func() {
@@ -461,7 +509,7 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 	defer stopNodes()
 	nodeErrs, err := startLocalNodes(nodeCtx, srv.conn.ServerURL(), transport.TLSConfig{}, pr.cfg, pr.model, pr.train, spec.ShardSeed, f, nil, srv.registry, quietLogger(log))
 	if err != nil {
-		return coordinator.Committed{}, coordinator.Summary{}, err
+		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}
 	sum, runErr := srv.server.Run(ctx)
 	srv.progress.finish()
@@ -470,15 +518,35 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 		<-nodeErrs
 	}
 	if runErr != nil {
-		return coordinator.Committed{}, sum, runErr
+		return coordinator.Committed{}, sum, 0, runErr
 	}
 	if ctx.Err() != nil {
-		return coordinator.Committed{}, sum, errors.New("audit-privacy: interrupted; an audit cannot resume")
+		return coordinator.Committed{}, sum, 0, errors.New("audit-privacy: interrupted; an audit cannot resume")
+	}
+	if rejected, err = counterSum(srv.registry, "dpcluster_coordinator_contributions_rejected_total"); err != nil {
+		return coordinator.Committed{}, sum, 0, err
 	}
 	committed, err := srv.replica.FSM().Committed()
 	closed = true
 	srv.close()
-	return committed, sum, err
+	return committed, sum, rejected, err
+}
+
+// counterSum returns the sum of the counter name over its labels in reg.
+func counterSum(reg prometheus.Gatherer, name string) (int64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int64(n), nil
 }
 
 func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
@@ -488,6 +556,9 @@ func printPrivacyAudit(out io.Writer, res auditResult, asJSON bool) error {
 		return enc.Encode(res)
 	}
 	fmt.Fprintf(out, "audited %s: %d steps, σ = %.4f, q = %.6g; ledger ε = %.4f at δ = %g\n", res.Run, res.Steps, res.Sigma, res.SampleRate, res.LedgerEpsilon, res.Delta)
+	if res.Rejected > 0 {
+		fmt.Fprintf(out, "warning: the leader rejected %d contributions: their rounds released without those nodes' canaries\n", res.Rejected)
+	}
 	line := func(name string, a auditMethod) {
 		fmt.Fprintf(out, "%s: ε ≥ %.4f with confidence %g (%d canaries, %d included; best guesses %d in, %d out: %d of %d right; ceiling %.4f)\n",
 			name, a.Epsilon, res.Confidence, a.Canaries, a.Included, a.Best.KPlus, a.Best.KMinus, a.Best.V, a.Best.R, a.Ceiling)

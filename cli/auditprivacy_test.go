@@ -82,6 +82,7 @@ func TestAuditPrivacyFlags(t *testing.T) {
 	for _, extra := range [][]string{
 		{"--canaries", "5"}, {"--input-canaries", "3"}, {"--canary-scale", "1"}, {"--canary-support", "0"},
 		{"--beta", "1"}, {"--nodes", "0"}, {"--reach-reps", "-1"},
+		{"--canaries", "7851", "--canary-support", "1"}, // logreg on the mixture: 7850 parameters
 	} {
 		dir := filepath.Join(t.TempDir(), "audit")
 		if _, _, err := runCmd(t, auditArgs(dir, extra...)...); err == nil {
@@ -89,6 +90,30 @@ func TestAuditPrivacyFlags(t *testing.T) {
 		}
 		if _, err := os.Stat(dir); err == nil {
 			t.Errorf("%v: the data dir was created", extra)
+		}
+	}
+}
+
+// TestAuditFitDim: with support 1 the default m is capped at the model's
+// parameters, a given m above them refused, and other supports left
+// alone.
+func TestAuditFitDim(t *testing.T) {
+	for _, c := range []struct {
+		m, support int
+		changed    bool
+		want       int
+		fails      bool
+	}{
+		{defaultCanaries, 1, false, 7850, false},
+		{7850, 1, true, 7850, false},
+		{7851, 1, true, 0, true},
+		{20000, 4, true, 20000, false},
+		{100, 1, false, 100, false},
+	} {
+		f := auditFlags{canaries: c.m, canarySupport: c.support, canariesChanged: c.changed}
+		err := f.fitDim(7850)
+		if (err != nil) != c.fails || !c.fails && f.canaries != c.want {
+			t.Errorf("%+v: m %d, err %v; want m %d, failing %v", c, f.canaries, err, c.want, c.fails)
 		}
 	}
 }

@@ -39,6 +39,16 @@ func Split(d *Dataset, testFraction float64, seed uint64) (train, test *Dataset,
 	return train, test, nil
 }
 
+// ShardSizeIID is the number of rows of shard s of ShardIndicesIID(n, k,
+// ·): n/k, one more for the first n mod k shards. It requires k ≥ 1.
+func ShardSizeIID(n int64, k, s int) int64 {
+	size := n / int64(k)
+	if int64(s) < n%int64(k) {
+		size++
+	}
+	return size
+}
+
 // ShardIndicesIID partitions [0, n) into k shards uniformly at random:
 // a seeded permutation cut into k contiguous pieces whose sizes differ by
 // at most one (the first n mod k shards get the extra row). Indices within
@@ -51,10 +61,7 @@ func ShardIndicesIID(n, k int, seed uint64) ([][]int, error) {
 	out := make([][]int, k)
 	start := 0
 	for s := range k {
-		size := n / k
-		if s < n%k {
-			size++
-		}
+		size := int(ShardSizeIID(int64(n), k, s))
 		out[s] = perm[start : start+size : start+size]
 		slices.Sort(out[s])
 		start += size

@@ -36,21 +36,50 @@ type Canaries struct {
 	// greater than 1 and finite (the audit uses 10).
 	Scale float64
 	// Support is the number of coordinates of each direction, in
-	// [1, the model's number of parameters].
+	// [1, the model's number of parameters]. With Support 1 every ID must
+	// be below the number of parameters (CanaryDirection).
 	Support int
+	// Positions is the number of canary positions after the shard's n
+	// examples, at least len(IDs): the node's Poisson sampler draws from
+	// n + Positions positions, and the node claims n + Positions as its
+	// shard size (Join and Heartbeat), so that the leader's admission
+	// and count bound (coordinator/admission.go) see the population the
+	// sampler really draws from. The first len(IDs) positions hold the
+	// canaries; the others are empty (an excluded canary's position: when
+	// sampled it adds nothing and counts nothing). The auditor fixes
+	// Positions before its coins are drawn, so that nothing the leader
+	// sees of a node but its sum depends on which canaries are included.
+	Positions int
 }
 
 // CanaryDirection returns the unit direction of canary id for a model of
-// dim parameters: support distinct coordinates idx, drawn uniformly
-// without replacement, each of value vals[j] = ±1/√support with a fair
-// sign, from a PCG stream keyed by (seed, id). It is a pure function of
-// its arguments: the node that injects canary id and the auditor who
-// scores it compute the same vector. Its squared norm is 1 up to float32
-// rounding of 1/√support (relative 2⁻²⁴). It panics if support is not in
-// [1, dim] (Canaries.validate refuses such a configuration first).
+// dim parameters. It is a pure function of its arguments: the node that
+// injects canary id and the auditor who scores it compute the same vector.
+//
+// With support 1 (coordinate canaries) it is ±e_j for j = π(id), π the
+// permutation of [0, dim) keyed by seed (canaryCoordinate), and a fair
+// sign from a hash of (seed, id): distinct ids below dim get distinct
+// coordinates, so no canary moves another's projection. It panics for
+// support 1 and id outside [0, dim) (Canaries.validate refuses such a
+// configuration first).
+//
+// With support > 1 (the random-support mode) it is support distinct
+// coordinates idx, drawn uniformly without replacement, each of value
+// vals[j] = ±1/√support with a fair sign, from a PCG stream keyed by
+// (seed, id); two canaries may share coordinates. Its squared norm is 1
+// up to float32 rounding of 1/√support (relative 2⁻²⁴).
+//
+// It panics if support is not in [1, dim].
 func CanaryDirection(seed uint64, id, dim, support int) (idx []int, vals []float32) {
 	if support < 1 || support > dim {
 		panic(fmt.Sprintf("node: CanaryDirection: support %d outside [1, %d]", support, dim))
+	}
+	if support == 1 {
+		s := float32(1)
+		if mix64(seed^signKey, uint64(id))&1 == 1 {
+			s = -1
+		}
+		return []int{canaryCoordinate(seed, id, dim)}, []float32{s}
 	}
 	r := rand.New(rand.NewPCG(seed, uint64(id)))
 	v := float32(1 / math.Sqrt(float64(support)))
@@ -71,6 +100,61 @@ func CanaryDirection(seed uint64, id, dim, support int) (idx []int, vals []float
 	return idx, vals
 }
 
+// feistelRounds is the number of rounds of canaryCoordinate's network.
+// Any number gives a permutation; four rounds of a pseudorandom round
+// function give a pseudorandom permutation (Luby and Rackoff, "How to
+// construct pseudorandom permutations from pseudorandom functions", SIAM
+// J. Comput. 1988), and eight leave a margin for a round function that is
+// a fast mixer, not a PRF. The audit needs only that the coordinates look
+// unrelated to the model's structure, not secrecy from the permutation.
+const feistelRounds = 8
+
+// signKey separates the sign's hash from the permutation's round keys.
+const signKey = 0x5167_6e5f_6b65_7921
+
+// canaryCoordinate returns π(id) for the permutation π of [0, dim) keyed
+// by seed: a balanced Feistel network on 2h bits, 2^(2h) the least power
+// of 4 ≥ dim (at most 4·dim), with cycle walking (Black and Rogaway,
+// "Ciphers with Arbitrary Finite Domains", CT-RSA 2002): the network is
+// applied again until the result is below dim. Cycle walking restricts a
+// permutation of [0, 4^h) to one of [0, dim), so distinct ids give
+// distinct coordinates; the expected number of applications is at most
+// 4. It panics for id outside [0, dim).
+func canaryCoordinate(seed uint64, id, dim int) int {
+	if id < 0 || id >= dim {
+		panic(fmt.Sprintf("node: canaryCoordinate: id %d outside [0, %d)", id, dim))
+	}
+	h := 1
+	for 1<<(2*h) < dim {
+		h++
+	}
+	mask := uint64(1)<<h - 1
+	x := uint64(id)
+	for {
+		l, r := x>>h, x&mask
+		for round := range uint64(feistelRounds) {
+			l, r = r, l^(mix64(seed+round, r)&mask)
+		}
+		if x = l<<h | r; x < uint64(dim) {
+			return int(x)
+		}
+	}
+}
+
+// mix64 is a keyed 64-bit mixer: SplitMix64's finalizer (Steele, Lea and
+// Flood, "Fast Splittable Pseudorandom Number Generators", OOPSLA 2014)
+// applied to key and x.
+func mix64(key, x uint64) uint64 {
+	z := key*0x9e3779b97f4a7c15 ^ x
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	z += key
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
 // canaryShade keeps a clipped canary's norm below C by more than the
 // float32 rounding of adding it into the sum (relative 2⁻²⁴ per element),
 // so a round's sum stays within the leader's check ‖sum‖ ≤ count·C.
@@ -84,10 +168,16 @@ func (c *Canaries) validate(dim int) error {
 	if c.Support < 1 || c.Support > dim {
 		return fmt.Errorf("%w: Canaries.Support %d must be in [1, %d]", ErrInvalidConfig, c.Support, dim)
 	}
+	if c.Positions < len(c.IDs) {
+		return fmt.Errorf("%w: Canaries.Positions %d must be at least the %d canaries", ErrInvalidConfig, c.Positions, len(c.IDs))
+	}
 	seen := make(map[int]struct{}, len(c.IDs))
 	for _, id := range c.IDs {
 		if _, dup := seen[id]; dup || id < 0 {
 			return fmt.Errorf("%w: Canaries.IDs: %d is negative or repeated", ErrInvalidConfig, id)
+		}
+		if c.Support == 1 && id >= dim {
+			return fmt.Errorf("%w: Canaries.IDs: %d with Support 1 must be below the model's %d parameters", ErrInvalidConfig, id, dim)
 		}
 		seen[id] = struct{}{}
 	}
@@ -97,13 +187,14 @@ func (c *Canaries) validate(dim int) error {
 // canaryVectors are a node's canaries' directions, computed once by
 // NewWorker.
 type canaryVectors struct {
-	scale float64
-	idx   [][]int
-	vals  [][]float32
+	scale     float64
+	positions int // Canaries.Positions
+	idx       [][]int
+	vals      [][]float32
 }
 
 func newCanaryVectors(c *Canaries, dim int) *canaryVectors {
-	cv := &canaryVectors{scale: c.Scale, idx: make([][]int, len(c.IDs)), vals: make([][]float32, len(c.IDs))}
+	cv := &canaryVectors{scale: c.Scale, positions: c.Positions, idx: make([][]int, len(c.IDs)), vals: make([][]float32, len(c.IDs))}
 	for i, id := range c.IDs {
 		cv.idx[i], cv.vals[i] = CanaryDirection(c.Seed, id, dim, c.Support)
 	}

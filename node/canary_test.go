@@ -41,6 +41,106 @@ func TestCanaryDirection(t *testing.T) {
 	}
 }
 
+// TestCanaryCoordinates: with support 1 a canary is ±e_j, j = π(id) for a
+// permutation π of [0, dim) keyed by the seed: every id below dim gets its
+// own coordinate (domains just above and below a power of 4 included,
+// where cycle walking does the most and the least), the same again for
+// the same arguments, a different permutation for another seed, and signs
+// that are fair (the mlp's 269,322 coordinates: 134,661 ± 6·259).
+func TestCanaryCoordinates(t *testing.T) {
+	for _, dim := range []int{1, 2, 3, 4, 5, 17, 1000, 1024, 1025, 269322} {
+		seen := make([]bool, dim)
+		plus, moved := 0, 0
+		for id := range dim {
+			idx, vals := CanaryDirection(99, id, dim, 1)
+			if len(idx) != 1 || (vals[0] != 1 && vals[0] != -1) {
+				t.Fatalf("dim %d, id %d: %v, %v; want one coordinate of ±1", dim, id, idx, vals)
+			}
+			j := idx[0]
+			if j < 0 || j >= dim || seen[j] {
+				t.Fatalf("dim %d, id %d: coordinate %d outside [0, %d) or taken", dim, id, j, dim)
+			}
+			seen[j] = true
+			if again, v := CanaryDirection(99, id, dim, 1); again[0] != j || v[0] != vals[0] {
+				t.Fatalf("dim %d, id %d: %d then %d: not deterministic", dim, id, j, again[0])
+			}
+			if vals[0] > 0 {
+				plus++
+			}
+			if other, _ := CanaryDirection(100, id, dim, 1); other[0] != j {
+				moved++
+			}
+		}
+		if dim >= 1000 && moved < dim*9/10 {
+			t.Errorf("dim %d: another seed moves only %d of %d canaries", dim, moved, dim)
+		}
+		if sd := math.Sqrt(float64(dim)) / 2; dim >= 1000 && math.Abs(float64(plus)-float64(dim)/2) > 6*sd {
+			t.Errorf("dim %d: %d positive signs, want %d ± %.0f", dim, plus, dim/2, 6*sd)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("support 1 with id = dim did not panic")
+		}
+	}()
+	CanaryDirection(1, 10, 10, 1)
+}
+
+// TestCanaryEmptyPositions: positions past the canaries are sampled like
+// the others but add nothing and count nothing: at q = 1, three canaries
+// in ten positions give the sum and count of three canaries in three.
+func TestCanaryEmptyPositions(t *testing.T) {
+	c := Canaries{Seed: 5, IDs: []int{0, 9, 4}, Scale: 10, Support: 1, Positions: 3}
+	tight, fx := canaryWorker(t, 1, &c)
+	c.Positions = 10
+	loose, _ := canaryWorker(t, 1, &c)
+	n1, n2 := computeStep1(t, fx, tight, loose)
+	if n1 != n2 || n1 != fx.shard.Len()+3 {
+		t.Fatalf("counts %d (3 positions) and %d (10), want both %d", n1, n2, fx.shard.Len()+3)
+	}
+	for k := range tight.sum {
+		if tight.sum[k] != loose.sum[k] {
+			t.Fatalf("sum[%d]: %v with 3 positions, %v with 10", k, tight.sum[k], loose.sum[k])
+		}
+	}
+}
+
+// TestJoinClaimsCanaryPositions: a node with canaries claims its Poisson
+// sampler's population, its n examples and its canary positions, in Join
+// and Heartbeat, so that the leader's count bound is for what it samples
+// (issue 31: with as many canaries as examples, a claim of n alone made
+// the leader refuse honest contributions).
+func TestJoinClaimsCanaryPositions(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.Canaries = &Canaries{Seed: 5, IDs: []int{0, 4}, Scale: 10, Support: 1, Positions: 7}
+	start(t, cfg, fx, nc)
+	want := int64(fx.shard.Len() + 7)
+	if j := recv(t, l.joins, "join"); j.ShardSize != want {
+		t.Errorf("join claims %d examples, want %d + 7", j.ShardSize, fx.shard.Len())
+	}
+	if h := recv(t, l.heartbeats, "heartbeat"); h.ShardSize != want {
+		t.Errorf("heartbeat claims %d examples, want %d + 7", h.ShardSize, fx.shard.Len())
+	}
+}
+
+// computeStep1 has a and b compute step 1's sum at fx.theta and returns
+// their counts.
+func computeStep1(t *testing.T, fx fixture, a, b *Worker) (na, nb int) {
+	t.Helper()
+	rs := transport.RoundStart{Step: 1}
+	na, err := a.compute(rs, fx.theta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nb, err = b.compute(rs, fx.theta); err != nil {
+		t.Fatal(err)
+	}
+	return na, nb
+}
+
 // canaryWorker is a Worker on the logreg fixture with canaries c, its
 // engine released with the test.
 func canaryWorker(t *testing.T, q float64, c *Canaries) (*Worker, fixture) {
@@ -63,18 +163,10 @@ func canaryWorker(t *testing.T, q float64, c *Canaries) (*Worker, fixture) {
 // clipped to C·canaryShade (10·C before the clip), and the count grows by
 // the number of canaries.
 func TestCanariesAddClippedGradients(t *testing.T) {
-	c := &Canaries{Seed: 5, IDs: []int{0, 9, 4}, Scale: 10, Support: 5}
+	c := &Canaries{Seed: 5, IDs: []int{0, 9, 4}, Scale: 10, Support: 5, Positions: 3}
 	w, fx := canaryWorker(t, 1, c)
 	plain, _ := canaryWorker(t, 1, nil)
-	rs := transport.RoundStart{Step: 1}
-	n, err := w.compute(rs, fx.theta)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n0, err := plain.compute(rs, fx.theta)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, n0 := computeStep1(t, fx, w, plain)
 	if n != n0+len(c.IDs) || n0 != fx.shard.Len() {
 		t.Fatalf("count %d, without canaries %d; want %d + %d", n, n0, fx.shard.Len(), len(c.IDs))
 	}
@@ -102,7 +194,7 @@ func TestCanariesArePoissonSampled(t *testing.T) {
 	for i := range ids {
 		ids[i] = i
 	}
-	w, fx := canaryWorker(t, q, &Canaries{Seed: 1, IDs: ids, Scale: 10, Support: 3})
+	w, fx := canaryWorker(t, q, &Canaries{Seed: 1, IDs: ids, Scale: 10, Support: 3, Positions: m})
 	total := 0
 	for s := range uint64(rounds) {
 		rs := transport.RoundStart{Step: s}
@@ -123,12 +215,14 @@ func TestCanariesInvalid(t *testing.T) {
 	fx := logregFixture(t)
 	_, nodeConn, _ := fakePair(t)
 	for _, c := range []*Canaries{
-		{IDs: []int{1}, Scale: 1, Support: 2},
-		{IDs: []int{1}, Scale: math.Inf(1), Support: 2},
-		{IDs: []int{1}, Scale: 10, Support: 0},
-		{IDs: []int{1}, Scale: 10, Support: fx.m.NumParams() + 1},
-		{IDs: []int{1, 1}, Scale: 10, Support: 2},
-		{IDs: []int{-1}, Scale: 10, Support: 2},
+		{IDs: []int{1}, Scale: 1, Support: 2, Positions: 1},
+		{IDs: []int{1}, Scale: math.Inf(1), Support: 2, Positions: 1},
+		{IDs: []int{1}, Scale: 10, Support: 0, Positions: 1},
+		{IDs: []int{1}, Scale: 10, Support: fx.m.NumParams() + 1, Positions: 1},
+		{IDs: []int{1, 1}, Scale: 10, Support: 2, Positions: 2},
+		{IDs: []int{-1}, Scale: 10, Support: 2, Positions: 1},
+		{IDs: []int{1, 2}, Scale: 10, Support: 2, Positions: 1},
+		{IDs: []int{fx.m.NumParams()}, Scale: 10, Support: 1, Positions: 1},
 	} {
 		cfg := testConfig()
 		cfg.Canaries = c

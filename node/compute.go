@@ -68,14 +68,16 @@ func (w *Worker) compute(rs transport.RoundStart, theta transport.Vector) (int, 
 		return 0, err
 	}
 	// Positions in the shard, then rows of the shared dataset. An audit's
-	// canaries are positions n, n+1, ... after the shard's n examples,
-	// sampled by the same draw (Canaries).
+	// canary positions are n, n+1, ... after the shard's n examples,
+	// sampled by the same draw (Canaries); those past its canaries are
+	// empty.
 	n := w.shard.Len()
 	var canaries []int
 	if w.canaries != nil {
-		all := p.Sample(w.batch[:0], n+len(w.canaries.idx))
+		all := p.Sample(w.batch[:0], n+w.canaries.positions)
 		k, _ := slices.BinarySearch(all, n) // Sample's positions increase
-		all, canaries = all[:k], all[k:]
+		e, _ := slices.BinarySearch(all, n+len(w.canaries.idx))
+		all, canaries = all[:k], all[k:e]
 		w.batch = all
 	} else {
 		w.batch = p.Sample(w.batch[:0], n)

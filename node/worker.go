@@ -347,7 +347,7 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 		case <-t.C:
 			c := &w.cfg
 			err := w.conn.Publish(ctx, transport.Heartbeat{Run: c.Run, NodeID: c.ID,
-				ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
+				ShardSize: w.shardClaim(), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
 				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
 				DataSchema: c.DataSchema})
 			switch {
@@ -365,6 +365,17 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 	}
 }
 
+// shardClaim is the shard size Join and Heartbeat report: the population
+// the node's Poisson sampler draws from, its shard's examples and an
+// audit's canary positions (Canaries.Positions).
+func (w *Worker) shardClaim() int64 {
+	n := int64(w.shard.Len())
+	if w.canaries != nil {
+		n += int64(w.canaries.positions)
+	}
+	return n
+}
+
 // seedPolicy is how this node draws its samples, as Join and Heartbeat
 // report it: the leader of a private run refuses a seeded node.
 func (w *Worker) seedPolicy() seed.Policy {
@@ -377,7 +388,7 @@ func (w *Worker) seedPolicy() seed.Policy {
 func (w *Worker) join(ctx context.Context) error {
 	c := &w.cfg
 	err := w.conn.Publish(ctx, transport.Join{Run: c.Run, NodeID: c.ID,
-		ShardSize: int64(w.shard.Len()), ModelHash: w.m.Hash(),
+		ShardSize: w.shardClaim(), ModelHash: w.m.Hash(),
 		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
 		DataSchema: c.DataSchema})
 	if err != nil && !errors.Is(err, transport.ErrClosed) && ctx.Err() == nil {
