@@ -11,6 +11,11 @@
 #   model.test.gz    CGO_LDFLAGS=-L/usr/lib/x86_64-linux-gnu/stubs \
 #                    go test -c -tags cuda -ldflags='-s -w' ./model
 #   coordinator.gz   the same flags, go build ./cmd/coordinator
+#   stepbench.gz     optional: the same flags, go build ./bench/step (the
+#                    distributed step on the GPU against its floor, issue 25;
+#                    11 MB gzipped: with the data (31 MB) and the two other
+#                    binaries it nears the 64 MiB a call carries, so leave
+#                    opacus/ out of that call if it does not fit)
 #   fashion-mnist/   the Debian package's four .gz files
 #   opacus/          Opacus's package folder from its source tree (not
 #                    committed; OPACUS_COMMIT names the commit)
@@ -21,8 +26,11 @@
 # benchmarks (ours: DP step with θ up and the sum down, non-private, CPU),
 # PyTorch, torch.func and Opacus on the same models (torch_step.py), the
 # cnn main job on the GPU and on the CPU (accuracy for the same steps),
-# and compute-sanitizer memcheck and racecheck on the kernels. When the
-# tests fail, the stages that time or train on our engine are skipped.
+# the distributed step on the GPU (bench/step: 20M and 141M parameters, one
+# and three nodes, and the null engine; when stepbench.gz is carried), and
+# compute-sanitizer memcheck and racecheck on the kernels. When the tests
+# fail, the stages that time or train on our engine are skipped. SKIP_TORCH,
+# SKIP_CNN, SKIP_STEP and SKIP_RACE leave a stage out.
 set -u
 carry=${1:-gpu-carry}
 out=${OUT:?set OUT to the folder the results go to}
@@ -71,6 +79,19 @@ if [ "$ok" = 1 ] && [ -z "${SKIP_CNN:-}" ]; then
 			--data "$root/$carry/fashion-mnist" --data-dir "$bin/run-${dev%%:*}" --progress off --json &
 	done
 	wait
+fi
+if [ "$ok" = 1 ] && [ -f "$carry/stepbench.gz" ] && [ -z "${SKIP_STEP:-}" ]; then
+	# The step against node compute and its floor (docs/BENCHMARKS.md,
+	# "GPU rows after the charge-ahead path"): each configuration's JSON
+	# has the phases, the floor, peak RSS and the data dir's size.
+	gunzip -c "$carry/stepbench.gz" >"$bin/stepbench" && chmod +x "$bin/stepbench"
+	data="$root/$carry/fashion-mnist"
+	stage step-20m "${STEP_LIMIT:-120}" "$bin/stepbench" -data "$data" -device cuda:0 -models 784-4096-4096-10 \
+		-nodes 1,3 -steps 10 -warmup 3 -json "$out/step-20m.json"
+	stage step-null "${STEP_LIMIT:-120}" "$bin/stepbench" -data "$data" -engine null -models 784-4096-4096-10 \
+		-nodes 1 -steps 10 -warmup 3 -json "$out/step-null.json"
+	stage step-141m "${STEP_LIMIT:-120}" "$bin/stepbench" -data "$data" -device cuda:0 -models 784-8192-8192-8192-10 \
+		-nodes 1 -steps 4 -warmup 2 -json "$out/step-141m.json"
 fi
 stage memcheck "${SAN_LIMIT:-90}" compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/model.test" \
 	-test.run 'TestCUDAClippedSumIndexedEveryLayer|TestCUDAClipAdversarialLayers/cancel'
