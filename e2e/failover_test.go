@@ -138,7 +138,7 @@ func TestProcessFailoverTLS(t *testing.T) {
 // as TestProcessFailover's must.
 func TestProcessRogueNode(t *testing.T) {
 	runFailover(t, failoverPlan{
-		cfg:    runConfig{run: "e2e-rogue", maxSteps: 800, nodes: 3, minNodes: 2, roundTimeout: 2 * time.Second},
+		cfg:    runConfig{run: "e2e-rogue", maxSteps: 3000, nodes: 3, minNodes: 2, roundTimeout: 2 * time.Second},
 		faults: []fault{{at: 30, kind: rogueNode, window: 3 * time.Second}},
 		tls:    true,
 	})
@@ -414,6 +414,13 @@ faults:
 				s0, _ := observe()
 				time.Sleep(f.window)
 				s1, _ := observe()
+				if s1 < s0 || s1 >= cfg.maxSteps-1 {
+					// The run ended inside the window (a replica that
+					// has exited reports no step): the rates compare
+					// nothing. CI once ran 366 steps in the 3 s before the
+					// rogue, and the 800-step run ended during it.
+					t.Fatalf("the run ended inside a %v window (step %d, then %d of %d): give it more steps", f.window, s0, s1, cfg.maxSteps)
+				}
 				return s1 - s0
 			}
 			before := stepsIn()
