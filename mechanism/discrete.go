@@ -180,13 +180,7 @@ func (m DiscreteGaussian) valid() error {
 // calling goroutine. It returns ErrInvalid, drawing nothing, for a
 // mechanism not made by NewDiscreteGaussian.
 func (m DiscreteGaussian) Draw(n *Noise, src Source) error {
-	return m.DrawOn(n, src, runtime.GOMAXPROCS(0))
-}
-
-// DrawOn is Draw on at most workers goroutines (at least one): the noise
-// is the same whatever workers is.
-func (m DiscreteGaussian) DrawOn(n *Noise, src Source, workers int) error {
-	d, err := m.StartDraw(n, src, workers)
+	d, err := m.StartDraw(n, src, runtime.GOMAXPROCS(0))
 	if err != nil {
 		return err
 	}

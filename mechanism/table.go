@@ -80,8 +80,8 @@ type gaussTable struct {
 // aliasEntry is column i of the alias table: keep i for threshold draws
 // below cut, else take alias.
 type aliasEntry struct {
-	cut         uint64
-	self, alias uint32
+	cut   uint64
+	alias uint32
 }
 
 // blockEntry says whether block b takes tableGaussian's fast path: full
@@ -157,7 +157,7 @@ func (g *gaussTable) pack(n int) {
 	g.vMask = 1<<g.vBits - 1
 	g.pick = make([]aliasEntry, n)
 	for i := range g.pick {
-		g.pick[i] = aliasEntry{cut: g.cut[i], self: uint32(i), alias: g.alias[i]}
+		g.pick[i] = aliasEntry{cut: g.cut[i], alias: g.alias[i]}
 	}
 	small := g.d.hi == 0 && g.d.lo < 1<<63
 	g.hot = make([]blockEntry, g.blocks)
@@ -305,8 +305,8 @@ func (g *gaussTable) buildAlias(n int) {
 func (s *sampler) tableGaussian(g *gaussTable) (int64, *big.Int) {
 	for {
 		r := s.bits.word()
-		p := &g.pick[r>>g.vBits]
-		i := p.self
+		i := uint32(r >> g.vBits)
+		p := &g.pick[i]
 		if r&g.vMask >= p.cut {
 			i = p.alias
 		}
