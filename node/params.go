@@ -8,8 +8,12 @@ import (
 	"github.com/dpcluster/dpcluster/transport"
 )
 
-// maxParamsKept bounds the parameter versions held (the highest ones).
-const maxParamsKept = 3
+// maxParamsKept bounds the parameter versions held (the highest ones):
+// the version of the round being answered and the next one, which the
+// leader publishes before it opens that round. An older version a late
+// round still names is asked for again (NeedParams). Each version is a
+// model-sized vector (80 MB at 20M parameters), held for the whole run.
+const maxParamsKept = 2
 
 func (s *session) askParams(ctx context.Context) {
 	w, p := s.w, s.pending
@@ -26,9 +30,11 @@ func (s *session) askParams(ctx context.Context) {
 }
 
 // store keeps a validated parameter version published in term, evicting
-// the lowest beyond maxParamsKept. It reports whether v is new: a version
-// not held, or held from an older term (replaced).
-func (s *session) store(version, term uint64, v transport.Vector) bool {
+// the lowest beyond maxParamsKept. A version below every held one is kept
+// only if needed (a round waits for it: it evicts the lowest held one);
+// otherwise it is dropped. It reports whether v is new: a version not
+// held, or held from an older term (replaced).
+func (s *session) store(version, term uint64, v transport.Vector, needed bool) bool {
 	if old, ok := s.params[version]; ok {
 		if s.paramsTerm[version] >= term {
 			return false
@@ -49,7 +55,7 @@ func (s *session) store(version, term uint64, v transport.Vector) bool {
 		for k := range s.params {
 			lowest = min(lowest, k)
 		}
-		if version > lowest { // else v itself is the one evicted
+		if version > lowest || needed { // else v itself is the one evicted
 			buf = s.params[lowest]
 			delete(s.params, lowest)
 			delete(s.paramsTerm, lowest)
@@ -83,11 +89,13 @@ func (s *session) onParams(ctx context.Context, p transport.Params) {
 		w.log.Warn("node: invalid params dropped", "version", p.Version, "term", p.Term, "reason", err.Error())
 		return
 	}
-	if !s.store(p.Version, p.Term, p.Values) {
+	pr := s.pending
+	waited := pr != nil && pr.rs.ParamsVersion == p.Version && pr.rs.Term == p.Term
+	if !s.store(p.Version, p.Term, p.Values, waited) {
 		return
 	}
 	w.log.Debug("node: params received", "version", p.Version, "term", p.Term)
-	if pr := s.pending; pr != nil && pr.rs.ParamsVersion == p.Version && pr.rs.Term == p.Term {
+	if waited {
 		s.pending = nil
 		s.answer(ctx, pr.rs, pr.deadline, s.params[p.Version])
 	}

@@ -294,7 +294,7 @@ func (s *session) onRound(ctx context.Context, rs transport.RoundStart) {
 		s.pending = nil
 	}
 	if len(rs.Params) > 0 {
-		s.store(rs.ParamsVersion, rs.Term, rs.Params)
+		s.store(rs.ParamsVersion, rs.Term, rs.Params, true)
 	}
 	if theta, ok := s.params[rs.ParamsVersion]; ok && s.paramsTerm[rs.ParamsVersion] == rs.Term {
 		s.answer(ctx, rs, deadline, theta)

@@ -308,6 +308,39 @@ func TestNeedParamsThenAnswer(t *testing.T) {
 	}
 }
 
+// TestParamsKeptBounded: the node holds the newest maxParamsKept parameter
+// versions (each model-sized); a round that names an older one, evicted,
+// makes it ask for that version again and answer with what comes back.
+// Before, the version that came back was below every held one and so
+// dropped on arrival, and the round was answered with no parameters.
+func TestParamsKeptBounded(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	r := start(t, testConfig(), fx, nc)
+	recv(t, l.joins, "join")
+
+	l.announce("r1", 1)
+	for v := range uint64(maxParamsKept + 1) {
+		theta := append([]float32(nil), fx.theta...)
+		theta[0] += float32(v)
+		l.params(v, 1, theta)
+	}
+	eventually(t, "every version received", func() bool { return r.w.Stats().ParamsReceived == maxParamsKept+1 })
+	rs := fx.round(1, 1, 1, wait) // version 0: evicted by the newer ones
+	l.publish(rs)
+	if s := recv(t, l.needs, "params request"); s.Version != 0 {
+		t.Errorf("asked for version %d, want the evicted 0", s.Version)
+	}
+	none(t, l.contribs, "contribution without version 0")
+	l.params(0, 1, fx.theta)
+	c := recv(t, l.contribs, "contribution after version 0 came again")
+	if c.Step != 1 || c.RoundID != 1 {
+		t.Errorf("answered %d/%d, want 1/1", c.Step, c.RoundID)
+	}
+	checkContribution(t, c, fx.shard.Len(), rs.SampleRate, rs.ClipNorm)
+}
+
 // TestParamsGrace: a RoundStart processed just before the Params published
 // ahead of it is answered without asking, thanks to the grace period.
 func TestParamsGrace(t *testing.T) {
