@@ -4,8 +4,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
+	"time"
 
 	"github.com/dpcluster/dpcluster/dataset"
 )
@@ -36,5 +39,63 @@ func TestTuneGC(t *testing.T) {
 	t.Setenv("GOGC", "200")
 	if p := tuneGC(log, dataBytes(big)); p != 0 || debug.SetGCPercent(100) != 100 {
 		t.Errorf("GOGC set: tuneGC set %d", p)
+	}
+}
+
+// gogcNow reads the collector's percent without changing it.
+func gogcNow() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
+}
+
+// TestGCTuner: with a live heap of model-sized vectors far larger than
+// gcHeadroom the tuner lowers the percent to gcPercentFor(the live heap),
+// Stop restores what it found, and with GOGC set it changes nothing.
+func TestGCTuner(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	before := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+	t.Setenv("GOGC", "")
+	os.Unsetenv("GOGC")
+
+	held := make([]float32, 96<<20) // 384 MiB live, pointer-free (not touched: no RSS)
+	runtime.GC()
+	tu := startGCTuner(log, time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	for gogcNow() == 100 && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := gogcNow()
+	runtime.KeepAlive(held)
+	// 128 MiB over about 384 MiB live (plus the test binary's own heap).
+	if got < 30 || got > 34 {
+		t.Errorf("percent %d with 384 MiB live, want about 100·128/384 = 33", got)
+	}
+	tu.Stop()
+	if p := gogcNow(); p != 100 {
+		t.Errorf("after Stop: percent %d, want the 100 it found", p)
+	}
+	tu.Stop() // a second Stop is harmless
+
+	t.Setenv("GOGC", "100")
+	tu = startGCTuner(log, time.Millisecond)
+	held = make([]float32, 96<<20)
+	runtime.GC()
+	time.Sleep(50 * time.Millisecond)
+	if p := gogcNow(); p != 100 {
+		t.Errorf("GOGC set: the tuner changed the percent to %d", p)
+	}
+	runtime.KeepAlive(held)
+	tu.Stop()
+
+	for _, c := range []struct {
+		live int64
+		want int
+	}{{0, 100}, {gcHeadroom, 100}, {2 * gcHeadroom, 50}, {20 * gcHeadroom, 10}, {100 * gcHeadroom, 10}} {
+		if got := gcPercentFor(c.live); got != c.want {
+			t.Errorf("gcPercentFor(%d) = %d, want %d", c.live, got, c.want)
+		}
 	}
 }

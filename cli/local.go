@@ -221,6 +221,8 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	gc := startGCTuner(log, gcTunePeriod)
+	defer gc.Stop()
 	started := time.Now()
 	seeded := f.insecureSeed != 0
 	if err := checkDataDirFree(f.dataDir); err != nil {

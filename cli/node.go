@@ -296,6 +296,8 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	defer closeDevice(dev, log)
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	gc := startGCTuner(log, gcTunePeriod)
+	defer gc.Stop()
 
 	pr, shard, err := loadNodeShard(ctx, spec, f.shardIndex, f.shardCount, log)
 	if err != nil {

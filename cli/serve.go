@@ -146,6 +146,8 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	gc := startGCTuner(log, gcTunePeriod)
+	defer gc.Stop()
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
