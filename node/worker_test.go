@@ -276,14 +276,20 @@ func TestAnswersOnceWithReferenceSum(t *testing.T) {
 	}
 }
 
-func TestNeedParamsThenAnswer(t *testing.T) {
+// announcedNode starts a node over NATS with the logreg fixture and
+// testConfig, waits for its join and announces leader r1 in term 1.
+func announcedNode(t *testing.T) (fixture, *leaderSide, *running) {
 	fx := logregFixture(t)
 	nc, lc := natsPair(t)
 	l := newLeaderSide(t, lc)
 	r := start(t, testConfig(), fx, nc)
 	recv(t, l.joins, "join")
-
 	l.announce("r1", 1)
+	return fx, l, r
+}
+
+func TestNeedParamsThenAnswer(t *testing.T) {
+	fx, l, r := announcedNode(t)
 	l.params(0, 1, fx.theta)
 	rs := fx.round(2, 5, 1, wait) // needs version 1, which the node lacks
 	l.publish(rs)
@@ -314,13 +320,7 @@ func TestNeedParamsThenAnswer(t *testing.T) {
 // Before, the version that came back was below every held one and so
 // dropped on arrival, and the round was answered with no parameters.
 func TestParamsKeptBounded(t *testing.T) {
-	fx := logregFixture(t)
-	nc, lc := natsPair(t)
-	l := newLeaderSide(t, lc)
-	r := start(t, testConfig(), fx, nc)
-	recv(t, l.joins, "join")
-
-	l.announce("r1", 1)
+	fx, l, r := announcedNode(t)
 	for v := range uint64(maxParamsKept + 1) {
 		theta := append([]float32(nil), fx.theta...)
 		theta[0] += float32(v)
@@ -382,13 +382,7 @@ func TestDeadline(t *testing.T) {
 }
 
 func TestTerms(t *testing.T) {
-	fx := logregFixture(t)
-	nc, lc := natsPair(t)
-	l := newLeaderSide(t, lc)
-	r := start(t, testConfig(), fx, nc)
-	recv(t, l.joins, "join")
-
-	l.announce("r1", 1)
+	fx, l, r := announcedNode(t)
 	if j := recv(t, l.joins, "join for the first leader"); j.NodeID != testNode {
 		t.Errorf("join = %+v", j)
 	}
@@ -912,13 +906,7 @@ func TestNewWorkerErrors(t *testing.T) {
 // computed on the θ_t cached from the old one: the node asks for the
 // version, and answers once the new term's θ_t arrives.
 func TestParamsOfADeposedTermNotUsed(t *testing.T) {
-	fx := logregFixture(t)
-	nc, lc := natsPair(t)
-	l := newLeaderSide(t, lc)
-	r := start(t, testConfig(), fx, nc)
-	recv(t, l.joins, "join")
-
-	l.announce("r1", 1)
+	fx, l, r := announcedNode(t)
 	recv(t, l.joins, "join for the term 1 leader")
 	l.params(1, 1, fx.theta) // the deposed leader's θ_1
 	eventually(t, "params stored", func() bool { return r.w.Stats().ParamsVersion == 1 })
