@@ -27,9 +27,12 @@ Steps timed, at B = 64 random sequences (as BenchmarkTransformerStep):
                 neither is importable
 
 Opacus is imported as bench/gpu/torch_step.py does (its import_opacus: the
-submodules only). Usage:
+submodules only). With --device cuda (issue 29's side-by-side on a GPU, run
+by bench/gpu/device-check.sh) the model and batch live on the GPU, TF32 is
+off (fp32 throughout, as our engine), and each step is timed between two
+torch.cuda.synchronize() calls. Usage:
 
-  python3 bench/cpu_transformer.py --opacus /path/to/opacus-checkout [--threads 2] [--steps 5]
+  python3 bench/cpu_transformer.py --opacus /path/to/opacus-checkout [--threads 2] [--steps 5] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -109,9 +112,9 @@ def clip_sum(per, clip):
     return [torch.einsum("i,i...->...", c, g) for g in per]
 
 
-def make_steps(op, clip, batch):
+def make_steps(op, clip, batch, device="cpu"):
     steps = {}
-    base = TransformerLM()
+    base = TransformerLM().to(device)
     params = list(base.parameters())
 
     def nonprivate(ids, pos, tgt):
@@ -187,10 +190,21 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--only", default="")
     ap.add_argument("--json")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:N) for the GPU side-by-side")
     a = ap.parse_args()
+    dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    info = {"torch": torch.__version__, "threads": torch.get_num_threads(), "batch": a.batch}
+    info = {"torch": torch.__version__, "threads": torch.get_num_threads(), "batch": a.batch, "device": str(dev)}
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        info["gpu"] = torch.cuda.get_device_name(dev)
+        info["tf32"] = False
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
     op = None
     if a.opacus is not None:
         from torch_step import import_opacus
@@ -235,14 +249,14 @@ def main():
         except Exception as e:  # recorded, the torch steps still run
             oinfo["error"] = f"{type(e).__name__}: {e}"
         info["opacus"] = oinfo
-    base, steps = make_steps(op, 1.0, a.batch)
+    base, steps = make_steps(op, 1.0, a.batch, dev)
     n = sum(p.numel() for p in base.parameters())
     info["params"] = n
     if n != PRESET_PARAMS:
         sys.exit(f"parameter count {n} != the preset's {PRESET_PARAMS}")
     seq = torch.randint(0, VOCAB, (a.batch, CONTEXT + 1))
-    ids, tgt = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
-    pos = torch.arange(CONTEXT).expand(a.batch, CONTEXT).contiguous()
+    ids, tgt = seq[:, :-1].contiguous().to(dev), seq[:, 1:].contiguous().to(dev)
+    pos = torch.arange(CONTEXT).expand(a.batch, CONTEXT).contiguous().to(dev)
     ref = None
     res = {}
     for name, f in steps.items():
@@ -258,8 +272,10 @@ def main():
                     info.setdefault("rel_err_vs_first_dp", {})[name] = float((flat - ref).norm() / ref.norm())
             ms = []
             for _ in range(a.steps):
+                sync()
                 t0 = time.perf_counter()
                 f(ids, pos, tgt)
+                sync()
                 ms.append((time.perf_counter() - t0) * 1e3)
             res[name] = {"median_ms": statistics.median(ms), "ms": [round(x, 1) for x in ms],
                          "seq_per_s": a.batch / statistics.median(ms) * 1e3}

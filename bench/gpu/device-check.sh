@@ -24,7 +24,8 @@
 # lists each one's exit status and seconds): the CUDA tests (CPU oracle,
 # clipping proofs, adversarial inputs, determinism, every layer), the Go
 # benchmarks (ours: DP step with θ up and the sum down, non-private, CPU),
-# PyTorch, torch.func and Opacus on the same models (torch_step.py), the
+# PyTorch, torch.func and Opacus on the same models (torch_step.py; the
+# transformer preset in bench/cpu_transformer.py --device cuda), the
 # cnn main job on the GPU and on the CPU (accuracy for the same steps),
 # the distributed step on the GPU (bench/step: 20M and 141M parameters, one
 # and three nodes, and the null engine; when stepbench.gz is carried), and
@@ -70,6 +71,15 @@ stage gemm-torch "${GEMM_LIMIT:-60}" python3 "$root/bench/gpu/torch_gemm.py" --j
 if [ -d "$carry/opacus" ] && [ -z "${SKIP_TORCH:-}" ]; then
 	stage torch "${TORCH_LIMIT:-170}" env PYTHONPATH="$root/$carry" python3 "$root/bench/gpu/torch_step.py" \
 		--opacus "$root/$carry" --quick --json "$out/torch.json"
+fi
+if [ -z "${SKIP_TORCH:-}" ]; then
+	# The transformer preset in PyTorch, torch.func and (when carried)
+	# Opacus ghost clipping and hooks, fp32 on the GPU (issue 29's
+	# side-by-side; our engine's side is the bench stage's transformer rows).
+	op=()
+	[ -d "$carry/opacus" ] && op=(--opacus "$root/$carry")
+	stage torch-transformer "${TT_LIMIT:-90}" env PYTHONPATH="$root/$carry" python3 "$root/bench/cpu_transformer.py" \
+		--device cuda --steps 20 ${op[@]+"${op[@]}"} --json "$out/torch-transformer.json"
 fi
 if [ "$ok" = 1 ] && [ -z "${SKIP_CNN:-}" ]; then
 	# The cnn main job, 1000 steps, on the GPU and on the CPU at once
