@@ -175,6 +175,10 @@ type FSM struct {
 	// can be taken: the replica lowers TrailingLogs there.
 	onConfigured func(dim int)
 	onStopped    func()
+
+	// snapFree holds the model-sized buffers of the last snapshot once
+	// Raft released it, for the next (fsmSnapshot.Release).
+	snapFree chan *snapBuffers
 }
 
 // askSnapshots asks the replica (Replica.snapshots, which reads State) for
@@ -214,7 +218,7 @@ func NewFSM(dataDir string, init InitFunc, log *slog.Logger, opts ...ledger.Opti
 		return nil, err
 	}
 	f := &FSM{ledgerPath: path, ledgerOpts: opts, init: init, log: log, ledger: l,
-		changed: make(chan struct{}, 1), wantSnap: make(chan struct{}, 1)}
+		changed: make(chan struct{}, 1), wantSnap: make(chan struct{}, 1), snapFree: make(chan *snapBuffers, 1)}
 	f.storeSpent()
 	return f, nil
 }

@@ -590,3 +590,68 @@ func TestFSMWouldExceedLeavesStateFree(t *testing.T) {
 	}
 	<-done
 }
+
+// TestSnapshotBuffersReused: a released snapshot's copies of θ and the
+// optimizer state are the next snapshot's buffers (no model-sized
+// allocation per snapshot), a snapshot still held never shares them, and
+// every snapshot restores to the state it was taken of.
+func TestSnapshotBuffersReused(t *testing.T) {
+	c := testRunConfig()
+	grads := noisyGrads(3, 7)
+	a := newTestFSM(t, t.TempDir())
+	mustApply(t, a, logEntry(t, 1, entryConfig, c))
+	take := func() (*fsmSnapshot, []byte) {
+		t.Helper()
+		s, err := a.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sink memSink
+		if err := s.Persist(&sink); err != nil {
+			t.Fatal(err)
+		}
+		return s.(*fsmSnapshot), sink.Bytes()
+	}
+	restored := func(snap []byte) []float32 {
+		t.Helper()
+		b := newTestFSM(t, t.TempDir())
+		if err := b.Restore(readCloser{bytes.NewReader(snap)}); err != nil {
+			t.Fatal(err)
+		}
+		th, _ := b.Params(nil)
+		return th
+	}
+	mustApply(t, a, stepLog(t, 2, 1, c, grads[0]))
+	s1, snap1 := take()
+	theta1, opt1 := &s1.body.Theta[0], &s1.body.Optimizer[0]
+	want1, _ := a.Params(nil)
+
+	mustApply(t, a, stepLog(t, 3, 2, c, grads[1]))
+	s2, snap2 := take() // s1 still held: buffers of its own
+	if &s2.body.Theta[0] == theta1 || &s2.body.Optimizer[0] == opt1 {
+		t.Fatal("a snapshot shares its buffers with one still held")
+	}
+	want2, _ := a.Params(nil)
+	s1.Release()
+	s1.Release() // a second Release is harmless
+
+	mustApply(t, a, stepLog(t, 4, 3, c, grads[2]))
+	s3, snap3 := take()
+	if &s3.body.Theta[0] != theta1 || &s3.body.Optimizer[0] != opt1 {
+		t.Error("the released snapshot's buffers were not reused")
+	}
+	want3, _ := a.Params(nil)
+	s2.Release()
+	s3.Release()
+	for i, c := range []struct {
+		snap []byte
+		want []float32
+	}{{snap1, want1}, {snap2, want2}, {snap3, want3}} {
+		if got := restored(c.snap); !bitsEqual(got, c.want) {
+			t.Errorf("snapshot %d does not restore the θ it was taken of", i+1)
+		}
+	}
+	if bitsEqual(want1, want3) {
+		t.Fatal("the steps did not change θ: the test shows nothing")
+	}
+}
