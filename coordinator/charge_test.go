@@ -195,6 +195,14 @@ func TestFSMSnapshotBetweenChargeAndGrad(t *testing.T) {
 // store them.
 func persistSnapshot(t *testing.T, f *FSM) []byte {
 	t.Helper()
+	_, b := takeSnapshot(t, f)
+	return b
+}
+
+// takeSnapshot takes f's snapshot and persists it, returning the snapshot
+// (not released) and its bytes.
+func takeSnapshot(t *testing.T, f *FSM) (*fsmSnapshot, []byte) {
+	t.Helper()
 	snap, err := f.Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +211,7 @@ func persistSnapshot(t *testing.T, f *FSM) []byte {
 	if err := snap.Persist(&sink); err != nil {
 		t.Fatal(err)
 	}
-	return sink.Bytes()
+	return snap.(*fsmSnapshot), sink.Bytes()
 }
 
 // TestFSMGradAfterStop: the end of the run is final. A stop entry between

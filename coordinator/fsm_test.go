@@ -600,18 +600,7 @@ func TestSnapshotBuffersReused(t *testing.T) {
 	grads := noisyGrads(3, 7)
 	a := newTestFSM(t, t.TempDir())
 	mustApply(t, a, logEntry(t, 1, entryConfig, c))
-	take := func() (*fsmSnapshot, []byte) {
-		t.Helper()
-		s, err := a.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var sink memSink
-		if err := s.Persist(&sink); err != nil {
-			t.Fatal(err)
-		}
-		return s.(*fsmSnapshot), sink.Bytes()
-	}
+	take := func() (*fsmSnapshot, []byte) { return takeSnapshot(t, a) }
 	restored := func(snap []byte) []float32 {
 		t.Helper()
 		b := newTestFSM(t, t.TempDir())
