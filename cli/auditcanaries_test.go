@@ -9,16 +9,19 @@ import (
 	"testing"
 
 	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
 	"github.com/dpcluster/dpcluster/privacyaudit"
 )
 
-// detrendedScore is one canary's score from its whole series x (prefix
+// canaryScoreWhole is one canary's score from its whole series x (prefix
 // sums over the series, its residuals kept): the naive version
 // detrendScorer is checked against.
-func detrendedScore(x []float32, q, sigma, clip float64) float64 {
+func canaryScoreWhole(x []float32, q, sigma, clip float64) float64 {
 	prefix := make([]float64, len(x)+1)
+	var rawSq float64
 	for t, v := range x {
 		prefix[t+1] = prefix[t] + float64(v)
+		rawSq += float64(v) * float64(v)
 	}
 	r := make([]float64, len(x))
 	var sumSq float64
@@ -32,8 +35,13 @@ func detrendedScore(x []float32, q, sigma, clip float64) float64 {
 		}
 		sumSq += r[t] * r[t]
 	}
-	s := sigma * clip
-	if v := sumSq / float64(len(x)); v > (1+excessNoise)*s*s {
+	s, T := sigma*clip, float64(len(x))
+	limit := (1 + excessNoise) * s * s
+	if sumSq/T <= limit && rawSq/T <= limit && math.Abs(prefix[len(x)])/(s*math.Sqrt(T)) <= driftLimit {
+		for t, v := range x {
+			r[t] = float64(v) // quiet: the raw series
+		}
+	} else if v := sumSq / T; v > limit {
 		s = math.Sqrt(v)
 	}
 	var score float64
@@ -43,11 +51,32 @@ func detrendedScore(x []float32, q, sigma, clip float64) float64 {
 	return score
 }
 
+// streamScores scores the canaries' series (series[i][t], all of one
+// length) with a detrendScorer, in its two passes.
+func streamScores(series [][]float32, q, sigma, clip float64) []float64 {
+	m := len(series)
+	sc := newDetrendScorer(m, q, sigma, clip)
+	x := make([]float32, m)
+	for pass := range 2 {
+		for t := range series[0] {
+			for i := range m {
+				x[i] = series[i][t]
+			}
+			sc.push(x)
+		}
+		if pass == 0 {
+			sc.endNoisePass()
+		}
+	}
+	return sc.finish()
+}
+
 // TestDetrendScorerMatchesWholeSeries: streaming, in two passes with
 // m·(2W+1) floats, gives the whole-series scores to within 1e-9 relative,
-// on random series with a drift, a noise level of their own and sampled
-// canaries, of lengths around the window's (shorter than it, one step,
-// exactly 2W+1, one more) and longer.
+// on random series, quiet ones (the mechanism's noise) and ones with a
+// drift and a noise level of their own, with sampled canaries, of lengths
+// around the window's (shorter than it, one step, exactly 2W+1, one more)
+// and longer.
 func TestDetrendScorerMatchesWholeSeries(t *testing.T) {
 	const m, q, sigma, clip = 7, 0.05, 0.8, 1.5
 	r := rand.New(rand.NewPCG(3, 4))
@@ -55,6 +84,9 @@ func TestDetrendScorerMatchesWholeSeries(t *testing.T) {
 		series := make([][]float32, m)
 		for i := range series {
 			drift, noise := r.NormFloat64()*5, sigma*clip*(1+3*r.Float64())
+			if i%2 == 0 { // quiet: the mechanism's noise alone
+				drift, noise = 0, sigma*clip
+			}
 			for t := range steps {
 				x := drift*math.Sin(float64(t)/30) + r.NormFloat64()*noise
 				if r.Float64() < q {
@@ -63,22 +95,9 @@ func TestDetrendScorerMatchesWholeSeries(t *testing.T) {
 				series[i] = append(series[i], float32(x))
 			}
 		}
-		sc := newDetrendScorer(m, q, sigma, clip)
-		x := make([]float32, m)
-		for pass := range 2 {
-			for t := range steps {
-				for i := range m {
-					x[i] = series[i][t]
-				}
-				sc.push(x)
-			}
-			if pass == 0 {
-				sc.endNoisePass()
-			}
-		}
-		got := sc.finish()
+		got := streamScores(series, q, sigma, clip)
 		for i := range m {
-			want := detrendedScore(series[i], q, sigma, clip)
+			want := canaryScoreWhole(series[i], q, sigma, clip)
 			if math.Abs(got[i]-want) > 1e-9*math.Max(math.Abs(want), 1e-300) {
 				t.Errorf("%d steps, canary %d: streamed %v, whole series %v", steps, i, got[i], want)
 			}
@@ -156,5 +175,76 @@ func TestAuditWithAsManyCanariesAsExamples(t *testing.T) {
 	}
 	if res.SampleRate != 400.0/10000 {
 		t.Errorf("q = %v, want the main job's 400/10000", res.SampleRate)
+	}
+}
+
+// TestQuietCanariesScoredAsTheIdealAudit: a canary whose series is the
+// mechanism's noise (and its own inclusions) is scored on its raw series,
+// Σₜ SubsampledGaussianLLR(xₜ/σC, q, σ), the statistic the ideal audit
+// (privacyaudit.IdealReach) scores a perfect mechanism's canaries with;
+// before, every canary was scored on detrended residuals, which cost the
+// main job's audit about 37 of its top 840 guesses (detrendScorer). A
+// canary with a drift of a few noise levels over the run, or a noise
+// level 30% above the mechanism's, is still scored on its residuals.
+func TestQuietCanariesScoredAsTheIdealAudit(t *testing.T) {
+	const m, steps, q, sigma, clip = 40, 1000, 0.02, 0.7, 2.0
+	r := rand.New(rand.NewPCG(8, 9))
+	series := make([][]float32, m)
+	for i := range series {
+		for range steps {
+			x := r.NormFloat64() * sigma * clip
+			switch i % 4 {
+			case 2: // drifting: 8 noise levels over the run
+				x += 8 * sigma * clip / math.Sqrt(steps)
+			case 3: // busy: its noise 1.3 times the mechanism's
+				x *= 1.3
+			}
+			if i%2 == 1 && r.Float64() < q {
+				x += clip
+			}
+			series[i] = append(series[i], float32(x))
+		}
+	}
+	got := streamScores(series, q, sigma, clip)
+	for i, xs := range series {
+		var ideal float64
+		for _, v := range xs {
+			ideal += privacyaudit.SubsampledGaussianLLR(float64(v)/(sigma*clip), q, sigma)
+		}
+		quiet := i%4 < 2
+		if same := math.Abs(got[i]-ideal) <= 1e-9*math.Abs(ideal); same != quiet {
+			t.Errorf("canary %d (quiet %v): score %v, the ideal audit's statistic %v", i, quiet, got[i], ideal)
+		}
+	}
+}
+
+// TestCanarySpan: the gradient canaries leave the output layer out (the
+// mlp's last weight tensor starts at 266,752 of its 269,322 parameters)
+// when they fit without it, and use every parameter otherwise: more
+// coordinate canaries than the span, or a model whose only weight tensor
+// is its output layer (logreg).
+func TestCanarySpan(t *testing.T) {
+	params := func(name string) ([]model.ParamInfo, int) {
+		spec, err := model.Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := model.New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Params(), m.NumParams()
+	}
+	mlp, dim := params("mlp")
+	for _, c := range []struct{ m, support, want int }{
+		{120000, 1, 266752}, {266752, 1, 266752}, {266753, 1, dim}, {120000, 32, 266752},
+	} {
+		if got := canarySpan(mlp, c.m, c.support, dim); got != c.want {
+			t.Errorf("mlp, m = %d, support %d: span %d, want %d", c.m, c.support, got, c.want)
+		}
+	}
+	logreg, ldim := params("logreg")
+	if got := canarySpan(logreg, 100, 1, ldim); got != ldim {
+		t.Errorf("logreg: span %d, want all %d parameters", got, ldim)
 	}
 }

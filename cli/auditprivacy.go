@@ -106,9 +106,13 @@ type auditResult struct {
 	// (dpcluster_coordinator_contributions_rejected_total): an honest
 	// audited run has none, since every node claims the population its
 	// sampler draws from (auditRunConfig).
-	Rejected int64       `json:"contributions_rejected"`
-	DataDir  string      `json:"data_dir"`
-	WhiteBox auditMethod `json:"white_box"`
+	Rejected int64 `json:"contributions_rejected"`
+	// CanarySpan is the number of leading parameters the gradient
+	// canaries' directions lie in (canarySpan: the output layer's are
+	// left out when the canaries fit without them).
+	CanarySpan int         `json:"canary_span"`
+	DataDir    string      `json:"data_dir"`
+	WhiteBox   auditMethod `json:"white_box"`
 	// Reach is the ideal white-box audit's bound on a perfect mechanism
 	// with this run's m, q, T, σ, δ, β and splits (privacyaudit.IdealReach):
 	// what the method can show here. Absent with --reach-reps 0.
@@ -361,14 +365,15 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 		return auditResult{}, err
 	}
 	rc := pr.cfg
-	gc := newGradientCanaries(r, f.canaries, n, f.local.nodes, f.canarySupport, rc.Dim, f.canaryScale)
+	span := canarySpan(pr.model.Params(), f.canaries, f.canarySupport, rc.Dim)
+	gc := newGradientCanaries(r, f.canaries, n, f.local.nodes, f.canarySupport, span, f.canaryScale)
 	f.local.nodeConfig = gc.nodeConfig
 	committed, sum, rejected, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
 	if err != nil {
 		return auditResult{}, err
 	}
 	res := auditResult{Run: rc.Run, Steps: committed.Step, LedgerEpsilon: committed.Epsilon, Delta: rc.Delta, Confidence: 1 - f.beta,
-		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir, Rejected: rejected}
+		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, DataDir: f.local.dataDir, Rejected: rejected, CanarySpan: span}
 	if rejected > 0 {
 		log.Warn("audit: the leader rejected contributions of this run's nodes: their rounds released without them", "rejected", rejected)
 	}

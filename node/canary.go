@@ -36,9 +36,13 @@ type Canaries struct {
 	// greater than 1 and finite (the audit uses 10).
 	Scale float64
 	// Support is the number of coordinates of each direction, in
-	// [1, the model's number of parameters]. With Support 1 every ID must
-	// be below the number of parameters (CanaryDirection).
+	// [1, the span]. With Support 1 every ID must be below the span
+	// (CanaryDirection).
 	Support int
+	// Span is the number of leading parameters the directions lie in,
+	// [0, Span) (CanaryDirection's dim); 0 means all of them. The audit
+	// leaves the output layer out (cli/auditcanaries.go, canarySpan).
+	Span int
 	// Positions is the number of canary positions after the shard's n
 	// examples, at least len(IDs): the node's Poisson sampler draws from
 	// n + Positions positions, and the node claims n + Positions as its
@@ -165,6 +169,10 @@ func (c *Canaries) validate(dim int) error {
 	if !(c.Scale > 1) || math.IsInf(c.Scale, 0) {
 		return fmt.Errorf("%w: Canaries.Scale %v must be > 1 and finite", ErrInvalidConfig, c.Scale)
 	}
+	if c.Span < 0 || c.Span > dim {
+		return fmt.Errorf("%w: Canaries.Span %d must be in [0, %d]", ErrInvalidConfig, c.Span, dim)
+	}
+	dim = c.span(dim)
 	if c.Support < 1 || c.Support > dim {
 		return fmt.Errorf("%w: Canaries.Support %d must be in [1, %d]", ErrInvalidConfig, c.Support, dim)
 	}
@@ -177,11 +185,20 @@ func (c *Canaries) validate(dim int) error {
 			return fmt.Errorf("%w: Canaries.IDs: %d is negative or repeated", ErrInvalidConfig, id)
 		}
 		if c.Support == 1 && id >= dim {
-			return fmt.Errorf("%w: Canaries.IDs: %d with Support 1 must be below the model's %d parameters", ErrInvalidConfig, id, dim)
+			return fmt.Errorf("%w: Canaries.IDs: %d with Support 1 must be below the span's %d parameters", ErrInvalidConfig, id, dim)
 		}
 		seen[id] = struct{}{}
 	}
 	return nil
+}
+
+// span is the number of leading parameters of a dim-parameter model the
+// directions lie in.
+func (c *Canaries) span(dim int) int {
+	if c.Span > 0 {
+		return c.Span
+	}
+	return dim
 }
 
 // canaryVectors are a node's canaries' directions, computed once by
@@ -196,7 +213,7 @@ type canaryVectors struct {
 func newCanaryVectors(c *Canaries, dim int) *canaryVectors {
 	cv := &canaryVectors{scale: c.Scale, positions: c.Positions, idx: make([][]int, len(c.IDs)), vals: make([][]float32, len(c.IDs))}
 	for i, id := range c.IDs {
-		cv.idx[i], cv.vals[i] = CanaryDirection(c.Seed, id, dim, c.Support)
+		cv.idx[i], cv.vals[i] = CanaryDirection(c.Seed, id, c.span(dim), c.Support)
 	}
 	return cv
 }

@@ -235,3 +235,34 @@ func TestCanariesInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestCanarySpan: with Span set, every canary's direction lies in the
+// model's first Span parameters (the audit leaves the output layer out),
+// support-1 IDs must be below it, and a span outside [0, dim] is refused.
+func TestCanarySpan(t *testing.T) {
+	const dim, span = 1000, 700
+	for _, support := range []int{1, 5} {
+		c := &Canaries{Seed: 42, IDs: []int{0, 3, 699}, Scale: 10, Support: support, Span: span, Positions: 3}
+		if err := c.validate(dim); err != nil {
+			t.Fatalf("support %d: %v", support, err)
+		}
+		cv := newCanaryVectors(c, dim)
+		for i, idx := range cv.idx {
+			for _, j := range idx {
+				if j < 0 || j >= span {
+					t.Errorf("support %d, canary %d: coordinate %d outside [0, %d)", support, c.IDs[i], j, span)
+				}
+			}
+		}
+	}
+	for _, c := range []*Canaries{
+		{Seed: 1, IDs: []int{700}, Scale: 10, Support: 1, Span: span, Positions: 1}, // ID at the span
+		{Seed: 1, IDs: []int{0}, Scale: 10, Support: 1, Span: dim + 1, Positions: 1},
+		{Seed: 1, IDs: []int{0}, Scale: 10, Support: 1, Span: -1, Positions: 1},
+		{Seed: 1, IDs: []int{0}, Scale: 10, Support: span + 1, Span: span, Positions: 1},
+	} {
+		if err := c.validate(dim); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%+v: validate = %v, want ErrInvalidConfig", *c, err)
+		}
+	}
+}
