@@ -95,8 +95,11 @@ func startGCTuner(log *slog.Logger, period time.Duration) *gcTuner {
 	if gogcSet() {
 		return t
 	}
-	t.before = debug.SetGCPercent(-1)
-	debug.SetGCPercent(t.before)
+	cur := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	if metrics.Read(cur); cur[0].Value.Kind() != metrics.KindUint64 {
+		return t // not in this runtime: leave the percent alone
+	}
+	t.before = int(cur[0].Value.Uint64())
 	t.done.Add(1)
 	go func() {
 		defer t.done.Done()
