@@ -291,3 +291,11 @@ func TestCUDASeqClipAdversarial(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCUDATransformer: the "transformer" preset, B = 64 sequences of
+// 64 tokens (BenchmarkTransformerStep's batch), without the CPU engine
+// beside it (BenchmarkTransformerStep times that).
+func BenchmarkCUDATransformer(b *testing.B) {
+	spec, _ := Preset("transformer")
+	benchCUDA(b, spec, 64, false)
+}
