@@ -62,6 +62,25 @@ func TestCUDARefusesNestedResidual(t *testing.T) {
 	}
 }
 
+// cudaSeqTheta is randomTheta for the small models and, at the preset's
+// scale, the model's own initialization: randomTheta's N(0, 0.3²) noise on
+// 128-wide layers gives attention scores in the tens, a nearly one-hot
+// softmax whose gradient Pₜᵤ(∂Pₜᵤ − m) cancels, so that the engines'
+// different rounding of the products below would exceed the tests'
+// tolerances for a reason that is not a bug (as for
+// TestCUDAClippedSumLargeMatchesCPU's wide MLP).
+func cudaSeqTheta(t *testing.T, m *Model, seed uint64) []float32 {
+	t.Helper()
+	if m.numParams <= 1e5 {
+		return randomTheta(t, m, seed)
+	}
+	theta := make([]float32, m.numParams)
+	if err := m.Init(theta, seed); err != nil {
+		t.Fatal(err)
+	}
+	return theta
+}
+
 // cudaSeqBatch draws B examples for m with some padding: example 1 all
 // padding, example 2 one token repeated (its gradient rows cancel or add
 // up in one token row), the others random ids in [-1, vocab).
@@ -90,7 +109,7 @@ func TestCUDASeqPassesMatchCPU(t *testing.T) {
 			}
 			const B = 6
 			rng := rand.New(rand.NewPCG(uint64(si), 21))
-			theta := randomTheta(t, m, uint64(si)+21)
+			theta := cudaSeqTheta(t, m, uint64(si)+21)
 			x, y := cudaSeqBatch(m, B, rng)
 			ws, _ := m.NewWorkspace(B)
 			g := make([]float32, m.numParams)
@@ -170,7 +189,7 @@ func TestCUDASeqClippedSum(t *testing.T) {
 			B = 5 // the CPU oracle and the reference at the preset's scale
 		}
 		rng := rand.New(rand.NewPCG(uint64(si), 22))
-		theta := randomTheta(t, m, uint64(si)+22)
+		theta := cudaSeqTheta(t, m, uint64(si)+22)
 		x, y := cudaSeqBatch(m, B, rng)
 		ws, _ := m.NewWorkspace(B)
 		e := newCUDAEngine(t, m, B)
