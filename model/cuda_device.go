@@ -45,6 +45,9 @@ type cudaKernels struct {
 	convIm2col, convCol2im, convPermute, convRows, convBiasn cu.Function
 	convGhost, convPergrad, convGsum, poolFwd, poolBwd       cu.Function
 	embedFwd, embedAcc, lnFwd, lnBwd, lnStats, lnAcc         cu.Function
+	// the sequence layers of cuda_seq.go
+	seqEmbedFwd, seqEmbedStats, seqLnStats, attnFwd, attnBwdQ cu.Function
+	attnBwdKV, meanPoolFwd, meanPoolBwd, add2, tokenXent      cu.Function
 }
 
 // openCUDA opens GPU ordinal: it checks the compute capability, creates
@@ -122,6 +125,10 @@ func (k *cudaKernels) load(mod cu.Module) (string, error) {
 		{&k.convPergrad, "conv_pergrad"}, {&k.convGsum, "conv_gsum"}, {&k.poolFwd, "pool_fwd"},
 		{&k.poolBwd, "pool_bwd"}, {&k.embedFwd, "embed_fwd"}, {&k.embedAcc, "embed_acc"},
 		{&k.lnFwd, "ln_fwd"}, {&k.lnBwd, "ln_bwd"}, {&k.lnStats, "ln_stats"}, {&k.lnAcc, "ln_acc"},
+		{&k.seqEmbedFwd, "seq_embed_fwd"}, {&k.seqEmbedStats, "seq_embed_stats"}, {&k.seqLnStats, "seq_ln_stats"},
+		{&k.attnFwd, "attn_fwd"}, {&k.attnBwdQ, "attn_bwd_q"}, {&k.attnBwdKV, "attn_bwd_kv"},
+		{&k.meanPoolFwd, "mean_pool_fwd"}, {&k.meanPoolBwd, "mean_pool_bwd"}, {&k.add2, "add2"},
+		{&k.tokenXent, "token_xent"},
 	}
 	for _, f := range fns {
 		var err error

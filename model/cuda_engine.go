@@ -39,7 +39,10 @@ import (
 
 // cudaEngine computes ClippedSum on the device for models made of the
 // layers it has kernels for: every layer of the CPU engine (linear, relu,
-// tanh, flatten, conv2d, maxpool, avgpool, embeddingbag, layernorm).
+// tanh, flatten, conv2d, maxpool, avgpool, embeddingbag, layernorm, and
+// the sequence layers of cuda_seq.go: embedding, linear and layernorm at
+// T positions, attention, meanpool, residual blocks, the next-token loss)
+// except a residual block nested in another.
 type cudaEngine struct {
 	d    *cudaDevice
 	m    *Model
@@ -60,11 +63,19 @@ type cudaEngine struct {
 	scratch   cu.DevicePtr    // float32: accGrad's block products
 	bufs      []cu.DevicePtr
 
-	params    []int // indices of the parameter layers
-	statOff   []int // per layer: its first row of stats (statRows rows of maxB)
+	// The units: the model's layers with each residual block flattened
+	// into its nested layers between two edges (cudaChain); for a model
+	// without residual blocks, exactly its layers. act, grad, lb,
+	// statOff and needDin are indexed by unit.
+	ly        []cudaUnit
+	off, size []int     // per unit: its parameters' offset and count in θ
+	src       []cudaSrc // per unit: where it is in the model
+	params    []int     // indices of the parameter units
+	statOff   []int     // per unit: its first row of stats (statRows rows of maxB)
 	permuteIn bool
 	needDin   []bool
 	emb       *cudaEmbedHost // the embedding bag's host-side index, if any
+	seq       *cudaSeqHost   // a sequence model's host side: token index, targets
 	stage     *stager        // page-locked staging of θ and the sum (nil: direct copies)
 
 	// host mirrors
@@ -80,22 +91,6 @@ type cudaEngine struct {
 	closed  bool
 }
 
-// cudaSupports returns nil if the engine has kernels for every layer of m,
-// else an error naming the first one it has none for.
-func cudaSupports(m *Model) error {
-	for l, ly := range m.layers {
-		switch ly.(type) {
-		case *linear, *activation, *flatten, *conv, *pool, *embedBag, *layerNorm:
-		default:
-			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer, l, layerKind(ly, m.spec.Layers[l].Type))
-		}
-	}
-	if m.seqT > 0 {
-		return fmt.Errorf("%w: loss %s has no CUDA kernels yet", ErrUnsupportedLayer, m.spec.Loss)
-	}
-	return nil
-}
-
 func (d *cudaDevice) NewEngine(m *Model, maxBatch int) (Engine, error) {
 	return d.newEngine(m, maxBatch)
 }
@@ -107,22 +102,32 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 	if err := cudaSupports(m); err != nil {
 		return nil, err
 	}
-	L := len(m.layers)
+	units, off, size, src := cudaChain(m)
+	L := len(units)
+	// A NextToken model has a loss and a correct flag per position.
+	nl := maxBatch * max(m.seqT, 1)
 	e := &cudaEngine{d: d, m: m, maxB: maxBatch, act: make([]cu.DevicePtr, L+1), grad: make([]cu.DevicePtr, L+1),
+		ly: units, off: off, size: size, src: src,
 		lb: make([]cudaLayerBufs, L), statOff: make([]int, L), needDin: make([]bool, L), bounds: newClipBounds(maxBatch),
-		hcoef: make([]float32, maxBatch), hloss: make([]float64, maxBatch), hcorr: make([]int32, maxBatch),
+		hcoef: make([]float32, maxBatch), hloss: make([]float64, nl), hcorr: make([]int32, nl),
 		hflags: make([]int32, 2), zeroFlg: make([]int32, 2)}
 	e.permuteIn = len(m.inShape) == 3 && m.inShape[0] > 1
 	nstat := 0
-	for l, ly := range m.layers {
+	for l, ly := range e.ly {
 		e.statOff[l] = nstat
-		if m.layerSize[l] > 0 {
+		if e.size[l] > 0 {
 			e.params = append(e.params, l)
 			nstat += statRows(ly)
 		}
-		if eb, ok := ly.(*embedBag); ok {
-			e.emb = newCUDAEmbedHost(eb, maxBatch)
+		switch ly := ly.(type) {
+		case *embedBag:
+			e.emb = newCUDAEmbedHost(ly, maxBatch)
+		case *seqEmbed:
+			e.seq = newCUDASeqHost(m, ly, maxBatch)
 		}
+	}
+	if e.seq == nil && m.seqT > 0 {
+		return nil, fmt.Errorf("%w: loss %s without an embedding first", ErrUnsupportedLayer, m.spec.Loss)
 	}
 	e.hstats = make([]float64, nstat*maxBatch)
 	err := d.do(func() error {
@@ -135,8 +140,11 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 		}
 		P := m.numParams
 		errs := []error{a(&e.theta, 4*P), a(&e.dst, 4*P), a(&e.acc, 8*P), a(&e.y, 4*maxBatch),
-			a(&e.coef, 4*maxBatch), a(&e.stats, 8*max(len(e.hstats), 1)), a(&e.loss, 8*maxBatch),
-			a(&e.correct, 4*maxBatch), a(&e.flags, 8), a(&e.act[0], 4*maxBatch*m.inSize)}
+			a(&e.coef, 4*maxBatch), a(&e.stats, 8*max(len(e.hstats), 1)), a(&e.loss, 8*nl),
+			a(&e.correct, 4*nl), a(&e.flags, 8), a(&e.act[0], 4*maxBatch*m.inSize)}
+		if e.seq != nil {
+			errs = append(errs, e.seq.alloc(a))
+		}
 		if e.permuteIn {
 			errs = append(errs, a(&e.xs, 4*maxBatch*m.inSize))
 		}
@@ -151,9 +159,9 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 			return err
 		}
 		paramBelow := false
-		for l, ly := range m.layers {
+		for l, ly := range e.ly {
 			e.needDin[l] = paramBelow
-			if m.layerSize[l] > 0 {
+			if e.size[l] > 0 {
 				paramBelow = true
 			}
 			if err := e.allocLayer(l, a); err != nil {
@@ -166,6 +174,14 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 				continue
 			}
 			n := 4 * maxBatch * shapeSize(ly.outShape())
+			if _, ok := ly.(*cudaResStart); ok {
+				// A residual block's nested layers start from its input.
+				e.act[l+1] = e.act[l]
+				if err := a(&e.grad[l+1], n); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := errors.Join(a(&e.act[l+1], n), a(&e.grad[l+1], n)); err != nil {
 				return err
 			}
@@ -201,8 +217,8 @@ func (e *cudaEngine) Close() error {
 }
 
 func (e *cudaEngine) linParams(l int) (w, b cu.DevicePtr, O, K int) {
-	ly := e.m.layers[l].(*linear)
-	off := e.m.layerOff[l]
+	ly := e.ly[l].(*linear)
+	off := e.off[l]
 	return off4(e.theta, off), off4(e.theta, off+ly.out*ly.in), ly.out, ly.in
 }
 
@@ -212,6 +228,9 @@ func (e *cudaEngine) load(x []float32, y []int32) error {
 	B := len(y)
 	if err := htod(e.y, y); err != nil {
 		return err
+	}
+	if e.seq != nil {
+		return e.seq.load(e, x, B)
 	}
 	if e.emb != nil {
 		if err := e.emb.index(e, x, B); err != nil {
@@ -237,7 +256,7 @@ func actKind(a *activation) int {
 
 func (e *cudaEngine) forward(B int) error {
 	k := &e.d.k
-	for l, ly := range e.m.layers {
+	for l, ly := range e.ly {
 		in, out := e.act[l], e.act[l+1]
 		switch ly := ly.(type) {
 		case *linear:
@@ -270,12 +289,12 @@ func (e *cudaEngine) forward(B int) error {
 
 func (e *cudaEngine) backward(B int) error {
 	k := &e.d.k
-	for l := len(e.m.layers) - 1; l >= 0; l-- {
+	for l := len(e.ly) - 1; l >= 0; l-- {
 		if !e.needDin[l] {
 			continue
 		}
 		out, dout, din := e.act[l+1], e.grad[l+1], e.grad[l]
-		switch ly := e.m.layers[l].(type) {
+		switch ly := e.ly[l].(type) {
 		case *linear:
 			w, _, O, K := e.linParams(l)
 			if err := e.d.sgemm(false, false, B, K, O, 1, dout, O, w, K, 0, din, K); err != nil {
@@ -411,7 +430,6 @@ func (e *cudaEngine) begin(theta []float32) error {
 // accumulator, or, if final, writes the float32 total into the device's
 // dst: ClippedSum's algorithm (workspace.go), step for step.
 func (e *cudaEngine) chunk(x []float32, y []int32, clip float64, fresh, final bool) error {
-	m, k := e.m, &e.d.k
 	B := len(y)
 	if err := e.load(x, y); err != nil {
 		return err
@@ -419,9 +437,7 @@ func (e *cudaEngine) chunk(x []float32, y []int32, clip float64, fresh, final bo
 	if err := e.forward(B); err != nil {
 		return err
 	}
-	L := len(m.layers)
-	if err := launch1(k.softmaxXent, B, i32(B), i32(m.classes), ptr(e.act[L]), ptr(e.y), ptr(e.grad[L]), f32(1),
-		ptr(e.loss), ptr(e.correct)); err != nil {
+	if err := e.lossGrad(B, e.grad[len(e.ly)], 1); err != nil {
 		return err
 	}
 	if err := e.backward(B); err != nil {
@@ -531,7 +547,6 @@ func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, erro
 	if B == 0 {
 		return 0, fmt.Errorf("%w: empty batch has no mean gradient", ErrShape)
 	}
-	m, k := e.m, &e.d.k
 	var loss float64
 	err := e.d.do(func() error {
 		if err := e.begin(theta); err != nil {
@@ -543,9 +558,7 @@ func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, erro
 		if err := e.forward(B); err != nil {
 			return err
 		}
-		L := len(m.layers)
-		if err := launch1(k.softmaxXent, B, i32(B), i32(m.classes), ptr(e.act[L]), ptr(e.y), ptr(e.grad[L]),
-			f32(1/float32(B)), ptr(e.loss), ptr(e.correct)); err != nil {
+		if err := e.lossGrad(B, e.grad[len(e.ly)], 1/float32(B)); err != nil {
 			return err
 		}
 		if err := e.backward(B); err != nil {
@@ -559,12 +572,11 @@ func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, erro
 		if err := e.finish(dst); err != nil {
 			return err
 		}
-		if err := dtoh(e.hloss[:B], e.loss); err != nil {
+		var r cudaLoss
+		if err := e.batchLoss(B, false, &r); err != nil {
 			return err
 		}
-		for _, v := range e.hloss[:B] {
-			loss += v
-		}
+		loss = r.mean
 		return nil
 	})
 	if err != nil {
@@ -579,7 +591,7 @@ func (e *cudaEngine) MeanGrad(dst, theta, x []float32, y []int32) (float64, erro
 
 // Evaluate is Workspace.Evaluate on the device (forward passes only).
 func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Evaluation, error) {
-	m, k := e.m, &e.d.k
+	m := e.m
 	d := m.inSize
 	if len(x) != len(y)*d {
 		return Evaluation{}, fmt.Errorf("%w: x has %d values, want %d examples × %d", ErrShape, len(x), len(y), d)
@@ -587,8 +599,7 @@ func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Evaluation, error)
 	if len(y) == 0 {
 		return Evaluation{}, nil
 	}
-	var loss float64
-	correct := 0
+	var r cudaLoss
 	err := e.d.do(func() error {
 		if err := e.begin(theta); err != nil {
 			return err
@@ -606,17 +617,11 @@ func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Evaluation, error)
 			if err := e.forward(B); err != nil {
 				return err
 			}
-			L := len(m.layers)
-			if err := launch1(k.softmaxXent, B, i32(B), i32(m.classes), ptr(e.act[L]), ptr(e.y), ptr(0), f32(0),
-				ptr(e.loss), ptr(e.correct)); err != nil {
+			if err := e.lossGrad(B, 0, 0); err != nil {
 				return err
 			}
-			if err := errors.Join(dtoh(e.hloss[:B], e.loss), dtoh(e.hcorr[:B], e.correct)); err != nil {
+			if err := e.batchLoss(B, true, &r); err != nil {
 				return err
-			}
-			for i := 0; i < B; i++ {
-				loss += e.hloss[i]
-				correct += int(e.hcorr[i])
 			}
 		}
 		if err := dtoh(e.hflags, e.flags); err != nil {
@@ -630,9 +635,13 @@ func (e *cudaEngine) Evaluate(theta, x []float32, y []int32) (Evaluation, error)
 	if err != nil {
 		return Evaluation{}, err
 	}
+	loss := r.total
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		return Evaluation{}, fmt.Errorf("%w: evaluation loss", ErrNonFinite)
 	}
 	n := float64(len(y))
-	return Evaluation{Loss: loss / n, Accuracy: float64(correct) / n, N: len(y)}, nil
+	if m.seqT > 0 {
+		n = float64(max(r.tokens, 1))
+	}
+	return Evaluation{Loss: loss / n, Accuracy: float64(r.correct) / n, N: len(y), Tokens: r.tokens}, nil
 }

@@ -30,15 +30,19 @@ type cudaLayerBufs struct {
 	a2, d2, al, be  cu.DevicePtr
 	// maxpool: the input index of each output's maximum (int32).
 	arg cu.DevicePtr
-	// embeddingbag: 1/nᵢ (float32 [maxB]) and the token index (embed_acc).
+	// embeddingbag: 1/nᵢ (float32 [maxB]) and the token index (embed_acc);
+	// embedding: the same over the maxB·T positions.
 	inv, off, ex cu.DevicePtr
-	// layernorm: x̂ [maxB, f] and 1/σ [maxB].
+	// layernorm: x̂ [maxB, f] and 1/σ [maxB] (at T positions: [maxB·T, f]
+	// and [maxB·T]).
 	xhat, rstd cu.DevicePtr
+	// attention: the probabilities and the scores' gradients [maxB, H, T, T].
+	probs, dS cu.DevicePtr
 }
 
 // statRows is the number of per-example float64 sums (rows of maxB in the
 // engine's stats buffer) a parameter layer's bound takes.
-func statRows(ly layer) int {
+func statRows(ly cudaUnit) int {
 	switch ly.(type) {
 	case *linear:
 		return 2 // Σa², Σd²
@@ -49,7 +53,7 @@ func statRows(ly layer) int {
 	case *layerNorm:
 		return 2 // n, Σx̂²
 	}
-	return 0
+	return seqStatRows(ly)
 }
 
 // scratchSize is the float32 count of the scratch buffer: accGrad's block
@@ -60,7 +64,7 @@ func (e *cudaEngine) scratchSize() int {
 	group := func(rows, ok int) int {
 		return min((rows+blockRows-1)/blockRows, maxBlockGroup) * ok
 	}
-	for _, ly := range e.m.layers {
+	for _, ly := range e.ly {
 		switch ly := ly.(type) {
 		case *linear:
 			n = max(n, group(e.maxB, ly.out*ly.in))
@@ -77,7 +81,7 @@ func (e *cudaEngine) scratchSize() int {
 func (e *cudaEngine) allocLayer(l int, a func(*cu.DevicePtr, int) error) error {
 	B := e.maxB
 	s := &e.lb[l]
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *conv:
 		T, K, O := ly.T, ly.K, ly.o
 		errs := []error{a(&s.cols, 4*B*T*K), a(&s.wp, 4*O*K),
@@ -99,6 +103,8 @@ func (e *cudaEngine) allocLayer(l int, a func(*cu.DevicePtr, int) error) error {
 		return errors.Join(a(&s.inv, 4*B), a(&s.off, 4*(ly.V+1)), a(&s.ex, 4*B*ly.L))
 	case *layerNorm:
 		return errors.Join(a(&s.xhat, 4*B*ly.f), a(&s.rstd, 4*B))
+	default:
+		return e.seqAlloc(l, a)
 	}
 	return nil
 }
@@ -116,7 +122,7 @@ func (ly *pool) geometry(B int) []karg {
 }
 
 // layerW returns the device address of layer l's parameters.
-func (e *cudaEngine) layerW(l int) cu.DevicePtr { return off4(e.theta, e.m.layerOff[l]) }
+func (e *cudaEngine) layerW(l int) cu.DevicePtr { return off4(e.theta, e.off[l]) }
 
 // layerForward runs the forward pass of a conv, pool, embeddingbag or
 // layernorm layer.
@@ -124,7 +130,7 @@ func (e *cudaEngine) layerForward(l, B int) error {
 	k := &e.d.k
 	s := &e.lb[l]
 	in, out := e.act[l], e.act[l+1]
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *conv:
 		T, K, O := ly.T, ly.K, ly.o
 		w := e.layerW(l)
@@ -144,8 +150,9 @@ func (e *cudaEngine) layerForward(l, B int) error {
 		return launch1(k.embedFwd, B*ly.D, i32(B), i32(ly.L), i32(ly.D), ptr(in), ptr(e.layerW(l)), ptr(s.inv), ptr(out))
 	case *layerNorm:
 		return launch(k.lnFwd, B, 1, 256, 1, i32(ly.f), f64(ly.eps), ptr(in), ptr(e.layerW(l)), ptr(s.xhat), ptr(s.rstd), ptr(out))
+	default:
+		return e.seqForward(l, B)
 	}
-	return nil
 }
 
 // layerBackward writes the input gradient of a conv, pool or layernorm
@@ -154,7 +161,7 @@ func (e *cudaEngine) layerBackward(l, B int) error {
 	k := &e.d.k
 	s := &e.lb[l]
 	dout, din := e.grad[l+1], e.grad[l]
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *conv:
 		T, K, O := ly.T, ly.K, ly.o
 		if err := e.d.sgemm(false, false, B*T, K, O, 1, dout, O, s.wp, K, 0, s.dcols, K); err != nil {
@@ -165,8 +172,9 @@ func (e *cudaEngine) layerBackward(l, B int) error {
 		return launch1(k.poolBwd, B*ly.c*ly.h*ly.w, append(ly.geometry(B), ptr(dout), ptr(s.arg), ptr(din))...)
 	case *layerNorm:
 		return launch(k.lnBwd, B, 1, 256, 1, i32(ly.f), ptr(e.layerW(l)), ptr(s.xhat), ptr(s.rstd), ptr(dout), ptr(din))
+	default:
+		return e.seqBackward(l, B)
 	}
-	return nil
 }
 
 // statRow returns the device address of row r of layer l's stats.
@@ -181,7 +189,7 @@ func (e *cudaEngine) layerStats(l, B int) error {
 	sumsq := func(rows, cols int, x cu.DevicePtr, out cu.DevicePtr) error {
 		return launch(k.rowSumsq, rows, 1, 256, 1, i32(cols), ptr(x), ptr(out))
 	}
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *linear:
 		return errors.Join(sumsq(B, ly.in, e.act[l], e.statRow(l, 0)), sumsq(B, ly.out, dout, e.statRow(l, 1)))
 	case *conv:
@@ -214,15 +222,17 @@ func (e *cudaEngine) layerStats(l, B int) error {
 		return sumsq(B, ly.D, dout, e.statRow(l, 0))
 	case *layerNorm:
 		return launch(k.lnStats, B, 1, 256, 1, i32(ly.f), ptr(s.xhat), ptr(dout), ptr(e.statRow(l, 0)), i32(e.maxB))
+	default:
+		return e.seqStats(l, B)
 	}
-	return nil
 }
 
 // layerBound adds parameter layer l's bounds for the B examples from the
-// downloaded sums, through the CPU engine's formulas (boundExample).
+// downloaded sums, through the CPU engine's formulas (boundExample; for a
+// layer norm at T positions, boundSeqExample).
 func (e *cudaEngine) layerBound(l, B int, b clipBounds) {
 	row := func(r int) []float64 { return e.hstats[(e.statOff[l]+r)*e.maxB:][:B] }
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *linear:
 		a2, d2 := row(0), row(1)
 		for i := 0; i < B; i++ {
@@ -253,6 +263,16 @@ func (e *cudaEngine) layerBound(l, B int, b clipBounds) {
 		for i := 0; i < B; i++ {
 			ly.boundExample(b, i, n[i], x2[i])
 		}
+	case *seqEmbed:
+		n, rho := row(0), row(1)
+		for i := 0; i < B; i++ {
+			ly.boundExample(b, i, n[i], rho[i])
+		}
+	case *seqLayerNorm:
+		n, rho2, xn := row(0), row(1), row(2)
+		for i := 0; i < B; i++ {
+			ly.boundSeqExample(b, i, n[i], rho2[i], xn[i])
+		}
 	}
 }
 
@@ -266,7 +286,7 @@ func (e *cudaEngine) layerClip(l, B int) error {
 		return launch1(k.clipRows, B*cols, i32(B), i32(cols), ptr(x), ptr(e.coef), flag(scale))
 	}
 	dout := e.grad[l+1]
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *linear:
 		return errors.Join(rows(e.act[l], ly.in, false), rows(dout, ly.out, true))
 	case *conv:
@@ -276,6 +296,11 @@ func (e *cudaEngine) layerClip(l, B int) error {
 		return rows(dout, ly.D, true)
 	case *layerNorm:
 		return errors.Join(rows(s.xhat, ly.f, false), rows(dout, ly.f, true))
+	case *seqEmbed:
+		return rows(dout, ly.T*ly.D, true)
+	case *seqLayerNorm:
+		n := ly.t * ly.f
+		return errors.Join(rows(s.xhat, n, false), rows(dout, n, true))
 	}
 	return nil
 }
@@ -285,14 +310,14 @@ func (e *cudaEngine) layerClip(l, B int) error {
 func (e *cudaEngine) layerAccGrad(l, B int, fresh, final bool) error {
 	k := &e.d.k
 	s := &e.lb[l]
-	off := e.m.layerOff[l]
+	off := e.off[l]
 	acc, dst := off8(e.acc, off), off4(e.dst, off)
 	dout := e.grad[l+1]
 	bias := func(rows, O, at int) error {
 		return launch1(k.colsumPut, O, i32(rows), i32(O), ptr(dout), ptr(off8(e.acc, off+at)), ptr(off4(e.dst, off+at)),
 			flag(fresh), flag(final), i32(0), f32(0))
 	}
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *linear:
 		O, K := ly.out, ly.in
 		if err := e.accGrad(O, K, B, dout, e.act[l], off, fresh, final, 0, 0); err != nil {
@@ -316,8 +341,9 @@ func (e *cudaEngine) layerAccGrad(l, B int, fresh, final bool) error {
 	case *layerNorm:
 		return launch1(k.lnAcc, ly.f, i32(B), i32(ly.f), ptr(s.xhat), ptr(dout), ptr(acc), ptr(dst),
 			flag(fresh), flag(final), i32(0), f32(0))
+	default:
+		return e.seqAccGrad(l, B, fresh, final)
 	}
-	return nil
 }
 
 // layerParamGrad writes parameter layer l's summed gradient over the batch
@@ -326,14 +352,14 @@ func (e *cudaEngine) layerAccGrad(l, B int, fresh, final bool) error {
 func (e *cudaEngine) layerParamGrad(l, B int) error {
 	k := &e.d.k
 	s := &e.lb[l]
-	off := e.m.layerOff[l]
+	off := e.off[l]
 	dst := off4(e.dst, off)
 	dout := e.grad[l+1]
 	bias := func(rows, O, at int) error {
 		return launch1(k.colsumPut, O, i32(rows), i32(O), ptr(dout), ptr(e.acc), ptr(off4(e.dst, off+at)),
 			i32(0), i32(0), i32(1), f32(1))
 	}
-	switch ly := e.m.layers[l].(type) {
+	switch ly := e.ly[l].(type) {
 	case *linear:
 		O, K := ly.out, ly.in
 		if err := e.d.sgemm(true, false, O, K, B, 1, dout, O, e.act[l], K, 0, dst, K); err != nil {
@@ -355,8 +381,9 @@ func (e *cudaEngine) layerParamGrad(l, B int) error {
 	case *layerNorm:
 		return launch1(k.lnAcc, ly.f, i32(B), i32(ly.f), ptr(s.xhat), ptr(dout), ptr(e.acc), ptr(dst),
 			i32(1), i32(1), i32(1), f32(1))
+	default:
+		return e.seqParamGrad(l, B)
 	}
-	return nil
 }
 
 // cudaEmbedHost is the host side of an embedding bag on the device: the

@@ -35,7 +35,9 @@ func TestCUDAPTXMatchesSource(t *testing.T) {
 	for _, k := range []string{"sgemm_nn", "sgemm_nt", "sgemm_tn", "sgemm_tt", "sgemm128_nn", "sgemm128_nt", "sgemm128_tn", "blocks_put", "colsum_put", "bias_add",
 		"act_fwd", "act_bwd", "permute", "softmax_xent", "row_sumsq", "clip_rows", "nonfinite",
 		"conv_im2col", "conv_col2im", "conv_permute", "conv_rows", "conv_biasn", "conv_ghost", "conv_pergrad", "conv_gsum",
-		"pool_fwd", "pool_bwd", "embed_fwd", "embed_acc", "ln_fwd", "ln_bwd", "ln_stats", "ln_acc"} {
+		"pool_fwd", "pool_bwd", "embed_fwd", "embed_acc", "ln_fwd", "ln_bwd", "ln_stats", "ln_acc",
+		"seq_embed_fwd", "seq_embed_stats", "seq_ln_stats", "attn_fwd", "attn_bwd_q", "attn_bwd_kv",
+		"mean_pool_fwd", "mean_pool_bwd", "add2", "token_xent"} {
 		if !strings.Contains(string(ptx), ".entry "+k+"(") {
 			t.Errorf("cuda_kernels.ptx has no kernel %s", k)
 		}

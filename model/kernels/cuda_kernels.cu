@@ -907,4 +907,302 @@ __global__ void ln_acc(int B, int f, const float *xhat, const float *dy, double 
 		put(bs, &acc[f + j], &dst[f + j], first, last);
 	}
 }
+
+// ------------------------------------------------------ sequence layers
+//
+// The transformer's layers (model/seq_*.go) on the CPU's layouts: a
+// sequence activation is [B, T, D] row-major, an attention input holds, at
+// each position, the query, key and value (D each, head h at h·dh). A
+// linear layer at T positions is the convolution kernels above (a 1×1
+// convolution, as on the CPU: seqLinear), a layer norm at T positions is
+// ln_fwd, ln_bwd and ln_acc over B·T rows; what is new is below. The
+// float32 operations of the forward and backward passes are rounded one by
+// one (__fadd_rn, __fmul_rn: no fused multiply-adds) in the CPU's order, so
+// that for the same inputs they give the CPU's bits, except where a
+// float64 exp is taken (attention's softmax, the next-token loss): CUDA's
+// exp and Go's math.Exp may differ in the last bit.
+
+// put_sums writes example i's nv per-example sums v (each already
+// reduced: the same in every thread) at out[q·ld + i], from thread 0.
+__device__ __forceinline__ void put_sums(const double *v, int nv, double *out, int ld, int i) {
+	if (threadIdx.x == 0)
+		for (int q = 0; q < nv; q++) out[(size_t)q * ld + i] = v[q];
+}
+
+// seq_embed_fwd (seqEmbedState.forward): y[i, t, j] = pos[t, j] + tok[id, j]
+// (pos alone for padding, id < 0); wt holds tok [V, D] then pos [T, D].
+__global__ void seq_embed_fwd(int B, int T, int D, int V, const float *ids, const float *wt, float *y) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * T * D) return;
+	size_t r = e / D; // row i·T + t
+	int j = e % D, t = r % T;
+	float v = wt[(size_t)V * D + (size_t)t * D + j];
+	float id = ids[r];
+	if (id >= 0.f) v = __fadd_rn(v, wt[(size_t)id * D + j]);
+	y[e] = v;
+}
+
+// seq_embed_stats writes, per example (one block), the sums of
+// seqEmbedState.bound: n = Σₜ‖dₜ‖² (position rows) + Σ_v ‖Σ_{t: idₜ=v} dₜ‖²
+// (token rows, each summed in float64 in position order) at out[i], and
+// rho = 2·Σₜ‖dₜ‖ at out[ld + i]. Every loop bound and branch before a
+// block_sum depends on the example's ids only, so all threads reach it.
+__global__ void seq_embed_stats(int T, int D, const float *ids, const float *dy, double *out, int ld) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	const float *id = ids + (size_t)i * T, *d = dy + (size_t)i * T * D;
+	double np = 0, rho = 0;
+	for (int t = 0; t < T; t++) {
+		double s = 0;
+		for (int j = threadIdx.x; j < D; j += 256) {
+			double v = d[(size_t)t * D + j];
+			s += v * v;
+		}
+		s = block_sum(s, sh);
+		np += s;
+		rho += 2.0 * sqrt(s);
+	}
+	double nt = 0;
+	for (int t = 0; t < T; t++) {
+		float v = id[t];
+		if (v < 0.f) continue;
+		bool first = true;
+		for (int u = 0; u < t && first; u++) first = id[u] != v;
+		if (!first) continue; // the token's row was summed at its first position
+		for (int j = threadIdx.x; j < D; j += 256) {
+			double s = 0;
+			for (int u = t; u < T; u++)
+				if (id[u] == v) s += (double)d[(size_t)u * D + j];
+			nt += s * s;
+		}
+	}
+	double sums[2] = {np + block_sum(nt, sh), rho};
+	put_sums(sums, 2, out, ld, i);
+}
+
+// seq_ln_stats writes, per example (one block), the sums of
+// seqLNState.bound over its T rows [T, f]: n = Σⱼ (Σₜ dₜⱼx̂ₜⱼ)² + (Σₜ dₜⱼ)²,
+// rho2 = Σⱼ (Σₜ|dₜⱼx̂ₜⱼ|)² + (Σₜ|dₜⱼ|)² (each inner sum in float64 in t
+// order) and xn = Σₜ √(Σⱼ x̂ₜⱼ² + f), at out[i], out[ld + i], out[2·ld + i].
+__global__ void seq_ln_stats(int T, int f, const float *xhat, const float *dy, double *out, int ld) {
+	__shared__ double sh[256];
+	int i = blockIdx.x;
+	const float *xh = xhat + (size_t)i * T * f, *d = dy + (size_t)i * T * f;
+	double n = 0, rho = 0;
+	for (int j = threadIdx.x; j < f; j += 256) {
+		double gs = 0, bs = 0, ga = 0, ba = 0;
+		for (int t = 0; t < T; t++) {
+			double dv = d[(size_t)t * f + j], gx = dv * (double)xh[(size_t)t * f + j];
+			gs += gx;
+			bs += dv;
+			ga += fabs(gx);
+			ba += fabs(dv);
+		}
+		n += gs * gs + bs * bs;
+		rho += ga * ga + ba * ba;
+	}
+	double xn = 0;
+	for (int t = threadIdx.x; t < T; t += 256) {
+		double x2 = 0;
+		for (int j = 0; j < f; j++) {
+			double x = xh[(size_t)t * f + j];
+			x2 += x * x;
+		}
+		xn += sqrt(x2 + (double)f);
+	}
+	double sums[3] = {block_sum(n, sh), block_sum(rho, sh), block_sum(xn, sh)};
+	put_sums(sums, 3, out, ld, i);
+}
+
+// gomax32 is Go's max for float32 as the CPU's attention uses it: NaN if
+// either is NaN.
+__device__ __forceinline__ float gomax32(float a, float b) {
+	if (isnan(a) || isnan(b)) return __int_as_float(0x7fc00000);
+	return a > b ? a : b;
+}
+
+// dot_rn is model's dot32: Σⱼ a[j]·b[j] in float32, j ascending, each
+// product and sum rounded.
+__device__ __forceinline__ float dot_rn(const float *a, const float *b, int n) {
+	float s = 0.f;
+	for (int j = 0; j < n; j++) s = __fadd_rn(s, __fmul_rn(a[j], b[j]));
+	return s;
+}
+
+// attn_pos is the place of attention thread e = (i·H + h)·T + t: example
+// i, position t, row = i·T + t of the output [B·T, D], the head's offset
+// ho = h·dh and width dh = D/H in a position's D values, the input's row
+// length D3 = 3·D.
+struct attn_pos {
+	size_t i, row;
+	int t, ho, dh, D3;
+};
+
+__device__ __forceinline__ attn_pos attn_at(size_t e, int T, int H, int D) {
+	attn_pos a;
+	a.t = e % T;
+	a.i = e / ((size_t)T * H);
+	a.row = a.i * T + a.t;
+	a.dh = D / H;
+	a.ho = (int)((e / T) % H) * a.dh;
+	a.D3 = 3 * D;
+	return a;
+}
+
+// attn_fwd (attnState.forward): one thread per (example i, head h,
+// position t), e = (i·H + h)·T + t. Scores sᵤ = dot(qₜ, kᵤ)·scale for
+// u ≤ t, their max, eᵤ = exp(sᵤ − max) in float64 summed in u order,
+// Pₜᵤ = (float)eᵤ·(float)(1/Σe) into probs [B, H, T, T] (row t, u ≤ t; the
+// rest of the row is not written), and outₜ = Σᵤ Pₜᵤ vᵤ (u ascending) into
+// y [B, T, D].
+__global__ void attn_fwd(int B, int T, int D, int H, float scale, const float *x, float *probs, float *y) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * H * T) return;
+	attn_pos a = attn_at(e, T, H, D);
+	const float *xi = x + a.i * T * a.D3;
+	const float *q = xi + (size_t)a.t * a.D3 + a.ho;
+	float *P = probs + e * T;
+	float mx = -INFINITY;
+	for (int u = 0; u <= a.t; u++) {
+		float s = __fmul_rn(dot_rn(q, xi + (size_t)u * a.D3 + D + a.ho, a.dh), scale);
+		P[u] = s;
+		mx = gomax32(mx, s);
+	}
+	double se = 0;
+	for (int u = 0; u <= a.t; u++) {
+		double ev = exp((double)__fsub_rn(P[u], mx));
+		P[u] = (float)ev;
+		se += ev;
+	}
+	float inv = (float)(1.0 / se);
+	for (int u = 0; u <= a.t; u++) P[u] = __fmul_rn(P[u], inv);
+	float *o = y + a.row * D + a.ho;
+	for (int j = 0; j < a.dh; j++) {
+		float s = 0.f;
+		for (int u = 0; u <= a.t; u++) s = __fadd_rn(s, __fmul_rn(P[u], xi[(size_t)u * a.D3 + 2 * D + a.ho + j]));
+		o[j] = s;
+	}
+}
+
+// attn_bwd_q (attnState.backward, the query part): one thread per
+// (i, h, t) as attn_fwd. With gₜ the output gradient: ∂Pₜᵤ = dot(gₜ, vᵤ),
+// m = Σᵤ Pₜᵤ∂Pₜᵤ (float32, u order), ∂Sₜᵤ = Pₜᵤ·(∂Pₜᵤ − m)·scale into ds
+// [B, H, T, T] (row t, u ≤ t), and ∂qₜ = Σᵤ ∂Sₜᵤ kᵤ into dx [B, T, 3D].
+__global__ void attn_bwd_q(int B, int T, int D, int H, float scale, const float *x, const float *probs,
+                           const float *g, float *ds, float *dx) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * H * T) return;
+	attn_pos a = attn_at(e, T, H, D);
+	const float *xi = x + a.i * T * a.D3;
+	const float *gt = g + a.row * D + a.ho;
+	const float *P = probs + e * T;
+	float *S = ds + e * T;
+	float m = 0.f;
+	for (int u = 0; u <= a.t; u++) {
+		float dp = dot_rn(gt, xi + (size_t)u * a.D3 + 2 * D + a.ho, a.dh);
+		S[u] = dp;
+		m = __fadd_rn(m, __fmul_rn(P[u], dp));
+	}
+	for (int u = 0; u <= a.t; u++) S[u] = __fmul_rn(__fmul_rn(P[u], __fsub_rn(S[u], m)), scale);
+	float *dq = dx + a.row * a.D3 + a.ho;
+	for (int j = 0; j < a.dh; j++) {
+		float s = 0.f;
+		for (int u = 0; u <= a.t; u++) s = __fadd_rn(s, __fmul_rn(S[u], xi[(size_t)u * a.D3 + D + a.ho + j]));
+		dq[j] = s;
+	}
+}
+
+// attn_bwd_kv (attnState.backward, the key and value parts): one thread per
+// (i, h, u), e = (i·H + h)·T + u: ∂vᵤ = Σ_{t≥u} Pₜᵤ gₜ and
+// ∂kᵤ = Σ_{t≥u} ∂Sₜᵤ qₜ, t ascending (the CPU adds them in that order), from
+// attn_fwd's probs and attn_bwd_q's ds, which must have run.
+__global__ void attn_bwd_kv(int B, int T, int D, int H, const float *x, const float *probs, const float *ds,
+                            const float *g, float *dx) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * H * T) return;
+	attn_pos a = attn_at(e, T, H, D);
+	int u = a.t;
+	const float *xi = x + a.i * T * a.D3, *gi = g + a.i * T * D;
+	const float *P = probs + (e - u) * T, *S = ds + (e - u) * T; // row 0 of (i, h)
+	float *dxi = dx + a.row * a.D3;
+	for (int j = 0; j < a.dh; j++) {
+		float sv = 0.f, sk = 0.f;
+		for (int t = u; t < T; t++) {
+			size_t tu = (size_t)t * T + u;
+			sv = __fadd_rn(sv, __fmul_rn(P[tu], gi[(size_t)t * D + a.ho + j]));
+			sk = __fadd_rn(sk, __fmul_rn(S[tu], xi[(size_t)t * a.D3 + a.ho + j]));
+		}
+		dxi[D + a.ho + j] = sk;
+		dxi[2 * D + a.ho + j] = sv;
+	}
+}
+
+// mean_pool_fwd (meanPool.forward): y[i, j] = (Σₜ x[i, t, j], float32,
+// t ascending)·(1/T).
+__global__ void mean_pool_fwd(int B, int T, int D, const float *x, float *y) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * D) return;
+	size_t i = e / D;
+	int j = e % D;
+	float s = 0.f;
+	for (int t = 0; t < T; t++) s = __fadd_rn(s, x[(i * T + t) * D + j]);
+	y[e] = __fmul_rn(s, 1.f / (float)T);
+}
+
+// mean_pool_bwd (meanPool.backward): dx[i, t, j] = dy[i, j]·(1/T).
+__global__ void mean_pool_bwd(int B, int T, int D, const float *dy, float *dx) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= (size_t)B * T * D) return;
+	size_t i = e / ((size_t)T * D);
+	int j = e % D;
+	dx[e] = __fmul_rn(dy[i * D + j], 1.f / (float)T);
+}
+
+// add2: y = a + b elementwise (a residual block's output, and its input
+// gradient: the skip plus the nested layers' one).
+__global__ void add2(size_t n, const float *a, const float *b, float *y) {
+	size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= n) return;
+	y[e] = __fadd_rn(a[e], b[e]);
+}
+
+// token_xent (Workspace.nextTokenXent): one thread per position r = i·T + t
+// of the logits [B, T, V] against the targets tgt [B, T] (−1: padding). At
+// a target: loss[r] = lse − z[target] and correct[r] in float64 as
+// softmax_xent, and, if dz is not null, dz = (scale/nᵢ)·(softmax −
+// onehot(target)) rounded to float32, nᵢ the example's number of targets;
+// at padding: loss 0, correct 0, a zero dz row.
+__global__ void token_xent(int B, int T, int V, const float *logits, const int32_t *tgt, float *dz, float scale,
+                           double *loss, int32_t *correct) {
+	size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (r >= (size_t)B * T) return;
+	size_t i = r / T;
+	const float *z = logits + r * V;
+	float *d = dz == 0 ? 0 : dz + r * V;
+	int tg = tgt[r];
+	if (tg < 0) {
+		loss[r] = 0;
+		correct[r] = 0;
+		if (d != 0)
+			for (int j = 0; j < V; j++) d[j] = 0.f;
+		return;
+	}
+	int n = 0;
+	for (int u = 0; u < T; u++) n += tgt[i * T + u] >= 0;
+	int arg = 0;
+	for (int j = 1; j < V; j++)
+		if (z[j] > z[arg]) arg = j;
+	double mx = z[arg], se = 0.0;
+	for (int j = 0; j < V; j++) se += exp((double)z[j] - mx);
+	double lse = mx + log(se);
+	loss[r] = lse - (double)z[tg];
+	correct[r] = arg == tg;
+	if (d == 0) return;
+	float s = __fdiv_rn(scale, (float)n);
+	for (int j = 0; j < V; j++) {
+		double p = exp((double)z[j] - lse);
+		if (j == tg) p -= 1.0;
+		d[j] = __fmul_rn(s, (float)p);
+	}
+}
 }

@@ -32,8 +32,10 @@ MAIN_JOB_PACKAGES=(dataset-fashion-mnist "${OPENBLAS_PACKAGES[@]}")
 # TestPythonExampleMatchesEvaluation runs; chromium: the headless browser
 # in which TestDashboardInChromium renders the coordinator's dashboard;
 # fortunes (Debian main, 2.6 MB of text in /usr/share/games/fortunes): the
-# fortunes-seq next-token dataset, which TestFortunesPackage reads.
-TEST_PACKAGES=(gcc libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes)
+# fortunes-seq next-token dataset, which TestFortunesPackage reads; g++
+# (C++20): TestCUDAKernelsEmulated, which runs the CUDA kernels of the
+# sequence layers on the CPU (model/kernels/emu).
+TEST_PACKAGES=(gcc g++ libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes)
 
 # NON_FREE_PACKAGES are in Debian's contrib or non-free components, which
 # ensure_packages enables before installing one of them.
