@@ -36,12 +36,12 @@ func canaryScoreWhole(x []float32, q, sigma, clip float64) float64 {
 		sumSq += r[t] * r[t]
 	}
 	s, T := sigma*clip, float64(len(x))
-	limit := (1 + excessNoise) * s * s
-	if sumSq/T <= limit && rawSq/T <= limit && math.Abs(prefix[len(x)])/(s*math.Sqrt(T)) <= driftLimit {
+	limit, v := (1+excessNoise)*s*s, sumSq/T
+	if math.Abs(v-s*s) <= excessNoise*s*s && rawSq/T <= (1+excessNoise)*v && math.Abs(prefix[len(x)])/math.Sqrt(T*v) <= driftLimit {
 		for t, v := range x {
 			r[t] = float64(v) // quiet: the raw series
 		}
-	} else if v := sumSq / T; v > limit {
+	} else if v > limit {
 		s = math.Sqrt(v)
 	}
 	var score float64
@@ -185,7 +185,8 @@ func TestAuditWithAsManyCanariesAsExamples(t *testing.T) {
 // before, every canary was scored on detrended residuals, which cost the
 // main job's audit about 37 of its top 840 guesses (detrendScorer). A
 // canary with a drift of a few noise levels over the run, or a noise
-// level 30% above the mechanism's, is still scored on its residuals.
+// level 30% above the mechanism's or a quarter of it (a broken mechanism),
+// is still scored on its residuals.
 func TestQuietCanariesScoredAsTheIdealAudit(t *testing.T) {
 	const m, steps, q, sigma, clip = 40, 1000, 0.02, 0.7, 2.0
 	r := rand.New(rand.NewPCG(8, 9))
@@ -193,11 +194,13 @@ func TestQuietCanariesScoredAsTheIdealAudit(t *testing.T) {
 	for i := range series {
 		for range steps {
 			x := r.NormFloat64() * sigma * clip
-			switch i % 4 {
+			switch i % 5 {
 			case 2: // drifting: 8 noise levels over the run
 				x += 8 * sigma * clip / math.Sqrt(steps)
 			case 3: // busy: its noise 1.3 times the mechanism's
 				x *= 1.3
+			case 4: // a quarter of the noise (a broken mechanism)
+				x /= 4
 			}
 			if i%2 == 1 && r.Float64() < q {
 				x += clip
@@ -211,7 +214,7 @@ func TestQuietCanariesScoredAsTheIdealAudit(t *testing.T) {
 		for _, v := range xs {
 			ideal += privacyaudit.SubsampledGaussianLLR(float64(v)/(sigma*clip), q, sigma)
 		}
-		quiet := i%4 < 2
+		quiet := i%5 < 2
 		if same := math.Abs(got[i]-ideal) <= 1e-9*math.Abs(ideal); same != quiet {
 			t.Errorf("canary %d (quiet %v): score %v, the ideal audit's statistic %v", i, quiet, got[i], ideal)
 		}
