@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -371,55 +369,22 @@ func replayEntry(fsm *FSM, e *raft.Log) error {
 	return nil
 }
 
-// snapshotMeta is the part of a snapshot's meta.json (raftlog.SnapshotStore,
-// in hashicorp/raft's FileSnapshotStore layout) that ReadCommitted needs.
-type snapshotMeta struct {
-	ID    string
-	Index uint64
-	Term  uint64
-}
-
 // readNewestSnapshot returns the index and bytes of the newest snapshot in
-// dataDir/snapshots that decodes (nil and 0 if there is none), in the
-// order raftlog.SnapshotStore lists them (term, index, ID,
-// newest first), skipping unfinished (.tmp) ones. It reads the files
-// directly, without opening the store (which removes unfinished snapshots).
+// dataDir/snapshots that passes its checksum and decodes (nil and 0 if
+// there is none), in the order Raft restores them: raftlog.ReadSnapshots,
+// which lists them as the replica's store does and changes nothing.
 func readNewestSnapshot(dataDir string) (uint64, []byte, error) {
-	dir := filepath.Join(dataDir, "snapshots")
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil, nil
+	store, err := raftlog.ReadSnapshots(dataDir)
+	if err != nil || store == nil {
+		return 0, nil, err
 	}
+	metas, err := store.List()
 	if err != nil {
-		return 0, nil, fmt.Errorf("coordinator: listing snapshots: %w", err)
+		return 0, nil, fmt.Errorf("coordinator: %w", err)
 	}
-	var metas []snapshotMeta
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "meta.json"))
-		if err != nil {
-			continue // being written or reaped; Raft skips it too
-		}
-		var m snapshotMeta
-		if json.Unmarshal(b, &m) != nil || m.ID != e.Name() {
-			continue
-		}
-		metas = append(metas, m)
-	}
-	slices.SortFunc(metas, func(a, b snapshotMeta) int {
-		if c := -compareUint(a.Term, b.Term); c != 0 {
-			return c
-		}
-		if c := -compareUint(a.Index, b.Index); c != 0 {
-			return c
-		}
-		return -strings.Compare(a.ID, b.ID)
-	})
 	var errs error
 	for _, m := range metas {
-		data, err := os.ReadFile(filepath.Join(dir, m.ID, "state.bin"))
+		data, err := readSnapshotState(store, m.ID)
 		if err == nil {
 			_, err = decodeSnapshot(data)
 		}
@@ -435,12 +400,12 @@ func readNewestSnapshot(dataDir string) (uint64, []byte, error) {
 	return 0, nil, nil
 }
 
-func compareUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// readSnapshotState reads snapshot id's whole state, checksum checked.
+func readSnapshotState(store *raftlog.SnapshotStore, id string) ([]byte, error) {
+	_, rc, err := store.Open(id)
+	if err != nil {
+		return nil, err
 	}
-	return 0
+	defer rc.Close()
+	return io.ReadAll(rc)
 }

@@ -8,6 +8,8 @@ import (
 	"hash/crc32"
 	"hash/crc64"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,8 +48,9 @@ import (
 // no CRC64 in a snapshot written here and refuses it: an older binary
 // fails at start on such a data dir, loudly).
 type SnapshotStore struct {
-	dir    string
-	retain int
+	dir      string
+	retain   int
+	readOnly bool // ReadSnapshots: List and Open only
 }
 
 // snapshotsDir, stateFile, metaFile and tmpSuffix are the names of
@@ -96,12 +99,32 @@ func OpenSnapshots(base string, retain int) (*SnapshotStore, error) {
 	return &SnapshotStore{dir: dir, retain: retain}, nil
 }
 
+// ReadSnapshots returns the snapshot store under base/snapshots for
+// reading only, every snapshot listed (no retain bound), without creating
+// or removing anything: a running replica may own the directory (coordinator
+// export reads it beside one). It returns nil and no error when there is
+// no snapshot directory. Create on it fails.
+func ReadSnapshots(base string) (*SnapshotStore, error) {
+	dir := filepath.Join(base, snapshotsDir)
+	if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("raftlog: snapshots: %w", err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("raftlog: snapshots: %s is not a directory", dir)
+	}
+	return &SnapshotStore{dir: dir, retain: math.MaxInt, readOnly: true}, nil
+}
+
 // Create starts snapshot version 1 (the only one hashicorp/raft writes)
 // of the state at index and term. The state machine writes it to the
 // returned sink, then closes it (it becomes visible and durable) or
 // cancels it (nothing remains).
 func (s *SnapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, _ raft.Transport) (raft.SnapshotSink, error) {
+	if s.readOnly {
+		return nil, errors.New("raftlog: a snapshot store opened with ReadSnapshots is read-only")
+	}
 	if version != 1 {
 		return nil, fmt.Errorf("raftlog: unsupported snapshot version %d", version)
 	}

@@ -247,3 +247,43 @@ func BenchmarkSnapshotStores(b *testing.B) {
 		})
 	}
 }
+
+// TestReadSnapshots: the read-only store lists every complete snapshot,
+// newest first, beyond the writer's retain bound, opens them with their
+// checksum checked, leaves an unfinished (.tmp) one in place, refuses
+// Create, and is nil without a snapshot directory.
+func TestReadSnapshots(t *testing.T) {
+	base := t.TempDir()
+	if s, err := ReadSnapshots(base); s != nil || err != nil {
+		t.Fatalf("no snapshot directory: %v, %v; want nil, nil", s, err)
+	}
+	w, err := OpenSnapshots(base, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, writeSnapshot(t, w, uint64(10*(i+1)), 2, stateOf(1000, byte(i))))
+	}
+	tmp := filepath.Join(base, snapshotsDir, "2-99-1"+tmpSuffix)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ReadSnapshots(base)
+	if err != nil || r == nil {
+		t.Fatalf("ReadSnapshots: %v, %v", r, err)
+	}
+	metas, err := r.List()
+	if err != nil || len(metas) != 3 || metas[0].ID != ids[2] || metas[2].ID != ids[0] {
+		t.Fatalf("List = %v, %v; want the three, newest first", metas, err)
+	}
+	if _, got := readSnapshot(t, r, ids[1]); !bytes.Equal(got, stateOf(1000, 1)) {
+		t.Error("the read-only store read another state")
+	}
+	if _, err := os.Stat(tmp); err != nil {
+		t.Errorf("the unfinished snapshot was touched: %v", err)
+	}
+	if _, err := r.Create(1, 40, 2, raft.Configuration{}, 1, nil); err == nil {
+		t.Error("Create on a read-only store succeeded")
+	}
+}
