@@ -43,7 +43,7 @@ func benchStep(b *testing.B, preset string) {
 // benchInputs builds spec's model with its initial parameters (seed 1)
 // and a batch of B Fashion-MNIST-shaped random examples: features uniform
 // in [0, 1), random labels.
-func benchInputs(b *testing.B, spec Spec, B int) (m *Model, theta, x []float32, y []int32) {
+func benchInputs(b testing.TB, spec Spec, B int) (m *Model, theta, x []float32, y []int32) {
 	m, err := New(spec)
 	if err != nil {
 		b.Fatal(err)

@@ -76,7 +76,9 @@ type cudaEngine struct {
 	needDin   []bool
 	emb       *cudaEmbedHost // the embedding bag's host-side index, if any
 	seq       *cudaSeqHost   // a sequence model's host side: token index, targets
-	stage     *stager        // page-locked staging of θ and the sum (nil: direct copies)
+	stage     *stager        // page-locked staging of θ and the sum (nil: direct copies), made on first use
+	staged    bool           // whether stage has been made (or refused)
+	host      []pinned       // the page-locked buffers AllocHost handed out
 
 	// host mirrors
 	hstats  []float64
@@ -152,7 +154,6 @@ func (d *cudaDevice) newEngine(m *Model, maxBatch int) (*cudaEngine, error) {
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
-		e.stage = newStager(P)
 		// grad[0] is never computed, but a first flatten with c = 1 aliases
 		// its output gradient to it.
 		if err := a(&e.grad[0], 4*maxBatch*m.inSize); err != nil {
@@ -212,6 +213,10 @@ func (e *cudaEngine) Close() error {
 			errs = append(errs, e.stage.close())
 			e.stage = nil
 		}
+		for _, p := range e.host {
+			errs = append(errs, p.free())
+		}
+		e.host = nil
 		return errors.Join(errs...)
 	})
 }
@@ -417,8 +422,8 @@ func (e *cudaEngine) begin(theta []float32) error {
 		return err
 	}
 	up := htod[float32]
-	if e.stage != nil {
-		up = e.stage.upload
+	if s := e.stager(theta); s != nil {
+		up = s.upload
 	}
 	if err := up(e.theta, theta); err != nil {
 		return err
@@ -517,8 +522,8 @@ func (e *cudaEngine) finish(dst []float32) error {
 		return err
 	}
 	down := dtoh[float32]
-	if e.stage != nil {
-		down = e.stage.download
+	if s := e.stager(dst); s != nil {
+		down = s.download
 	}
 	if err := down(dst, e.dst); err != nil {
 		return fmt.Errorf("model: cuda: computing the sum: %w", err)

@@ -934,6 +934,23 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 			})
 		})
 	}
+	// The step as a node takes it since the node keeps θ and its sum in
+	// the engine's own page-locked memory (HostAllocator): no staging.
+	hTheta, err1 := e.AllocHost(len(theta))
+	hDst, err2 := e.AllocHost(len(dst))
+	if err := errors.Join(err1, err2); err != nil {
+		b.Fatal(err)
+	}
+	copy(hTheta, theta)
+	run("gpu-transfers-host", func() error {
+		return e.d.do(func() error {
+			if err := e.begin(hTheta); err != nil {
+				return err
+			}
+			return e.finish(hDst)
+		})
+	})
+	run("gpu-dp-host", func() error { _, err := e.ClippedSum(hDst, hTheta, x, y, 1); return err })
 	b.Run("gpu-paired", func(b *testing.B) {
 		tNP, tDP, iters := pairedSteps(b, nonprivate, dp)
 		b.ReportMetric(tNP.Seconds()*1e3/float64(iters), "nonprivate-ms")
@@ -1145,5 +1162,60 @@ func TestCUDAStagingRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestCUDAHostBuffers: a step with θ and the sum in the engine's own
+// page-locked memory (AllocHost) gives the same bits as from Go memory, at
+// a size that is staged otherwise (the staging is then never made), and
+// a sub-slice of such a buffer counts as the engine's.
+func TestCUDAHostBuffers(t *testing.T) {
+	spec := MLP([]int{784}, []int{1400}, 10) // 1.1M parameters
+	m, theta, x, y := benchInputs(t, spec, 64)
+	if m.NumParams() < stageMin {
+		t.Fatalf("%d parameters: below staging's %d", m.NumParams(), stageMin)
+	}
+	want := make([]float32, m.NumParams())
+	ep := newCUDAEngine(t, m, 64)
+	if _, err := ep.ClippedSum(want, theta, x, y, 1); err != nil {
+		t.Fatal(err)
+	}
+	e := newCUDAEngine(t, m, 64)
+	if _, err := e.AllocHost(0); !errors.Is(err, ErrShape) {
+		t.Fatalf("AllocHost(0): %v, want ErrShape", err)
+	}
+	ht, err1 := e.AllocHost(len(theta) + 3)
+	hd, err2 := e.AllocHost(len(want))
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range hd {
+		if v != 0 {
+			t.Fatalf("AllocHost: value %d = %v, want 0", i, v)
+		}
+	}
+	ht = ht[3:]
+	copy(ht, theta)
+	if !e.ownsHost(ht) || !e.ownsHost(hd[1:5]) || e.ownsHost(theta) || e.ownsHost(ht[:0]) {
+		t.Fatal("ownsHost: wrong answer for the engine's buffers or for Go memory")
+	}
+	for round := range 2 {
+		if _, err := e.ClippedSum(hd, ht, x, y, 1); err != nil {
+			t.Fatal(err)
+		}
+		for j := range want {
+			if math.Float32bits(hd[j]) != math.Float32bits(want[j]) {
+				t.Fatalf("round %d: sum[%d] = %v from the engine's memory, %v from Go memory", round, j, hd[j], want[j])
+			}
+		}
+	}
+	if e.staged || e.stage != nil {
+		t.Fatal("staging buffers made for a step whose θ and sum are the engine's own")
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.AllocHost(4); !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("AllocHost after Close: %v, want ErrNoDevice", err)
 	}
 }

@@ -35,6 +35,23 @@ type Engine interface {
 	Close() error
 }
 
+// HostAllocator is implemented by an Engine whose transfers are fastest
+// from and into host memory it allocates itself: the CUDA engine's
+// page-locked memory, which the GPU reads and writes directly. A θ or a
+// sum buffer taken from AllocHost and passed to ClippedSumIndexed crosses
+// the link with no copy through a staging buffer (at 20M parameters on an
+// H200, two 80 MB host copies of the 6.3 ms the transfers took:
+// docs/BENCHMARKS.md, "Where the transfers go"). Any slice works, so a
+// caller that cannot get such memory passes its own and loses only speed.
+//
+// The memory is the engine's: Close releases it, and a buffer must not be
+// touched after its engine is closed (an access then faults).
+type HostAllocator interface {
+	// AllocHost returns n ≥ 1 zeroed float32 values of the engine's host
+	// memory, or an error (page-locked memory is a limited resource).
+	AllocHost(n int) ([]float32, error)
+}
+
 // DeviceInfo describes a device for logs and metrics.
 type DeviceInfo struct {
 	// ID is the name OpenDevice accepted: "cpu" or "cuda:N".

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 // TestCPUDeviceAnswersRounds runs a node given model.OpenDevice("cpu")
@@ -51,16 +54,7 @@ func TestCPUDeviceAnswersRounds(t *testing.T) {
 		rs := fx.round(step, step, 1, wait)
 		rs.ParamsVersion = 0
 		l.publish(rs)
-		c := recv(t, l.contribs, "contribution")
-		want, wantN := reference(t, fx, rs, seed, EngineBatch(cfg, fx.shard.Len()))
-		if int(c.Count) != wantN {
-			t.Errorf("step %d: count = %d, reference %d", step, c.Count, wantN)
-		}
-		for i := range want {
-			if c.Sum[i] != want[i] {
-				t.Fatalf("step %d: sum[%d] = %v, reference %v", step, i, c.Sum[i], want[i])
-			}
-		}
+		answersReference(t, fx, cfg, rs, recv(t, l.contribs, "contribution"))
 	}
 
 	info := dev.Info()
@@ -85,6 +79,21 @@ func TestCPUDeviceAnswersRounds(t *testing.T) {
 	for _, want := range wants {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
+}
+
+// answersReference fails the test unless c is the reference's answer to
+// rs (count and sum, bit for bit) from a node with cfg's seeded sampling.
+func answersReference(t *testing.T, fx fixture, cfg Config, rs transport.RoundStart, c transport.Contribution) {
+	t.Helper()
+	want, wantN := reference(t, fx, rs, cfg.SamplingSeed, EngineBatch(cfg, fx.shard.Len()))
+	if int(c.Count) != wantN {
+		t.Fatalf("step %d: count = %d, reference %d", rs.Step, c.Count, wantN)
+	}
+	for i := range want {
+		if math.Float32bits(c.Sum[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("step %d: sum[%d] = %v, reference %v", rs.Step, i, c.Sum[i], want[i])
 		}
 	}
 }
@@ -232,5 +241,120 @@ func TestEngineBatch(t *testing.T) {
 		if got := EngineBatch(cfg, tc.n); got != tc.want {
 			t.Errorf("EngineBatch(MaxBatch %d, q %v, n %d) = %d, want %d", tc.maxBatch, tc.q, tc.n, got, tc.want)
 		}
+	}
+}
+
+// hostDevice is a fakeDevice whose engines implement model.HostAllocator
+// as the CUDA engine does: they hand out buffers of their own (or refuse
+// every AllocHost with allocErr), count the steps whose θ or sum is not
+// one of them, and poison their buffers on Close, as the real engine's
+// release makes them unusable.
+type hostDevice struct {
+	fakeDevice
+	allocErr error
+	mu       sync.Mutex
+	bufs     [][]float32
+	allocs   int // AllocHost calls
+	foreign  int // steps computed on θ or into a sum not from AllocHost
+}
+
+func (d *hostDevice) NewEngine(m *model.Model, maxBatch int) (model.Engine, error) {
+	e, err := d.fakeDevice.NewEngine(m, maxBatch)
+	if err != nil {
+		return nil, err
+	}
+	return &hostEngine{fakeEngine: e.(*fakeEngine), dev: d}, nil
+}
+
+type hostEngine struct {
+	*fakeEngine
+	dev *hostDevice
+}
+
+func (e *hostEngine) AllocHost(n int) ([]float32, error) {
+	d := e.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.allocs++
+	if d.allocErr != nil {
+		return nil, d.allocErr
+	}
+	v := make([]float32, n)
+	d.bufs = append(d.bufs, v)
+	return v, nil
+}
+
+func (e *hostEngine) ClippedSumIndexed(dst, theta []float32, ds *dataset.Dataset, idx []int, clip float64) (int, error) {
+	d := e.dev
+	d.mu.Lock()
+	own := func(v []float32) bool {
+		return slices.ContainsFunc(d.bufs, func(b []float32) bool { return len(v) > 0 && &b[0] == &v[0] })
+	}
+	if !own(dst) || !own(theta) || &dst[0] == &theta[0] {
+		d.foreign++
+	}
+	d.mu.Unlock()
+	return e.fakeEngine.ClippedSumIndexed(dst, theta, ds, idx, clip)
+}
+
+func (e *hostEngine) Close() error {
+	d := e.dev
+	d.mu.Lock()
+	for _, b := range d.bufs {
+		for i := range b {
+			b[i] = float32(math.NaN())
+		}
+	}
+	d.mu.Unlock()
+	return e.fakeEngine.Close()
+}
+
+// TestEngineHostMemoryHoldsThetaAndSum: on an engine with host memory of
+// its own (a GPU's page-locked memory), the node keeps its sum and every
+// θ version there, so the engine moves them with no staging copy: three
+// buffers for the whole run (the sum and two θ versions, reused as
+// versions come and go), and the sums are the reference's bit for bit.
+// When the engine refuses its memory, the node asks once and computes
+// in Go memory, with the same sums.
+func TestEngineHostMemoryHoldsThetaAndSum(t *testing.T) {
+	const seed, steps = 11, 5
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
+			dev := &hostDevice{}
+			if refuse {
+				dev.allocErr = errors.New("out of page-locked memory")
+			}
+			fx := logregFixture(t)
+			nc, lc := natsPair(t)
+			l := newLeaderSide(t, lc)
+			cfg := testConfig()
+			cfg.SeededSampling, cfg.SamplingSeed, cfg.Device = true, seed, dev
+			r := start(t, cfg, fx, nc)
+			recv(t, l.joins, "join")
+			l.announce("r1", 1)
+			for step := uint64(1); step <= steps; step++ {
+				l.params(step-1, 1, fx.theta)
+				rs := fx.round(step, step, 1, wait)
+				l.publish(rs)
+				answersReference(t, fx, cfg, rs, recv(t, l.contribs, "contribution"))
+			}
+			r.cancel()
+			if err := r.result(t); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Run: %v", err)
+			}
+			dev.mu.Lock()
+			defer dev.mu.Unlock()
+			wantAllocs, wantForeign := 1+maxParamsKept, 0
+			if refuse {
+				wantAllocs, wantForeign = 1, steps
+			}
+			if dev.allocs != wantAllocs || dev.foreign != wantForeign {
+				t.Errorf("%d AllocHost calls and %d steps off the engine's memory, want %d and %d",
+					dev.allocs, dev.foreign, wantAllocs, wantForeign)
+			}
+			if n := dev.closes.Load(); n != 1 {
+				t.Errorf("engine closed %d times, want 1", n)
+			}
+		})
 	}
 }

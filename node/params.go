@@ -46,9 +46,11 @@ func (s *session) store(version, term uint64, v transport.Vector, needed bool) b
 	// A copy in a buffer of our own: the decoded values may sit at any
 	// 4-byte offset of a message buffer, and the BLAS kernels' summation
 	// order depends on alignment, so computing on the copy makes the sum
-	// reproducible bit for bit. The buffer is the evicted version's, if
-	// one is evicted (the loop owns them all; none is in use between
-	// messages): no model-sized allocation per step.
+	// reproducible bit for bit; and on a GPU the buffer is the engine's
+	// page-locked memory (Worker.vector), which the device reads with no
+	// staging copy. The buffer is the evicted version's, if one is evicted
+	// (the loop owns them all; none is in use between messages): no
+	// model-sized allocation per step.
 	var buf transport.Vector
 	if len(s.params) >= maxParamsKept {
 		lowest := uint64(math.MaxUint64)
@@ -63,7 +65,7 @@ func (s *session) store(version, term uint64, v transport.Vector, needed bool) b
 			s.paramsTerm[version] = term
 		}
 	} else {
-		s.params[version] = append(buf, v...)
+		s.params[version] = append(s.w.vector()[:0], v...)
 		s.paramsTerm[version] = term
 	}
 	w := s.w

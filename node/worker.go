@@ -112,9 +112,12 @@ type Worker struct {
 	// by Run when it returns or by Close.
 	eng      model.Engine
 	maxBatch int
-	// Owned by the Run loop goroutine.
-	batch []int
-	sum   []float32
+	// Owned by the Run loop goroutine. sum, like every θ version the
+	// session holds, comes from vector: it may be the engine's memory,
+	// released with the engine.
+	batch      []int
+	sum        []float32
+	hostFailed bool // the engine's host memory refused once: Go memory from then on
 	// canaries are the audit's gradient canaries (Config.Canaries), nil
 	// in any other run; read-only after NewWorker.
 	canaries *canaryVectors
@@ -190,7 +193,7 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	if w.eng, err = dev.NewEngine(m, w.maxBatch); err != nil {
 		return nil, fmt.Errorf("%w: on device %s (%s), batch capacity %d: %w", ErrEngine, w.dev.ID, w.dev.Name, w.maxBatch, err)
 	}
-	w.sum = make([]float32, m.NumParams())
+	w.sum = w.vector()
 	if c := cfg.Canaries; c != nil {
 		w.canaries = newCanaryVectors(c, m.NumParams())
 		w.log.Warn("node: PRIVACY AUDIT: this node injects gradient canaries; the run is an audit, not a training run",
@@ -204,6 +207,27 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 			"seed", cfg.SamplingSeed)
 	}
 	return w, nil
+}
+
+// vector returns a zeroed model-sized buffer for θ or the sum: the
+// engine's own host memory if it has some (model.HostAllocator: a GPU
+// engine's page-locked memory, which crosses the link with no staging
+// copy), else Go memory. The engine's memory is released with the engine,
+// so such a buffer must not outlive it: the session's buffers do not
+// outlive Run, and Run closes the engine last. Called by NewWorker and the
+// Run loop goroutine only.
+func (w *Worker) vector() []float32 {
+	n := w.m.NumParams()
+	if a, ok := w.eng.(model.HostAllocator); ok && !w.hostFailed {
+		v, err := a.AllocHost(n)
+		if err == nil {
+			return v
+		}
+		w.hostFailed = true
+		w.log.Warn("node: the engine's host memory is not available; θ and the sum are staged (slower transfers)",
+			"device", w.dev.ID, "err", err)
+	}
+	return make([]float32, n)
 }
 
 // EngineBatch is the number of examples the Worker's engine computes in one

@@ -107,7 +107,7 @@ if [ "$ok" = 1 ] && [ -f "$carry/stepbench.gz" ] && [ -z "${SKIP_STEP:-}" ]; the
 		-nodes 1 -steps 4 -warmup 2 -json "$out/step-141m.json"
 fi
 stage memcheck "${SAN_LIMIT:-90}" compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/model.test" \
-	-test.run 'TestCUDAClippedSumIndexedEveryLayer|TestCUDAClipAdversarialLayers/cancel|TestCUDASeqClipAdversarial'
+	-test.run 'TestCUDAClippedSumIndexedEveryLayer|TestCUDAClipAdversarialLayers/cancel|TestCUDASeqClipAdversarial|TestCUDAHostBuffers'
 stage memcheck-meangrad "${SAN_LIMIT:-90}" compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/model.test" \
 	-test.run 'TestCUDAMeanGradAndEvaluate'
 if [ -z "${SKIP_RACE:-}" ]; then
