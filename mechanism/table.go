@@ -68,28 +68,45 @@ type gaussTable struct {
 	// above it show Bernoulli(δ) false without computing δ's digits.
 	dThr []uint64
 
-	// pick and hot are what tableGaussian reads per deviate, packed so
-	// that a draw touches two small entries instead of seven arrays: the
-	// alias table by column, and each block's fast-path facts. vMask is
-	// 2^vBits − 1.
+	// pick is what tableGaussian reads per deviate, packed so that a
+	// draw touches one small entry instead of seven arrays: the alias
+	// table by column, with the fast-path facts of both blocks the column
+	// can give. vMask is 2^vBits − 1.
 	pick  []aliasEntry
-	hot   []blockEntry
 	vMask uint64
 }
 
 // aliasEntry is column i of the alias table: keep i for threshold draws
-// below cut, else take alias.
+// below cut, else take alias; self and other are the hot facts of blocks
+// i and alias (hotFacts), read without a second, dependent load.
 type aliasEntry struct {
-	cut   uint64
-	alias uint32
+	cut         uint64
+	alias       uint32
+	self, other uint32
 }
 
-// blockEntry says whether block b takes tableGaussian's fast path: full
-// width w, c_b = 1 (cone) or c_b's first 8 binary digits ones, and 2t² <
-// 2⁶³; and dThr[b].
-type blockEntry struct {
-	dThr       uint16
-	fast, cone bool
+// The hot facts of a column, packed into a uint32: dThr[b] in the low 16
+// bits; hotFast when block b takes tableGaussian's fast path (full width
+// w, c_b = 1 or c_b's first 8 binary digits ones, and 2t² < 2⁶³);
+// hotCone when c_b = 1. Zero for the tail and "again" columns.
+const (
+	hotFast = 1 << 16
+	hotCone = 1 << 17
+)
+
+// hotFacts packs column b's hot facts.
+func (g *gaussTable) hotFacts(b int) uint32 {
+	if b >= g.blocks {
+		return 0
+	}
+	h := uint32(g.dThr[b])
+	if g.d.hi == 0 && g.d.lo < 1<<63 && g.width[b] == g.w && (g.cone[b] || g.cFast[b]) {
+		h |= hotFast
+	}
+	if g.cone[b] {
+		h |= hotCone
+	}
+	return h
 }
 
 // newGaussTable builds the table for N_Z(0, t²), t ≥ minTableScale, with
@@ -152,18 +169,13 @@ func newGaussTable(t uint64, factor uint64) *gaussTable {
 	return g
 }
 
-// pack fills pick, hot and vMask from the table's arrays.
+// pack fills pick and vMask from the table's arrays.
 func (g *gaussTable) pack(n int) {
 	g.vMask = 1<<g.vBits - 1
 	g.pick = make([]aliasEntry, n)
 	for i := range g.pick {
-		g.pick[i] = aliasEntry{cut: g.cut[i], alias: g.alias[i]}
-	}
-	small := g.d.hi == 0 && g.d.lo < 1<<63
-	g.hot = make([]blockEntry, g.blocks)
-	for b := range g.hot {
-		g.hot[b] = blockEntry{dThr: uint16(g.dThr[b]), cone: g.cone[b],
-			fast: small && g.width[b] == g.w && (g.cone[b] || g.cFast[b])}
+		g.pick[i] = aliasEntry{cut: g.cut[i], alias: g.alias[i],
+			self: g.hotFacts(i), other: g.hotFacts(int(g.alias[i]))}
 	}
 }
 
@@ -297,7 +309,7 @@ func (g *gaussTable) buildAlias(n int) {
 // tableGaussian draws z ~ N_Z(0, t²) from the table (steps 1–4 above). It
 // returns z, or, when |z| ≥ s.limit, z in big.
 //
-// The common case, a block on the fast path (blockEntry), is written out
+// The common case, a block on the fast path (hotFast), is written out
 // here with the bit buffer's take inlined; every other case is
 // tableBlock or tableTail. Both read the same bits in the same order
 // (TestTableStreamPinned): one word for the column, then e + 17 bits for
@@ -307,9 +319,13 @@ func (s *sampler) tableGaussian(g *gaussTable) (int64, *big.Int) {
 		r := s.bits.word()
 		i := uint32(r >> g.vBits)
 		p := &g.pick[i]
-		if r&g.vMask >= p.cut {
-			i = p.alias
-		}
+		// i, or p.alias when the threshold draw is at or above p.cut,
+		// without a branch (the choice is close to a coin flip in many
+		// columns): both are below 2⁶³, so the difference's top bit says
+		// "below".
+		keep := uint32((r&g.vMask-p.cut)>>63) - 1 // 0: below cut, keep i; all ones: alias
+		i = i&^keep | p.alias&keep
+		h := p.self&^keep | p.other&keep
 		if int(i) >= g.blocks {
 			if int(i) > g.blocks {
 				continue // "again"
@@ -319,8 +335,7 @@ func (s *sampler) tableGaussian(g *gaussTable) (int64, *big.Int) {
 			}
 			continue
 		}
-		h := g.hot[i]
-		if !h.fast {
+		if h&hotFast == 0 {
 			if x, neg, ok := s.tableBlock(g, int(i)); ok {
 				return signed(x, neg), nil
 			}
@@ -337,22 +352,22 @@ func (s *sampler) tableGaussian(g *gaussTable) (int64, *big.Int) {
 		}
 		off := v & (g.w - 1)
 		v >>= g.e
-		if v&0xff == 0xff && !h.cone && !s.bernoulliC(g, int(i), 0xff) {
+		if v&0xff == 0xff && h&hotCone == 0 && !s.bernoulliC(g, int(i), 0xff) {
 			continue
 		}
 		// Bernoulli(exp(−δ)), δ = off·(x + bw)/(2t²) < 2⁶³ (tableBlock).
 		base := uint64(i) << g.e
 		x := base + off
-		if dv := v >> 8 & 0xff; dv < uint64(h.dThr) && !s.acceptSmall(off*(x+base), g.d.lo, uint64(h.dThr), dv) {
+		if dv, thr := v>>8&0xff, uint64(h&0xffff); dv < thr && !s.acceptSmall(off*(x+base), g.d.lo, thr, dv) {
 			continue
 		}
-		if v>>16 == 1 {
-			if x == 0 {
-				continue
-			}
-			return -int64(x), nil
+		// The sign without a branch (a coin flip): x, or −x when the sign
+		// bit is 1, rejecting "−0".
+		neg := int64(v >> 16)
+		if x == 0 && neg == 1 {
+			continue
 		}
-		return int64(x), nil
+		return int64(x) ^ -neg + neg, nil
 	}
 }
 
