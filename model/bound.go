@@ -133,6 +133,17 @@ func clipFactor(sq, share, floor, clip float64) float32 {
 	return c32
 }
 
+// ClipFactor is the clip rule (clipFactor, the one place it is applied)
+// for one gradient g held outside an engine: an audit's gradient canary
+// (node/canary.go), which must be clipped as an example is, so that the
+// audit exercises the rule it checks. sq is ‖g‖², computed in float64
+// from the values to be scaled, and floor bounds the norm of the rounding
+// error that scaling g by the factor and adding it into a float32 sum
+// introduce. The factor c then satisfies c·‖g‖ + floor ≤ C·(1 − 2⁻¹⁶) (up
+// to one float64 rounding), as for an example, and is 0 for a non-finite
+// sq or floor.
+func ClipFactor(sq, floor, clip float64) float32 { return clipFactor(sq, 0, floor, clip) }
+
 // sumSq returns Σ v², accumulated in float64 (each square is exact) in four
 // interleaved partial sums, added in a fixed order.
 func sumSq(v []float32) float64 {

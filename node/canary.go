@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+
+	"github.com/dpcluster/dpcluster/model"
 )
 
 // Canaries are the gradient canaries of a privacy audit (coordinator
@@ -22,9 +24,11 @@ import (
 // the ledger's charge and the release.
 //
 // Canary id's gradient is Scale·C·u_id, u_id = CanaryDirection(Seed, id,
-// dim, Support), clipped to norm C·(1 − 2⁻²⁰) by clipCanary: Scale > 1, so
-// the clip is what bounds its contribution (a canary that reached the sum
-// unclipped would move g̃ Scale times as far along u_id).
+// dim, Support), clipped by the examples' own clip rule (model.ClipFactor,
+// canaryVectors.add) to norm below C·(1 − 2⁻¹⁶): Scale > 1, so the clip is
+// what bounds its contribution (a canary that reached the sum unclipped
+// would move g̃ Scale times as far along u_id, and so would one whose clip
+// rule were broken: the audit checks the rule the examples go through).
 type Canaries struct {
 	// Seed is the auditor's direction seed (secret until the run ends).
 	Seed uint64
@@ -159,10 +163,13 @@ func mix64(key, x uint64) uint64 {
 	return z ^ z>>31
 }
 
-// canaryShade keeps a clipped canary's norm below C by more than the
-// float32 rounding of adding it into the sum (relative 2⁻²⁴ per element),
-// so a round's sum stays within the leader's check ‖sum‖ ≤ count·C.
-const canaryShade = 1 - 0x1p-20
+// canaryFloor bounds, in units of C, the norm of the rounding error of a
+// clipped canary's coordinates (each rounded once to float32 when scaled,
+// and once more when added into the float32 sum: relative 2⁻²⁴ each, of a
+// vector of norm below C): model.ClipFactor keeps the clipped norm plus
+// this below C·(1 − 2⁻¹⁶), so a round's sum stays within the leader's
+// check ‖sum‖ ≤ count·C.
+const canaryFloor = 0x1p-20
 
 // validate checks c against a model of dim parameters.
 func (c *Canaries) validate(dim int) error {
@@ -219,10 +226,9 @@ func newCanaryVectors(c *Canaries, dim int) *canaryVectors {
 }
 
 // add adds the clipped gradient of the node's i-th canary into sum: the
-// raw gradient g = scale·C·u, clipped by the per-example rule
-// g·min(1, C'/‖g‖) with C' = C·canaryShade, evaluated in float64 (‖g‖ is
-// computed from g's own float32 coordinates, so the clip factor holds for
-// the vector actually added, up to one float32 rounding per coordinate).
+// raw gradient g = scale·C·u, scaled by the examples' clip factor
+// (model.ClipFactor, from ‖g‖² in float64 over g's coordinates and the
+// rounding floor canaryFloor·C).
 func (cv *canaryVectors) add(sum []float32, i int, clip float64) {
 	g := cv.scale * clip
 	var sq float64
@@ -230,10 +236,7 @@ func (cv *canaryVectors) add(sum []float32, i int, clip float64) {
 		x := g * float64(v)
 		sq += x * x
 	}
-	c := 1.0
-	if n := math.Sqrt(sq); n > clip*canaryShade {
-		c = clip * canaryShade / n
-	}
+	c := float64(model.ClipFactor(sq, canaryFloor*clip, clip))
 	for j, k := range cv.idx[i] {
 		sum[k] += float32(c * g * float64(cv.vals[i][j]))
 	}

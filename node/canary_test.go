@@ -160,8 +160,8 @@ func canaryWorker(t *testing.T, q float64, c *Canaries) (*Worker, fixture) {
 
 // TestCanariesAddClippedGradients: at q = 1 every canary is in every
 // batch: the sum is the real examples' sum plus each canary's gradient
-// clipped to C·canaryShade (10·C before the clip), and the count grows by
-// the number of canaries.
+// clipped by the examples' rule to just below C·(1 − 2⁻¹⁶) (10·C before
+// the clip), and the count grows by the number of canaries.
 func TestCanariesAddClippedGradients(t *testing.T) {
 	c := &Canaries{Seed: 5, IDs: []int{0, 9, 4}, Scale: 10, Support: 5, Positions: 3}
 	w, fx := canaryWorker(t, 1, c)
@@ -174,13 +174,40 @@ func TestCanariesAddClippedGradients(t *testing.T) {
 	for _, id := range c.IDs {
 		idx, vals := CanaryDirection(c.Seed, id, len(w.sum), c.Support)
 		for j, k := range idx {
-			want[k] += testClip * canaryShade * float64(vals[j])
+			want[k] += testClip * (1 - 0x1p-16 - canaryFloor) * float64(vals[j])
 		}
 	}
 	for k := range want {
 		got := float64(w.sum[k]) - float64(plain.sum[k])
-		if math.Abs(got-want[k]) > 1e-5*testClip {
-			t.Fatalf("sum[%d]: canaries added %v, want %v", k, got, want[k])
+		// The float32 sums' own rounding, and the factor's (2⁻²⁴).
+		tol := 0x1p-23*(math.Abs(float64(w.sum[k]))+math.Abs(float64(plain.sum[k]))) + 0x1p-23*testClip
+		if math.Abs(got-want[k]) > tol {
+			t.Fatalf("sum[%d]: canaries added %v, want %v (± %.2g)", k, got, want[k], tol)
+		}
+	}
+}
+
+// TestCanaryClippedByTheExamplesRule: a canary's clipped gradient, as
+// added, has norm at most C·(1 − 2⁻¹⁶) less the rounding floor, the
+// bound of an example's (model.ClipFactor), for coordinate and
+// random-support canaries and scales from just above 1 to 10¹².
+func TestCanaryClippedByTheExamplesRule(t *testing.T) {
+	const dim = 1000
+	for _, support := range []int{1, 7, 1000} {
+		for _, scale := range []float64{1 + 0x1p-30, 10, 1e12} {
+			c := &Canaries{Seed: 3, IDs: []int{0, 1, 2}, Scale: scale, Support: support, Positions: 3}
+			cv := newCanaryVectors(c, dim)
+			for i := range c.IDs {
+				sum := make([]float32, dim)
+				cv.add(sum, i, testClip)
+				var sq float64
+				for _, v := range sum {
+					sq += float64(v) * float64(v)
+				}
+				if n, max := math.Sqrt(sq), testClip*(1-0x1p-16); !(n <= max) || n < 0.999*max {
+					t.Fatalf("support %d, scale %v, canary %d: clipped norm %v, want just below %v", support, scale, i, n, max)
+				}
+			}
 		}
 	}
 }
