@@ -20,7 +20,7 @@ import (
 var layers = [][]string{
 	// Leaves: no import of the module, or only of another leaf.
 	{"internal/durable", "internal/parallel", "internal/f32le", "internal/handoff", "internal/procstat", "internal/conformance",
-		"internal/faultnet", "seed", "sampling", "accounting", "model/kernels", "privacyaudit"},
+		"internal/faultnet", "internal/brokenmech", "seed", "sampling", "accounting", "model/kernels", "privacyaudit"},
 	// Foundations: identities, data, the optimizer, the noise, the
 	// durable logs.
 	{"pki", "dataset", "dpadam", "mechanism", "ledger", "raftlog", "transport/fake"},

@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"math"
+
+	"github.com/dpcluster/dpcluster/internal/brokenmech"
 )
 
 // Floating-point error bounds for ClippedSum. The analysis is written out
@@ -114,6 +116,9 @@ func boundSlack(n int) float64 { return 1 + 4*gamma(n+16, u64) }
 // contribution, together with the rounding error its terms add to the sum,
 // has norm at most C'. This is the only place the clip rule is applied.
 func clipFactor(sq, share, floor, clip float64) float32 {
+	if brokenmech.Is(brokenmech.ClipTriple) {
+		clip *= 3 // -tags dpbrokenmechanism only, for e2e's audit test; constant false otherwise
+	}
 	n := math.Sqrt(sq)*(1+0x1p-40) + share
 	if math.IsNaN(n) || math.IsInf(n, 0) || math.IsNaN(floor) || math.IsInf(floor, 0) {
 		return 0
