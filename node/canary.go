@@ -163,12 +163,13 @@ func mix64(key, x uint64) uint64 {
 	return z ^ z>>31
 }
 
-// canaryFloor bounds, in units of C, the norm of the rounding error of a
-// clipped canary's coordinates (each rounded once to float32 when scaled,
-// and once more when added into the float32 sum: relative 2⁻²⁴ each, of a
-// vector of norm below C): model.ClipFactor keeps the clipped norm plus
-// this below C·(1 − 2⁻¹⁶), so a round's sum stays within the leader's
-// check ‖sum‖ ≤ count·C.
+// canaryFloor bounds, in units of C and with a factor 16 to spare, the
+// norm of the rounding error of a clipped canary's own coordinates (each
+// rounded once to float32 when scaled: relative 2⁻²⁴, of a vector of norm
+// below C); model.ClipFactor keeps the clipped norm plus this below
+// C·(1 − 2⁻¹⁶). Adding it into the node's float32 sum rounds as the
+// sum's own additions do (relative 2⁻²⁴ of each coordinate of the sum),
+// which the leader's check ‖sum‖ ≤ count·C(1 + 10⁻⁶) allows for.
 const canaryFloor = 0x1p-20
 
 // validate checks c against a model of dim parameters.
