@@ -86,9 +86,10 @@ func runAudit(t *testing.T, bin, breakage string) (auditOutcome, int) {
 // is rejected, the product's is not.
 // (Measured on this test's settings, with the (ε, δ) analysis at ledger
 // ε = 1: 3.69 with σ/4, 2.00 and 2.02 with the clip at 3·C, 0.15–0.24
-// intact. A clip at 2·C gave 1.17–1.34: caught, with too thin a margin for
-// a test; at 4·C, or with no clip, the run never reaches the audit: the
-// leader refuses every node's sum, ‖sum‖ > count·C, and releases nothing.)
+// intact. A clip at 2·C gave 1.17–1.73 in six runs: caught, with too
+// thin a margin for a test; at 4·C, or with no clip, the run never
+// reaches the audit: the leader refuses every node's sum, ‖sum‖ >
+// count·C, and releases nothing.)
 func TestAuditCatchesBrokenMechanism(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two coordinator binaries and runs three audits")
