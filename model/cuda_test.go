@@ -888,14 +888,17 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 	run := func(name string, step func() error) { benchRun(b, name, B, step) }
 	// What a step moves over PCIe: θ up, the d-vector sum down (the
 	// batch, B·784 floats, is small beside them for the wide model).
-	run("gpu-transfers", func() error {
-		return e.d.do(func() error {
-			if err := e.begin(theta); err != nil {
-				return err
-			}
-			return e.finish(dst)
-		})
-	})
+	transfers := func(e *cudaEngine, theta, dst []float32) func() error {
+		return func() error {
+			return e.d.do(func() error {
+				if err := e.begin(theta); err != nil {
+					return err
+				}
+				return e.finish(dst)
+			})
+		}
+	}
+	run("gpu-transfers", transfers(e, theta, dst))
 	run("gpu-dp", dp)
 	run("gpu-nonprivate", nonprivate)
 	// The same step with each other 128×128 GEMM kernel as the wide one
@@ -913,14 +916,7 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 		cudaStaging = false
 		ep := newCUDAEngine(b, m, B)
 		cudaStaging = true
-		run("gpu-transfers-pageable", func() error {
-			return ep.d.do(func() error {
-				if err := ep.begin(theta); err != nil {
-					return err
-				}
-				return ep.finish(dst)
-			})
-		})
+		run("gpu-transfers-pageable", transfers(ep, theta, dst))
 		run("gpu-dp-pageable", func() error { _, err := ep.ClippedSum(dst, theta, x, y, 1); return err })
 		// The link alone: θ up from the page-locked buffer and the sum
 		// down into the other, no host copies (what staging would cost
@@ -942,14 +938,7 @@ func benchCUDA(b *testing.B, spec Spec, B int, cpu bool) {
 		b.Fatal(err)
 	}
 	copy(hTheta, theta)
-	run("gpu-transfers-host", func() error {
-		return e.d.do(func() error {
-			if err := e.begin(hTheta); err != nil {
-				return err
-			}
-			return e.finish(hDst)
-		})
-	})
+	run("gpu-transfers-host", transfers(e, hTheta, hDst))
 	run("gpu-dp-host", func() error { _, err := e.ClippedSum(hDst, hTheta, x, y, 1); return err })
 	b.Run("gpu-paired", func(b *testing.B) {
 		tNP, tDP, iters := pairedSteps(b, nonprivate, dp)
