@@ -177,6 +177,7 @@ data dir holds AUDIT.json; it is removed after the audit unless --data-dir is gi
 	fs.IntVar(&f.inputCanaries, "input-canaries", f.inputCanaries, "black-box mislabelled-record canaries (0: none)")
 	fs.Float64Var(&f.canaryScale, "canary-scale", f.canaryScale, "a gradient canary's norm before clipping, in units of C (> 1: the clip must bound it)")
 	fs.IntVar(&f.canarySupport, "canary-support", f.canarySupport, "coordinates of each gradient canary's direction: 1, a coordinate of its own (a keyed permutation), or more, random coordinates that canaries may share (capped at the model's parameters)")
+	f.local.budget.bind(fs)
 	fs.Float64Var(&f.beta, "beta", f.beta, "1 − confidence of the lower bound")
 	fs.IntVar(&f.reachReps, "reach-reps", f.reachReps, "repetitions of the simulated ideal white-box audit that gives the method's reach (0: skip)")
 	return cmd
@@ -199,7 +200,7 @@ func (f *auditFlags) check() error {
 	case f.local.nodes < 1:
 		return fmt.Errorf("--nodes %d must be at least 1", f.local.nodes)
 	}
-	return nil
+	return f.local.budget.check()
 }
 
 // defaultCanaries is --canaries' default (docs/PRIVACY.md, "Coordinate
@@ -344,6 +345,7 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	if err != nil {
 		return auditResult{}, err
 	}
+	private := pr.train // the private set, before the input canaries join it
 	var in *inputCanaries
 	if f.inputCanaries > 0 {
 		if in, pr.train, err = newInputCanaries(r, pr.train, f.inputCanaries); err != nil {
@@ -364,11 +366,21 @@ func auditRun(cmd *cobra.Command, spec runSpec, f auditFlags, log *slog.Logger) 
 	if pr.cfg, err = auditRunConfig(spec, pr, main, f.canaries, f.local.dataDir, log); err != nil {
 		return auditResult{}, err
 	}
+	// The audit trains on the private set like any run: admitted to its
+	// dataset budget, if it has one, and settled when the run stops.
+	configured := false
+	if f.local.budget.dir != "" {
+		adm, err := admitToDataset(f.local.budget, private, spec.datasetLabel(), &pr.cfg, f.local.dataDir, log)
+		if err != nil {
+			return auditResult{}, err
+		}
+		defer func() { adm.settle(configured, log) }()
+	}
 	rc := pr.cfg
 	span := canarySpan(pr.model.Params(), f.canaries, f.canarySupport, rc.Dim)
 	gc := newGradientCanaries(r, f.canaries, n, f.local.nodes, f.canarySupport, span, f.canaryScale)
 	f.local.nodeConfig = gc.nodeConfig
-	committed, sum, rejected, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, log)
+	committed, sum, rejected, err := trainAudited(ctx, cmd, spec, pr, f.local, f.minNodesChanged, &configured, log)
 	if err != nil {
 		return auditResult{}, err
 	}
@@ -483,8 +495,9 @@ func auditOf(scores []float64, included []bool, delta, beta float64, fam *privac
 // trainAudited runs pr as coordinator local would, with a replica that
 // keeps its whole Raft log (every g̃, for the auditor), and returns the
 // committed state once the run has stopped and the replica is closed,
-// with the number of contributions the leader rejected.
-func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, log *slog.Logger) (_ coordinator.Committed, _ coordinator.Summary, rejected int64, _ error) {
+// with the number of contributions the leader rejected. It sets
+// *configured to whether the replica applied the run's configuration.
+func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr preparedRun, f localFlags, minNodesChanged bool, configured *bool, log *slog.Logger) (_ coordinator.Committed, _ coordinator.Summary, rejected int64, _ error) {
 	raftAddr, err := freeLoopbackAddr()
 	if err != nil {
 		return coordinator.Committed{}, coordinator.Summary{}, 0, err
@@ -501,6 +514,7 @@ func trainAudited(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prep
 		opts.minNodes = f.nodes
 	}
 	srv, err := openServer(ctx, cmd, spec, pr, opts, log)
+	defer func() { *configured = srv.configured() }()
 	if err != nil {
 		return coordinator.Committed{}, coordinator.Summary{}, 0, err
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/privacyaudit"
 )
 
@@ -216,5 +217,26 @@ func TestAuditErrRunCurve(t *testing.T) {
 	res.WhiteBox.Epsilon = 3
 	if err := auditErr(res); !errors.Is(err, errPrivacyBug) {
 		t.Fatalf("(ε, δ) bound above the ledger's ε: %v, want errPrivacyBug", err)
+	}
+}
+
+// TestAuditPrivacyChargesTheDatasetBudget: audit-privacy trains on the
+// private set, so with --budget-dir it is admitted to the set's lifetime
+// budget and settles what it charged, like any run; a run of `local` on
+// the same data is then refused when both do not fit.
+func TestAuditPrivacyChargesTheDatasetBudget(t *testing.T) {
+	budgets := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "audit")
+	stdout, stderr, err := runCmd(t, auditArgs(dir, "--reach-reps", "0", "--budget-dir", budgets, "--dataset-epsilon", "2.1")...)
+	if err != nil {
+		t.Fatalf("audit-privacy: %v\n%s\n%s", err, stdout, stderr)
+	}
+	rep := auditBudget(t, budgetFile(t, budgets))
+	if len(rep.Runs) != 1 || rep.Runs[0].Run != "audit-t-audit" || rep.Runs[0].Open || rep.Runs[0].Charges != 60 {
+		t.Fatalf("the budget after the audit: %+v, want the audit's run settled at its 60 charges", rep.Runs)
+	}
+	out, err := run(t, localArgs(t.TempDir(), "--target-epsilon", "2", "--budget-dir", budgets)...)
+	if !errors.Is(err, ledger.ErrDatasetBudget) {
+		t.Fatalf("a run at ε = 2 after the audit at ε = 2, lifetime 2.1: %v, want ErrDatasetBudget\n%s", err, out)
 	}
 }

@@ -115,10 +115,8 @@ type localFlags struct {
 	tlsCert      string
 	tlsKey       string
 	hooks        LocalHooks
-	// budgetDir holds the data owner's dataset budgets; datasetEpsilon
-	// sets the training set's lifetime ε there when it has none yet.
-	budgetDir      string
-	datasetEpsilon float64
+	// budget: the training set's lifetime budget flags.
+	budget budgetOptions
 	// nodeConfig, if not nil, amends node i's configuration before its
 	// Worker is built: audit-privacy's canaries (auditprivacy.go), set
 	// by no other command.
@@ -173,8 +171,7 @@ present that certificate, other processes (coordinator status) their own.`,
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address (empty: off)")
 	fs.StringVar(&f.device, "device", f.device, deviceFlagUsage)
 	fs.BoolVar(&f.json, "json", false, "print the result as JSON")
-	fs.StringVar(&f.budgetDir, "budget-dir", "", "directory of dataset budgets: the run is admitted against its training set's lifetime (ε, δ), composed with every earlier run on that data, before its first release (docs/PRIVACY.md)")
-	fs.Float64Var(&f.datasetEpsilon, "dataset-epsilon", 0, "with --budget-dir: the training set's lifetime ε at the run's δ, set once when the set has no budget yet")
+	f.budget.bind(fs)
 	bindTLSFlags(fs, &f.tlsCA, &f.tlsCert, &f.tlsKey, "a replica certificate for the embedded NATS server")
 	return cmd
 }
@@ -228,6 +225,12 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err := checkDataDirFree(f.dataDir); err != nil {
 		return err
 	}
+	if err := f.budget.check(); err != nil {
+		return err
+	}
+	if err := checkResumeAdmission(f.budget, f.dataDir); err != nil {
+		return err
+	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
 		return err
 	}
@@ -240,16 +243,15 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err := spec.checkPlannedBudget(pr.cfg); err != nil {
 		return err
 	}
-	rc := pr.cfg
-	if f.budgetDir != "" {
-		adm, err := admitToDataset(f.budgetDir, f.datasetEpsilon, pr.train, spec.datasetLabel(), rc, f.dataDir, log)
+	var srv *openedServer // set once the replica is open
+	if f.budget.dir != "" {
+		adm, err := admitToDataset(f.budget, pr.train, spec.datasetLabel(), &pr.cfg, f.dataDir, log)
 		if err != nil {
 			return err
 		}
-		defer adm.settle(log) // after the replica has stopped charging
-	} else if f.datasetEpsilon != 0 {
-		return errors.New("--dataset-epsilon needs --budget-dir")
+		defer func() { adm.settle(srv.configured(), log) }() // after the replica has stopped charging
 	}
+	rc := pr.cfg
 	raftAddr, err := freeLoopbackAddr()
 	if err != nil {
 		return err
@@ -282,7 +284,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if !cmd.Flags().Changed("min-nodes") {
 		opts.minNodes = f.nodes // wait for every in-process node
 	}
-	srv, err := openServer(ctx, cmd, spec, pr, opts, log)
+	srv, err = openServer(ctx, cmd, spec, pr, opts, log)
 	if err != nil {
 		return err
 	}

@@ -352,6 +352,17 @@ type openedServer struct {
 	closers  []io.Closer
 }
 
+// configured reports whether the replica applied the run's
+// configuration (its ledger then holds the run record); false for a
+// server that never opened (nil).
+func (o *openedServer) configured() bool {
+	if o == nil || o.replica == nil {
+		return false
+	}
+	_, ok := o.replica.FSM().Config()
+	return ok
+}
+
 func (o *openedServer) close() {
 	for i := len(o.closers) - 1; i >= 0; i-- {
 		o.closers[i].Close()

@@ -402,7 +402,8 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	}
 	// Bind the ledger to this history (or check that it is bound to it: a
 	// ledger of another history makes this replica fail closed).
-	if err := f.ledger.Start(c.Run, c.TargetEpsilon, c.Delta, c.SeedPolicy, c.NoiseMode, c.Accountant, ce.History); err != nil {
+	if err := f.ledger.StartRun(ledger.RunParams{Run: c.Run, TargetEpsilon: c.TargetEpsilon, Delta: c.Delta, Noise: c.SeedPolicy,
+		Mechanism: c.NoiseMode, Accountant: c.Accountant, History: ce.History, Admission: c.Admission}); err != nil {
 		return f.fail(err)
 	}
 	f.warmLedger(c)

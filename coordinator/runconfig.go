@@ -88,6 +88,13 @@ type RunConfig struct {
 	// so with TLS no node can claim another's shard, even before that
 	// node registers (admitNode). Omitted when empty.
 	Nodes []string `json:"nodes,omitempty" msgpack:"nodes,omitempty"`
+	// Admission, if not nil, is the run's admission to its training set's
+	// lifetime privacy budget (ledger.DatasetBudget.Admit), made before the
+	// configuration is first proposed. The ledger's run record states it
+	// (ledger.Ledger.StartRun), so every replica's ledger names the budget
+	// that counts the run, and a resumed run must carry the same one.
+	// Omitted when nil.
+	Admission *ledger.Admission `json:"admission,omitempty" msgpack:"admission,omitempty"`
 }
 
 // Accountants (RunConfig.Accountant). The ledger's run record names the
@@ -160,6 +167,8 @@ func (c RunConfig) Validate() error {
 		return fmt.Errorf("%w: %s", ErrInvalidRunConfig, fmt.Sprintf(format, args...))
 	}
 	switch {
+	case c.Admission != nil && c.Admission.Validate() != nil:
+		return bad("dataset budget admission: %v", c.Admission.Validate())
 	case c.Run == "":
 		return bad("run name is empty")
 	case c.Dim <= 0:

@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,7 +48,8 @@ func TestDatasetBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Admit("run-a", "/data/a/ledger.log", step, limit); err != nil {
+	a, err := b.Admit("run-a", RunLedger{Path: "/data/a/ledger.log"}, step, limit)
+	if err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 	if got, want := b.Spent(), mustPLD(t, q, sigma, limit); got != want {
@@ -55,13 +57,13 @@ func TestDatasetBudget(t *testing.T) {
 	}
 	// A resumed run already admitted for as much records nothing.
 	_, n := b.file.Head()
-	if _, err := b.Admit("run-a", "/data/a/ledger.log", step, limit); err != nil {
+	if _, err := b.Admit("run-a", fakeLedger("/data/a/ledger.log", "run-a", a, 0), step, limit); err != nil {
 		t.Fatal(err)
 	}
 	if _, n2 := b.file.Head(); n2 != n {
 		t.Errorf("re-admitting an open run recorded %d records", n2-n)
 	}
-	if _, err := b.Settle("run-a", "/data/a/ledger.log", 300, "head-a"); err != nil {
+	if _, err := b.Settle(a.ID, fakeLedger("/data/a/ledger.log", "run-a", a, 300)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := b.Spent(), mustPLD(t, q, sigma, 300); got != want {
@@ -74,7 +76,7 @@ func TestDatasetBudget(t *testing.T) {
 		t.Fatalf("precondition: ε(%d) = %v within %v", 300+over, e, lifetime)
 	}
 	_, before := b.file.Head()
-	_, err = b.Admit("run-b", "/data/b/ledger.log", step, over)
+	_, err = b.Admit("run-b", RunLedger{Path: "/data/b/ledger.log"}, step, over)
 	if !errors.Is(err, ErrDatasetBudget) {
 		t.Fatalf("run b: %v, want ErrDatasetBudget", err)
 	}
@@ -97,7 +99,7 @@ func TestDatasetBudget(t *testing.T) {
 	if e := mustPLD(t, q, sigma, 300+room+1); !(e > lifetime) {
 		t.Errorf("room %d: one more step is still within: ε %v", room, e)
 	}
-	if _, err := b.Admit("run-c", "/data/c/ledger.log", step, room); err != nil {
+	if _, err := b.Admit("run-c", RunLedger{Path: "/data/c/ledger.log"}, step, room); err != nil {
 		t.Fatalf("run c, within the room: %v", err)
 	}
 	spent := b.Spent()
@@ -155,10 +157,11 @@ func FuzzReadDatasetBudget(f *testing.F) {
 		f.Fatal(err)
 	}
 	step := accounting.SubsampledGaussian(0.01, 1)
-	if _, err := b.Admit("r", "/l", step, 10); err != nil {
+	a, err := b.Admit("r", RunLedger{Path: "/l"}, step, 10)
+	if err != nil {
 		f.Fatal(err)
 	}
-	if _, err := b.Settle("r", "/l", 4, "h"); err != nil {
+	if _, err := b.Settle(a.ID, fakeLedger("/l", "r", a, 4)); err != nil {
 		f.Fatal(err)
 	}
 	b.Close()
@@ -202,27 +205,192 @@ func TestDatasetBudgetResume(t *testing.T) {
 		}
 		return e
 	}
-	for _, s := range []struct {
+	var a Admission
+	for i, s := range []struct {
 		admit, settle int64
 	}{{500, 120}, {500, 300}} {
-		if _, err := b.Admit("r", "/l", step, s.admit); err != nil {
+		rl := RunLedger{Path: "/l"}
+		if i > 0 {
+			rl = fakeLedger("/l", "r", a, 120)
+		}
+		got, err := b.Admit("r", rl, step, s.admit)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if i > 0 && got != a {
+			t.Errorf("resumed under admission %+v, want its own %+v", got, a)
+		}
+		a = got
 		if got := b.Spent(); got != pld(s.admit) {
 			t.Errorf("admitted for %d: ε %v, want %v", s.admit, got, pld(s.admit))
 		}
-		if _, err := b.Settle("r", "/l", s.settle, "h"); err != nil {
+		if _, err := b.Settle(a.ID, fakeLedger("/l", "r", a, s.settle)); err != nil {
 			t.Fatal(err)
 		}
 		if got := b.Spent(); got != pld(s.settle) {
 			t.Errorf("settled at %d: ε %v, want %v", s.settle, got, pld(s.settle))
 		}
 	}
-	if _, err := b.Settle("r", "/l", 200, "h"); err == nil {
+	if _, err := b.Settle(a.ID, fakeLedger("/l", "r", a, 200)); err == nil {
 		t.Error("settling fewer charges than before was accepted")
 	}
 	rep, err := AuditDatasetBudget(path)
 	if err != nil || !rep.OK || rep.RecomputedEpsilon != pld(300) || len(rep.Runs) != 1 || rep.Runs[0].Charges != 300 {
 		t.Errorf("audit: %+v (%v)", rep, err)
 	}
+}
+
+// fakeLedger is the RunLedger of a run admitted as a that has made charges
+// charges: a run record naming a, then one record per charge, whose hashes
+// depend on the admission and the position only, so the ledger with more
+// charges extends the one with fewer.
+func fakeLedger(path, run string, a Admission, charges int64) RunLedger {
+	rec := Record{Kind: RecordRun, Run: run, History: "history-" + a.ID, Dataset: a.Dataset, BudgetID: a.Budget, AdmissionID: a.ID,
+		BudgetFile: a.File, BudgetEpsilon: a.Epsilon, BudgetDelta: a.Delta}
+	rl := RunLedger{Path: path, Run: &rec, Charges: charges, Hashes: []string{"run-" + a.ID}}
+	for i := range charges {
+		rl.Hashes = append(rl.Hashes, fmt.Sprintf("%s-%d", a.ID, i+1))
+	}
+	return rl
+}
+
+// TestDatasetBudgetBindsRunsToTheirLedgers: a run is its admission, not
+// its name or its ledger's path. A data directory wiped and reused by a
+// run of the same name, after its run settled or after it crashed
+// unsettled, is a new admission, and the one before keeps what it spent
+// or reserved, so a lifetime that holds one run refuses the second. A
+// ledger that does not extend what its admission settled, one of a run
+// started without a budget, and one admitted to another budget or
+// dataset are refused with ErrAdmission. A withdrawn admission counts for
+// nothing. The budget replays and audits the same.
+func TestDatasetBudgetBindsRunsToTheirLedgers(t *testing.T) {
+	step := accounting.SubsampledGaussian(0.01, 1.1)
+	pld := func(n int64) float64 {
+		e, err := accounting.PLD{}.Epsilon(step, n, 1e-5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	lifetime := (pld(500) + pld(1000)) / 2 // one run of 500 fits, two do not
+	open := func(t *testing.T) *DatasetBudget {
+		path, err := CreateDatasetBudget(t.TempDir(), testDataset, "bind", lifetime, 1e-5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := OpenDatasetBudget(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	const dir = "/data/run/ledger.log"
+
+	t.Run("wiped after settling", func(t *testing.T) {
+		b := open(t)
+		a, err := b.Admit("r", RunLedger{Path: dir}, step, 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Settle(a.ID, fakeLedger(dir, "r", a, 500)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Admit("r", RunLedger{Path: dir}, step, 500); !errors.Is(err, ErrDatasetBudget) {
+			t.Fatalf("the same run name in the wiped dir: %v, want ErrDatasetBudget (the settled run's 500 charges still count)", err)
+		}
+		if got := b.Spent(); got != pld(500) {
+			t.Errorf("ε %v, want the settled run's %v", got, pld(500))
+		}
+		// A smaller second run fits, as a new admission beside the first.
+		a2, err := b.Admit("r", RunLedger{Path: dir}, step, 100)
+		if err != nil || a2.ID == a.ID {
+			t.Fatalf("second run: admission %+v (%v), want a new one", a2, err)
+		}
+		if got := b.Spent(); got != pld(600) {
+			t.Errorf("ε %v, want both runs' %v", got, pld(600))
+		}
+	})
+
+	t.Run("wiped after a crash", func(t *testing.T) {
+		b := open(t)
+		a, err := b.Admit("r", RunLedger{Path: dir}, step, 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = a // never settled: the process was killed
+		if _, err := b.Admit("r", RunLedger{Path: dir}, step, 500); !errors.Is(err, ErrDatasetBudget) {
+			t.Fatalf("after the crash and the wipe: %v, want ErrDatasetBudget (the crashed run keeps its reservation)", err)
+		}
+		// The crashed run resumed on its own ledger is its admission.
+		got, err := b.Admit("r", fakeLedger(dir, "r", a, 37), step, 500)
+		if err != nil || got != a {
+			t.Fatalf("resuming the crashed run: %+v (%v), want its admission %+v", got, err, a)
+		}
+	})
+
+	t.Run("ledgers that are not the admission's", func(t *testing.T) {
+		b := open(t)
+		a, err := b.Admit("r", RunLedger{Path: dir}, step, 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Settle(a.ID, fakeLedger(dir, "r", a, 200)); err != nil {
+			t.Fatal(err)
+		}
+		other := a
+		other.ID = "0123456789abcdef0123456789abcdef"
+		forked := fakeLedger(dir, "r", a, 300)
+		forked.Hashes = fakeLedger(dir, "r", other, 300).Hashes // same admission, another chain
+		noBudget := fakeLedger(dir, "r", a, 10)
+		noBudget.Run.AdmissionID = ""
+		otherBudget := fakeLedger(dir, "r", Admission{Dataset: a.Dataset, Budget: "another", ID: a.ID, Epsilon: 1, Delta: 1e-5}, 10)
+		otherData := fakeLedger(dir, "r", Admission{Dataset: strings.Repeat("ab", 32), Budget: a.Budget, ID: a.ID, Epsilon: 1, Delta: 1e-5}, 10)
+		shorter := fakeLedger(dir, "r", a, 150)
+		renamed := fakeLedger(dir, "r2", a, 250)
+		_, before := b.file.Head()
+		for name, rl := range map[string]RunLedger{"forked": forked, "no budget": noBudget, "other budget": otherBudget,
+			"other dataset": otherData, "shorter than settled": shorter, "another run": renamed} {
+			if _, err := b.Admit("r", rl, step, 500); !errors.Is(err, ErrAdmission) {
+				t.Errorf("%s: Admit %v, want ErrAdmission", name, err)
+			}
+			if _, err := b.Settle(a.ID, rl); err == nil {
+				t.Errorf("%s: Settle accepted", name)
+			}
+		}
+		if _, after := b.file.Head(); after != before {
+			t.Errorf("the refusals recorded %d records", after-before)
+		}
+		if _, err := b.Admit("r", fakeLedger(dir, "r", a, 250), step, 500); err != nil {
+			t.Errorf("the ledger that extends the settled one: %v", err)
+		}
+	})
+
+	t.Run("withdrawn", func(t *testing.T) {
+		b := open(t)
+		a, err := b.Admit("r", RunLedger{Path: dir}, step, 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Withdraw(a.ID, fakeLedger(dir, "r", a, 0)); !errors.Is(err, ErrAdmission) {
+			t.Errorf("withdrawing a run whose ledger holds its run record: %v", err)
+		}
+		if _, err := b.Withdraw(a.ID, RunLedger{Path: dir}); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Spent(); got != 0 {
+			t.Errorf("ε %v after the only run was withdrawn", got)
+		}
+		if _, err := b.Withdraw(a.ID, RunLedger{Path: dir}); err == nil {
+			t.Error("a second withdrawal was accepted")
+		}
+		if _, err := b.Admit("r", fakeLedger(dir, "r", a, 3), step, 500); !errors.Is(err, ErrAdmission) {
+			t.Errorf("a ledger claiming the withdrawn admission: %v, want ErrAdmission", err)
+		}
+		path := b.Path()
+		rep, err := AuditDatasetBudget(path)
+		if err != nil || !rep.OK || rep.RecomputedEpsilon != 0 || len(rep.Runs) != 1 || rep.Runs[0].Open {
+			t.Errorf("audit: %+v (%v)", rep, err)
+		}
+	})
 }

@@ -147,6 +147,22 @@ type Record struct {
 	Ledger  string `json:"ledger,omitempty"`
 	Count   int64  `json:"count,omitempty"`
 	Head    string `json:"head,omitempty"`
+	// A dataset budget's identity and its runs' (Admission): BudgetID is
+	// the budget's random ID, drawn when it is created (budget record;
+	// absent in budgets from before the field, whose ID is then their
+	// budget record's hash); AdmissionID is the random ID of one run's
+	// admission (admit and settle records). A run record of a run
+	// admitted to a dataset budget states that admission: Dataset,
+	// BudgetID, AdmissionID, BudgetFile (the budget file's path when the
+	// run was first admitted), and the budget's lifetime BudgetEpsilon
+	// and BudgetDelta, so the budget can be found, checked and rebuilt
+	// from its runs' ledgers. All empty otherwise, so records without
+	// them hash as before.
+	BudgetID      string  `json:"budget_id,omitempty"`
+	AdmissionID   string  `json:"admission_id,omitempty"`
+	BudgetFile    string  `json:"budget_file,omitempty"`
+	BudgetEpsilon float64 `json:"budget_epsilon,omitempty"`
+	BudgetDelta   float64 `json:"budget_delta,omitempty"`
 	// PrevHash chains this record to the one before it (hex SHA-256; all
 	// zeros for the first record). Hash is SHA-256 over the record's JSON
 	// encoding with Hash empty.

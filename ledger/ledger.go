@@ -236,6 +236,28 @@ func MechanismKind(mechanism string) (accounting.Kind, bool) {
 // (ErrRunMismatch for other run parameters, ErrHistoryMismatch for another
 // history) and records nothing.
 func (l *Ledger) Start(run string, targetEps, delta float64, noise seed.Policy, mechanism, accountant, history string) error {
+	return l.StartRun(RunParams{Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise, Mechanism: mechanism,
+		Accountant: accountant, History: history})
+}
+
+// RunParams is what a run record states: Start's arguments, and the
+// dataset budget admission of a run admitted to one (nil otherwise).
+type RunParams struct {
+	Run                  string
+	TargetEpsilon, Delta float64
+	Noise                seed.Policy
+	Mechanism            string
+	Accountant           string
+	History              string
+	Admission            *Admission
+}
+
+// StartRun is Start with the run's dataset budget admission, if any,
+// recorded in the run record beside the rest (Record.DatasetAdmission
+// reads it back); a ledger that holds a run record must hold the same
+// admission, or StartRun returns ErrRunMismatch.
+func (l *Ledger) StartRun(p RunParams) error {
+	run, targetEps, delta, noise, mechanism, accountant, history := p.Run, p.TargetEpsilon, p.Delta, p.Noise, p.Mechanism, p.Accountant, p.History
 	if err := noise.Validate(); err != nil {
 		return fmt.Errorf("%w: noise source: %w", ErrInvalidParameter, err)
 	}
@@ -261,14 +283,28 @@ func (l *Ledger) Start(run string, targetEps, delta float64, noise seed.Policy, 
 				ErrRunMismatch, l.run.Run, l.run.TargetEpsilon, l.run.Delta, l.run.Noise, l.run.Mechanism, l.run.Accountant,
 				run, targetEps, delta, noise, mechanism, accountant)
 		}
+		if had, ok := l.run.DatasetAdmission(); ok != (p.Admission != nil) || ok && had != *p.Admission {
+			return fmt.Errorf("%w: ledger has run %q with dataset budget admission %s, asked for %s",
+				ErrRunMismatch, l.run.Run, admissionName(l.run.DatasetAdmission()), admissionName(deref(p.Admission)))
+		}
 		return l.CheckHistory(history)
+	}
+	if p.Admission != nil {
+		if err := p.Admission.Validate(); err != nil {
+			return err
+		}
 	}
 	b, err := newBudget(accountant, delta, targetEps)
 	if err != nil {
 		return err
 	}
-	r, err := l.file.Append(Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise,
-		Mechanism: mechanism, Accountant: accountant, History: history})
+	rec := Record{Kind: RecordRun, Run: run, TargetEpsilon: targetEps, Delta: delta, Noise: noise,
+		Mechanism: mechanism, Accountant: accountant, History: history}
+	if a := p.Admission; a != nil {
+		rec.Dataset, rec.BudgetID, rec.AdmissionID, rec.BudgetFile = a.Dataset, a.Budget, a.ID, a.File
+		rec.BudgetEpsilon, rec.BudgetDelta = a.Epsilon, a.Delta
+	}
+	r, err := l.file.Append(rec)
 	if err != nil {
 		return err
 	}
