@@ -185,6 +185,15 @@ func ReadRunRecord(path string) (r Record, ok bool, err error) {
 		return Record{}, false, fmt.Errorf("ledger: %w", err)
 	}
 	defer fh.Close()
+	r, ok, err = readRunRecord(fh)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, ok, nil
+}
+
+// readRunRecord is ReadRunRecord on the file's bytes.
+func readRunRecord(fh io.Reader) (r Record, ok bool, err error) {
 	var hdr [frameHeader]byte
 	if _, err := io.ReadFull(fh, hdr[:]); err != nil {
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
@@ -194,7 +203,7 @@ func ReadRunRecord(path string) (r Record, ok bool, err error) {
 	}
 	n := binary.LittleEndian.Uint32(hdr[0:4])
 	if n == 0 || n > maxRecordSize {
-		return Record{}, false, fmt.Errorf("%s: %w: first record claims %d bytes", path, ErrCorrupt, n)
+		return Record{}, false, fmt.Errorf("%w: first record claims %d bytes", ErrCorrupt, n)
 	}
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(fh, payload); err != nil {
@@ -204,11 +213,11 @@ func ReadRunRecord(path string) (r Record, ok bool, err error) {
 		return Record{}, false, err
 	}
 	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[4:8]) {
-		return Record{}, false, fmt.Errorf("%s: %w: CRC mismatch in record 1", path, ErrCorrupt)
+		return Record{}, false, fmt.Errorf("%w: CRC mismatch in record 1", ErrCorrupt)
 	}
 	r, err = verifyRecord(payload, 1, genesisHash)
 	if err != nil {
-		return Record{}, false, fmt.Errorf("%s: %w", path, err)
+		return Record{}, false, err
 	}
 	return r, r.Kind == RecordRun, nil
 }

@@ -27,7 +27,10 @@
 //     terms and replays marked (timeline.go).
 //  6. A DatasetBudget (dataset.go) is a dataset's lifetime budget across
 //     runs: each run reserves its step limit on admission and settles what
-//     it charged, composed by the PLD accountant.
+//     it charged, composed by the PLD accountant. The admission (an
+//     Admission, admission.go) is stated in the run's own run record, so a
+//     run is told from another by its admission, not its name or path,
+//     and a lost budget can be found and rebuilt from its runs' ledgers.
 //
 // A Ledger is owned by one goroutine (the coordinator's state machine);
 // only its warming of the next PLD grid count runs on a goroutine of its
