@@ -182,23 +182,27 @@ func budgetEvidence(dataset, root string) []ledger.RunLedger {
 
 // runLedgerFiles returns the paths of the files named
 // coordinator.LedgerFile in root and in the directories below it, at
-// most depth levels down (depth < 0: any), sorted. Directories that
-// cannot be read are skipped.
+// most depth levels down (depth < 0: any), sorted. Only the directories
+// above the deepest level are listed (the deepest are only asked for
+// their ledger), and those that cannot be read are skipped.
 func runLedgerFiles(root string, depth int) []string {
 	var out []string
 	var walk func(dir string, left int)
 	walk = func(dir string, left int) {
+		p := filepath.Join(dir, coordinator.LedgerFile)
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+			out = append(out, p)
+		}
+		if left == 0 {
+			return
+		}
 		ents, err := os.ReadDir(dir)
 		if err != nil {
 			return
 		}
 		for _, e := range ents {
-			p := filepath.Join(dir, e.Name())
-			switch {
-			case e.IsDir() && left != 0:
-				walk(p, left-1)
-			case e.Name() == coordinator.LedgerFile && e.Type().IsRegular():
-				out = append(out, p)
+			if e.IsDir() {
+				walk(filepath.Join(dir, e.Name()), left-1)
 			}
 		}
 	}
@@ -435,9 +439,7 @@ func printDatasetAudit(out io.Writer, rep ledger.DatasetAudit) error {
 		if r.Open {
 			counts = fmt.Sprintf("%d (admitted, not settled: its whole reservation)", r.Reserved)
 		}
-		switch {
-		case r.Open:
-		case r.Head == "" && r.Admission != "":
+		if !r.Open && r.Head == "" && r.Admission != "" {
 			counts = "0 (withdrawn: the run never started)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Run, orDash(shortHash(r.Admission)), r.Ledger, q, sigma, r.Reserved, r.Charges, counts)
