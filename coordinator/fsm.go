@@ -663,13 +663,17 @@ func (f *FSM) end(l *raft.Log, reason string) error {
 // checkStep reports why a decoded step entry (g̃ in f.grad) is not a
 // release of the configured run: an event other than the configuration's
 // (ErrEventMismatch), or a g̃ the optimizer would refuse (an error wrapping
-// dpadam.ErrNonFinite). Called with f.mu held.
+// dpadam.ErrNonFinite, without the offending element). Called with f.mu
+// held.
 func (f *FSM) checkStep(s stepEntry) error {
 	if want := f.cfg.Event(); !s.Event.Equal(want) {
 		return fmt.Errorf("%w: step %d claims %+v, the run configuration's event is %+v", ErrEventMismatch, s.Step, s.Event, want)
 	}
-	if err := dpadam.CheckGradient(f.grad); err != nil {
-		return fmt.Errorf("coordinator: step %d: %w", s.Step, err)
+	if !dpadam.GradientValid(f.grad) {
+		// Not CheckGradient's error, which names an element of g̃ and its
+		// value: the entry is refused uncharged, and the reason goes to
+		// the ledger's end record and the logs.
+		return fmt.Errorf("coordinator: step %d: %w", s.Step, dpadam.ErrNonFinite)
 	}
 	return nil
 }
