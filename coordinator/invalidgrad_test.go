@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"path/filepath"
@@ -97,6 +98,38 @@ func TestInvalidNoisyGradientStopsWithoutItsValue(t *testing.T) {
 // a value (e+2x), an index ([i]) or the name dpadam.CheckGradient's
 // detailed error gives g̃.
 var gradLeak = regexp.MustCompile(`e\+2\d|\[\d+\]|noisyGrad`)
+
+// TestStatusPairsEpsilonWithTheLastCharge: when the run ends between a
+// step's charge and its update (here, step 1's g̃ fails the optimizer's
+// check), ε counts that charge, and every report pairs ε with it: the
+// Summary's and Status's charged step is 1 while no step is applied, with
+// the ledger's ε and charge count beside them.
+func TestStatusPairsEpsilonWithTheLastCharge(t *testing.T) {
+	run := runInvalidGrad(t)
+	rep, err := ledger.Audit(filepath.Join(run.dir, LedgerFile))
+	if err != nil || !rep.OK || rep.Charges != 1 || rep.LastStep != 1 || rep.Applied != 0 {
+		t.Fatalf("audit %+v, %v: want step 1 charged, nothing applied", rep, err)
+	}
+	eps := rep.RecordedEpsilon
+	if s := run.sum; s.Steps != 0 || s.Charged != 1 || s.Charges != 1 || s.Epsilon != eps {
+		t.Errorf("summary: %d applied, charged through step %d (%d charges), ε %v; want 0, 1 (1), %v",
+			s.Steps, s.Charged, s.Charges, s.Epsilon, eps)
+	}
+	st := run.status
+	if st.AppliedStep != 0 || st.ChargedStep != 1 || st.Step != 1 || st.Charges != 1 || float64(st.Epsilon) != eps {
+		t.Errorf("status: applied step %d, charged step %d, step %d, %d charges, ε %v; want 0, 1, 1, 1, %v",
+			st.AppliedStep, st.ChargedStep, st.Step, st.Charges, st.Epsilon, eps)
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []string{`"step":1,`, `"applied_step":0,`, `"charged_step":1,`, `"charges":1,`} {
+		if !strings.Contains(string(b), kv) {
+			t.Errorf("status JSON lacks %s: %s", kv, b)
+		}
+	}
+}
 
 // TestFSMRefusedLegacyStepHoldsNoGradValue: a legacy step entry (charge
 // and g̃ in one) whose g̃ fails the optimizer's check is refused before it
