@@ -97,6 +97,9 @@ func TestLocalCSVDoesNotEvaluateOnTrainingRows(t *testing.T) {
 	if got, want := res["sample_rate"], csvBatch/csvTrainRows; got != want {
 		t.Errorf("sample rate %v, want B/N = %v: the training set must be every row of the file", got, want)
 	}
+	if res["charged_step"] != res["steps"] || res["steps"] != 10.0 {
+		t.Errorf("charged_step %v, steps %v: want ε through the 10th step, the last applied", res["charged_step"], res["steps"])
+	}
 	for _, key := range []string{"test_accuracy", "test_loss", "nonprivate_holdout_accuracy"} {
 		if v, ok := res[key]; ok {
 			t.Errorf("%s = %v: a csv run without --eval-path evaluated on something", key, v)
