@@ -97,6 +97,9 @@ func TestLocalCSVDoesNotEvaluateOnTrainingRows(t *testing.T) {
 	if got, want := res["sample_rate"], csvBatch/csvTrainRows; got != want {
 		t.Errorf("sample rate %v, want B/N = %v: the training set must be every row of the file", got, want)
 	}
+	if res["charged_step"] != res["steps"] || res["steps"] != 10.0 {
+		t.Errorf("charged_step %v, steps %v: want ε through the 10th step, the last applied", res["charged_step"], res["steps"])
+	}
 	for _, key := range []string{"test_accuracy", "test_loss", "nonprivate_holdout_accuracy"} {
 		if v, ok := res[key]; ok {
 			t.Errorf("%s = %v: a csv run without --eval-path evaluated on something", key, v)
@@ -260,6 +263,81 @@ func nodeSpec(t *testing.T, specPath, data string, extra []string) runSpec {
 		t.Fatal(err)
 	}
 	return spec
+}
+
+// TestLocalCSVEvalPathOverlappingTrainingRowsRefused: evaluation data is
+// compared with the training data by content, row by row (features and
+// label as read), not by path. A copy of the training file under another
+// name, with its numbers written differently, is refused; so is a file
+// that mixes a few training rows into otherwise separate rows, and the
+// error says how many of its rows are training rows. An accuracy printed
+// as held-out is then always on rows the model was not trained on.
+func TestLocalCSVEvalPathOverlappingTrainingRowsRefused(t *testing.T) {
+	dir := t.TempDir()
+	spec, _ := writeSpec(t)
+	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
+	train, err := dataset.ReadFile(data, dataset.FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := dataset.GaussianMixture(csvEvalRows, 8, 3, 4, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// writeRows writes rows of d as a headerless CSV, each number with 12
+	// significant digits (train.csv has the shortest form), so that no
+	// line is byte-equal to a line of train.csv.
+	writeRows := func(name string, d *dataset.Dataset, rows []int) string {
+		var b strings.Builder
+		for _, i := range rows {
+			fmt.Fprintf(&b, "%d", d.Y[i])
+			for _, v := range d.Row(i) {
+				fmt.Fprintf(&b, ",%.12g", float64(v))
+			}
+			b.WriteByte('\n')
+		}
+		path := filepath.Join(dir, name)
+		writeFile(t, path, b.String())
+		return path
+	}
+	all := make([]int, csvTrainRows)
+	for i := range all {
+		all[i] = i
+	}
+	copyOfTrain := writeRows("copy.csv", train, all)
+	// csvEvalRows separate rows with 7 training rows after them.
+	var mixed strings.Builder
+	for i := range csvEvalRows {
+		fmt.Fprintf(&mixed, "%d", other.Y[i])
+		for _, v := range other.Row(i) {
+			fmt.Fprintf(&mixed, ",%g", v)
+		}
+		mixed.WriteByte('\n')
+	}
+	part, err := os.ReadFile(writeRows("part.csv", train, []int{3, 50, 99, 200, 201, 402, 599}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mixed.Write(part)
+	partial := filepath.Join(dir, "partial.csv")
+	writeFile(t, partial, mixed.String())
+
+	for _, tc := range []struct {
+		name, eval, want string
+	}{
+		{"a copy of the training file", copyOfTrain, fmt.Sprintf("all %d of its %d rows are rows of the training file", csvTrainRows, csvTrainRows)},
+		{"a few training rows mixed in", partial, fmt.Sprintf("7 of its %d rows are rows of the training file", csvEvalRows+7)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, _, err := runCmd(t, csvLocalArgs(t, data, spec, "--eval-path", tc.eval)...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one saying %q\nout: %s", err, tc.want, out)
+			}
+			if strings.Contains(out, "accuracy") {
+				t.Errorf("an accuracy was printed: %s", out)
+			}
+		})
+	}
 }
 
 func TestEvalDataFlagErrors(t *testing.T) {

@@ -26,8 +26,12 @@ import (
 
 // localResult is the --json output of `coordinator local`.
 type localResult struct {
-	Run           string  `json:"run"`
-	Steps         int64   `json:"steps"`
+	Run   string `json:"run"`
+	Steps int64  `json:"steps"`
+	// ChargedStep is the step Epsilon runs through, the ledger's last
+	// charge: Steps, or Steps+1 when the run ended between a step's
+	// charge and its update (that step is charged and never applied).
+	ChargedStep   int64   `json:"charged_step"`
 	Epsilon       float64 `json:"epsilon"`
 	Delta         float64 `json:"delta"`
 	TargetEpsilon float64 `json:"target_epsilon"`
@@ -349,7 +353,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 
 	finished := time.Now()
 	res := localResult{
-		Run: rc.Run, Steps: sum.Steps, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
+		Run: rc.Run, Steps: sum.Steps, ChargedStep: sum.Charged, Epsilon: sum.Epsilon, Delta: sum.Delta, TargetEpsilon: rc.TargetEpsilon,
 		Sigma: rc.Optimizer.NoiseMultiplier, SampleRate: rc.SampleRate, NoiseMode: rc.NoiseMode, Stopped: sum.Stopped,
 		Accountant: accountantName(rc.Accountant),
 		EvalData:   evalLabel(pr.eval),
@@ -380,13 +384,24 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(out, line)
 	}
-	fmt.Fprintf(out, "ε = %.4f at δ = %g (target ε = %g, %s accountant; σ = %.4f, q = %.6g, noise %s)\n", res.Epsilon, res.Delta, res.TargetEpsilon, res.Accountant, res.Sigma, res.SampleRate, noiseModeName(res.NoiseMode))
+	fmt.Fprintf(out, "ε = %.4f at δ = %g%s (target ε = %g, %s accountant; σ = %.4f, q = %.6g, noise %s)\n", res.Epsilon, res.Delta,
+		unappliedCharge(res.Steps, res.ChargedStep), res.TargetEpsilon, res.Accountant, res.Sigma, res.SampleRate, noiseModeName(res.NoiseMode))
 	if !res.Private {
 		fmt.Fprintln(out, "WARNING: seeded noise (--insecure-seed): this run is NOT differentially private")
 	}
 	fmt.Fprintf(out, "ledger: %s (check it: coordinator ledger audit %s)\n", res.Ledger, f.dataDir)
 	fmt.Fprintf(out, "model: %s (θ at step %d, safetensors)\n", res.Model, res.Steps)
 	return nil
+}
+
+// unappliedCharge is what a line reporting ε after steps applied steps
+// adds when ε runs through a later step, charged: "" when charged is not
+// past steps, else a note that ε counts step charged, never applied.
+func unappliedCharge(steps, charged int64) string {
+	if charged <= steps {
+		return ""
+	}
+	return fmt.Sprintf(", through step %d (charged, never applied)", charged)
 }
 
 // startLocalNodes starts one node.Worker per IID shard of trainSet (a

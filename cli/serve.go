@@ -200,14 +200,15 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	srv.progress.finish()
 	if interrupted(ctx, err) {
 		// Closing the replica (deferred) transfers leadership if it leads.
-		log.Info("shutting down on signal; the run continues on the other replicas or when restarted", "step", sum.Steps, "epsilon", sum.Epsilon)
+		log.Info("shutting down on signal; the run continues on the other replicas or when restarted", "step", sum.Steps,
+			"charged_step", sum.Charged, "epsilon", sum.Epsilon)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g\n",
-		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta)
+	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g%s\n",
+		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta, unappliedCharge(sum.Steps, sum.Charged))
 	fmt.Fprintf(cmd.OutOrStdout(), "state sha256 %s (θ and optimizer state at step %d)\n", sum.Digest, sum.Steps)
 	// The run is over: leave the model beside the ledger.
 	modelPath := filepath.Join(f.dataDir, ModelFile)

@@ -54,20 +54,23 @@ func TestServeWithNodeCommands(t *testing.T) {
 		served <- result{out, err}
 	}()
 	// While it trains, `coordinator status` sees the replica lead, with
-	// both nodes and the shards and seed policy they report.
+	// both nodes and the shards and seed policy they report, and the step
+	// its ε runs through: the applied step or the next, charged ahead.
 	var st statusReport
+	var sout string
 	for deadline := time.Now().Add(time.Minute); ; {
-		sout, _ := run(t, "status", "--nats", srv.URL(), "--run", runName, "--wait", "1200ms", "--json")
+		sout, _ = run(t, "status", "--nats", srv.URL(), "--run", runName, "--wait", "1200ms", "--json")
 		if json.Unmarshal([]byte(sout), &st) == nil && len(st.Replicas) == 1 && st.Replicas[0].Role == "leader" &&
-			st.Replicas[0].Nodes == 2 && len(st.Nodes) == 2 && st.Leader == "r1" {
+			st.Replicas[0].Nodes == 2 && len(st.Nodes) == 2 && st.Leader == "r1" && st.Replicas[0].Applied > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("status never showed r1 leading with 2 nodes; last: %s", sout)
+			t.Fatalf("status never showed r1 leading with 2 nodes after a step; last: %s", sout)
 		}
 	}
-	if r := st.Replicas[0]; r.ID != "r1" || r.Term == 0 || r.Term != st.Term || r.Blocked != "" {
-		t.Errorf("status %+v", st)
+	if r := st.Replicas[0]; r.ID != "r1" || r.Term == 0 || r.Term != st.Term || r.Blocked != "" ||
+		r.Charged < r.Applied || r.Charged > r.Applied+1 || !strings.Contains(sout, `"charged_step"`) {
+		t.Errorf("status %+v: want charged_step the applied step or the next\n%s", st, sout)
 	}
 	for i, n := range st.NodeShards {
 		want := nodeShard{ID: "n" + string(rune('0'+i)), ShardIndex: i, ShardCount: 2, ShardSeed: 1, ShardSize: 5000,

@@ -42,10 +42,15 @@ type nodeShard struct {
 }
 
 type replicaStatus struct {
-	ID      string  `json:"id"`
-	Role    string  `json:"role"`
-	Term    uint64  `json:"term"`
-	Applied uint64  `json:"applied_step"`
+	ID      string `json:"id"`
+	Role    string `json:"role"`
+	Term    uint64 `json:"term"`
+	Applied uint64 `json:"applied_step"`
+	// Charged is the last step the replica's ledger charged, the step
+	// Epsilon runs through: Applied, or one more (a step charged ahead of
+	// its g̃, or one the run ended before applying). Omitted for a replica
+	// too old to report it.
+	Charged uint64  `json:"charged_step,omitempty"`
 	Epsilon float64 `json:"epsilon"`
 	Nodes   int     `json:"nodes"`
 	Leader  string  `json:"leader"`
@@ -68,9 +73,9 @@ func newStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show a run's coordinator replicas, leader, steps, ε spent and nodes, as seen on NATS",
 		Long: `status listens on the run's NATS subjects for --wait and reports what it heard: every
-coordinator replica's periodic state (role, Raft term, last applied step, ε spent, live nodes,
-why a leader opens no round when the live nodes' shards overlap, and whether the replica runs
-without TLS, started with --insecure), the current leader's
+coordinator replica's periodic state (role, Raft term, last applied step, last step charged and the
+ε spent through it, live nodes, why a leader opens no round when the live nodes' shards overlap,
+and whether the replica runs without TLS, started with --insecure), the current leader's
 announcement, and the nodes that sent heartbeats with the shard and seed policy they report. It
 exits non-zero if no replica was heard. Over TLS give --tls-ca, --tls-cert and --tls-key: an
 observer certificate is enough (it may read these subjects and publish nothing).`,
@@ -155,7 +160,7 @@ func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig
 		transport.TopicControl: func(m transport.Message) {
 			if c := m.(transport.Control); c.Code == transport.ControlReplica {
 				mu.Lock()
-				replicas[c.From] = replicaStatus{ID: c.From, Role: c.Role, Term: c.Term, Applied: c.Step,
+				replicas[c.From] = replicaStatus{ID: c.From, Role: c.Role, Term: c.Term, Applied: c.Step, Charged: c.Charged,
 					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked, Insecure: c.Insecure}
 				mu.Unlock()
 			}
@@ -218,9 +223,13 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 	}
 	fmt.Fprintf(w, "run %s: leader %s (term %d)\n", rep.Run, leader, rep.Term)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REPLICA\tROLE\tTERM\tAPPLIED\tε SPENT\tNODES\tLEADER")
+	fmt.Fprintln(tw, "REPLICA\tROLE\tTERM\tAPPLIED\tCHARGED\tε SPENT\tNODES\tLEADER")
 	for _, r := range rep.Replicas {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%d\t%s\n", r.ID, r.Role, r.Term, r.Applied, r.Epsilon, r.Nodes, r.Leader)
+		charged := "–" // a replica too old to report it
+		if r.Charged > 0 || r.Applied == 0 {
+			charged = fmt.Sprint(r.Charged)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.4f\t%d\t%s\n", r.ID, r.Role, r.Term, r.Applied, charged, r.Epsilon, r.Nodes, r.Leader)
 	}
 	tw.Flush()
 	for _, r := range rep.Replicas {

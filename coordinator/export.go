@@ -60,9 +60,10 @@ var ErrInconsistentState = errors.New("coordinator: replica state does not agree
 type Committed struct {
 	Config RunConfig
 	Step   int64 // last applied (committed) step; 0 before the first
-	// Charged is the last step charged (State.Charged): Step, or Step+1
-	// when that step's charge is applied and its g̃ is not. Epsilon is the
-	// ε spent through it.
+	// Charged is the last step charged (State.ChargedStep): Step, or
+	// Step+1 when that step's charge is applied and its g̃ is not (yet, or
+	// ever: the run ended between them). Epsilon is the ε spent through
+	// it.
 	Charged int64
 	Theta   []float32 // θ after Step
 	Epsilon float64   // ε spent at the run's δ, from the ledger
@@ -290,11 +291,7 @@ func (f *FSM) Committed() (Committed, error) {
 	if err != nil {
 		return Committed{}, err
 	}
-	charged := f.applied
-	if f.pending != nil {
-		charged = max(charged, f.pending.Step)
-	}
-	return Committed{Config: *f.cfg, Step: f.applied, Charged: charged, Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
+	return Committed{Config: *f.cfg, Step: f.applied, Charged: max(f.applied, f.ledger.LastStep()), Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
 		Charges: f.ledger.Charges(), Stopped: f.stopped, Digest: digest}, nil
 }
 

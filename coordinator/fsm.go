@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -153,9 +152,11 @@ type FSM struct {
 	changed chan struct{}
 	// restores counts the snapshots restored (SnapshotsRestored).
 	restores atomic.Uint64
-	// spent is the ledger's ε (math.Float64bits) as of the last entry
-	// applied or snapshot restored (Spent), stored under mu.
-	spent atomic.Uint64
+	// spent is the ledger's ε (math.Float64bits) and chargedStep the
+	// step it runs through (State.ChargedStep), as of the last entry
+	// applied or snapshot restored (Spent, ChargedStep), stored under mu.
+	spent       atomic.Uint64
+	chargedStep atomic.Int64
 
 	// Snapshots by bytes (Replica.snapshots): snapModels is
 	// ReplicaConfig.SnapshotModels, snapMin ReplicaConfig.SnapshotMinBytes,
@@ -222,18 +223,6 @@ func NewFSM(dataDir string, init InitFunc, log *slog.Logger, opts ...ledger.Opti
 	f.storeSpent()
 	return f, nil
 }
-
-// Spent returns the ε the ledger has charged, as of the last entry applied
-// or snapshot restored, without taking the state machine's lock: the
-// metrics read it while an apply or a restore (a ledger replayed from
-// disk) may hold the lock for a while. It is stored at the end of each
-// entry's apply, before Raft answers the entry and so before anything of
-// the step leaves the leader: no step's θ is ever out with Spent below
-// the ε charged for it.
-func (f *FSM) Spent() float64 { return math.Float64frombits(f.spent.Load()) }
-
-// storeSpent records the ledger's ε for Spent. Called with f.mu held.
-func (f *FSM) storeSpent() { f.spent.Store(math.Float64bits(f.ledger.Spent())) }
 
 // Changed returns a channel that holds a signal after the state changed
 // (an entry applied, a snapshot restored): one signal for any number of
@@ -664,13 +653,17 @@ func (f *FSM) end(l *raft.Log, reason string) error {
 // checkStep reports why a decoded step entry (g̃ in f.grad) is not a
 // release of the configured run: an event other than the configuration's
 // (ErrEventMismatch), or a g̃ the optimizer would refuse (an error wrapping
-// dpadam.ErrNonFinite). Called with f.mu held.
+// dpadam.ErrNonFinite, without the offending element). Called with f.mu
+// held.
 func (f *FSM) checkStep(s stepEntry) error {
 	if want := f.cfg.Event(); !s.Event.Equal(want) {
 		return fmt.Errorf("%w: step %d claims %+v, the run configuration's event is %+v", ErrEventMismatch, s.Step, s.Event, want)
 	}
-	if err := dpadam.CheckGradient(f.grad); err != nil {
-		return fmt.Errorf("coordinator: step %d: %w", s.Step, err)
+	if !dpadam.GradientValid(f.grad) {
+		// Not CheckGradient's error, which names an element of g̃ and its
+		// value: the entry is refused uncharged, and the reason goes to
+		// the ledger's end record and the logs.
+		return fmt.Errorf("coordinator: step %d: %w", s.Step, dpadam.ErrNonFinite)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"math"
 
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -23,28 +24,52 @@ type State struct {
 	// replica group from another under the same run name.
 	History string
 	Applied int64 // last applied step
-	Epsilon float64
-	Charges uint64
-	Stopped string
-	Fatal   error
-	Diag    dpadam.Diagnostics
+	// Epsilon is the ε the ledger has spent (ledger.Spent), over Charges
+	// charge records, through ChargedStep, the highest step charged
+	// (ledger.LastStep): Applied, or Applied+1 while a step charged ahead
+	// waits for its g̃ (its θ may be out) and after the run ended between
+	// that charge and its update (the charge stays; the step is never
+	// applied). Every report of ε pairs it with ChargedStep, read here
+	// with it. Charges exceeds ChargedStep when a step was charged again
+	// after a leader change (over-count, never under-count).
+	Epsilon     float64
+	Charges     uint64
+	ChargedStep int64
+	Stopped     string
+	Fatal       error
+	Diag        dpadam.Diagnostics
 	// PendingStep and PendingIndex are the pending charge's step and Raft
 	// index: charged, its g̃ not applied (0: none).
 	PendingStep  int64
 	PendingIndex uint64
 }
 
-// Charged is the last step charged and so released (its θ may be out):
-// Applied, or the pending charge's step, one ahead. Epsilon is the ε
-// spent through it; reports pair the two.
-func (s State) Charged() int64 { return max(s.Applied, s.PendingStep) }
+// Spent returns the ε the ledger has charged, as of the last entry applied
+// or snapshot restored, without taking the state machine's lock: the
+// metrics read it while an apply or a restore (a ledger replayed from
+// disk) may hold the lock for a while. It is stored at the end of each
+// entry's apply, before Raft answers the entry and so before anything of
+// the step leaves the leader: no step's θ is ever out with Spent below
+// the ε charged for it.
+func (f *FSM) Spent() float64 { return math.Float64frombits(f.spent.Load()) }
+
+// ChargedStep returns the step Spent's ε runs through (State.ChargedStep),
+// stored with it, without taking the state machine's lock.
+func (f *FSM) ChargedStep() int64 { return f.chargedStep.Load() }
+
+// storeSpent records the ledger's ε for Spent and its last charged step
+// for ChargedStep. Called with f.mu held.
+func (f *FSM) storeSpent() {
+	f.chargedStep.Store(max(f.applied, f.ledger.LastStep()))
+	f.spent.Store(math.Float64bits(f.ledger.Spent()))
+}
 
 // State returns the current state.
 func (f *FSM) State() State {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	s := State{Applied: f.applied, Epsilon: f.ledger.Spent(), Charges: f.ledger.Charges(),
-		Stopped: f.stopped, Fatal: f.fatal, Diag: f.diag}
+		ChargedStep: max(f.applied, f.ledger.LastStep()), Stopped: f.stopped, Fatal: f.fatal, Diag: f.diag}
 	if p := f.pending; p != nil {
 		s.PendingStep, s.PendingIndex = p.Step, p.Index
 	}

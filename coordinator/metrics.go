@@ -22,7 +22,11 @@ type Metrics struct {
 	// epsilon reads fsm's ε (FSM.Spent; fsm set by observe) when
 	// scraped, so it is never below what was charged and never waits for
 	// the state machine's lock.
-	epsilon      prometheus.GaugeFunc
+	epsilon prometheus.GaugeFunc
+	// chargedStep reads the step ε runs through (FSM.ChargedStep) the
+	// same way: step is the last applied step, one behind it while a step
+	// charged ahead waits for its g̃.
+	chargedStep  prometheus.GaugeFunc
 	fsm          atomic.Pointer[FSM]
 	target       prometheus.Gauge
 	charges      prometheus.Counter
@@ -61,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	evals := m.addEvalGauges(labels)
 	m.touchLabels()
 	for _, c := range append([]prometheus.Collector{
-		m.step, m.epsilon, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
+		m.step, m.epsilon, m.chargedStep, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
 		m.acceptedN, m.rejectedN, m.raftState, m.term, m.leaderExit, m.restores, m.nodes, m.blocked, m.refused, m.ctlRefused,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
@@ -143,10 +147,26 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 			Help: "Replica control messages ignored, by reason (foreign_group: another replica group under this run's name).", ConstLabels: labels,
 		}, []string{"reason"}),
 	}
+	m.addLedgerGauges(labels)
+	return m
+}
+
+// addLedgerGauges creates the gauges read from the state machine when
+// scraped (fsm, set by observe): ε spent and the step it runs through.
+func (m *Metrics) addLedgerGauges(labels prometheus.Labels) {
 	m.epsilon = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator",
 		Name: "epsilon_spent", Help: "Privacy spent so far (ε at the run's δ, by the run's accountant), as of the last entry applied when scraped.",
 		ConstLabels: labels}, m.spent)
-	return m
+	m.chargedStep = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dpcluster", Subsystem: "coordinator",
+		Name: "charged_step", Help: "The last step the privacy ledger charged, the step epsilon_spent runs through: " +
+			"the last applied step, or one more while a step charged ahead of its noisy gradient waits for it (or " +
+			"after the run ended between that charge and its update).",
+		ConstLabels: labels}, func() float64 {
+		if f := m.fsm.Load(); f != nil {
+			return float64(f.ChargedStep())
+		}
+		return 0
+	})
 }
 
 // spent is epsilon_spent: the state machine's ε now (FSM.Spent), once the

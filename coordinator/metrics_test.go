@@ -42,6 +42,11 @@ func TestEpsilonGaugeNeverBehindTheLedger(t *testing.T) {
 	if got := gaugeValue(t, reg, "dpcluster_coordinator_epsilon_spent"); got != spent {
 		t.Errorf("epsilon_spent = %v, the ledger holds %v (step 3's ε: %v)", got, spent, last.Epsilon)
 	}
+	// The step that ε runs through is exported beside it, read from the
+	// ledger the same way: step 4, charged and not applied.
+	if got := gaugeValue(t, reg, "dpcluster_coordinator_charged_step"); got != 4 {
+		t.Errorf("charged_step = %v, want 4 (epsilon_spent counts step 4's charge)", got)
+	}
 }
 
 // TestEpsilonGaugeDoesNotWaitForTheStateMachine: a scrape answers while

@@ -32,7 +32,7 @@ func isVoter(c Consensus, id string) bool {
 func (l *loop) publishReplicaStatus(ctx context.Context) {
 	st := l.rep.FSM().State()
 	l.publish(ctx, transport.Control{
-		Run: l.s.run.Run, From: l.rep.ID(), Step: uint64(st.Applied), Code: transport.ControlReplica,
+		Run: l.s.run.Run, From: l.rep.ID(), Step: uint64(st.Applied), Charged: uint64(st.ChargedStep), Code: transport.ControlReplica,
 		Term: l.rep.Term(), Role: string(l.rep.Role()), Leader: l.rep.Leader(),
 		Epsilon: st.Epsilon, Nodes: l.nodes.count(), Blocked: l.blocked.String(), Insecure: l.s.cfg.Insecure,
 		History: st.History,
@@ -96,6 +96,6 @@ func (l *loop) checkDrain(ctx context.Context) {
 			Run: l.s.run.Run, From: l.rep.ID(), Step: uint64(st.Applied), Code: code, Detail: st.Stopped,
 		})
 	}
-	l.log.Info("run finished", "steps", st.Applied, "epsilon", st.Epsilon, "reason", st.Stopped)
+	l.log.Info("run finished", "steps", st.Applied, "charged_step", st.ChargedStep, "epsilon", st.Epsilon, "reason", st.Stopped)
 	l.exit = &exit{sum: d.sum}
 }

@@ -424,11 +424,14 @@ func (l *loop) closeRound(ctx context.Context) {
 	// it (a clip norm so large that g̃ overflows the optimizer's bound, or
 	// a broken noise source) is never proposed, so never released; the
 	// run stops, since drawing noise again until g̃ passes would make the
-	// release depend on the sum through the rejection.
-	if err := dpadam.CheckGradient(g); err != nil {
+	// release depend on the sum through the rejection. The log line and
+	// the stop reason (written to the Raft log and the ledger) say only
+	// that g̃ failed, never where or with what value: g̃ is not released,
+	// and its step's charge may not even be applied yet.
+	if !dpadam.GradientValid(g) {
 		l.putGrad(g)
-		ls.log.Error("noisy gradient invalid; stopping the run", "step", t, "err", err)
-		l.proposeStop(fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, err))
+		ls.log.Error("noisy gradient invalid; stopping the run", "step", t, "err", dpadam.ErrNonFinite)
+		l.proposeStop(fmt.Sprintf("step %d: noisy gradient not proposed: %v", t, dpadam.ErrNonFinite))
 		return
 	}
 	l.s.metrics.phase(phasePrivatize, time.Since(privStart))

@@ -49,9 +49,10 @@ type Summary struct {
 	Epsilon float64 // ε spent (at the run's δ)
 	Delta   float64
 	Charges uint64 // ledger charge records (≥ Steps)
-	// Charged is the last step charged (State.Charged): Steps, or one
-	// more when the run ended between a step's charge and its update (an
-	// interruption cut it off; it is counted in Epsilon).
+	// Charged is the last step charged (State.ChargedStep), the step
+	// Epsilon runs through: Steps, or one more when the run ended between
+	// a step's charge and its update (an interruption, a stop, a g̃ that
+	// failed the optimizer's check; the charge is counted in Epsilon).
 	Charged int64
 	Stopped string // why the run stopped
 	// Final is the evaluation of the final θ (leader with an Evaluator
@@ -572,7 +573,7 @@ func (l *loop) settle() Summary {
 
 func (l *loop) summary(st State) Summary {
 	d, _ := l.rep.FSM().Digest()
-	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: l.s.run.Delta, Charges: st.Charges, Charged: st.Charged(),
+	return Summary{Steps: st.Applied, Epsilon: st.Epsilon, Delta: l.s.run.Delta, Charges: st.Charges, Charged: st.ChargedStep,
 		Stopped: st.Stopped, Digest: d}
 }
 

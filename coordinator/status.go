@@ -29,11 +29,21 @@ type Status struct {
 	Role   Role   `json:"role"`
 	Term   uint64 `json:"term"`
 	Leader string `json:"leader"`
-	// Step is the last step applied here; MaxSteps the run's limit.
-	Step     int64 `json:"step"`
-	MaxSteps int64 `json:"max_steps"`
+	// AppliedStep is the last step applied here (θ's step on this
+	// replica). ChargedStep is the last step the ledger charged: the step
+	// Epsilon runs through (State.ChargedStep), AppliedStep or one more
+	// (a step charged ahead of its g̃, or one the run ended between its
+	// charge and its update). Charges is the number of charge records
+	// Epsilon is over. Step is ChargedStep, under the name dashboards
+	// read first. MaxSteps is the run's limit.
+	Step        int64  `json:"step"`
+	AppliedStep int64  `json:"applied_step"`
+	ChargedStep int64  `json:"charged_step"`
+	Charges     uint64 `json:"charges"`
+	MaxSteps    int64  `json:"max_steps"`
 	// Epsilon is the ε spent at the run's Delta, by the ledger's
-	// accountant; TargetEpsilon is the run's budget.
+	// accountant (ledger.Spent), through ChargedStep; TargetEpsilon is
+	// the run's budget.
 	Epsilon       Float  `json:"epsilon"`
 	TargetEpsilon Float  `json:"target_epsilon"`
 	Delta         Float  `json:"delta"`
@@ -294,8 +304,9 @@ func (l *loop) publishStatus(final bool) {
 	l.statusDirty = false
 	st := l.rep.FSM().State()
 	// ε is paired with the last step charged: with the charge-ahead path
-	// the ledger may hold the next step's charge before its g̃ is applied.
-	step := st.Charged()
+	// the ledger may hold the next step's charge before its g̃ is applied,
+	// or keep it after the run ended without applying it.
+	step := st.ChargedStep
 	if step > 0 {
 		b.addStep(StepPoint{Step: step, Epsilon: Float(st.Epsilon)})
 	}
@@ -309,7 +320,7 @@ func (l *loop) publishStatus(final bool) {
 	run := l.s.run
 	out := &Status{
 		Run: run.Run, Replica: l.rep.ID(), Role: l.rep.Role(), Term: l.rep.Term(), Leader: l.rep.Leader(),
-		Step: step, MaxSteps: run.MaxSteps, Epsilon: Float(st.Epsilon), TargetEpsilon: Float(run.TargetEpsilon),
+		Step: step, AppliedStep: st.Applied, ChargedStep: step, Charges: st.Charges, MaxSteps: run.MaxSteps, Epsilon: Float(st.Epsilon), TargetEpsilon: Float(run.TargetEpsilon),
 		Delta: Float(run.Delta), Accountant: run.AccountantName(), NoiseMode: noiseModeLabel(run.NoiseMode),
 		Private: run.SeedPolicy == seed.Crypto, Stopped: st.Stopped, Blocked: l.blocked.String(),
 		Nodes: make([]NodeStatus, 0, len(l.nodes.nodes)), Updated: now,

@@ -41,3 +41,28 @@ func BenchmarkReadIDXGzip(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSharedRows compares a Fashion-MNIST-sized evaluation set (10000
+// rows of 784 features) with a 60000-row training set, as LoadRun does
+// for a file run's eval_path.
+func BenchmarkSharedRows(b *testing.B) {
+	const dim = 784
+	mk := func(n int, offset float32) *Dataset {
+		d := &Dataset{X: make([]float32, n*dim), Y: make([]int32, n), Dim: dim, Classes: 10}
+		for i := range d.X {
+			d.X[i] = float32(i%251) + offset
+		}
+		for i := range d.Y {
+			d.Y[i] = int32(i % 10)
+			d.X[i*dim] = float32(i) // every row distinct
+		}
+		return d
+	}
+	train, eval := mk(60000, 0), mk(10000, 0.5)
+	b.SetBytes(int64(4 * (len(train.X) + len(eval.X))))
+	for b.Loop() {
+		if n := SharedRows(train, eval); n != 0 {
+			b.Fatalf("SharedRows = %d, want 0", n)
+		}
+	}
+}

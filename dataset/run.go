@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 )
 
 // Names of the datasets a run can train on (RunOptions.Dataset, a run
@@ -54,6 +53,11 @@ func KnownTrainSize(name string) int64 {
 // a run's data.
 var ErrRunOptions = errors.New("dataset: invalid run data options")
 
+// ErrEvalOverlap is returned (wrapped, with how many rows) by LoadRun when
+// a run's separate evaluation data (RunOptions.EvalPath) holds rows of its
+// training data.
+var ErrEvalOverlap = errors.New("dataset: evaluation data overlaps the training data")
+
 // Shaper is what LoadRun needs of the run's model: its input shape and
 // number of classes, to shape the gaussian data and a CSV's labels, and a
 // check that a dataset fits it. *model.Model implements it.
@@ -85,7 +89,9 @@ type RunOptions struct {
 	File FileOptions
 	// EvalPath is, for NameFile, a separate file of public evaluation
 	// data, read like Path with the training data's classes and label
-	// names. It must not be the training file. Without it (and without
+	// names. It must share no row with the training data, compared by
+	// content (SharedRows): a copy of the training file is refused like
+	// the file itself (ErrEvalOverlap). Without it (and without
 	// EvalHoldout) a file run evaluates nothing.
 	EvalPath string
 	// EvalHoldout, if not 0, is for NameCSV the fraction in (0, 1) of
@@ -170,9 +176,10 @@ func (o RunOptions) Validate() error {
 //     public Debian text standing in for private text). The test split
 //     is left for final reports (experiments).
 //   - csv: every row of o.Path is training data. Evaluation is on the
-//     separate file o.EvalPath (public), or, only with o.EvalHoldout, on
-//     rows held out of o.Path (EvalSet.Holdout, NON-PRIVATE); with
-//     neither, nothing is evaluated.
+//     separate file o.EvalPath (public; refused if any of its rows is a
+//     training row), or, only with o.EvalHoldout, on rows held out of
+//     o.Path (EvalSet.Holdout, NON-PRIVATE); with neither, nothing is
+//     evaluated.
 //
 // With o.Model set, both sets are checked against the model.
 func LoadRun(ctx context.Context, o RunOptions) (train *Dataset, eval EvalSet, err error) {
@@ -241,11 +248,6 @@ func loadRunFile(o RunOptions) (train *Dataset, eval EvalSet, err error) {
 			return nil, EvalSet{}, fmt.Errorf("eval_split_from_train %v of %s: %w", o.EvalHoldout, o.Path, err)
 		}
 	case o.EvalPath != "":
-		if same, err := sameFile(o.Path, o.EvalPath); err != nil {
-			return nil, EvalSet{}, fmt.Errorf("eval_path: %w", err)
-		} else if same {
-			return nil, EvalSet{}, fmt.Errorf("%w: eval_path %s is the training file %s: evaluation data must be separate, public data", ErrRunOptions, o.EvalPath, o.Path)
-		}
 		// The evaluation data is read with the training data's classes, so
 		// that a class name means the same class in both.
 		fo.Labels, fo.Classes = train.LabelNames, train.Classes
@@ -255,22 +257,34 @@ func loadRunFile(o RunOptions) (train *Dataset, eval EvalSet, err error) {
 		if eval.Data, err = ReadFile(o.EvalPath, fo); err != nil {
 			return nil, EvalSet{}, fmt.Errorf("eval_path: %w", err)
 		}
+		if err := checkSeparate(train, eval.Data, o.Path, o.EvalPath); err != nil {
+			return nil, EvalSet{}, err
+		}
 	}
 	return train, eval, nil
 }
 
-// sameFile reports whether paths a and b name the same file (through links
-// too).
-func sameFile(a, b string) (bool, error) {
-	sa, err := os.Stat(a)
-	if err != nil {
-		return false, err
+// checkSeparate refuses evaluation data (read from evalPath) that holds
+// any row of the training data (read from trainPath), compared by content
+// (SharedRows): the training file itself, a copy of it, or other rows
+// with training rows among them. Evaluations on a file given as eval_path
+// are reported as held-out test results, differentially private as
+// post-processing of θ; on a training row they are neither, so such a
+// file is an error (ErrEvalOverlap), not a label.
+func checkSeparate(train, eval *Dataset, trainPath, evalPath string) error {
+	n := SharedRows(train, eval)
+	switch {
+	case n == 0:
+		return nil
+	case n == eval.Len():
+		return fmt.Errorf("%w: eval_path %s: all %d of its %d rows are rows of the training file %s: "+
+			"evaluation data must be separate, public data (an accuracy on training rows is neither held-out nor differentially private)",
+			ErrEvalOverlap, evalPath, n, eval.Len(), trainPath)
+	default:
+		return fmt.Errorf("%w: eval_path %s: %d of its %d rows are rows of the training file %s: "+
+			"remove them from the evaluation file (an accuracy on training rows is neither held-out nor differentially private)",
+			ErrEvalOverlap, evalPath, n, eval.Len(), trainPath)
 	}
-	sb, err := os.Stat(b)
-	if err != nil {
-		return false, err
-	}
-	return os.SameFile(sa, sb), nil
 }
 
 // loadRunFortunes loads the fortunes-seq training and validation splits

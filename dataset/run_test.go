@@ -28,10 +28,12 @@ func (s shaper) CheckDataset(d *Dataset) error {
 }
 
 // writeCSV writes rows rows of 3 features and a label in [0, 2).
-func writeCSV(t *testing.T, dir, name string, rows int) string {
+// writeCSV writes rows first, first+1, … (each row i is label i%2 and
+// features i, i+1, i+2) to dir/name and returns its path.
+func writeCSV(t *testing.T, dir, name string, first, rows int) string {
 	t.Helper()
 	var b strings.Builder
-	for i := range rows {
+	for i := first; i < first+rows; i++ {
 		fmt.Fprintf(&b, "%d,%d,%d,%d\n", i%2, i, i+1, i+2)
 	}
 	p := filepath.Join(dir, name)
@@ -81,8 +83,9 @@ func TestRunOptionsValidate(t *testing.T) {
 func TestLoadRun(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	train := writeCSV(t, dir, "train.csv", 100)
-	eval := writeCSV(t, dir, "eval.csv", 30)
+	train := writeCSV(t, dir, "train.csv", 0, 100)
+	eval := writeCSV(t, dir, "eval.csv", 1000, 30)
+	overlapping := writeCSV(t, dir, "overlapping.csv", 90, 30) // rows 90-99 are training rows
 	link := filepath.Join(dir, "link.csv")
 	if err := os.Symlink(train, link); err != nil {
 		t.Fatal(err)
@@ -132,8 +135,9 @@ func TestLoadRun(t *testing.T) {
 		want    string
 	}{
 		{"gaussian without a model", RunOptions{Dataset: NameGaussian}, ErrRunOptions, "needs a model"},
-		{"evaluation file is the training file", RunOptions{Dataset: NameCSV, Path: train, EvalPath: train}, ErrRunOptions, "training file"},
-		{"evaluation file links to the training file", RunOptions{Dataset: NameCSV, Path: train, EvalPath: link}, ErrRunOptions, "training file"},
+		{"evaluation file is the training file", RunOptions{Dataset: NameCSV, Path: train, EvalPath: train}, ErrEvalOverlap, "all 100 of its 100 rows"},
+		{"evaluation file links to the training file", RunOptions{Dataset: NameCSV, Path: train, EvalPath: link}, ErrEvalOverlap, "all 100 of its 100 rows"},
+		{"evaluation file holds training rows", RunOptions{Dataset: NameCSV, Path: train, EvalPath: overlapping}, ErrEvalOverlap, "10 of its 30 rows"},
 		{"missing evaluation file", RunOptions{Dataset: NameCSV, Path: train, EvalPath: filepath.Join(dir, "nope.csv")}, os.ErrNotExist, "eval_path"},
 		{"missing training file", RunOptions{Dataset: NameCSV, Path: filepath.Join(dir, "nope.csv")}, os.ErrNotExist, "nope.csv"},
 		{"training data does not fit the model", RunOptions{Dataset: NameCSV, Path: train, Model: shaper{dim: 4, classes: 2}}, errShape, "does not fit the model"},

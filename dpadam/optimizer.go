@@ -167,7 +167,8 @@ const MaxGradient float64 = 1 << 63
 // CheckGradient is the rule for what a valid noisy gradient g̃ is, the
 // optimizer's input contract: every coordinate finite (no NaN, no ±Inf) and
 // |g̃_i| < MaxGradient. It returns nil for a valid g̃ and otherwise an error
-// wrapping ErrNonFinite that names the first offending index.
+// wrapping ErrNonFinite that names the first offending index and its value
+// (GradientValid applies the rule without them).
 //
 // Step applies exactly this rule, and everything that must agree with Step
 // calls this function rather than restating the rule: the coordinator's
@@ -193,6 +194,14 @@ func CheckGradient(noisyGrad []float32) error {
 	}
 	return nil
 }
+
+// GradientValid reports whether CheckGradient accepts noisyGrad: the same
+// rule, without the detail of CheckGradient's error. That error names the
+// first offending element's index and value, which are part of g̃; a
+// caller that must not put any of g̃ in a message (the coordinator, about a
+// g̃ whose privacy charge is not applied) reports ErrNonFinite alone for a
+// false answer.
+func GradientValid(noisyGrad []float32) bool { return firstNonFinite(noisyGrad) < 0 }
 
 // firstNonFinite returns the index of the first element of x that is NaN,
 // ±Inf or of magnitude ≥ 2^63, or -1. With AVX2 it scans 64K-element

@@ -224,9 +224,9 @@ func stateBytes(t *testing.T, o *Optimizer) []byte {
 	return b
 }
 
-// TestCheckGradientIsStepsRule: CheckGradient accepts exactly the g̃ Step
-// accepts, for every algorithm, on both sides of the MaxGradient boundary,
-// and names the first offending index.
+// TestCheckGradientIsStepsRule: CheckGradient and GradientValid accept
+// exactly the g̃ Step accepts, for every algorithm, on both sides of the
+// MaxGradient boundary, and CheckGradient names the first offending index.
 func TestCheckGradientIsStepsRule(t *testing.T) {
 	const dim = 11
 	below := math.Nextafter32(float32(MaxGradient), 0)
@@ -245,8 +245,8 @@ func TestCheckGradientIsStepsRule(t *testing.T) {
 				g[pos] = v
 				checkErr := CheckGradient(g)
 				_, stepErr := opt.Step(make([]float32, dim), g)
-				if (checkErr == nil) != (stepErr == nil) {
-					t.Fatalf("%s g[%d] = %v: CheckGradient = %v, Step = %v", alg, pos, v, checkErr, stepErr)
+				if (checkErr == nil) != (stepErr == nil) || GradientValid(g) != (stepErr == nil) {
+					t.Fatalf("%s g[%d] = %v: CheckGradient = %v, GradientValid = %v, Step = %v", alg, pos, v, checkErr, GradientValid(g), stepErr)
 				}
 				valid := !math.IsNaN(float64(v)) && math.Abs(float64(v)) < MaxGradient
 				if (checkErr == nil) != valid {

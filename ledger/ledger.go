@@ -622,6 +622,10 @@ func (l *Ledger) LastIndex() uint64 { return l.lastIndex }
 // Charges returns the number of charge records.
 func (l *Ledger) Charges() uint64 { return l.charges }
 
+// LastStep returns the highest step charged (0 if none): the step Spent's
+// ε runs through, whether or not that step was ever applied.
+func (l *Ledger) LastStep() int64 { return l.lastStep }
+
 // Head returns the last record and the record count.
 func (l *Ledger) Head() (Record, uint64) { return l.file.Head() }
 

@@ -45,7 +45,7 @@ func TestOptionalFields(t *testing.T) {
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Seeded},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Crypto},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
-		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true},
+		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true, Step: 4, Charged: 5},
 	} {
 		b, err := Encode(m)
 		if err != nil {
@@ -74,7 +74,7 @@ func TestOptionalFields(t *testing.T) {
 	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 {
 		t.Errorf("old Heartbeat decoded as %+v", h)
 	}
-	if c := old(TypeControl, map[string]any{"run": "r", "from": "x", "code": uint8(ControlReplica), "step": 4}).(Control); c.Insecure || c.Step != 4 {
+	if c := old(TypeControl, map[string]any{"run": "r", "from": "x", "code": uint8(ControlReplica), "step": 4}).(Control); c.Insecure || c.Charged != 0 || c.Step != 4 {
 		t.Errorf("a Control report without insecure decoded as %+v", c)
 	}
 	if rs := old(TypeRoundStart, map[string]any{"run": "r", "step": 2, "q": 0.5, "clip": 1.0}).(RoundStart); rs.ModelHash != "" || rs.SampleRate != 0.5 {

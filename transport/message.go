@@ -339,6 +339,13 @@ type Control struct {
 	// under the same run name obeyed each other's requests). Optional,
 	// envelope version 1; absent from older senders.
 	History string `msgpack:"history,omitempty"`
+	// Charged (ControlReplica only) is the last step the replica's
+	// ledger charged, the step Epsilon runs through: Step, or Step+1 for
+	// a step charged ahead of its g̃ (or never applied: the run ended
+	// between its charge and its update). Optional, envelope version 1;
+	// absent (0) from older senders, whose Epsilon may be one step ahead
+	// of their Step.
+	Charged uint64 `msgpack:"charged,omitempty"`
 }
 
 // Type implements Message.

@@ -90,7 +90,8 @@ func TestRoutes(t *testing.T) {
 func TestJSONShape(t *testing.T) {
 	h := dashboard.New(fullSource())
 	want := map[string][]string{
-		"status": {"run", "replica", "role", "term", "leader", "step", "max_steps", "epsilon", "target_epsilon", "delta",
+		"status": {"run", "replica", "role", "term", "leader", "step", "applied_step", "charged_step", "charges", "max_steps",
+			"epsilon", "target_epsilon", "delta",
 			"accountant", "noise_mode", "private", "stopped", "blocked", "eval", "nodes", "replicas", "updated"},
 		"status.eval":     {"step", "epsilon", "accuracy", "loss", "n", "data", "label", "private"},
 		"status.nodes":    {"id", "shard_index", "shard_count", "shard_size", "last_seen", "answered", "skipped"},
