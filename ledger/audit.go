@@ -47,8 +47,9 @@ type AuditReport struct {
 	// interrupted, before that g̃ was committed. Their ε counts like every
 	// charge's: a lost leader may have released their θ.
 	Unapplied int `json:"unapplied_steps"`
-	// Unconfirmed is 1 when neither an end record nor the Raft state says
-	// which step was applied last (a ledger read alone, or a live run's):
+	// Unconfirmed is 1 when neither an end record nor a Raft state that
+	// agrees with the ledger says which step was applied last (a ledger
+	// read alone, a live run's, or one that lacks records):
 	// the last step charged as applied may have been charged ahead of its
 	// g̃ and never applied, which the ledger cannot tell, so it is counted
 	// here and not in Applied. Its ε counts in every case.
