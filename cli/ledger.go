@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,34 +29,11 @@ func newLedgerCmd() *cobra.Command {
 		Short: "Inspect and audit a replica's privacy ledger (read-only)",
 		Long: `Inspect and audit the hash-chained privacy ledger a coordinator replica keeps.
 DIR is a replica's data directory (the ledger is DIR/` + coordinator.LedgerFile + `) or a ledger file.
-These commands never modify the file; a torn tail is reported, not repaired.`,
+These commands change nothing, also beside a running replica: a torn tail is reported, not
+repaired, and a data directory's Raft state is replayed in a temporary directory.`,
 	}
 	cmd.AddCommand(newLedgerShowCmd(), newLedgerAuditCmd(), newLedgerBudgetCmd())
 	return cmd
-}
-
-// ledgerPath resolves DIR to a ledger file: DIR/ledger.log if DIR is a
-// directory, DIR itself otherwise. A missing ledger is an error wrapping
-// fs.ErrNotExist that names the path looked for.
-func ledgerPath(arg string) (string, error) {
-	fi, err := os.Stat(arg)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return "", fmt.Errorf("no ledger at %s: %w", arg, fs.ErrNotExist)
-		}
-		return "", err
-	}
-	if !fi.IsDir() {
-		return arg, nil
-	}
-	path := filepath.Join(arg, coordinator.LedgerFile)
-	if _, err := os.Stat(path); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return "", fmt.Errorf("no ledger in data directory %s: %s %w", arg, path, fs.ErrNotExist)
-		}
-		return "", err
-	}
-	return path, nil
 }
 
 // showResult is the --json output of ledger show.
@@ -82,7 +57,12 @@ type showResult struct {
 	TornBytes int64   `json:"torn_bytes"`
 	// Error is set when the file is corrupt; Records then holds the
 	// records that verified before the damage.
-	Error   string          `json:"error,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Live says a replica runs on the ledger's data dir; Damage is what
+	// is wrong with the file (coordinator.LedgerRead.Damage), stated
+	// first in the text output.
+	Live    bool            `json:"live"`
+	Damage  []string        `json:"damage"`
 	Records []ledger.Record `json:"records"`
 }
 
@@ -91,8 +71,10 @@ func newLedgerShowCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show DIR",
 		Short: "Print a ledger's run and every record",
-		Long: `Print a ledger's run and every record. A corrupt ledger prints the records that
-verified before the damage and exits non-zero.
+		Long: `Print a ledger's run and every record, its damage first: a corrupt record, a torn
+tail, and, for a data directory, the records its Raft state holds and the ledger lacks (as
+ledger audit finds them). A corrupt ledger prints the records that verified before the damage
+and exits non-zero; the other damage is printed, and ledger audit fails on it.
 
 With --json the output is ONE indented JSON object (not JSON lines):
   path, run, target_epsilon, delta, noise, mechanism, history  the run record's
@@ -101,6 +83,9 @@ With --json the output is ONE indented JSON object (not JSON lines):
   count       number of records; head_hash: the last record's hash
   torn_bytes  bytes of a torn tail after the last complete record
   error       only when the file is corrupt
+  live        a replica runs on the data directory (its ledger is read up to its
+              last complete record; a torn tail is an append in progress)
+  damage      what is wrong with the file, in words (empty when nothing is)
   records     array of every record, with the ledger file's own field names:
               format, seq, kind ("run", "charge" or "end"), prev_hash, hash; run
               records: run, target_epsilon, delta, noise, mechanism,
@@ -116,15 +101,16 @@ These names are stable: they are the names the records' hashes cover.`,
   coordinator ledger show /var/lib/dpcluster/coord-1/ledger.log --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			path, err := ledgerPath(args[0])
+			rd, err := coordinator.ReadLedger(args[0])
 			if err != nil {
 				return err
 			}
-			recs, torn, readErr := ledger.ReadFile(path)
-			if readErr != nil && !errors.Is(readErr, ledger.ErrCorrupt) {
-				return readErr
+			recs, readErr := rd.Records, rd.Err
+			res := showResult{Path: rd.Path, Count: len(recs), TornBytes: rd.TornBytes, Records: recs,
+				Live: rd.Options.Live, Damage: rd.Damage()}
+			if res.Damage == nil {
+				res.Damage = []string{}
 			}
-			res := showResult{Path: path, Count: len(recs), TornBytes: torn, Records: recs}
 			if res.Records == nil {
 				res.Records = []ledger.Record{}
 			}
@@ -158,11 +144,21 @@ These names are stable: they are the names the records' hashes cover.`,
 	return cmd
 }
 
-// printShow writes res for a human; it builds the text first so that a
-// write error is returned once.
+// printShow writes res for a human, its damage first; it builds the text
+// first so that a write error is returned once.
 func printShow(out io.Writer, res showResult) error {
 	var b strings.Builder
 	w := &b
+	for _, d := range res.Damage {
+		label := "DAMAGED"
+		if d == res.Error {
+			label = "CORRUPT"
+		}
+		fmt.Fprintf(w, "%s  %s\n", label, d)
+	}
+	if res.Live {
+		fmt.Fprintf(w, "live     %s\n", liveLabel(res.Count, res.TornBytes))
+	}
 	fmt.Fprintf(w, "ledger   %s\n", res.Path)
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(res.Run), res.TargetEpsilon, res.Delta)
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
@@ -171,10 +167,7 @@ func printShow(out io.Writer, res showResult) error {
 	fmt.Fprintf(w, "records  %d, ε spent %.6g (%s accountant)\n", res.Count, res.Epsilon, orDash(res.Accountant))
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
 	if res.TornBytes > 0 {
-		fmt.Fprintf(w, "torn     %d bytes after the last complete record (repaired on the next open)\n", res.TornBytes)
-	}
-	if res.Error != "" {
-		fmt.Fprintf(w, "CORRUPT  %s\n", res.Error)
+		fmt.Fprintf(w, "torn     %d bytes after the last complete record\n", res.TornBytes)
 	}
 	if len(res.Records) > 0 {
 		fmt.Fprintln(w)
@@ -249,22 +242,38 @@ func newLedgerAuditCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "audit DIR",
-		Short: "Verify a ledger: CRCs, hash chain, recomputed ε, budget, step order",
-		Long: `Verify a ledger without modifying it: every record's CRC and the SHA-256 hash
-chain, one run record first, every recorded ε against the recomputation by
-the accountant the run enforces (ε under the other one is reported too), no
-ε past the target, strictly increasing Raft indexes, no step applied twice,
-and no reuse across Raft histories (every charge from the run record's
-history, Raft terms never decreasing). A torn tail is reported, not a
-failure.
+		Short: "Verify a ledger: CRCs, hash chain, recomputed ε, budget, step order, the Raft state",
+		Long: `Verify a ledger without modifying anything: every record's CRC and the SHA-256
+hash chain, one run record first, every recorded ε against the recomputation
+by the accountant the run enforces (ε under the other one is reported too),
+no ε past the target, strictly increasing Raft indexes, no step applied
+twice, and no reuse across Raft histories (every charge from the run
+record's history, Raft terms never decreasing).
 
-Applied steps are the ledger's own statement: a run that ended wrote an end
-record (why it ended, the last step it applied), and the steps charged as
-applied up to it must be exactly 1…that step; a step charged after it
-(charged ahead of its noisy gradient by a leader that was lost, never
-applied) is counted as charged and never applied, its ε counted like every
-charge's. A ledger without an end record (a run still running, or written
-before end records) counts every step charged as applied.
+A ledger must not state less than was spent. A torn tail (bytes after the
+last complete record: the file was cut, or a crash interrupted an append)
+fails. For a data directory, the audit also replays its Raft state (the
+newest snapshot and every log entry after it) through a fresh state machine
+in a temporary directory, and the ledger must hold every record the replay
+writes, the same at each position: a ledger cut at a record boundary, or
+without the end record its run wrote, fails, and the problem names what it
+lacks and what may explain it. Without a Raft state (a ledger file, or a
+directory with no Raft log) the ledger is audited alone, and says so.
+
+A live run (a replica running on the data directory now, holding its Raft
+log) is audited up to its last complete record: a torn tail is an append in
+progress, and entries the replica has logged and not applied yet are not
+missing records. The audit takes no lock and changes nothing.
+
+Applied steps: a run that ended wrote an end record (why it ended, the last
+step it applied), and the steps charged as applied up to it must be exactly
+1…that step; a step charged after it (charged ahead of its noisy gradient,
+never applied) is counted as charged and never applied, its ε counts like
+every charge's. A stopped run without an end record (interrupted) takes the
+last step applied from the Raft state's replay, the same way. A ledger read
+alone without an end record cannot say whether its last step charged was
+applied or charged ahead of its noisy gradient: it is counted as
+unconfirmed, not applied, and --expect-steps fails on it.
 
 With --report FILE it also draws ε over the steps against the target, with
 the replays and the new Raft terms (a leader change or a restart: the ledger
@@ -274,8 +283,8 @@ chart alone. The format follows the extension (.html, .htm or .png; any
 other is an error, checked before anything is read). The report is written
 whether the audit passes or not.
 
-Exits 0 exactly when the audit passes; with --json the report is printed
-either way.`,
+The problems, when there are any, are printed first. Exits 0 exactly when
+the audit passes; with --json the report is printed either way.`,
 		Example: `  coordinator ledger audit /var/lib/dpcluster/coord-1
   coordinator ledger audit /var/lib/dpcluster/coord-1 --json --expect-steps 2343
   coordinator ledger audit /var/lib/dpcluster/coord-1 --report audit.html`,
@@ -289,20 +298,17 @@ either way.`,
 					return fmt.Errorf("--report: %w", err)
 				}
 			}
-			path, err := ledgerPath(args[0])
+			rd, err := coordinator.ReadLedger(args[0])
 			if err != nil {
 				return err
 			}
-			rep, err := ledger.Audit(path)
-			if err != nil {
-				return err
-			}
-			if cmd.Flags().Changed("expect-steps") && rep.Applied != expectSteps {
-				rep.Problems = append(rep.Problems, fmt.Sprintf("%d applied steps, --expect-steps %d", rep.Applied, expectSteps))
-				rep.OK = false
+			path := rd.Path
+			rep := rd.Audit()
+			if cmd.Flags().Changed("expect-steps") {
+				rep.ExpectSteps(expectSteps)
 			}
 			if report != "" {
-				if err := writeAuditReport(report, path, rep); err != nil {
+				if err := writeAuditReport(report, path, rd.Records, rep); err != nil {
 					return err
 				}
 			}
@@ -339,14 +345,11 @@ either way.`,
 	return cmd
 }
 
-// writeAuditReport draws the ledger at path, whose audit is rep, into
-// file. A ledger corrupt part-way is drawn up to the damage (the records
-// ReadFile verified); one with no run record cannot be drawn.
-func writeAuditReport(file, path string, rep ledger.AuditReport) error {
-	recs, _, err := ledger.ReadFile(path)
-	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
-		return err
-	}
+// writeAuditReport draws recs, the records of the ledger at path, whose
+// audit is rep, into file. A ledger corrupt part-way is drawn up to the
+// damage (the records that verified); one with no run record cannot be
+// drawn.
+func writeAuditReport(file, path string, recs []ledger.Record, rep ledger.AuditReport) error {
 	tl, err := ledger.NewTimeline(recs)
 	if err != nil {
 		return fmt.Errorf("--report: cannot draw %s: %w", path, err)
@@ -362,25 +365,76 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 		verdict = "FAILED"
 	}
 	fmt.Fprintf(w, "audit    %s: %s\n", verdict, rep.Path)
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "problem  %s\n", p)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "note     %s\n", n)
+	}
+	if rep.Live {
+		fmt.Fprintf(w, "live     %s\n", liveLabel(rep.Records, rep.TornBytes))
+	}
+	fmt.Fprintf(w, "raft     %s\n", raftLabel(rep))
 	fmt.Fprintf(w, "run      %s (target ε = %g, δ = %g)\n", orDash(rep.Run), rep.TargetEpsilon, rep.Delta)
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(rep.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
-	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d recharges, %d applied steps, %d charged and never applied), last step charged %d\n",
-		rep.Records, rep.Charges, rep.Replays, rep.Recharges, rep.Applied, rep.Unapplied, rep.LastStep)
-	if rep.Ended {
+	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d recharges, %d applied steps, %d charged and never applied, %d unconfirmed), last step charged %d\n",
+		rep.Records, rep.Charges, rep.Replays, rep.Recharges, rep.Applied, rep.Unapplied, rep.Unconfirmed, rep.LastStep)
+	switch {
+	case rep.Ended:
 		fmt.Fprintf(w, "ended    after step %d: %s\n", rep.EndStep, rep.EndReason)
-	} else {
-		fmt.Fprintf(w, "ended    - (no end record: the run runs, or its ledger predates end records)\n")
+	case rep.Live:
+		fmt.Fprintf(w, "ended    - (no end record: the run runs)\n")
+	case rep.Raft != nil && rep.Raft.Stopped != "":
+		fmt.Fprintf(w, "ended    - (no end record, but the Raft state's run ended after step %d: %s)\n", rep.Raft.Applied, rep.Raft.Stopped)
+	case rep.Raft != nil && rep.Raft.Unavailable == "" && rep.Raft.Failed == "":
+		fmt.Fprintf(w, "ended    - (no end record: the run was interrupted after step %d, as the Raft state says)\n", rep.Raft.Applied)
+	default:
+		fmt.Fprintf(w, "ended    - (no end record: the run runs or was interrupted, or its ledger predates end records)\n")
+	}
+	if rep.Unconfirmed > 0 {
+		fmt.Fprintf(w, "unsure   step %d, the last charged, is not counted as applied: without an end record, or a Raft state that agrees with the ledger, it cannot tell whether that step was applied or charged ahead of its noisy gradient and never applied\n", rep.LastStep)
 	}
 	printAuditEpsilon(w, rep)
 	fmt.Fprintf(w, "head     %s\n", orDash(rep.HeadHash))
 	fmt.Fprintf(w, "torn     %d bytes\n", rep.TornBytes)
-	for _, p := range rep.Problems {
-		fmt.Fprintf(w, "problem  %s\n", p)
-	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// liveLabel says what a live ledger of n records, with torn bytes after
+// them, was read up to.
+func liveLabel(n int, torn int64) string {
+	s := fmt.Sprintf("a replica is running on this data dir: the ledger is read up to record %d, its last complete one", n)
+	if torn > 0 {
+		s += fmt.Sprintf("; the %d bytes after it are an append in progress", torn)
+	}
+	return s
+}
+
+// raftLabel says how the audit rep compared the ledger with the Raft
+// state.
+func raftLabel(rep ledger.AuditReport) string {
+	r := rep.Raft
+	switch {
+	case r == nil:
+		return "- (a ledger file, audited alone: give the replica's data dir to check it against its Raft state)"
+	case r.Unavailable != "":
+		return fmt.Sprintf("- (no Raft state to check the ledger against; audited alone: %s)", r.Unavailable)
+	case r.Failed != "":
+		return "replay failed (see the problems)"
+	}
+	s := fmt.Sprintf("%s, replayed: %d records, last step applied %d", r.Span(), r.Count, r.Applied)
+	switch l := rep.Lacking; {
+	case l != nil && rep.Live:
+		return s + fmt.Sprintf("; the replica has yet to apply the entries of the last %d (%s)", l.Records, l)
+	case l != nil:
+		return s + fmt.Sprintf("; the ledger lacks the last %d", l.Records)
+	case r.Count == rep.Records:
+		return s + "; the ledger holds each of them"
+	}
+	return s
 }
 
 // printAuditEpsilon writes the audit's ε lines: ε spent, the one number

@@ -100,7 +100,7 @@ func TestLedgerShowJSONFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantKeys(t, "top level", top, "path", "run", "target_epsilon", "delta", "noise", "mechanism", "accountant", "history",
-		"epsilon", "count", "head_hash", "torn_bytes", "records")
+		"epsilon", "count", "head_hash", "torn_bytes", "live", "damage", "records")
 	var recs []map[string]json.RawMessage
 	if err := json.Unmarshal(top["records"], &recs); err != nil {
 		t.Fatal(err)

@@ -622,7 +622,7 @@ func TestServerLedgerFailureStopsRun(t *testing.T) {
 		t.Fatalf("Run = %v, want a fatal ledger error naming the cause", err)
 	}
 	rep, err := ledger.Audit(filepath.Join(dir, LedgerFile))
-	if err != nil || !rep.OK || rep.Charges < 3 || rep.Charges > 4 || rep.Applied != rep.Charges {
+	if err != nil || !rep.OK || rep.Charges < 3 || rep.Charges > 4 || rep.Applied+rep.Unconfirmed != rep.Charges {
 		t.Fatalf("audit after the failure: %+v, %v", rep, err)
 	}
 	// Params for the last charged step were released (after its commit);

@@ -22,6 +22,9 @@ type AuditReport struct {
 	OK   bool   `json:"ok"`
 	// Problems lists every failed check; empty when OK.
 	Problems []string `json:"problems"`
+	// Notes says, in words, what the audit found that is not a failure
+	// (a Raft state that lost entries the ledger charged).
+	Notes []string `json:"notes,omitempty"`
 
 	Records int `json:"records"`
 	Charges int `json:"charges"`
@@ -32,16 +35,25 @@ type AuditReport struct {
 	// the step again with fresh noise. Both releases are charged.
 	Recharges int `json:"recharges"`
 	// Applied counts the distinct steps charged as applied: with an end
-	// record, those up to its step (the last step the run applied); in a
-	// ledger without one (a run still running, or written before end
-	// records), all of them.
+	// record, those up to its step (the last step the run applied); else,
+	// with the data dir's Raft state replayed (AuditOptions.Raft) and in
+	// agreement with the ledger, those up to the last step the replay
+	// applied; else all of them but the last (Unconfirmed).
 	Applied int `json:"applied_steps"`
-	// Unapplied counts the steps charged as applied after the end
-	// record's step: charged ahead of their g̃ by a leader that was lost
-	// before the g̃ committed, and never applied (the next leader's
-	// recharge was refused, or the run ended first). Their ε counts like
-	// every charge's: the lost leader may have released their θ.
+	// Unapplied counts the steps charged as applied after the last step
+	// applied (the end record's, or the Raft replay's): charged ahead of
+	// their g̃ (the leader charges step t+1 as soon as it releases θ_t),
+	// and never applied: the leader was lost, or the run ended or was
+	// interrupted, before that g̃ was committed. Their ε counts like every
+	// charge's: a lost leader may have released their θ.
 	Unapplied int `json:"unapplied_steps"`
+	// Unconfirmed is 1 when neither an end record nor a Raft state that
+	// agrees with the ledger says which step was applied last (a ledger
+	// read alone, a live run's, or one that lacks records):
+	// the last step charged as applied may have been charged ahead of its
+	// g̃ and never applied, which the ledger cannot tell, so it is counted
+	// here and not in Applied. Its ε counts in every case.
+	Unconfirmed int `json:"unconfirmed_steps"`
 	// LastStep is the highest step charged, applied or not.
 	LastStep int64 `json:"last_step"`
 	// Ended says the ledger holds an end record; EndStep is the last step
@@ -49,10 +61,20 @@ type AuditReport struct {
 	Ended     bool   `json:"ended"`
 	EndStep   int64  `json:"end_step"`
 	EndReason string `json:"end_reason,omitempty"`
-	// TornBytes is the size of a torn tail (a crash during the last
-	// append). It is reported, not a failure: that append never returned,
-	// and OpenFile repairs it.
+	// TornBytes is the size of a torn tail: bytes after the last complete
+	// record that are not a whole record. Left by a crash inside an append
+	// (OpenFile repairs it when the replica restarts, and Raft charges the
+	// entry again), or by a file cut short. It fails the audit unless the
+	// run is live (an append in progress).
 	TornBytes int64 `json:"torn_bytes"`
+	// Live says a replica was running on the ledger's data dir during the
+	// audit: the ledger is audited up to its last complete record.
+	Live bool `json:"live"`
+	// Raft is the data dir's Raft state replayed (AuditOptions.Raft), nil
+	// for a ledger audited alone; Lacking, the records that replay wrote
+	// and the ledger lacks (nil when it lacks none).
+	Raft    *RaftReplay `json:"raft,omitempty"`
+	Lacking *Lacking    `json:"lacking,omitempty"`
 
 	Run string `json:"run"`
 	// History is the Raft history ID the run record binds the ledger to
@@ -109,38 +131,87 @@ type AuditReport struct {
 // after the last charge's Raft index and term, and state exactly the steps
 // charged as applied up to its step (1…EndStep); only replay charges may
 // follow it. Steps charged as applied after its step are counted as
-// Unapplied, not Applied.
+// Unapplied, not Applied; without an end record, the last step charged as
+// applied is Unconfirmed. A torn tail is a problem: the file was cut, or
+// a crash interrupted an append.
 //
 // It also composes all the charges with both accountants, RDP and PLD,
 // and reports both ε beside the one the run enforced.
 //
 // It returns a report with OK false and the problems found for a ledger
 // that fails any check; the error is non-nil only if the file cannot be
-// read at all.
+// read at all. Audit reads the file alone; Contents.Audit also takes what
+// is known beside it (a live replica, the Raft state).
 func Audit(path string) (AuditReport, error) {
-	rep := AuditReport{Path: path}
-	recs, torn, err := ReadFile(path)
-	rep.TornBytes = torn
-	rep.Records = len(recs)
+	c, err := ReadContents(path)
 	if err != nil {
-		if !errors.Is(err, ErrCorrupt) {
-			return rep, err
-		}
-		rep.Problems = append(rep.Problems, err.Error())
+		return AuditReport{Path: path}, err
 	}
+	return c.Audit(AuditOptions{}), nil
+}
+
+// Contents is one read of a ledger file: what ReadFile returned.
+type Contents struct {
+	Path      string
+	Records   []Record
+	TornBytes int64
+	// Err is nil, or an error wrapping ErrCorrupt: Records then hold the
+	// records that verified before the damage.
+	Err error
+}
+
+// ReadContents reads the ledger file at path once without modifying it
+// (ReadFile). The error is non-nil only if the file cannot be read at
+// all; damage is in Contents.Err and Contents.TornBytes.
+func ReadContents(path string) (Contents, error) {
+	recs, torn, err := ReadFile(path)
+	if err != nil && !errors.Is(err, ErrCorrupt) {
+		return Contents{}, err
+	}
+	return Contents{Path: path, Records: recs, TornBytes: torn, Err: err}, nil
+}
+
+// AuditOptions is what an audit knows beside the ledger file. The zero
+// value knows nothing: the file is audited alone, as Audit does.
+type AuditOptions struct {
+	// Live says a replica runs on the ledger's data dir now (it holds the
+	// dir's Raft log open). Its ledger is audited up to its last complete
+	// record: a torn tail is an append in progress, not a problem, and
+	// Raft entries the replica logged and has not applied yet are not
+	// records the ledger lacks.
+	Live bool
+	// Raft, if not nil, is the data dir's Raft state replayed. The ledger
+	// must hold every record the replay wrote, with the same hash at the
+	// same position: a ledger that lacks some (cut at a record boundary,
+	// its end record lost) under-states what was spent, and fails.
+	Raft *RaftReplay
+}
+
+// Audit audits c as Audit does, with what opts says beside it; the
+// file's damage (Damage) is stated first among the problems.
+func (c Contents) Audit(opts AuditOptions) AuditReport {
+	rep := AuditReport{Path: c.Path, TornBytes: c.TornBytes, Live: opts.Live}
+	recs := c.Records
+	rep.Records = len(recs)
+	cmp := compareRaft(recs, opts)
+	rep.Raft, rep.Lacking, rep.Notes = cmp.replay, cmp.lacking, cmp.notes
+	rep.Problems = append(rep.Problems, c.damage(opts, cmp)...)
 	if len(recs) == 0 {
-		if err == nil {
+		if c.Err == nil {
 			rep.Problems = append(rep.Problems, "ledger is empty: no run record")
 		}
-		return rep, nil
+		return rep.finish()
 	}
 	rep.HeadHash = recs[len(recs)-1].Hash
 	run := recs[0]
 	if run.Kind != RecordRun {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("record 1 is a %q record, want the run record", run.Kind))
-		return rep.finish(), nil
+		return rep.finish()
 	}
 	a := newAuditor(&rep, run)
+	if cmp.agrees && !opts.Live {
+		a.raftApplied = &opts.Raft.Applied
+	}
 	for _, r := range recs[1:] {
 		switch r.Kind {
 		case RecordCharge:
@@ -153,7 +224,7 @@ func Audit(path string) (AuditReport, error) {
 	}
 	a.epsilons()
 	a.steps()
-	return rep.finish(), nil
+	return rep.finish()
 }
 
 // auditor is Audit's state while it replays a run's charge records.
@@ -178,6 +249,11 @@ type auditor struct {
 	// the end record, if any.
 	applied []int64
 	ended   *Record
+	// raftApplied, if not nil, is the last step the data dir's Raft
+	// state applied, replayed, when the ledger holds exactly what the
+	// replay wrote: it settles the applied steps of a run that wrote no
+	// end record.
+	raftApplied *int64
 }
 
 // newAuditor fills rep from the run record and returns the auditor of its
@@ -309,27 +385,58 @@ func (a *auditor) end(r Record) {
 	a.rep.Ended, a.rep.EndStep, a.rep.EndReason = true, r.Step, r.Reason
 }
 
-// steps counts the applied steps: with an end record, the steps charged
-// as applied up to its step, which must be exactly 1…EndStep, and those
-// after it as unapplied; without one, every step charged as applied.
+// steps counts the applied steps. With an end record, the steps charged
+// as applied up to its step, which must be exactly 1…EndStep, are
+// applied and those after it unapplied; the same with the last step the
+// Raft state's replay applied, for a run that wrote none. Otherwise every
+// step charged as applied is, but the last, which is unconfirmed: it may
+// have been charged ahead of its g̃.
 func (a *auditor) steps() {
 	rep := a.rep
-	rep.Applied = len(a.applied)
-	if a.ended == nil {
+	var last int64
+	switch {
+	case a.ended != nil:
+		last = a.ended.Step
+	case a.raftApplied != nil:
+		last = *a.raftApplied
+	default:
+		rep.Applied = len(a.applied)
+		if rep.Applied > 0 {
+			rep.Applied, rep.Unconfirmed = rep.Applied-1, 1
+		}
 		return
 	}
-	rep.Applied = 0
 	for _, s := range a.applied {
-		if s <= a.ended.Step {
+		if s <= last {
 			rep.Applied++
 		} else {
 			rep.Unapplied++
 		}
 	}
-	if int64(rep.Applied) != a.ended.Step {
+	switch {
+	case int64(rep.Applied) == last:
+	case a.ended != nil:
 		a.problem("record %d: the run ended at step %d (%s), but the ledger charges %d steps as applied up to it",
 			a.ended.Seq, a.ended.Step, a.ended.Reason, rep.Applied)
+	default:
+		a.problem("the Raft state applied steps 1–%d, but the ledger charges %d steps as applied up to step %d", last, rep.Applied, last)
 	}
+}
+
+// ExpectSteps adds a problem to r unless exactly n steps were applied,
+// confirmed: an unconfirmed step (a ledger read alone, without an end
+// record) may or may not have been applied, so it confirms no count.
+func (r *AuditReport) ExpectSteps(n int) {
+	switch {
+	case r.Unconfirmed > 0:
+		r.Problems = append(r.Problems, fmt.Sprintf("%d applied steps and step %d unconfirmed (charged without an end record: perhaps charged ahead of its g̃ and never applied), --expect-steps %d: audit the replica's data dir, whose Raft state settles it",
+			r.Applied, r.LastStep, n))
+	case r.Applied != n:
+		r.Problems = append(r.Problems, fmt.Sprintf("%d applied steps, --expect-steps %d", r.Applied, n))
+	default:
+		return
+	}
+	r.OK = false
 }
 
 // epsilons fills the report's RDP and PLD ε of all the charges and checks

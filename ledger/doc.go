@@ -22,7 +22,11 @@
 //     applied. Audit takes the applied steps from it and counts a step
 //     charged after that step (charged ahead of a g̃ that never came) as
 //     charged and never applied; its ε counts. After it, Charge takes
-//     replay charges only (ErrRunEnded).
+//     replay charges only (ErrRunEnded). Without one, the ledger alone
+//     cannot say whether its last step was applied (Unconfirmed), nor
+//     whether records were cut from its end: Contents.Audit takes a
+//     replay of the data dir's Raft state (RaftReplay, raftcheck.go) and
+//     requires the ledger to hold every record it wrote.
 //  5. NewTimeline reads a ledger's charges as a timeline of ε with its Raft
 //     terms and replays marked (timeline.go).
 //  6. A DatasetBudget (dataset.go) is a dataset's lifetime budget across
