@@ -113,6 +113,17 @@ func TestLocalDatasetBudgetReusedDataDir(t *testing.T) {
 		t.Fatalf("after the first run: %+v", rep.Runs)
 	}
 	first := rep.RecomputedEpsilon
+	// The run's own ledger states the admission, in every report of it.
+	var shown showResult
+	if err := runJSON(t, &shown, "ledger", "show", dir, "--json"); err != nil {
+		t.Fatal(err)
+	}
+	if a := shown.Admission; a == nil || a.ID != rep.Runs[0].Admission || a.Budget != rep.BudgetID || a.Dataset != rep.Dataset || a.Epsilon != 1.1 {
+		t.Errorf("ledger show: admission %+v, want %s of budget %s", a, rep.Runs[0].Admission, rep.BudgetID)
+	}
+	if out, err := run(t, "ledger", "audit", dir); err != nil || !strings.Contains(out, "admission "+rep.Runs[0].Admission) {
+		t.Errorf("ledger audit does not state the admission: %v\n%s", err, out)
+	}
 	// Resuming the finished run: its own admission, nothing new counted.
 	if out, err := run(t, args...); err != nil {
 		t.Fatalf("resuming the finished run: %v\n%s", err, out)

@@ -50,6 +50,9 @@ type showResult struct {
 	// History is the Raft history ID the run record binds the ledger to
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
+	// Admission is the dataset budget admission the run record states
+	// (absent for a run admitted to none).
+	Admission *ledger.Admission `json:"admission,omitempty"`
 	// Epsilon is the ε recorded by the last charge (0 before any).
 	Epsilon   float64 `json:"epsilon"`
 	Count     int     `json:"count"`
@@ -79,6 +82,8 @@ and exits non-zero; the other damage is printed, and ledger audit fails on it.
 With --json the output is ONE indented JSON object (not JSON lines):
   path, run, target_epsilon, delta, noise, mechanism, history  the run record's
   accountant  the accountant the run enforces (rdp for a run record without one)
+  admission   the dataset budget admission the run record states: dataset, budget,
+              id, file, epsilon, delta (absent for a run admitted to none)
   epsilon     ε recorded by the last charge (0 before any)
   count       number of records; head_hash: the last record's hash
   torn_bytes  bytes of a torn tail after the last complete record
@@ -89,7 +94,9 @@ With --json the output is ONE indented JSON object (not JSON lines):
   records     array of every record, with the ledger file's own field names:
               format, seq, kind ("run", "charge" or "end"), prev_hash, hash; run
               records: run, target_epsilon, delta, noise, mechanism,
-              accountant (absent in ledgers written before it), history;
+              accountant (absent in ledgers written before it), history,
+              and for a run admitted to a dataset budget dataset, budget_id,
+              admission_id, budget_file, budget_epsilon, budget_delta;
               charge records: history, step, event (kind, sample_rate,
               noise_multiplier, event), term, index, replay, epsilon;
               the end record: history, step (the last step applied),
@@ -118,6 +125,9 @@ These names are stable: they are the names the records' hashes cover.`,
 				res.HeadHash = recs[len(recs)-1].Hash
 				if r := recs[0]; r.Kind == ledger.RecordRun {
 					res.Run, res.TargetEpsilon, res.Delta, res.Noise, res.History = r.Run, r.TargetEpsilon, r.Delta, r.Noise, r.History
+					if a, ok := r.DatasetAdmission(); ok {
+						res.Admission = &a
+					}
 					res.Mechanism, res.Accountant = r.Mechanism, accountantName(r.Accountant)
 				}
 			}
@@ -164,6 +174,7 @@ func printShow(out io.Writer, res showResult) error {
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(res.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(res.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(res.History))
+	fmt.Fprintf(w, "budget   %s\n", admissionLabel(res.Admission))
 	fmt.Fprintf(w, "records  %d, ε spent %.6g (%s accountant)\n", res.Count, res.Epsilon, orDash(res.Accountant))
 	fmt.Fprintf(w, "head     %s\n", orDash(res.HeadHash))
 	if res.TornBytes > 0 {
@@ -379,6 +390,7 @@ func printAudit(out io.Writer, rep ledger.AuditReport) error {
 	fmt.Fprintf(w, "noise    %s\n", noiseLabel(rep.Noise))
 	fmt.Fprintf(w, "sampler  %s\n", mechanismLabel(rep.Mechanism))
 	fmt.Fprintf(w, "history  %s\n", historyLabel(rep.History))
+	fmt.Fprintf(w, "budget   %s\n", admissionLabel(rep.Admission))
 	fmt.Fprintf(w, "records  %d: %d charges (%d replays, %d recharges, %d applied steps, %d charged and never applied, %d unconfirmed), last step charged %d\n",
 		rep.Records, rep.Charges, rep.Replays, rep.Recharges, rep.Applied, rep.Unapplied, rep.Unconfirmed, rep.LastStep)
 	switch {
@@ -478,6 +490,15 @@ func mechanismLabel(m string) string {
 		return "float (not recorded: the run predates the field; not protected against floating-point attacks)"
 	}
 	return m
+}
+
+// admissionLabel describes a run record's dataset budget admission.
+func admissionLabel(a *ledger.Admission) string {
+	if a == nil {
+		return "- (admitted to no dataset budget)"
+	}
+	return fmt.Sprintf("admission %s to the lifetime budget %s of dataset %s (ε = %g at δ = %g), file %s",
+		a.ID, shortHash(a.Budget), shortHash(a.Dataset), a.Epsilon, a.Delta, a.File)
 }
 
 // historyLabel describes a run record's Raft history ID.

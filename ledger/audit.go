@@ -80,6 +80,9 @@ type AuditReport struct {
 	// History is the Raft history ID the run record binds the ledger to
 	// ("" for a ledger written before history IDs).
 	History string `json:"history"`
+	// Admission is the dataset budget admission the run record states
+	// (Record.DatasetAdmission); nil for a run admitted to none.
+	Admission *Admission `json:"admission,omitempty"`
 	// Noise is the run record's noise source, and Private is false when
 	// it is seed.Seeded: such a run is reproducible and NOT differentially
 	// private, whatever ε the ledger records.
@@ -262,6 +265,9 @@ func newAuditor(rep *AuditReport, run Record) *auditor {
 	rep.Run, rep.TargetEpsilon, rep.Delta = run.Run, run.TargetEpsilon, run.Delta
 	rep.Noise, rep.Private, rep.Mechanism = run.Noise, run.Noise != seed.Seeded, run.Mechanism
 	rep.History = run.History
+	if adm, ok := run.DatasetAdmission(); ok {
+		rep.Admission = &adm
+	}
 	rep.Accountant = run.Accountant
 	if rep.Accountant == "" {
 		rep.Accountant = AccountantRDP
