@@ -435,3 +435,34 @@ func TestServeCSVHoldoutIsLabelledNonPrivate(t *testing.T) {
 		t.Errorf("no evaluation logged:\n%s", logs)
 	}
 }
+
+// TestLocalFortunesCategory trains the textbag preset on the
+// fortunes-category dataset of a fortune directory (two categories whose
+// fortunes use different words): the model is shaped by the data (its
+// classes, named by the files), evaluated on the held-out documents, and
+// learns the task.
+func TestLocalFortunesCategory(t *testing.T) {
+	dir := t.TempDir()
+	for name, words := range map[string]string{"science": "atom energy quark photon", "food": "bread cheese apple soup"} {
+		var b strings.Builder
+		for i := range 200 {
+			w := strings.Fields(words)
+			fmt.Fprintf(&b, "%s and %s, %d\n%%\n", w[i%4], w[(i+1)%4], i)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := localJSON(t, []string{"local", "--dataset", "fortunes-category", "--data", dir, "--model", "textbag", "--seq-len", "8",
+		"--batch-size", "40", "--max-steps", "60", "--target-epsilon", "8", "--eval-every", "0", "--lr", "0.05",
+		"--data-dir", t.TempDir(), "--progress", "off", "--json"})
+	if res["eval_data"] != "test" || res["test_examples"] != float64(40) {
+		t.Fatalf("evaluation %v on %v examples, want the 40 held-out documents", res["eval_data"], res["test_examples"])
+	}
+	if acc, _ := res["test_accuracy"].(float64); acc < 0.9 {
+		t.Errorf("test accuracy %v: the two categories' words tell them apart", acc)
+	}
+	if res["run"] != "fortunes-category-textbag" {
+		t.Errorf("run %v", res["run"])
+	}
+}

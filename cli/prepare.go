@@ -210,7 +210,7 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log 
 				return pr, fmt.Errorf("--eval-path: %w", err)
 			}
 		}
-	case dataset.NameFile, dataset.NameCSV:
+	case dataset.NameFile, dataset.NameCSV, dataset.NameFortunesCategory:
 		if pr.train, pr.eval, err = dataset.LoadRun(ctx, s.dataOptions(nil, log)); err != nil {
 			if f, _ := dataset.FormatOf(s.DataPath); f == dataset.FormatCSV && s.LabelColumn == "" && errors.Is(err, dataset.ErrCSV) {
 				err = fmt.Errorf("%w (without --label-column a CSV file has no header and its label in the first column; "+

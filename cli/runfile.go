@@ -138,8 +138,8 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Run, "run", s.Run, "run name (scopes NATS subjects and the ledger)")
 	fs.StringVar(&s.Model, "model", s.Model, "model preset: "+strings.Join(model.Presets(), "|"))
 	fs.StringVar(&s.ModelSpec, "model-spec", s.ModelSpec, "JSON model spec file (instead of --model)")
-	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian, fortunes-seq (next-token windows of the Debian fortunes, for --model transformer), file (csv), or local (each node its own --data-path); --data-path alone means file")
-	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory holding its four files (default: search $DPCLUSTER_DATA, the cache and the Debian package's)")
+	fs.StringVar(&s.Dataset, "dataset", s.Dataset, "training data: fashion-mnist, gaussian, fortunes-seq (next-token windows of the Debian fortunes, for --model transformer), fortunes-category (each Debian fortune labelled by its category, for --model textbag), file (csv), or local (each node its own --data-path); --data-path alone means file")
+	fs.StringVar(&s.Data, "data", s.Data, "Fashion-MNIST directory holding its four files (default: search $DPCLUSTER_DATA, the cache and the Debian package's); for fortunes-seq and fortunes-category, the fortune files' directory (default /usr/share/games/fortunes)")
 	fs.StringVar(&s.DataPath, "data-path", s.DataPath, "private training data: a .csv, .npy, .npz or .parquet file, or a folder of images or .txt documents per class "+
 		"(docs/DATA.md); with --dataset local, this node's own file")
 	fs.StringVar(&s.LabelColumn, "label-column", s.LabelColumn, "CSV (with a header) or Parquet: the label column's name (CSV without it: no header, label first)")
@@ -242,6 +242,8 @@ func (s *runSpec) derivedRunName() string {
 		data = "gaussian"
 	case dataset.NameFortunesSeq:
 		data = "fortunes"
+	case dataset.NameFortunesCategory:
+		data = "fortunes-category"
 	case dataset.NameCSV, dataset.NameFile:
 		base := filepath.Base(filepath.Clean(s.DataPath))
 		data = strings.TrimSuffix(base, filepath.Ext(base))
@@ -331,7 +333,7 @@ func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 }
 
 // runDatasets are the values of --dataset.
-var runDatasets = []string{dataset.NameFashionMNIST, dataset.NameGaussian, dataset.NameFortunesSeq, dataset.NameFile, dataset.NameCSV, dataset.NameLocal, "none"}
+var runDatasets = []string{dataset.NameFashionMNIST, dataset.NameGaussian, dataset.NameFortunesSeq, dataset.NameFortunesCategory, dataset.NameFile, dataset.NameCSV, dataset.NameLocal, "none"}
 
 // checkData checks the data options before anything is read: a known
 // dataset; for a data file, that it exists in a format the loader reads;

@@ -72,13 +72,13 @@ type Shaper interface {
 // run must use the same options, so that the nodes' shards partition the
 // training set the coordinator counts as N.
 type RunOptions struct {
-	// Dataset is NameFashionMNIST, NameGaussian, NameFortunesSeq, NameFile
-	// or NameCSV.
+	// Dataset is NameFashionMNIST, NameGaussian, NameFortunesSeq,
+	// NameFortunesCategory, NameFile or NameCSV.
 	Dataset string
 	// Dir is searched first for the Fashion-MNIST files (LoadOptions.Dir;
 	// then $DPCLUSTER_DATA, the user cache, the Debian package's
-	// directory). For NameFortunesSeq it is the fortune files' directory
-	// ("" → FortunesDir).
+	// directory). For NameFortunesSeq and NameFortunesCategory it is the
+	// fortune files' directory ("" → FortunesDir).
 	Dir string
 	// Path is the training file (NameFile, NameCSV), read with ReadFile
 	// and File. Its rows are private training data: all of them are the
@@ -146,14 +146,14 @@ func (o RunOptions) Validate() error {
 		if o.EvalHoldout != 0 && !(o.EvalHoldout > 0 && o.EvalHoldout < 1) {
 			return bad("eval_split_from_train %v must be a fraction in (0, 1)", o.EvalHoldout)
 		}
-	case NameFortunesSeq:
+	case NameFortunesSeq, NameFortunesCategory:
 		if o.Path != "" {
 			return bad("dataset %s reads the fortune files in the data directory (default %s); it takes no data_path", o.Dataset, FortunesDir)
 		}
 	case NameLocal:
 		return bad("dataset local: each node loads its own file (ReadFile); LoadRun loads no shared training set")
 	default:
-		return bad("dataset must be %s, %s, %s or %s, not %q", NameFashionMNIST, NameGaussian, NameFortunesSeq, NameFile, o.Dataset)
+		return bad("dataset must be %s, %s, %s, %s or %s, not %q", NameFashionMNIST, NameGaussian, NameFortunesSeq, NameFortunesCategory, NameFile, o.Dataset)
 	}
 	if o.Dataset != NameCSV && o.Dataset != NameFile && (o.EvalPath != "" || o.EvalHoldout != 0) {
 		return bad("eval_path and eval_split_from_train are for dataset file: %s evaluates on its own public test split", o.Dataset)
@@ -175,6 +175,11 @@ func (o RunOptions) Validate() error {
 //     validation split's (documents never trained on; the corpus is
 //     public Debian text standing in for private text). The test split
 //     is left for final reports (experiments).
+//   - fortunes-category: the fortunes in o.Dir (default FortunesDir),
+//     each labelled by its category (LoadFortuneCategories), tokenized
+//     by o.File's HashTokenizer; training on 90% of the documents,
+//     evaluation on the other 10% (a public split, documents never
+//     trained on).
 //   - csv: every row of o.Path is training data. Evaluation is on the
 //     separate file o.EvalPath (public; refused if any of its rows is a
 //     training row), or, only with o.EvalHoldout, on rows held out of
@@ -210,6 +215,11 @@ func LoadRun(ctx context.Context, o RunOptions) (train *Dataset, eval EvalSet, e
 		train, eval, err = loadRunFile(o)
 	case NameFortunesSeq:
 		train, eval.Data, err = loadRunFortunes(o)
+	case NameFortunesCategory:
+		train, eval.Data, err = LoadFortuneCategories(o.Dir, o.File)
+		if err == nil {
+			log.Info("fortunes-category loaded", "classes", train.Classes, "train_documents", train.Len(), "eval_documents", eval.Data.Len())
+		}
 	}
 	if err != nil {
 		return nil, EvalSet{}, err

@@ -85,16 +85,24 @@ func appendOverstruck(dst, line []byte) []byte {
 	return dst
 }
 
-// ReadFortunes reads every fortune file in dir, in name order: the
+// FortuneFile is one fortune file: its name (the category, "people")
+// and its fortunes.
+type FortuneFile struct {
+	Name string
+	Docs [][]byte
+}
+
+// ReadFortuneFiles reads every fortune file in dir, in name order: the
 // regular files without a dot in their name ("people", not "people.dat"
 // or the "people.u8" links), each split by ParseFortunes. It fails if dir
 // cannot be read, a file is larger than 64 MiB, or there is no fortune.
-func ReadFortunes(dir string) ([][]byte, error) {
+func ReadFortuneFiles(dir string) ([]FortuneFile, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("dataset: fortunes: %w (install the Debian package fortunes)", err)
 	}
-	var docs [][]byte
+	var files []FortuneFile
+	n := 0
 	for _, e := range ents { // os.ReadDir sorts by name
 		if !e.Type().IsRegular() || strings.Contains(e.Name(), ".") {
 			continue
@@ -112,10 +120,26 @@ func ReadFortunes(dir string) ([][]byte, error) {
 		if len(data) > maxFortuneFileBytes {
 			return nil, formatErr(path, nil, "larger than %d bytes: not a fortune file", maxFortuneFileBytes)
 		}
-		docs = append(docs, ParseFortunes(data)...)
+		docs := ParseFortunes(data)
+		n += len(docs)
+		files = append(files, FortuneFile{Name: e.Name(), Docs: docs})
 	}
-	if len(docs) == 0 {
+	if n == 0 {
 		return nil, fmt.Errorf("%w: %s holds no fortunes (install the Debian package fortunes)", ErrSequence, dir)
+	}
+	return files, nil
+}
+
+// ReadFortunes reads every fortune in dir (ReadFortuneFiles), the files'
+// fortunes one after the other.
+func ReadFortunes(dir string) ([][]byte, error) {
+	files, err := ReadFortuneFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	var docs [][]byte
+	for _, f := range files {
+		docs = append(docs, f.Docs...)
 	}
 	return docs, nil
 }
