@@ -466,3 +466,48 @@ func TestLocalFortunesCategory(t *testing.T) {
 		t.Errorf("run %v", res["run"])
 	}
 }
+
+// TestLocalCSVTextColumn trains the textbag preset on a CSV file's text
+// column (--text-column), evaluated on a separate file read the same
+// way; a text column that does not exist is a one-line error before
+// anything trains.
+func TestLocalCSVTextColumn(t *testing.T) {
+	dir := t.TempDir()
+	// Training rows hold three of a topic's words, evaluation rows all
+	// four: no evaluation row is a training row.
+	write := func(name string, from, n, k int) string {
+		var b strings.Builder
+		b.WriteString("id,topic,text\n")
+		words := map[string][]string{"science": {"atom", "energy", "quark", "photon"}, "food": {"bread", "cheese", "apple", "soup"}}
+		for i := from; i < from+n; i++ {
+			topic := []string{"science", "food"}[i%2]
+			var text []string
+			for j := range k {
+				text = append(text, words[topic][(i+j)%4])
+			}
+			fmt.Fprintf(&b, "%d,%s,\"%s\"\n", i, topic, strings.Join(text, ", "))
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	train, test := write("train.csv", 0, 400, 3), write("test.csv", 1000, 60, 4)
+	args := func(extra ...string) []string {
+		return append([]string{"local", "--data-path", train, "--eval-path", test, "--label-column", "topic", "--model", "textbag",
+			"--seq-len", "8", "--batch-size", "40", "--max-steps", "60", "--target-epsilon", "8", "--eval-every", "0", "--lr", "0.05",
+			"--data-dir", t.TempDir(), "--progress", "off", "--json"}, extra...)
+	}
+	res := localJSON(t, args("--text-column", "text"))
+	if res["eval_data"] != "test" || res["test_examples"] != float64(60) {
+		t.Fatalf("evaluation %v on %v examples, want the 60 rows of the test file", res["eval_data"], res["test_examples"])
+	}
+	if acc, _ := res["test_accuracy"].(float64); acc < 0.9 {
+		t.Errorf("test accuracy %v: the two topics' words tell them apart", acc)
+	}
+	_, _, err := runCmd(t, args("--text-column", "body")...)
+	if err == nil || !strings.Contains(err.Error(), `no column "body"`) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a text column that does not exist: %v, want a one-line error naming it", err)
+	}
+}

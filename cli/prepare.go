@@ -31,7 +31,7 @@ func (s *runSpec) dataOptions(m *model.Model, log *slog.Logger) dataset.RunOptio
 func (s *runSpec) fileOptions() dataset.FileOptions {
 	return dataset.FileOptions{
 		LabelColumn: s.LabelColumn, FeatureColumns: s.FeatureColumns, Labels: s.Labels, Classes: s.Classes,
-		InputShape: s.InputShape, SeqLen: s.SeqLen, Vocab: s.Vocab,
+		InputShape: s.InputShape, SeqLen: s.SeqLen, Vocab: s.Vocab, TextColumn: s.TextColumn, TextPairColumn: s.TextPairColumn,
 	}
 }
 

@@ -62,6 +62,11 @@ type runSpec struct {
 	// token ids; for dataset local, vocab is part of the run's schema.
 	SeqLen int `yaml:"seq_len"`
 	Vocab  int `yaml:"vocab"`
+	// TextColumn and TextPairColumn name a CSV file's text column (and a
+	// second text, for pairs), tokenized like a text folder, instead of
+	// numeric feature columns (dataset.FileOptions).
+	TextColumn     string `yaml:"text_column"`
+	TextPairColumn string `yaml:"text_pair_column"`
 	// Nodes, if set, are the run's node IDs, each bound to its shard:
 	// nodes[i] holds shard i of len(nodes) (coordinator.RunConfig.Nodes);
 	// a node then takes its --shard-index and --shard-count from the list.
@@ -148,8 +153,10 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&s.Classes, "classes", s.Classes, "number of classes (default: from the labels)")
 	fs.IntSliceVar(&s.InputShape, "input-shape", s.InputShape, "per-example input shape, e.g. 3,32,32: the size images are resized to (default: the first image's); with --dataset local, the run's")
 	fs.StringSliceVar(&s.Nodes, "node-ids", s.Nodes, "the run's node IDs, each bound to its shard (the i-th holds shard i of their number); no other node is admitted")
-	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders: tokens kept per document (default: --input-shape's, else 128)")
-	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders: token ids of the hashing tokenizer (default 16384)")
+	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders and text columns: tokens kept per document (default: --input-shape's, else 128)")
+	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders and text columns: token ids of the hashing tokenizer (default 16384)")
+	fs.StringVar(&s.TextColumn, "text-column", s.TextColumn, "CSV with a header (--label-column): the text column, tokenized like a text folder (--seq-len, --vocab), instead of numeric features")
+	fs.StringVar(&s.TextPairColumn, "text-pair-column", s.TextPairColumn, "with --text-column: a second text column; each example is the pair")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")
 	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
 		"file: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")

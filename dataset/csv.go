@@ -80,12 +80,19 @@ type csvSpec struct {
 	deferLabels bool
 	// maxValues, if > 0, bounds rows × features.
 	maxValues int
+	// text, if not nil, makes the example of a record the text of the
+	// layout's text fields (one, or a pair) written into dst as textDim
+	// token ids, instead of numeric features.
+	text    func(fields []string, dst []float32)
+	textDim int
 }
 
-// csvLayout is which fields of a record are the label and the features.
+// csvLayout is which fields of a record are the label and the features
+// (or, for a text column, the text).
 type csvLayout struct {
 	label    int
 	features []int
+	texts    []int
 }
 
 // csvError is an error at a CSV line (1-based; 0: the whole input) and
@@ -172,6 +179,9 @@ func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 				return nil, err
 			}
 			d.Dim = len(layout.features)
+			if spec.text != nil {
+				d.Dim = spec.textDim
+			}
 			if spec.header {
 				continue
 			}
@@ -192,6 +202,16 @@ func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 			return nil, &csvError{line: line, field: layout.label, msg: err.Error()}
 		}
 		d.Y = append(d.Y, y)
+		if spec.text != nil {
+			texts := make([]string, len(layout.texts))
+			for i, j := range layout.texts {
+				texts[i] = rec[j]
+			}
+			n := len(d.X)
+			d.X = append(d.X, make([]float32, d.Dim)...)
+			spec.text(texts, d.X[n:])
+			continue
+		}
 		for _, j := range layout.features {
 			v, err := strconv.ParseFloat(rec[j], 32)
 			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {

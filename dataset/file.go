@@ -45,10 +45,18 @@ type FileOptions struct {
 	// formats, if set, the features are checked to have its product and
 	// the Dataset's Shape is set to it. For a text folder it is [SeqLen].
 	InputShape []int
-	// SeqLen and Vocab configure a text folder's HashTokenizer: the tokens
-	// kept per document (0: InputShape's one entry, else DefaultSeqLen)
-	// and the number of token ids (0: DefaultTextVocab).
+	// SeqLen and Vocab configure the HashTokenizer of a text folder or a
+	// CSV text column: the tokens kept per document (0: InputShape's one
+	// entry, else DefaultSeqLen) and the number of token ids (0:
+	// DefaultTextVocab).
 	SeqLen, Vocab int
+	// TextColumn, if set, names a CSV file's text column (the file needs a
+	// header: LabelColumn): each row's example is its text, tokenized into
+	// SeqLen token ids, instead of numeric features (FeatureColumns must
+	// be nil). TextPairColumn, if set too, names a second text column:
+	// the example is the pair, each text's tokens in turn, the longer cut
+	// first to fit SeqLen (HashTokenizer.TokenizePair).
+	TextColumn, TextPairColumn string
 }
 
 // Format names, what FormatOf returns.
@@ -211,6 +219,9 @@ func ReadFile(path string, o FileOptions) (*Dataset, error) {
 	format, err := FormatOf(path)
 	if err != nil {
 		return nil, err
+	}
+	if (o.TextColumn != "" || o.TextPairColumn != "") && format != FormatCSV {
+		return nil, optionsErr(path, "a text column is read from a CSV file with a header; this is a %s file", format)
 	}
 	var d *Dataset
 	switch format {

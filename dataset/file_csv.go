@@ -17,6 +17,34 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		maxValues: maxReadValues,
 	}
 	var header []string
+	var textCols []string
+	var tok HashTokenizer
+	if o.TextColumn != "" || o.TextPairColumn != "" {
+		switch {
+		case o.TextColumn == "":
+			return nil, optionsErr(path, "TextPairColumn %q needs TextColumn, the pair's first text", o.TextPairColumn)
+		case o.LabelColumn == "":
+			return nil, optionsErr(path, "a text column needs a CSV header: set LabelColumn")
+		case o.FeatureColumns != nil:
+			return nil, optionsErr(path, "a text column's example is its text: FeatureColumns must not be set")
+		}
+		var err error
+		if tok, err = textTokenizer(path, o); err != nil {
+			return nil, err
+		}
+		textCols = []string{o.TextColumn}
+		if o.TextPairColumn != "" {
+			textCols = append(textCols, o.TextPairColumn)
+		}
+		spec.textDim = tok.SeqLen
+		spec.text = func(fields []string, dst []float32) {
+			if len(fields) == 2 {
+				tok.TokenizePair(fields[0], fields[1], dst)
+			} else {
+				tok.Tokenize(fields[0], dst)
+			}
+		}
+	}
 	if o.LabelColumn == "" {
 		if o.FeatureColumns != nil {
 			return nil, optionsErr(path, "FeatureColumns needs a CSV header: set LabelColumn")
@@ -29,6 +57,9 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		spec.deferLabels = o.Labels == nil
 		spec.layout = func(h []string, _, line int) (csvLayout, error) {
 			header = slices.Clone(h) // the reader reuses h
+			if textCols != nil {
+				return textLayout(header, o.LabelColumn, textCols, line)
+			}
 			return namedLayout(header, o.LabelColumn, o.FeatureColumns, line)
 		}
 	}
@@ -56,7 +87,26 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		}
 		return nil, formatErr(pos, errors.Join(ErrCSV, ce.cause), "%s", ce.msg)
 	}
+	if textCols != nil {
+		d.Shape, d.Vocab = []int{tok.SeqLen}, tok.Vocab
+	}
 	return d, nil
+}
+
+// textLayout finds the label column and the text columns by name in a CSV
+// header read at line.
+func textLayout(header []string, label string, texts []string, line int) (csvLayout, error) {
+	l, err := namedLayout(header, label, texts, line)
+	if err != nil {
+		return l, err
+	}
+	l.texts, l.features = l.features, nil
+	for _, j := range l.texts {
+		if j == l.label {
+			return csvLayout{}, &csvError{line: line, field: -1, msg: fmt.Sprintf("column %q is the label column; a text column must be another", header[j])}
+		}
+	}
+	return l, nil
 }
 
 // namedLayout finds the label column and the feature columns (nil: every

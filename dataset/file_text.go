@@ -62,6 +62,42 @@ func (t HashTokenizer) Tokenize(text string, dst []float32) {
 	}
 }
 
+// TokenizePair writes the token ids of the pair (a, b) into
+// dst[:SeqLen]: a's tokens, then b's, cut to fit SeqLen by dropping a
+// token from the end of the longer of the two (a's on a tie) until both
+// fit, as Hugging Face's "longest first" truncation does; the rest is
+// padded with -1. It panics if dst is shorter than SeqLen.
+func (t HashTokenizer) TokenizePair(a, b string, dst []float32) {
+	dst = dst[:t.SeqLen]
+	ta := make([]float32, t.SeqLen)
+	tb := make([]float32, t.SeqLen)
+	t.Tokenize(a, ta)
+	t.Tokenize(b, tb)
+	na, nb := tokens(ta), tokens(tb)
+	for na+nb > t.SeqLen {
+		if na >= nb {
+			na--
+		} else {
+			nb--
+		}
+	}
+	n := copy(dst, ta[:na])
+	n += copy(dst[n:], tb[:nb])
+	for ; n < len(dst); n++ {
+		dst[n] = -1
+	}
+}
+
+// tokens returns the number of ids before the padding (-1) in ids.
+func tokens(ids []float32) int {
+	for i, v := range ids {
+		if v < 0 {
+			return i
+		}
+	}
+	return len(ids)
+}
+
 func isWordRune(r rune) bool {
 	return r != utf8.RuneError && (unicode.IsLetter(r) || unicode.IsDigit(r))
 }
