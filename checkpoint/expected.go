@@ -22,6 +22,7 @@ const (
 	HeadLM
 )
 
+// String returns the head's name: none, classifier, lm.
 func (h HeadKind) String() string {
 	switch h {
 	case HeadNone:
@@ -67,6 +68,10 @@ type Expected struct {
 	// leaves out of its names. Empty for the head's tensors.
 	Prefix string
 }
+
+// Len returns the number of elements of the tensor: the product of its
+// shape (1 for a buffer, whose shape is not given).
+func (e Expected) Len() int { return TensorInfo{Shape: e.Shape}.Len() }
 
 // Expected returns the tensors a model of cfg's family with the given head
 // expects (a method, as the name Expected is the type's), as Hugging Face transformers names and shapes them: the
