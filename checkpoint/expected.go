@@ -46,7 +46,8 @@ type Expected struct {
 	// Nil for a Buffer, whose shape Check does not check.
 	Shape []int
 	// Transposed marks a weight stored [in, out], the transpose of a
-	// Linear weight: GPT-2's Conv1D (pytorch_utils.py: weight is
+	// Linear weight: GPT-2's Conv1D (pytorch_utils.py at transformers commit
+	// 3009a8a4b92d0d63b18d11575a413a4b78a55776: weight is
 	// torch.empty(nx, nf), y = x·W + b).
 	Transposed bool
 	// Optional marks a tensor the checkpoint may lack: a head or a pooler
