@@ -58,6 +58,10 @@ func (c BPEConfig) Validate() error {
 // Bytes that are not valid UTF-8 (which Python's text cannot hold) are
 // classified by the pattern as U+FFFD, a symbol, and encoded as the bytes
 // they are.
+//
+// Merging a piece of n bytes scans its symbols once per merge applied, at
+// worst O(n²), as the reference's loop does; pieces are words, numbers or
+// runs of punctuation or whitespace, short in text.
 type BPE struct {
 	cfg    BPEConfig
 	vocab  map[string]int32

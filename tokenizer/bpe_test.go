@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -224,5 +225,44 @@ func TestParseMergesTxt(t *testing.T) {
 	want := [][2]string{{"a", "b"}, {"Ġ", "t"}, {"c", "d"}, {"e", "f"}}
 	if !slices.Equal(got, want) {
 		t.Errorf("ParseMergesTxt = %q, want %q", got, want)
+	}
+}
+
+// TestBPEConcurrent tokenizes strings from four goroutines at once, which
+// share the piece cache, and requires the ids of a tokenizer used alone
+// (run it with -race).
+func TestBPEConcurrent(t *testing.T) {
+	corpus := conformanceCorpus(100)[:len(handCases)+100]
+	vocab, merges := trainBPE(corpus, 100)
+	cfg := BPEConfig{MaxLen: 8, Pad: EndOfText}
+	alone, err := NewBPE(vocab, merges, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := NewBPE(vocab, merges, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]int32, len(corpus))
+	for i, s := range corpus {
+		want[i] = alone.AppendIDs(nil, s)
+	}
+	var wg sync.WaitGroup
+	errs := make([]int, 4)
+	for g := range 4 {
+		wg.Go(func() {
+			for k := range 3 * len(corpus) {
+				i := (k*(g+1) + g) % len(corpus)
+				if !slices.Equal(shared.AppendIDs(nil, corpus[i]), want[i]) {
+					errs[g]++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for g, n := range errs {
+		if n > 0 {
+			t.Errorf("goroutine %d: %d strings tokenized otherwise than alone", g, n)
+		}
 	}
 }
