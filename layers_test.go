@@ -20,7 +20,8 @@ import (
 var layers = [][]string{
 	// Leaves: no import of the module, or only of another leaf.
 	{"internal/durable", "internal/parallel", "internal/f32le", "internal/handoff", "internal/procstat", "internal/conformance",
-		"internal/faultnet", "internal/brokenmech", "seed", "sampling", "accounting", "model/kernels", "privacyaudit"},
+		"internal/faultnet", "internal/brokenmech", "seed", "sampling", "accounting", "model/kernels", "privacyaudit",
+		"tokenizer"},
 	// Foundations: identities, data, pretrained checkpoints, the
 	// optimizer, the noise, the durable logs.
 	{"pki", "dataset", "checkpoint", "dpadam", "mechanism", "ledger", "raftlog", "transport/fake"},

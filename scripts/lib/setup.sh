@@ -34,8 +34,11 @@ MAIN_JOB_PACKAGES=(dataset-fashion-mnist "${OPENBLAS_PACKAGES[@]}")
 # fortunes (Debian main, 2.6 MB of text in /usr/share/games/fortunes): the
 # fortunes-seq next-token dataset, which TestFortunesPackage reads; g++
 # (C++20): TestCUDAKernelsEmulated, which runs the CUDA kernels of the
-# sequence layers on the CPU (model/kernels/emu).
-TEST_PACKAGES=(gcc g++ libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes)
+# sequence layers on the CPU (model/kernels/emu); python3 and python3-regex:
+# the Python references of the tokenizers (tokenizer/testdata/*.py), which
+# TestWordPieceConformance and TestBPEConformance run (GPT-2's pattern
+# needs the regex module).
+TEST_PACKAGES=(gcc g++ libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes python3 python3-regex)
 
 # NON_FREE_PACKAGES are in Debian's contrib or non-free components, which
 # ensure_packages enables before installing one of them.
