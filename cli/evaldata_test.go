@@ -506,6 +506,20 @@ func TestLocalCSVTextColumn(t *testing.T) {
 	if acc, _ := res["test_accuracy"].(float64); acc < 0.9 {
 		t.Errorf("test accuracy %v: the two topics' words tell them apart", acc)
 	}
+	// The same with a checkpoint's WordPiece vocabulary: the model is
+	// shaped by its size.
+	ckpt := filepath.Join(dir, "ckpt")
+	if err := os.MkdirAll(ckpt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	vocab := "[PAD]\n[UNK]\n[CLS]\n[SEP]\n,\natom\nenergy\nquark\nphoton\nbread\ncheese\napple\nsoup\n"
+	if err := os.WriteFile(filepath.Join(ckpt, "vocab.txt"), []byte(vocab), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res = localJSON(t, args("--text-column", "text", "--tokenizer", ckpt))
+	if acc, _ := res["test_accuracy"].(float64); acc < 0.6 {
+		t.Errorf("with the checkpoint's tokenizer: test accuracy %v, chance is 0.5", acc)
+	}
 	_, _, err := runCmd(t, args("--text-column", "body")...)
 	if err == nil || !strings.Contains(err.Error(), `no column "body"`) || strings.Contains(err.Error(), "\n") {
 		t.Errorf("a text column that does not exist: %v, want a one-line error naming it", err)

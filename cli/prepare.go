@@ -32,6 +32,7 @@ func (s *runSpec) fileOptions() dataset.FileOptions {
 	return dataset.FileOptions{
 		LabelColumn: s.LabelColumn, FeatureColumns: s.FeatureColumns, Labels: s.Labels, Classes: s.Classes,
 		InputShape: s.InputShape, SeqLen: s.SeqLen, Vocab: s.Vocab, TextColumn: s.TextColumn, TextPairColumn: s.TextPairColumn,
+		Tokenizer: s.Tokenizer,
 	}
 }
 

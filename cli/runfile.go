@@ -67,6 +67,10 @@ type runSpec struct {
 	// numeric feature columns (dataset.FileOptions).
 	TextColumn     string `yaml:"text_column"`
 	TextPairColumn string `yaml:"text_pair_column"`
+	// Tokenizer is a pretrained checkpoint's folder whose tokenizer
+	// (vocab.txt, or vocab.json and merges.txt) tokenizes the text
+	// instead of the hashing tokenizer (dataset.LoadPretrainedTokenizer).
+	Tokenizer string `yaml:"tokenizer"`
 	// Nodes, if set, are the run's node IDs, each bound to its shard:
 	// nodes[i] holds shard i of len(nodes) (coordinator.RunConfig.Nodes);
 	// a node then takes its --shard-index and --shard-count from the list.
@@ -157,6 +161,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders and text columns: token ids of the hashing tokenizer (default 16384)")
 	fs.StringVar(&s.TextColumn, "text-column", s.TextColumn, "CSV with a header (--label-column): the text column, tokenized like a text folder (--seq-len, --vocab), instead of numeric features")
 	fs.StringVar(&s.TextPairColumn, "text-pair-column", s.TextPairColumn, "with --text-column: a second text column; each example is the pair")
+	fs.StringVar(&s.Tokenizer, "tokenizer", s.Tokenizer, "text: a pretrained checkpoint's folder whose own tokenizer (vocab.txt: BERT's WordPiece; vocab.json and merges.txt: GPT-2's BPE) tokenizes the text instead of the hashing tokenizer")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")
 	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
 		"file: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")

@@ -57,6 +57,12 @@ type FileOptions struct {
 	// the example is the pair, each text's tokens in turn, the longer cut
 	// first to fit SeqLen (HashTokenizer.TokenizePair).
 	TextColumn, TextPairColumn string
+	// Tokenizer, if set, is a pretrained checkpoint's folder whose own
+	// tokenizer (LoadPretrainedTokenizer: vocab.txt, or vocab.json and
+	// merges.txt) tokenizes a text folder, a text column or the fortunes,
+	// instead of the HashTokenizer; the ids are then the checkpoint's, and
+	// Vocab, if set, must be its vocabulary size.
+	Tokenizer string
 }
 
 // Format names, what FormatOf returns.
@@ -219,6 +225,9 @@ func ReadFile(path string, o FileOptions) (*Dataset, error) {
 	format, err := FormatOf(path)
 	if err != nil {
 		return nil, err
+	}
+	if o.Tokenizer != "" && format != FormatCSV && format != FormatTextFolder {
+		return nil, optionsErr(path, "a tokenizer is for text (a text folder, or a CSV text column); this is a %s file", format)
 	}
 	if (o.TextColumn != "" || o.TextPairColumn != "") && format != FormatCSV {
 		return nil, optionsErr(path, "a text column is read from a CSV file with a header; this is a %s file", format)

@@ -18,7 +18,10 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 	}
 	var header []string
 	var textCols []string
-	var tok HashTokenizer
+	var tok TextTokenizer
+	if o.Tokenizer != "" && o.TextColumn == "" {
+		return nil, optionsErr(path, "Tokenizer %s tokenizes a CSV file's text column: set TextColumn", o.Tokenizer)
+	}
 	if o.TextColumn != "" || o.TextPairColumn != "" {
 		switch {
 		case o.TextColumn == "":
@@ -36,7 +39,7 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		if o.TextPairColumn != "" {
 			textCols = append(textCols, o.TextPairColumn)
 		}
-		spec.textDim = tok.SeqLen
+		spec.textDim = tok.Len()
 		spec.text = func(fields []string, dst []float32) {
 			if len(fields) == 2 {
 				tok.TokenizePair(fields[0], fields[1], dst)
@@ -88,7 +91,7 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		return nil, formatErr(pos, errors.Join(ErrCSV, ce.cause), "%s", ce.msg)
 	}
 	if textCols != nil {
-		d.Shape, d.Vocab = []int{tok.SeqLen}, tok.Vocab
+		d.Shape, d.Vocab = []int{tok.Len()}, tok.VocabSize()
 	}
 	return d, nil
 }

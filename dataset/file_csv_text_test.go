@@ -86,3 +86,74 @@ func TestReadCSVTextColumn(t *testing.T) {
 		}
 	}
 }
+
+// TestReadCSVTextColumnPretrainedTokenizer: with a checkpoint folder's
+// vocab.txt as Tokenizer, a text column (and a pair) is tokenized by
+// BERT's WordPiece: [CLS] text [SEP] (pairs [CLS] a [SEP] b [SEP]), the
+// vocabulary's ids, -1 on the padding; the dataset's Vocab is the
+// tokenizer's. A folder with no vocabulary, a Vocab that is not the
+// tokenizer's, a tokenizer without a text column and one for a file that
+// holds no text are one-line errors.
+func TestReadCSVTextColumnPretrainedTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	ckpt := filepath.Join(dir, "bert")
+	if err := os.MkdirAll(ckpt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	vocab := []string{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "fine", "film", "dull", "and", "long", ",", ".", "great", "##s"}
+	if err := os.WriteFile(filepath.Join(ckpt, "vocab.txt"), []byte(strings.Join(vocab, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "reviews.csv")
+	if err := os.WriteFile(path, []byte("review,reply,y\n\"A fine, fine Film.\",Greats,1\n\"Dull and LONG, unseen\",great,0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := FileOptions{LabelColumn: "y", TextColumn: "review", SeqLen: 8, Tokenizer: ckpt}
+	d, err := ReadFile(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := func(w string) float32 { return float32(slices.Index(vocab, w)) }
+	want := [][]float32{
+		{id("[CLS]"), id("a"), id("fine"), id(","), id("fine"), id("film"), id("."), id("[SEP]")},
+		{id("[CLS]"), id("dull"), id("and"), id("long"), id(","), id("[UNK]"), id("[SEP]"), -1},
+	}
+	if d.Vocab != len(vocab) || d.Dim != 8 {
+		t.Errorf("vocab %d, dim %d; want %d, 8", d.Vocab, d.Dim, len(vocab))
+	}
+	for i, w := range want {
+		if !slices.Equal(d.Row(i), w) {
+			t.Errorf("row %d: %v, want %v", i, d.Row(i), w)
+		}
+	}
+	o.TextPairColumn = "reply"
+	p, err := ReadFile(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Row 1 cut longest first to 5 of its texts' tokens: a fine , (3) and
+	// great ##s (2).
+	for i, w := range [][]float32{
+		{id("[CLS]"), id("a"), id("fine"), id(","), id("[SEP]"), id("great"), id("##s"), id("[SEP]")},
+		{id("[CLS]"), id("dull"), id("and"), id("long"), id(","), id("[SEP]"), id("great"), id("[SEP]")},
+	} {
+		if !slices.Equal(p.Row(i), w) {
+			t.Errorf("pair row %d: %v, want %v", i, p.Row(i), w)
+		}
+	}
+	for name, tc := range map[string]struct {
+		o    FileOptions
+		file string
+		want string
+	}{
+		"no vocabulary":  {FileOptions{LabelColumn: "y", TextColumn: "review", Tokenizer: dir}, path, "no vocab.txt"},
+		"vocab mismatch": {FileOptions{LabelColumn: "y", TextColumn: "review", Tokenizer: ckpt, Vocab: 30522}, path, "has 14 tokens"},
+		"no text column": {FileOptions{LabelColumn: "y", Tokenizer: ckpt}, path, "set TextColumn"},
+		"not text":       {FileOptions{Tokenizer: ckpt}, filepath.Join(dir, "x.npz"), "a tokenizer is for text"},
+	} {
+		_, err := ReadFile(tc.file, tc.o)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want a one-line error saying %q", name, err, tc.want)
+		}
+	}
+}

@@ -103,33 +103,48 @@ func isWordRune(r rune) bool {
 }
 
 // textTokenizer returns the tokenizer FileOptions asks for: SeqLen from
-// o.SeqLen or a one-entry o.InputShape, else DefaultSeqLen; o.Vocab or
-// DefaultTextVocab.
-func textTokenizer(path string, o FileOptions) (HashTokenizer, error) {
-	t := HashTokenizer{Vocab: o.Vocab, SeqLen: o.SeqLen}
+// o.SeqLen or a one-entry o.InputShape, else DefaultSeqLen; the
+// checkpoint tokenizer in o.Tokenizer (LoadPretrainedTokenizer), whose
+// vocabulary o.Vocab must match if set, or the HashTokenizer of o.Vocab
+// (DefaultTextVocab if 0) ids.
+func textTokenizer(path string, o FileOptions) (TextTokenizer, error) {
+	seqLen := o.SeqLen
+	if seqLen == 0 && len(o.InputShape) == 1 {
+		seqLen = o.InputShape[0]
+	}
+	if seqLen == 0 {
+		seqLen = DefaultSeqLen
+	}
+	switch {
+	case seqLen < 1 || seqLen > 1<<16:
+		return nil, optionsErr(path, "SeqLen %d outside [1, 65536]", seqLen)
+	case len(o.InputShape) > 0 && (len(o.InputShape) != 1 || o.InputShape[0] != seqLen):
+		return nil, optionsErr(path, "a text dataset's InputShape is [SeqLen] = [%d], not %v", seqLen, o.InputShape)
+	}
+	if o.Tokenizer != "" {
+		t, err := LoadPretrainedTokenizer(o.Tokenizer, seqLen)
+		if err != nil {
+			return nil, err
+		}
+		if o.Vocab != 0 && o.Vocab != t.VocabSize() {
+			return nil, optionsErr(path, "Vocab %d, but the tokenizer in %s has %d tokens", o.Vocab, o.Tokenizer, t.VocabSize())
+		}
+		return t, nil
+	}
+	t := HashTokenizer{Vocab: o.Vocab, SeqLen: seqLen}
 	if t.Vocab == 0 {
 		t.Vocab = DefaultTextVocab
 	}
-	if t.SeqLen == 0 && len(o.InputShape) == 1 {
-		t.SeqLen = o.InputShape[0]
-	}
-	if t.SeqLen == 0 {
-		t.SeqLen = DefaultSeqLen
-	}
-	switch {
-	case t.Vocab < 1 || t.Vocab > MaxTokenID:
-		return t, optionsErr(path, "Vocab %d outside [1, %d]", t.Vocab, MaxTokenID)
-	case t.SeqLen < 1 || t.SeqLen > 1<<16:
-		return t, optionsErr(path, "SeqLen %d outside [1, 65536]", t.SeqLen)
-	case len(o.InputShape) > 0 && (len(o.InputShape) != 1 || o.InputShape[0] != t.SeqLen):
-		return t, optionsErr(path, "a text folder's InputShape is [SeqLen] = [%d], not %v", t.SeqLen, o.InputShape)
+	if t.Vocab < 1 || t.Vocab > MaxTokenID {
+		return nil, optionsErr(path, "Vocab %d outside [1, %d]", t.Vocab, MaxTokenID)
 	}
 	return t, nil
 }
 
 // readTextFolder reads a text folder: DIR/<class>/*.txt, one document
 // (example) per file, classes in sorted sub-folder order (or by
-// o.Labels), each tokenized by the HashTokenizer of o into SeqLen ids.
+// o.Labels), each tokenized by o's tokenizer (textTokenizer) into SeqLen
+// ids.
 func readTextFolder(dir string, o FileOptions) (*Dataset, error) {
 	tok, err := textTokenizer(dir, o)
 	if err != nil {
@@ -139,7 +154,7 @@ func readTextFolder(dir string, o FileOptions) (*Dataset, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dataset{Dim: tok.SeqLen, Shape: []int{tok.SeqLen}, Vocab: tok.Vocab}
+	d := &Dataset{Dim: tok.Len(), Shape: []int{tok.Len()}, Vocab: tok.VocabSize()}
 	for k, name := range classDirs {
 		files, err := classFiles(filepath.Join(dir, name), isTextExt)
 		if err != nil {

@@ -9,9 +9,9 @@ import (
 // (RunOptions.Dataset): the fortunes in FortunesDir (or RunOptions.Dir),
 // each one a document labelled by its file's name, its category ("people",
 // "science", "startrek"), for the categories with at least
-// MinCategoryFortunes fortunes; tokenized by the HashTokenizer of
-// RunOptions.File (SeqLen and Vocab, by default DefaultSeqLen and
-// DefaultTextVocab); split by document, FortunesCategoryTestShare of them
+// MinCategoryFortunes fortunes; tokenized by RunOptions.File's tokenizer
+// (the HashTokenizer of SeqLen and Vocab, by default DefaultSeqLen and
+// DefaultTextVocab, or a checkpoint's, Tokenizer); split by document, FortunesCategoryTestShare of them
 // (a fixed public draw, DefaultSequenceSeed) the evaluation split. It is a
 // real text classification task that needs nothing from the network: the
 // corpus is public Debian text standing in for private text.
@@ -29,8 +29,9 @@ const FortunesCategoryTestShare = 0.1
 // LoadFortuneCategories reads the fortune files in dir (FortunesDir if "")
 // as NameFortunesCategory describes: one example per fortune, its label
 // the index of its category among the categories kept (name order, named
-// in LabelNames), its features the token ids o's HashTokenizer gives
-// (textTokenizer: o.SeqLen, or a one-entry o.InputShape, and o.Vocab).
+// in LabelNames), its features the token ids o's tokenizer gives
+// (textTokenizer: o.SeqLen, or a one-entry o.InputShape, and o.Vocab or
+// o.Tokenizer).
 // It returns the training and evaluation splits. It fails when fewer than
 // two categories have MinCategoryFortunes fortunes.
 func LoadFortuneCategories(dir string, o FileOptions) (train, test *Dataset, err error) {
@@ -45,7 +46,7 @@ func LoadFortuneCategories(dir string, o FileOptions) (train, test *Dataset, err
 	if err != nil {
 		return nil, nil, err
 	}
-	all := &Dataset{Name: NameFortunesCategory, Dim: tok.SeqLen, Shape: []int{tok.SeqLen}, Vocab: tok.Vocab}
+	all := &Dataset{Name: NameFortunesCategory, Dim: tok.Len(), Shape: []int{tok.Len()}, Vocab: tok.VocabSize()}
 	var small []string
 	for _, f := range files {
 		if len(f.Docs) < MinCategoryFortunes {
