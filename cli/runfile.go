@@ -62,9 +62,9 @@ type runSpec struct {
 	// token ids; for dataset local, vocab is part of the run's schema.
 	SeqLen int `yaml:"seq_len"`
 	Vocab  int `yaml:"vocab"`
-	// TextColumn and TextPairColumn name a CSV file's text column (and a
-	// second text, for pairs), tokenized like a text folder, instead of
-	// numeric feature columns (dataset.FileOptions).
+	// TextColumn and TextPairColumn name a CSV or Parquet file's text
+	// column (and a second text, for pairs), tokenized like a text folder,
+	// instead of numeric feature columns (dataset.FileOptions).
 	TextColumn     string `yaml:"text_column"`
 	TextPairColumn string `yaml:"text_pair_column"`
 	// Tokenizer is a pretrained checkpoint's folder whose tokenizer
@@ -159,7 +159,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&s.Nodes, "node-ids", s.Nodes, "the run's node IDs, each bound to its shard (the i-th holds shard i of their number); no other node is admitted")
 	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders and text columns: tokens kept per document (default: --input-shape's, else 128)")
 	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders and text columns: token ids of the hashing tokenizer (default 16384)")
-	fs.StringVar(&s.TextColumn, "text-column", s.TextColumn, "CSV with a header (--label-column): the text column, tokenized like a text folder (--seq-len, --vocab), instead of numeric features")
+	fs.StringVar(&s.TextColumn, "text-column", s.TextColumn, "CSV with a header (--label-column) or Parquet: the text column, tokenized like a text folder (--seq-len, --vocab, --tokenizer), instead of numeric features")
 	fs.StringVar(&s.TextPairColumn, "text-pair-column", s.TextPairColumn, "with --text-column: a second text column; each example is the pair")
 	fs.StringVar(&s.Tokenizer, "tokenizer", s.Tokenizer, "text: a pretrained checkpoint's folder whose own tokenizer (vocab.txt: BERT's WordPiece; vocab.json and merges.txt: GPT-2's BPE) tokenizes the text instead of the hashing tokenizer")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")

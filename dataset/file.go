@@ -51,7 +51,8 @@ type FileOptions struct {
 	// DefaultTextVocab).
 	SeqLen, Vocab int
 	// TextColumn, if set, names a CSV file's text column (the file needs a
-	// header: LabelColumn): each row's example is its text, tokenized into
+	// header: LabelColumn) or a Parquet file's string column: each row's
+	// example is its text, tokenized into
 	// SeqLen token ids, instead of numeric features (FeatureColumns must
 	// be nil). TextPairColumn, if set too, names a second text column:
 	// the example is the pair, each text's tokens in turn, the longer cut
@@ -226,11 +227,21 @@ func ReadFile(path string, o FileOptions) (*Dataset, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.Tokenizer != "" && format != FormatCSV && format != FormatTextFolder {
-		return nil, optionsErr(path, "a tokenizer is for text (a text folder, or a CSV text column); this is a %s file", format)
+	if o.Tokenizer != "" && format != FormatCSV && format != FormatParquet && format != FormatTextFolder {
+		return nil, optionsErr(path, "a tokenizer is for text (a text folder, or a CSV or Parquet text column); this is a %s file", format)
 	}
-	if (o.TextColumn != "" || o.TextPairColumn != "") && format != FormatCSV {
-		return nil, optionsErr(path, "a text column is read from a CSV file with a header; this is a %s file", format)
+	if (o.TextColumn != "" || o.TextPairColumn != "") && format != FormatCSV && format != FormatParquet {
+		return nil, optionsErr(path, "a text column is read from a CSV file with a header or a Parquet file; this is a %s file", format)
+	}
+	if format == FormatParquet {
+		switch {
+		case o.TextPairColumn != "" && o.TextColumn == "":
+			return nil, optionsErr(path, "TextPairColumn %q needs TextColumn, the pair's first text", o.TextPairColumn)
+		case o.TextColumn != "" && o.FeatureColumns != nil:
+			return nil, optionsErr(path, "a text column's example is its text: FeatureColumns must not be set")
+		case o.Tokenizer != "" && o.TextColumn == "":
+			return nil, optionsErr(path, "Tokenizer %s tokenizes a text column: set TextColumn", o.Tokenizer)
+		}
 	}
 	var d *Dataset
 	switch format {

@@ -25,7 +25,8 @@ type parquetColumn struct {
 
 // readParquetFile reads a Parquet file: the label column o.LabelColumn
 // ("label" if "") and the feature columns o.FeatureColumns (nil: every
-// other top-level column), row group by row group. parquet-go can panic
+// other top-level column), or the string columns o.TextColumn (and
+// o.TextPairColumn) tokenized by o's tokenizer, row group by row group. parquet-go can panic
 // on some corrupt files (e.g. a gzip page with a bad header); such a
 // panic is returned as an ErrFormat error.
 func readParquetFile(path string, o FileOptions) (d *Dataset, err error) {
@@ -178,6 +179,26 @@ func parquetColumns(pf *parquet.File, o FileOptions) (label parquetColumn, featu
 	if label, err = find(labelName); err != nil {
 		return parquetColumn{}, nil, err
 	}
+	if o.TextColumn != "" {
+		// The text columns (one, or a pair) in place of the features.
+		for _, n := range []string{o.TextColumn, o.TextPairColumn} {
+			if n == "" {
+				continue
+			}
+			if n == labelName {
+				return parquetColumn{}, nil, fmt.Errorf("column %q is the label column; a text column must be another", n)
+			}
+			c, err := find(n)
+			if err != nil {
+				return parquetColumn{}, nil, err
+			}
+			if c.kind != parquet.ByteArray {
+				return parquetColumn{}, nil, fmt.Errorf("text column %q has type %v: want strings", n, c.kind)
+			}
+			features = append(features, c)
+		}
+		return label, features, nil
+	}
 	want := o.FeatureColumns
 	if want == nil {
 		for _, n := range names {
@@ -210,6 +231,16 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 		return nil, formatErr(path, nil, "malformed Parquet metadata: %d row groups, %d described", len(groups), len(md.RowGroups))
 	}
 	dim := len(features)
+	var tok TextTokenizer
+	var texts [][]string // each text column's values in the row group
+	if o.TextColumn != "" {
+		var err error
+		if tok, err = textTokenizer(path, o); err != nil {
+			return nil, err
+		}
+		texts = make([][]string, len(features))
+		dim = tok.Len()
+	}
 	var total int64
 	for _, rg := range md.RowGroups {
 		if rg.NumRows < 0 || rg.NumRows > int64(maxReadValues/dim)-total {
@@ -222,9 +253,12 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 	}
 	codecs := make(map[int]format.CompressionCodec)
 	d := &Dataset{Dim: dim}
+	if tok != nil {
+		d.Shape, d.Vocab = []int{dim}, tok.VocabSize()
+	}
 	lab := newLabeler(o.Labels, o.Classes, "FileOptions.Classes")
 	deferNames := label.kind == parquet.ByteArray && o.Labels == nil
-	cols := make([][]float32, dim)
+	cols := make([][]float32, len(features))
 	var first int64 // index of the row group's first row
 	for g, rg := range groups {
 		rows := md.RowGroups[g].NumRows
@@ -232,11 +266,14 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 		if len(chunks) != len(md.RowGroups[g].Columns) {
 			return nil, formatErr(path, nil, "malformed Parquet metadata: row group %d has %d column chunks, %d described", g, len(chunks), len(md.RowGroups[g].Columns))
 		}
-		for j := -1; j < dim; j++ {
+		for j := -1; j < len(features); j++ {
 			c := label
 			if j >= 0 {
 				c = features[j]
 				cols[j] = cols[j][:0]
+				if texts != nil {
+					texts[j] = texts[j][:0]
+				}
 			}
 			if c.leaf >= len(chunks) {
 				return nil, formatErr(path, nil, "malformed Parquet metadata: row group %d has no chunk for column %q", g, c.name)
@@ -249,6 +286,10 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 				row := first + i + 1
 				if v.IsNull() {
 					return formatErr(path, nil, "row %d, column %q: null value", row, c.name)
+				}
+				if j >= 0 && texts != nil {
+					texts[j] = append(texts[j], string(v.ByteArray()))
+					return nil
 				}
 				if j >= 0 {
 					x, ok := npyFeature(parquetNumber(v, c))
@@ -274,6 +315,16 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 			}
 		}
 		for i := range rows {
+			if texts != nil {
+				n := len(d.X)
+				d.X = append(d.X, make([]float32, dim)...)
+				if len(texts) == 2 {
+					tok.TokenizePair(texts[0][i], texts[1][i], d.X[n:])
+				} else {
+					tok.Tokenize(texts[0][i], d.X[n:])
+				}
+				continue
+			}
 			for j := range dim {
 				d.X = append(d.X, cols[j][i])
 			}

@@ -6,6 +6,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/parquet-go/parquet-go"
@@ -199,4 +201,63 @@ func FuzzReadFileParquet(f *testing.F) {
 		}
 		fuzzReadFile(t, "f.parquet", data, false, o)
 	})
+}
+
+// review is a Parquet row with text columns.
+type review struct {
+	ID     int64  `parquet:"id"`
+	Text   string `parquet:"text"`
+	Reply  string `parquet:"reply"`
+	Rating string `parquet:"rating,dict"`
+}
+
+// TestReadParquetTextColumn: a Parquet file's string column is a text
+// column as a CSV file's is (the same ids, pairs included), across row
+// groups; a numeric text column, a missing one and the label as text are
+// one-line errors.
+func TestReadParquetTextColumn(t *testing.T) {
+	dir := t.TempDir()
+	rows := []review{
+		{1, "A fine, fine film.", "Agreed entirely", "good"},
+		{2, "Dull and far too long", "No, it was great", "bad"},
+		{3, "Great", "one two three four five six seven", "good"},
+	}
+	path := parquetFile(t, dir, "reviews.parquet", rows, parquet.MaxRowsPerRowGroup(2))
+	var csv strings.Builder
+	csv.WriteString("id,text,reply,rating\n")
+	for _, r := range rows {
+		fmt.Fprintf(&csv, "%d,%q,%q,%s\n", r.ID, r.Text, r.Reply, r.Rating)
+	}
+	csvPath := filepath.Join(dir, "reviews.csv")
+	if err := os.WriteFile(csvPath, []byte(csv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, pair := range []string{"", "reply"} {
+		o := FileOptions{LabelColumn: "rating", TextColumn: "text", TextPairColumn: pair, SeqLen: 6}
+		got, err := ReadFile(path, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := ReadFile(csvPath, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.X, want.X) || !slices.Equal(got.Y, want.Y) || !slices.Equal(got.Shape, []int{6}) || got.Vocab != DefaultTextVocab {
+			t.Errorf("pair %q: Parquet %v %v (shape %v, vocab %d), CSV %v %v", pair, got.X, got.Y, got.Shape, got.Vocab, want.X, want.Y)
+		}
+	}
+	for name, tc := range map[string]struct {
+		o    FileOptions
+		want string
+	}{
+		"numeric":   {FileOptions{LabelColumn: "rating", TextColumn: "id"}, `text column "id" has type`},
+		"missing":   {FileOptions{LabelColumn: "rating", TextColumn: "body"}, `no column "body"`},
+		"label":     {FileOptions{LabelColumn: "rating", TextColumn: "rating"}, "is the label column"},
+		"pair only": {FileOptions{LabelColumn: "rating", TextPairColumn: "reply"}, "needs TextColumn"},
+	} {
+		_, err := ReadFile(path, tc.o)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want a one-line error saying %q", name, err, tc.want)
+		}
+	}
 }
