@@ -9,9 +9,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -378,5 +381,37 @@ func TestLogAndBarShareStderr(t *testing.T) {
 	}
 	if got := strings.Count(out, "\r\x1b[K["); got != n {
 		t.Errorf("%d whole bar draws, want %d", got, n)
+	}
+}
+
+// TestRunFileListFlagsWin: list flags given beside --config replace the
+// run file's lists, item for item, as every other flag wins over the
+// file. (They were re-applied by their printed form, which a list flag
+// appends: --node-ids a,b became [a b "[a" "b]"], and serve refused to
+// start.)
+func TestRunFileListFlagsWin(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "d.csv")
+	writeFile(t, data, "f1,f2,f3,y\n1,2,3,x\n4,5,6,y\n7,8,9,z\n")
+	runFile := filepath.Join(dir, "run.yaml")
+	writeFile(t, runFile, "data_path: "+data+"\nlabel_column: y\nnode_ids: [p, q, r]\nlabels: [z, y, x]\nfeature_columns: [f3]\ninput_shape: [1]\n")
+	spec := defaultRunSpec()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	spec.bind(fs)
+	if err := fs.Parse([]string{"--node-ids", "a,b", "--labels", "x,y,z", "--feature-columns", "f1,f2", "--input-shape", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := loadRunSpec(&spec, runFile, fs); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct{ got, want any }{
+		"node_ids":        {spec.Nodes, []string{"a", "b"}},
+		"labels":          {spec.Labels, []string{"x", "y", "z"}},
+		"feature_columns": {spec.FeatureColumns, []string{"f1", "f2"}},
+		"input_shape":     {spec.InputShape, []int{2}},
+	} {
+		if !reflect.DeepEqual(tc.got, tc.want) {
+			t.Errorf("%s: %q, want the flag's %q", name, tc.got, tc.want)
+		}
 	}
 }

@@ -195,8 +195,18 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	fileKeys := map[string]bool{}
 	if path != "" {
+		// The flags the user set, to re-apply after the file: a list flag
+		// (pflag.SliceValue) by its items, since Set on a list flag already
+		// set appends, and its String form ("[a,b]") is no value to set.
 		changed := map[string]string{}
-		fs.Visit(func(f *pflag.Flag) { changed[f.Name] = f.Value.String() })
+		lists := map[string][]string{}
+		fs.Visit(func(f *pflag.Flag) {
+			if sv, ok := f.Value.(pflag.SliceValue); ok {
+				lists[f.Name] = sv.GetSlice()
+				return
+			}
+			changed[f.Name] = f.Value.String()
+		})
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return fmt.Errorf("run file: %w", err)
@@ -214,6 +224,11 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 		}
 		for name, v := range changed {
 			if err := fs.Set(name, v); err != nil {
+				return err
+			}
+		}
+		for name, v := range lists {
+			if err := fs.Lookup(name).Value.(pflag.SliceValue).Replace(v); err != nil {
 				return err
 			}
 		}
