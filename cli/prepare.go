@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"slices"
 
@@ -84,6 +85,10 @@ func evalKind(eval dataset.EvalSet) coordinator.EvalData {
 	return coordinator.EvalPublic
 }
 
+// weakEpsilon is the target ε above which a run is warned that its
+// guarantee is weak.
+const weakEpsilon = 10
+
 // runConfig turns the spec into the replicated run configuration
 // (coordinator.RunPlan.RunConfig derives N, q = B/N, σ and the seed
 // policy); n is the loaded data's size (0: none), schema the run's data
@@ -112,6 +117,10 @@ func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool,
 	}
 	if s.forNode {
 		return plan.NodeConfig()
+	}
+	if s.TargetEpsilon > weakEpsilon {
+		log.Warn(fmt.Sprintf("target ε = %g is above %g: the guarantee bounds little (an attacker's odds of telling whether any one example was used may grow by a factor up to e^ε = %.3g); ε of 1 to 8 is the usual range",
+			s.TargetEpsilon, float64(weakEpsilon), math.Exp(s.TargetEpsilon)))
 	}
 	return plan.RunConfigCached(dataDir, log)
 }
