@@ -172,7 +172,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Noise, "noise", s.Noise, "leader's noise: discrete (exact discrete Gaussian on a fine grid) or float (legacy floating-point sampler, NOT protected against floating-point attacks)")
 	fs.StringVar(&s.Accountant, "accountant", s.Accountant, "privacy accountant enforcing the budget and calibrating σ: pld (the default; charges --noise discrete through its lattice) or rdp")
 	fs.Float64Var(&s.TargetEpsilon, "target-epsilon", s.TargetEpsilon, "privacy budget ε, enforced by the ledger")
-	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ, below 1/N (a δ of at least 1/N allows releasing an example outright, and is refused)")
+	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ")
 	fs.Int64Var(&s.MaxSteps, "max-steps", s.MaxSteps, "stop after this many steps (0: when the budget is spent; needs --sigma)")
 	fs.StringVar(&s.Algorithm, "algorithm", s.Algorithm, "optimizer: dp-adambc, dp-adam, dp-sgd or dp-sgdm")
 	fs.Float64Var(&s.LR, "lr", s.LR, "learning rate η")

@@ -131,10 +131,6 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		Nodes: p.Nodes,
 	}
 	if p.Sigma == 0 {
-		// Refused before σ is calibrated for it, which takes seconds.
-		if err := checkDelta(c.Delta, n); err != nil {
-			return RunConfig{}, err
-		}
 		if c.Optimizer.NoiseMultiplier, err = p.calibrate(c); err != nil {
 			return RunConfig{}, err
 		}

@@ -159,22 +159,6 @@ func (c RunConfig) Discrete() (mechanism.DiscreteGaussian, bool) {
 	return m, err == nil
 }
 
-// checkDelta returns why δ cannot be a run's over n examples: outside
-// (0, 1), or at least 1/n. (ε, δ)-DP with δ ≥ 1/n allows a mechanism that
-// publishes one of the n examples whole ("just a few", Dwork and Roth
-// 2014, §2.3): no privacy for somebody, so δ is taken well below 1/n.
-// n must be positive.
-func checkDelta(delta float64, n int64) error {
-	switch {
-	case !(delta > 0 && delta < 1):
-		return fmt.Errorf("%w: delta %v must be in (0, 1)", ErrInvalidRunConfig, delta)
-	case delta >= 1/float64(n):
-		return fmt.Errorf("%w: delta %v is at least 1/N = 1/%d: that allows releasing an example outright; take δ well below 1/N (1e-5 for N up to 10⁵; 1/N² is common)",
-			ErrInvalidRunConfig, delta, n)
-	}
-	return nil
-}
-
 // Validate checks ranges and the relations between fields: the expected
 // batch size B must equal q·N (to relative 1e-9), since DP-AdamBC's Φ and
 // the noisy average g̃ = (S+z)/B both depend on it.
@@ -195,8 +179,8 @@ func (c RunConfig) Validate() error {
 		return bad("sample rate %v must be in (0, 1]", c.SampleRate)
 	case !(c.TargetEpsilon > 0) || math.IsInf(c.TargetEpsilon, 0):
 		return bad("target epsilon %v must be positive and finite", c.TargetEpsilon)
-	case checkDelta(c.Delta, c.TotalExamples) != nil:
-		return checkDelta(c.Delta, c.TotalExamples)
+	case !(c.Delta > 0 && c.Delta < 1):
+		return bad("delta %v must be in (0, 1)", c.Delta)
 	case c.MaxSteps < 0:
 		return bad("max steps %d must not be negative", c.MaxSteps)
 	case c.NoiseMode != NoiseDiscrete && c.NoiseMode != NoiseFloat && c.NoiseMode != NoiseLegacy:
