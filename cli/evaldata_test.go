@@ -453,14 +453,14 @@ func TestLocalFortunesCategory(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res := localJSON(t, []string{"local", "--dataset", "fortunes-category", "--data", dir, "--model", "textbag", "--seq-len", "8",
-		"--batch-size", "40", "--max-steps", "60", "--target-epsilon", "8", "--eval-every", "0", "--lr", "0.05",
+	res := localJSON(t, []string{"local", "--dataset", "fortunes-category", "--data", dir, "--model", "textbag", "--seq-len", "8", "--vocab", "1024",
+		"--batch-size", "40", "--max-steps", "60", "--target-epsilon", "8", "--eval-every", "0", "--lr", "0.05", "--round-timeout", "20s",
 		"--data-dir", t.TempDir(), "--progress", "off", "--json"})
 	if res["eval_data"] != "test" || res["test_examples"] != float64(40) {
 		t.Fatalf("evaluation %v on %v examples, want the 40 held-out documents", res["eval_data"], res["test_examples"])
 	}
-	if acc, _ := res["test_accuracy"].(float64); acc < 0.9 {
-		t.Errorf("test accuracy %v: the two categories' words tell them apart", acc)
+	if acc, _ := res["test_accuracy"].(float64); acc < 0.75 {
+		t.Errorf("test accuracy %v: the two categories' words tell them apart (chance is 0.5)", acc)
 	}
 	if res["run"] != "fortunes-category-textbag" {
 		t.Errorf("run %v", res["run"])
@@ -496,15 +496,15 @@ func TestLocalCSVTextColumn(t *testing.T) {
 	train, test := write("train.csv", 0, 400, 3), write("test.csv", 1000, 60, 4)
 	args := func(extra ...string) []string {
 		return append([]string{"local", "--data-path", train, "--eval-path", test, "--label-column", "topic", "--model", "textbag",
-			"--seq-len", "8", "--batch-size", "40", "--max-steps", "60", "--target-epsilon", "8", "--eval-every", "0", "--lr", "0.05",
+			"--seq-len", "8", "--batch-size", "40", "--max-steps", "60", "--target-epsilon", "8", "--eval-every", "0", "--lr", "0.05", "--round-timeout", "20s",
 			"--data-dir", t.TempDir(), "--progress", "off", "--json"}, extra...)
 	}
-	res := localJSON(t, args("--text-column", "text"))
+	res := localJSON(t, args("--text-column", "text", "--vocab", "1024"))
 	if res["eval_data"] != "test" || res["test_examples"] != float64(60) {
 		t.Fatalf("evaluation %v on %v examples, want the 60 rows of the test file", res["eval_data"], res["test_examples"])
 	}
-	if acc, _ := res["test_accuracy"].(float64); acc < 0.9 {
-		t.Errorf("test accuracy %v: the two topics' words tell them apart", acc)
+	if acc, _ := res["test_accuracy"].(float64); acc < 0.75 {
+		t.Errorf("test accuracy %v: the two topics' words tell them apart (chance is 0.5)", acc)
 	}
 	// The same with a checkpoint's WordPiece vocabulary: the model is
 	// shaped by its size.
