@@ -214,7 +214,13 @@ func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 		}
 		for _, j := range layout.features {
 			v, err := strconv.ParseFloat(rec[j], 32)
-			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			if errors.Is(err, strconv.ErrRange) && !math.IsInf(v, 0) {
+				err = nil // too small for float32: it reads as 0 (or the nearest subnormal)
+			}
+			switch {
+			case errors.Is(err, strconv.ErrRange):
+				return nil, &csvError{line: line, field: j, msg: fmt.Sprintf("%q is outside float32's range (±3.4e38)", rec[j])}
+			case err != nil || math.IsNaN(v) || math.IsInf(v, 0):
 				return nil, &csvError{line: line, field: j, msg: fmt.Sprintf("%q is not a finite number", rec[j])}
 			}
 			d.X = append(d.X, float32(v))

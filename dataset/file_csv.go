@@ -13,7 +13,7 @@ import (
 func readCSVData(path string, o FileOptions) (*Dataset, error) {
 	spec := csvSpec{
 		comma:     ',',
-		labels:    newLabeler(o.Labels, o.Classes, "FileOptions.Classes"),
+		labels:    newLabeler(o.Labels, o.Classes, "--classes"),
 		maxValues: maxReadValues,
 	}
 	var header []string
@@ -140,6 +140,11 @@ func namedLayout(header []string, label string, features []string, line int) (cs
 	var err error
 	if l.label, err = find(label); err != nil {
 		return csvLayout{}, err
+	}
+	for _, name := range header { // the first repeated name, in header order
+		if dup[name] {
+			return csvLayout{}, &csvError{line: line, field: -1, msg: fmt.Sprintf("column %q appears more than once in the header", name)}
+		}
 	}
 	if features == nil {
 		for j := range header {

@@ -63,8 +63,10 @@ func TestReadFileCSVErrors(t *testing.T) {
 		{"negative label", "y,a\n0,1\n-1,2\n", FileOptions{LabelColumn: "y"}, []string{`:3: column "y": label -1 is not a non-negative integer`}},
 		{"fractional label", "y,a\n0,1\n# c\n1.5,2\n", FileOptions{LabelColumn: "y"}, []string{`:4: column "y": label "1.5"`}},
 		{"label ≥ classes", "y,a\n0,1\n7,2\n", FileOptions{LabelColumn: "y", Classes: 3}, []string{`:3: column "y": label 7 with only 3 classes`}},
-		{"label not in Labels", "y,a\ncat,1\nemu,2\n", FileOptions{LabelColumn: "y", Labels: []string{"cat", "dog"}}, []string{`:3: column "y": label "emu" is not in Labels ["cat", "dog"]`}},
-		{"names vs classes", "y,a\ncat,1\nemu,2\n", FileOptions{LabelColumn: "y", Classes: 3}, []string{"2 distinct names but Classes is 3"}},
+		{"duplicate header name", "a,b,a,y\n1,2,3,0\n", FileOptions{LabelColumn: "y"}, []string{`column "a" appears more than once in the header`}},
+		{"outside float32", "a,y\n1e308,0\n", FileOptions{LabelColumn: "y"}, []string{`:2: column "a": "1e308" is outside float32's range`}},
+		{"label not in Labels", "y,a\ncat,1\nemu,2\n", FileOptions{LabelColumn: "y", Labels: []string{"cat", "dog"}}, []string{`:3: column "y": label "emu" is not one of the class names ["cat", "dog"]`}},
+		{"names vs classes", "y,a\ncat,1\nemu,2\n", FileOptions{LabelColumn: "y", Classes: 3}, []string{"2 distinct names but the number of classes (--classes) is 3", "(--labels)"}},
 		{"short row", "y,a\n0,1\n1\n", FileOptions{LabelColumn: "y"}, []string{":3: 1 columns, want 2"}},
 		{"quote", "y,a\n0,\"1\n", FileOptions{LabelColumn: "y"}, []string{":2:"}},
 		{"header only", "y,a\n", FileOptions{LabelColumn: "y"}, []string{"no data rows"}},
@@ -72,7 +74,7 @@ func TestReadFileCSVErrors(t *testing.T) {
 		{"legacy non-numeric", "0,1\n1,x\n", FileOptions{}, []string{`:2: column 2: "x" is not a finite number`}},
 		{"legacy string label", "cat,1\n", FileOptions{}, []string{`:1: column 1: label "cat" is not a non-negative integer`}},
 		{"legacy one column", "1\n", FileOptions{}, []string{":1: 1 column(s)"}},
-		{"huge label", "2000000000,1\n", FileOptions{}, []string{"set FileOptions.Classes"}},
+		{"huge label", "2000000000,1\n", FileOptions{}, []string{"set --classes"}},
 		{"empty label", "y,a\ncat,1\n,2\n", FileOptions{LabelColumn: "y"}, []string{`:3: column "y": label "" is empty`}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -88,7 +88,7 @@ func classFolders(dir string, o FileOptions, want string) ([]string, []int32, *l
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	lab := newLabeler(o.Labels, o.Classes, "FileOptions.Classes")
+	lab := newLabeler(o.Labels, o.Classes, "--classes")
 	classes := make([]int32, len(names))
 	for i, name := range names {
 		if o.Labels != nil {

@@ -191,8 +191,8 @@ func TestReadFileImageErrors(t *testing.T) {
 		{"jpeg named png", map[string][]byte{"a/x.png": jpegBytes(t, grayImage(2, 2))}, FileOptions{InputShape: shape}, ErrFormat, "a/x.png: cannot decode PNG image"},
 		{"garbage jpeg", map[string][]byte{"a/x.jpg": []byte("hello")}, FileOptions{InputShape: shape}, ErrFormat, "a/x.jpg: cannot decode JPEG image"},
 		{"huge", map[string][]byte{"a/x.png": huge}, FileOptions{InputShape: shape}, ErrFormat, "a/x.png: PNG image of 100000×100000 pixels is empty or too large"},
-		{"not in Labels", map[string][]byte{"a/x.png": good, "b/x.png": good}, FileOptions{InputShape: shape, Labels: []string{"a"}}, ErrFormat, `/b: class sub-folder: label "b" is not in Labels ["a"]`},
-		{"classes", map[string][]byte{"a/x.png": good, "b/x.png": good}, FileOptions{InputShape: shape, Classes: 3}, ErrFormat, "2 distinct names but Classes is 3"},
+		{"not in Labels", map[string][]byte{"a/x.png": good, "b/x.png": good}, FileOptions{InputShape: shape, Labels: []string{"a"}}, ErrFormat, `/b: class sub-folder: label "b" is not one of the class names ["a"]`},
+		{"classes", map[string][]byte{"a/x.png": good, "b/x.png": good}, FileOptions{InputShape: shape, Classes: 3}, ErrFormat, "2 distinct names but the number of classes (--classes) is 3"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()

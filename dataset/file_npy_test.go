@@ -131,7 +131,7 @@ func TestReadFileNPYErrors(t *testing.T) {
 		{"negative label", npyFile(t, [][]int32{{0, 1}, {-1, 2}}), FileOptions{}, "[1, 0]: label -1 is not a non-negative integer"},
 		{"fractional label", npyFile(t, [][]float32{{0.5, 1}}), FileOptions{}, "[0, 0]: label 0.5"},
 		{"label ≥ classes", npyFile(t, [][]int8{{0, 1}, {5, 2}}), FileOptions{Classes: 3}, "[1, 0]: label 5 with only 3 classes"},
-		{"label not in Labels", npyFile(t, [][]int8{{0, 1}, {5, 2}}), FileOptions{Labels: []string{"0"}}, `[1, 0]: label "5" is not in Labels`},
+		{"label not in Labels", npyFile(t, [][]int8{{0, 1}, {5, 2}}), FileOptions{Labels: []string{"0"}}, `[1, 0]: label "5" is not one of the class names`},
 		{"shape product", good, FileOptions{InputShape: []int{2}}, "1 features per row, but InputShape [2]"},
 		{"truncated", good[:len(good)-1], FileOptions{}, "truncated"},
 		{"trailing", append(append([]byte(nil), good...), 0), FileOptions{}, "data after"},
@@ -173,7 +173,7 @@ func TestReadFileNPZErrors(t *testing.T) {
 		{"nan", map[string]any{"x": [][][]float32{{{1, 2}}, {{3, float32(math.NaN())}}}, "y": []int8{0, 1}}, FileOptions{}, "x[1, 0, 1]: NaN"},
 		{"negative label", map[string]any{"x": x, "y": []int64{0, -3}}, FileOptions{}, "y[1]: label -3"},
 		{"fractional label", map[string]any{"x": x, "y": []float64{0, 1.25}}, FileOptions{}, "y[1]: label 1.25"},
-		{"label not in Labels", map[string]any{"x": x, "y": []uint8{0, 2}}, FileOptions{Labels: []string{"0", "1"}}, `y[1]: label "2" is not in Labels`},
+		{"label not in Labels", map[string]any{"x": x, "y": []uint8{0, 2}}, FileOptions{Labels: []string{"0", "1"}}, `y[1]: label "2" is not one of the class names`},
 		{"shape product", map[string]any{"x": x, "y": []uint8{0, 2}}, FileOptions{InputShape: []int{1, 3}}, "2 features per row, but InputShape [1 3] has 3"},
 	}
 	for i, tt := range tests {

@@ -46,7 +46,7 @@ func newLabeler(names []string, classes int, classesOpt string) *labeler {
 func (l *labeler) lookup(s string) (int32, error) {
 	c, ok := l.index[s]
 	if !ok {
-		return 0, fmt.Errorf("label %q is not in Labels %s", s, quoteList(l.names, 8))
+		return 0, fmt.Errorf("label %q is not one of the class names %s", s, quoteList(l.names, 8))
 	}
 	return c, nil
 }
@@ -97,7 +97,7 @@ func (l *labeler) deferName(s string, row int) (int32, error) {
 		return id, nil
 	}
 	if len(l.texts) >= maxInferredClasses {
-		return 0, fmt.Errorf("more than %d distinct labels; give FileOptions.Labels", maxInferredClasses)
+		return 0, fmt.Errorf("more than %d distinct labels; give the class names in class order (--labels)", maxInferredClasses)
 	}
 	if s == "" || strings.ContainsRune(s, 0) {
 		return 0, fmt.Errorf("label %q is empty or contains a NUL byte", s)
@@ -138,7 +138,7 @@ func (l *labeler) resolve(y []int32, sniff bool) (row int, err error) {
 		l.resolved = slices.Clone(l.texts)
 		slices.Sort(l.resolved)
 		if l.classes > 0 && len(l.resolved) != l.classes {
-			return 0, fmt.Errorf("the label column has %d distinct names but Classes is %d; give FileOptions.Labels to set the classes and their order", len(l.resolved), l.classes)
+			return 0, fmt.Errorf("the label column has %d distinct names but the number of classes (--classes) is %d; give the class names in class order instead (--labels)", len(l.resolved), l.classes)
 		}
 		for id, t := range l.texts {
 			c, _ := slices.BinarySearch(l.resolved, t)
