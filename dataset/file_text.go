@@ -7,6 +7,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/dpcluster/dpcluster/tokenizer"
 )
 
 // Text defaults: the tokens kept per document and the hashing
@@ -63,24 +65,17 @@ func (t HashTokenizer) Tokenize(text string, dst []float32) {
 }
 
 // TokenizePair writes the token ids of the pair (a, b) into
-// dst[:SeqLen]: a's tokens, then b's, cut to fit SeqLen by dropping a
-// token from the end of the longer of the two (a's on a tie) until both
-// fit, as Hugging Face's "longest first" truncation does; the rest is
-// padded with -1. It panics if dst is shorter than SeqLen.
+// dst[:SeqLen]: a's tokens, then b's, cut to fit SeqLen from their ends,
+// the longer first (tokenizer.LongestFirst, Hugging Face's "longest
+// first" truncation); the rest is padded with -1. It panics if dst is
+// shorter than SeqLen.
 func (t HashTokenizer) TokenizePair(a, b string, dst []float32) {
 	dst = dst[:t.SeqLen]
 	ta := make([]float32, t.SeqLen)
 	tb := make([]float32, t.SeqLen)
 	t.Tokenize(a, ta)
 	t.Tokenize(b, tb)
-	na, nb := tokens(ta), tokens(tb)
-	for na+nb > t.SeqLen {
-		if na >= nb {
-			na--
-		} else {
-			nb--
-		}
-	}
+	na, nb := tokenizer.LongestFirst(tokens(ta), tokens(tb), t.SeqLen)
 	n := copy(dst, ta[:na])
 	n += copy(dst[n:], tb[:nb])
 	for ; n < len(dst); n++ {
