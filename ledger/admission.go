@@ -1,12 +1,12 @@
 package ledger
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"io/fs"
 	"math"
@@ -194,6 +194,9 @@ func ReadRunRecord(path string) (r Record, ok bool, err error) {
 
 // readRunRecord is ReadRunRecord on the file's bytes.
 func readRunRecord(fh io.Reader) (r Record, ok bool, err error) {
+	// The first frame's length, then that frame alone through scan: its
+	// CRC, format, sequence number and hash checked as ReadFile checks
+	// them, and nothing after it read.
 	var hdr [frameHeader]byte
 	if _, err := io.ReadFull(fh, hdr[:]); err != nil {
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
@@ -201,25 +204,12 @@ func readRunRecord(fh io.Reader) (r Record, ok bool, err error) {
 		}
 		return Record{}, false, err
 	}
-	n := binary.LittleEndian.Uint32(hdr[0:4])
-	if n == 0 || n > maxRecordSize {
-		return Record{}, false, fmt.Errorf("%w: first record claims %d bytes", ErrCorrupt, n)
-	}
-	payload := make([]byte, n)
-	if _, err := io.ReadFull(fh, payload); err != nil {
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return Record{}, false, nil
-		}
+	n := int64(min(binary.LittleEndian.Uint32(hdr[0:4]), maxRecordSize))
+	recs, _, err := scan(io.MultiReader(bytes.NewReader(hdr[:]), io.LimitReader(fh, n)))
+	if err != nil || len(recs) == 0 {
 		return Record{}, false, err
 	}
-	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(hdr[4:8]) {
-		return Record{}, false, fmt.Errorf("%w: CRC mismatch in record 1", ErrCorrupt)
-	}
-	r, err = verifyRecord(payload, 1, genesisHash)
-	if err != nil {
-		return Record{}, false, err
-	}
-	return r, r.Kind == RecordRun, nil
+	return recs[0], recs[0].Kind == RecordRun, nil
 }
 
 // RebuildDatasetBudget writes in dir a new file for the dataset budget

@@ -182,3 +182,36 @@ func FuzzReadRunRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestReadRunRecord: the first record of a real ledger, read alone, is its
+// run record with its admission; a flipped byte in it is ErrCorrupt; a
+// missing or empty file has none.
+func TestReadRunRecord(t *testing.T) {
+	adm := Admission{Dataset: testDataset, Budget: "b", ID: "i", File: "/f", Epsilon: 2, Delta: 1e-5}
+	rl := writeRunLedger(t, t.TempDir(), "r", &adm, accounting.SubsampledGaussian(0.01, 1), 3, true)
+	r, ok, err := ReadRunRecord(rl.Path)
+	if a, aok := r.DatasetAdmission(); err != nil || !ok || r.Hash != rl.Hashes[0] || !aok || a != adm {
+		t.Fatalf("ReadRunRecord: %+v %v %v", r, ok, err)
+	}
+	raw, err := os.ReadFile(rl.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[20] ^= 1
+	bad := filepath.Join(t.TempDir(), "ledger.log")
+	if err := os.WriteFile(bad, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadRunRecord(bad); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a flipped byte in the run record: %v, want ErrCorrupt", err)
+	}
+	empty := filepath.Join(t.TempDir(), "ledger.log")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{empty, filepath.Join(t.TempDir(), "none.log")} {
+		if _, ok, err := ReadRunRecord(p); ok || err != nil {
+			t.Errorf("%s: ok %v, err %v; want no run record and no error", p, ok, err)
+		}
+	}
+}
