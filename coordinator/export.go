@@ -291,7 +291,7 @@ func (f *FSM) Committed() (Committed, error) {
 	if err != nil {
 		return Committed{}, err
 	}
-	return Committed{Config: *f.cfg, Step: f.applied, Charged: max(f.applied, f.ledger.LastStep()), Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
+	return Committed{Config: *f.cfg, Step: f.applied, Charged: f.chargedStepLocked(), Theta: slices.Clone(f.theta), Epsilon: f.ledger.Spent(),
 		Charges: f.ledger.Charges(), Stopped: f.stopped, Digest: digest}, nil
 }
 

@@ -60,16 +60,20 @@ func (f *FSM) ChargedStep() int64 { return f.chargedStep.Load() }
 // storeSpent records the ledger's ε for Spent and its last charged step
 // for ChargedStep. Called with f.mu held.
 func (f *FSM) storeSpent() {
-	f.chargedStep.Store(max(f.applied, f.ledger.LastStep()))
+	f.chargedStep.Store(f.chargedStepLocked())
 	f.spent.Store(math.Float64bits(f.ledger.Spent()))
 }
+
+// chargedStepLocked is State.ChargedStep: the highest step the ledger
+// charged, never below the applied step. Called with f.mu held.
+func (f *FSM) chargedStepLocked() int64 { return max(f.applied, f.ledger.LastStep()) }
 
 // State returns the current state.
 func (f *FSM) State() State {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	s := State{Applied: f.applied, Epsilon: f.ledger.Spent(), Charges: f.ledger.Charges(),
-		ChargedStep: max(f.applied, f.ledger.LastStep()), Stopped: f.stopped, Fatal: f.fatal, Diag: f.diag}
+		ChargedStep: f.chargedStepLocked(), Stopped: f.stopped, Fatal: f.fatal, Diag: f.diag}
 	if p := f.pending; p != nil {
 		s.PendingStep, s.PendingIndex = p.Step, p.Index
 	}
