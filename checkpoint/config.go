@@ -130,7 +130,7 @@ func ReadConfig(dir string) (Config, error) {
 		}
 		return Config{}, err
 	}
-	c, err := parseConfig(b)
+	c, err := ParseConfig(b)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
@@ -168,8 +168,9 @@ func describeDir(dir string) string {
 	return "the folder holds " + strings.Join(names, ", ")
 }
 
-// parseConfig decodes config.json's bytes and validates the result.
-func parseConfig(b []byte) (Config, error) {
+// ParseConfig decodes config.json's bytes as ReadConfig does: defaults
+// filled, validated, errors one line wrapping ErrConfig.
+func ParseConfig(b []byte) (Config, error) {
 	bad := func(format string, args ...any) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
 	}

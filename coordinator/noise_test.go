@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -284,6 +285,34 @@ func TestAccountantName(t *testing.T) {
 	} {
 		if got := (RunConfig{Accountant: tc.field}).AccountantName(); got != tc.want {
 			t.Errorf("Accountant %q: AccountantName() = %q, want %q", tc.field, got, tc.want)
+		}
+	}
+}
+
+// TestRunConfigPretrained: a run started from a checkpoint names its
+// weights by a full SHA-256 and keeps its config.json; anything less is
+// refused, and the field survives the configuration's encoding.
+func TestRunConfigPretrained(t *testing.T) {
+	c := testRunConfig()
+	c.Pretrained = &Pretrained{WeightsSHA256: strings.Repeat("0f", 32), Config: []byte(`{"model_type": "bert"}`)}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := msgpack.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back RunConfig
+	if err := msgpack.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Pretrained == nil || string(back.Pretrained.Config) != string(c.Pretrained.Config) || back.Pretrained.WeightsSHA256 != c.Pretrained.WeightsSHA256 {
+		t.Errorf("decoded %+v, want %+v", back.Pretrained, c.Pretrained)
+	}
+	for _, p := range []Pretrained{{WeightsSHA256: "abc", Config: []byte("{}")}, {WeightsSHA256: strings.Repeat("0f", 32)}} {
+		c.Pretrained = &p
+		if err := c.Validate(); !errors.Is(err, ErrInvalidRunConfig) {
+			t.Errorf("%+v: Validate = %v, want ErrInvalidRunConfig", p, err)
 		}
 	}
 }

@@ -84,6 +84,9 @@ type RunPlan struct {
 	DataSchema string
 	// Nodes binds node IDs to shards (RunConfig.Nodes).
 	Nodes []string
+	// Pretrained names the checkpoint θ₀ is read from (RunConfig.Pretrained);
+	// nil: θ₀ is drawn from InitSeed.
+	Pretrained *Pretrained
 }
 
 // RunConfig derives the replicated run configuration from the plan:
@@ -128,7 +131,7 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		Run: p.Run, ModelSpec: p.ModelSpec, ModelHash: p.ModelHash, Dim: p.Dim, InitSeed: p.InitSeed,
 		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: p.TargetEpsilon, Delta: p.Delta,
 		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode, Accountant: accountant, DataSchema: p.DataSchema,
-		Nodes: p.Nodes,
+		Nodes: p.Nodes, Pretrained: p.Pretrained,
 	}
 	if p.Sigma == 0 {
 		if c.Optimizer.NoiseMultiplier, err = p.calibrate(c); err != nil {

@@ -95,6 +95,25 @@ type RunConfig struct {
 	// that counts the run, and a resumed run must carry the same one.
 	// Omitted when nil.
 	Admission *ledger.Admission `json:"admission,omitempty" msgpack:"admission,omitempty"`
+	// Pretrained, if not nil, says θ₀ is a pretrained checkpoint's weights
+	// rather than InitSeed's draw (which then initializes only the tensors
+	// the checkpoint lacks, such as a new classification head). The
+	// weights are public inputs; the run names them by hash, so every
+	// replica, and every tool that rebuilds θ from the log, must read the
+	// same bytes. Omitted when nil.
+	Pretrained *Pretrained `json:"pretrained,omitempty" msgpack:"pretrained,omitempty"`
+}
+
+// Pretrained names the checkpoint a run starts from (RunConfig.Pretrained).
+type Pretrained struct {
+	// WeightsSHA256 is the hex SHA-256 of the checkpoint's
+	// model.safetensors file.
+	WeightsSHA256 string `json:"weights_sha256" msgpack:"weights_sha256"`
+	// Config is the checkpoint's config.json, as read: with the model spec
+	// it rebuilds the map between θ and the checkpoint's tensor names,
+	// which export needs to write the model back in the checkpoint's own
+	// format.
+	Config []byte `json:"config" msgpack:"config"`
 }
 
 // Accountants (RunConfig.Accountant). The ledger's run record names the
@@ -169,6 +188,8 @@ func (c RunConfig) Validate() error {
 	switch {
 	case c.Admission != nil && c.Admission.Validate() != nil:
 		return bad("dataset budget admission: %v", c.Admission.Validate())
+	case c.Pretrained != nil && (len(c.Pretrained.WeightsSHA256) != 64 || len(c.Pretrained.Config) == 0):
+		return bad("pretrained checkpoint: want a 64-digit weights hash and its config.json, have %q and %d bytes", c.Pretrained.WeightsSHA256, len(c.Pretrained.Config))
 	case c.Run == "":
 		return bad("run name is empty")
 	case c.Dim <= 0:
