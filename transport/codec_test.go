@@ -116,6 +116,26 @@ func TestWeightsKey(t *testing.T) {
 	}
 }
 
+func TestValidWeights(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{"", true},
+		{strings.Repeat("0f", 32), true},
+		{"0123456789abcdef" + strings.Repeat("0", 48), true},
+		{strings.Repeat("0F", 32), false}, // upper case: the same hash as another string
+		{strings.Repeat("0f", 31), false},
+		{strings.Repeat("0f", 32) + "0", false},
+		{strings.Repeat("0g", 32), false},
+		{"sha256:" + strings.Repeat("0f", 32), false},
+	} {
+		if got := ValidWeights(tc.s); got != tc.want {
+			t.Errorf("ValidWeights(%q) = %v, want %v", tc.s, got, tc.want)
+		}
+	}
+}
+
 func TestEncodeDecodeRoundTrip(t *testing.T) {
 	for _, m := range samples() {
 		b, err := Encode(m)
