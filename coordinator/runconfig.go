@@ -118,6 +118,16 @@ type Pretrained struct {
 	Config []byte `json:"config" msgpack:"config"`
 }
 
+// pretrainedWeights is the weights hash a node of the run must report in
+// Join and Heartbeat: Pretrained's WeightsSHA256, or "" for a run with no
+// checkpoint.
+func (c RunConfig) pretrainedWeights() string {
+	if c.Pretrained == nil {
+		return ""
+	}
+	return c.Pretrained.WeightsSHA256
+}
+
 // Accountants (RunConfig.Accountant). The ledger's run record names the
 // run's accountant.
 const (
