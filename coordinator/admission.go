@@ -13,9 +13,10 @@ import (
 // function:
 //
 //   - admitNode, per node, when its Join or Heartbeat arrives: the node
-//     runs the run's model, says which shard it holds, and does not sample
-//     from a seed in a private run. A refused node is not registered (so
-//     it is never a round member) and is told why.
+//     runs the run's model from the run's pretrained weights (if any),
+//     says which shard it holds, and does not sample from a seed in a
+//     private run. A refused node is not registered (so it is never a
+//     round member) and is told why.
 //   - checkShards, per round, over the live registered nodes: the
 //     round's members are those whose shards are disjoint parts of the
 //     training set holding at most N examples together; a node whose
@@ -48,7 +49,12 @@ const (
 	rejectShardIdentity = "shard_identity"
 	rejectSeedPolicy    = "seed_policy"
 	rejectDataSchema    = "data_schema"
+	rejectWeights       = "pretrained_weights"
 )
+
+// refusalReasons are the reject* reasons, the label values of
+// dpcluster_coordinator_node_messages_refused_total.
+var refusalReasons = []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights}
 
 // nodeReport is what a node says about itself in Join and Heartbeat: all
 // public configuration.
@@ -57,6 +63,7 @@ type nodeReport struct {
 	seedPolicy    seed.Policy
 	shard         shardClaim
 	dataSchema    string // node-local data: its schema; "" for a shard
+	weights       string // the pretrained weights' hex SHA-256; "" for none
 }
 
 // shardClaim is the shard a node says it holds: part index of count IID
@@ -72,18 +79,18 @@ type shardClaim struct {
 func reportOf(m transport.Message) (nodeReport, bool) {
 	switch v := m.(type) {
 	case transport.Join:
-		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema,
+		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
 			shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	case transport.Heartbeat:
-		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema,
+		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
 			shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	}
 	return nodeReport{}, false
 }
 
 // admitNode returns why run refuses the node n (a reject* reason), or "".
-// It is the only check of a node's data schema, model, shard identity and
-// seed policy:
+// It is the only check of a node's data schema, model, pretrained weights,
+// shard identity and seed policy:
 //
 //   - if the run names its nodes (run.Nodes), the node's ID must be one of
 //     them, and (unless the nodes bring their own data) it must claim the
@@ -94,6 +101,12 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 //     whose data has another shape or label set hears that, not only
 //     that its model (shaped by the data) differs;
 //   - its model hash must be the run's;
+//   - its pretrained weights hash must be the run's (run.Pretrained's
+//     WeightsSHA256), and a node of a run with no checkpoint must report
+//     none: the weights are public inputs every participant must share,
+//     and two checkpoints of one architecture have the same model hash.
+//     It is checked after the model, so that a node with another model
+//     hears that first;
 //   - otherwise it must name its shard (count ≥ 1, 0 ≤ index < count)
 //     with that shard's size (exact: dataset.ShardIndicesIID's, for the
 //     run's N; a node cannot claim more examples than its shard holds) and
@@ -119,6 +132,8 @@ func admitNode(run RunConfig, n nodeReport) string {
 		return rejectDataSchema
 	case n.modelHash != run.ModelHash:
 		return rejectModelHash
+	case n.weights != run.pretrainedWeights():
+		return rejectWeights
 	case local && (c.count != 0 || c.index != 0 || c.seed != 0 || c.size < 0),
 		!local && (n.dataSchema != "" || c.count < 1 || c.index < 0 || c.index >= c.count),
 		!local && c.size != iidShardSize(run.TotalExamples, c.index, c.count),

@@ -101,6 +101,46 @@ func TestAdmitNodeOwnData(t *testing.T) {
 	}
 }
 
+// TestAdmitNodePretrained: a run started from a checkpoint admits only
+// nodes whose weights are its checkpoint's, a node that reports none
+// included; a run with no checkpoint refuses a node that reports one; and
+// a node with another model hears model_hash first, whatever its weights.
+func TestAdmitNodePretrained(t *testing.T) {
+	runW, otherW := strings.Repeat("0f", 32), strings.Repeat("a1", 32)
+	plain, pretrained := testRunConfig(), testRunConfig()
+	pretrained.Pretrained = &Pretrained{WeightsSHA256: runW, Config: []byte(`{"model_type": "bert"}`)}
+	if err := pretrained.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	node := func(model, weights string) nodeReport {
+		return nodeReport{id: "n", modelHash: model, seedPolicy: seed.Crypto, weights: weights,
+			shard: shardClaim{index: 1, count: 3, seed: 1, size: 3333}}
+	}
+	for _, tc := range []struct {
+		name               string
+		n                  nodeReport
+		pretrained, noCkpt string // the verdict in a run with a checkpoint and in one without
+	}{
+		{"the run's weights", node(plain.ModelHash, runW), "", rejectWeights},
+		{"other weights", node(plain.ModelHash, otherW), rejectWeights, rejectWeights},
+		{"no weights", node(plain.ModelHash, ""), rejectWeights, ""},
+		{"the run's weights in upper case", node(plain.ModelHash, strings.ToUpper(runW)), rejectWeights, rejectWeights},
+		{"the run's weights, truncated", node(plain.ModelHash, runW[:63]), rejectWeights, rejectWeights},
+		{"another model, the run's weights", node("other", runW), rejectModelHash, rejectModelHash},
+		{"another model, other weights", node("other", otherW), rejectModelHash, rejectModelHash},
+		{"another model, no weights", node("other", ""), rejectModelHash, rejectModelHash},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := admitNode(pretrained, tc.n); got != tc.pretrained {
+				t.Errorf("run from a checkpoint: admitNode = %q, want %q", got, tc.pretrained)
+			}
+			if got := admitNode(plain, tc.n); got != tc.noCkpt {
+				t.Errorf("run with no checkpoint: admitNode = %q, want %q", got, tc.noCkpt)
+			}
+		})
+	}
+}
+
 // TestCheckShards: the round's members are the live nodes whose claims
 // agree with every older claim; of two conflicting claims the older
 // stands and the later is left out, with the reason and a detail naming
@@ -581,6 +621,99 @@ func TestServerSeedPolicy(t *testing.T) {
 				t.Errorf("audit says noise %q, private %v; want %q, %v", rep.Noise, rep.Private, tc.policy, tc.private)
 			}
 		})
+	}
+}
+
+// TestServerPretrainedWeights: a run started from a checkpoint refuses,
+// through the leader's real admission path, a node that reports other
+// weights and one that reports none: neither is ever a round member, each
+// is told "pretrained_weights: " and the run's weights hash, the refusal
+// is counted by reason, and the leader's warning names both hashes.
+func TestServerPretrainedWeights(t *testing.T) {
+	runW, otherW := strings.Repeat("0f", 32), strings.Repeat("a1", 32)
+	c := testRunConfig()
+	c.MaxSteps = 3
+	c.Pretrained = &Pretrained{WeightsSHA256: runW, Config: []byte(`{"model_type": "bert"}`)}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	w := watch(t, dial("watcher"))
+	detail := rejectWeights + ": " + runW
+	// Rounds are answered only once both refusals were published (or 5 s
+	// have passed), so that the run cannot end before they are.
+	gate := time.Now().Add(5 * time.Second)
+	sum := func(step uint64) (int64, []float32) {
+		for !(w.told("other", detail) && w.told("none", detail)) && time.Now().Before(gate) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	}
+	for i, n := range []struct{ id, weights string }{{"same", runW}, {"other", otherW}, {"none", ""}} {
+		sh := shardOf(i)
+		startReportingNode(t, ctx, dial(n.id), transport.Heartbeat{Run: c.Run, NodeID: n.id, ShardSize: sh.size, ModelHash: c.ModelHash,
+			ShardIndex: sh.index, ShardCount: sh.count, ShardSeed: sh.seed, SeedPolicy: sh.policy, Weights: n.weights}, sum)
+	}
+
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.MinNodes, scfg.RoundTimeout = 1, 2*time.Second
+	scfg.Noise = mechanism.NewSeededNoiseSource(1)
+	reg := prometheus.NewRegistry()
+	var err error
+	if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	var progress []Progress
+	scfg.OnStep = func(p Progress) { progress = append(progress, p) }
+	var logs lockedBuffer
+	s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Run(ctx)
+	if err != nil || res.Steps != c.MaxSteps {
+		t.Fatalf("Run: %+v, %v", res, err)
+	}
+	for _, p := range progress {
+		if p.Participants != 1 {
+			t.Errorf("step %d had %d participants, want 1 (the node with the run's weights)", p.Step, p.Participants)
+		}
+	}
+	for _, id := range []string{"other", "none"} {
+		if !w.told(id, detail) {
+			t.Errorf("node %s was not told %q", id, detail)
+		}
+	}
+	if w.told("same", detail) {
+		t.Errorf("the node with the run's weights was told %q", detail)
+	}
+	if v := labelled(t, reg, "dpcluster_coordinator_node_messages_refused_total", "reason", rejectWeights); v < 2 {
+		t.Errorf("node_messages_refused_total{%s} = %v, want at least 2 (one per refused node)", rejectWeights, v)
+	}
+	var warned bool
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "refusing node") && strings.Contains(line, "node=other") {
+			warned = strings.Contains(line, "weights="+otherW) && strings.Contains(line, "run_weights="+runW)
+			break
+		}
+	}
+	if !warned {
+		t.Errorf("no warning about node other naming weights=%s and run_weights=%s in:\n%s", otherW, runW, logs.String())
+	}
+}
+
+// TestRefusalReasonsExported: every reason a node is refused for is a
+// label value of the refusal counter, at zero before it first happens.
+func TestRefusalReasonsExported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := NewMetrics(reg, "test", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights} {
+		if v := labelled(t, reg, "dpcluster_coordinator_node_messages_refused_total", "reason", r); v != 0 {
+			t.Errorf("node_messages_refused_total{%s} = %v before any node, want 0", r, v)
+		}
 	}
 }
 

@@ -214,7 +214,7 @@ func (m *Metrics) touchLabels() {
 	for _, r := range blockReasons {
 		m.blocked.WithLabelValues(r)
 	}
-	for _, r := range []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy} {
+	for _, r := range refusalReasons {
 		m.refused.WithLabelValues(r)
 	}
 	m.ctlRefused.WithLabelValues(refusedForeignGroup)

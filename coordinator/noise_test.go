@@ -290,8 +290,8 @@ func TestAccountantName(t *testing.T) {
 }
 
 // TestRunConfigPretrained: a run started from a checkpoint names its
-// weights by a full SHA-256 and keeps its config.json; anything less is
-// refused, and the field survives the configuration's encoding.
+// weights by a full SHA-256 in lowercase hex and keeps its config.json;
+// anything else is refused, and the field survives the configuration's encoding.
 func TestRunConfigPretrained(t *testing.T) {
 	c := testRunConfig()
 	c.Pretrained = &Pretrained{WeightsSHA256: strings.Repeat("0f", 32), Config: []byte(`{"model_type": "bert"}`)}
@@ -309,7 +309,12 @@ func TestRunConfigPretrained(t *testing.T) {
 	if back.Pretrained == nil || string(back.Pretrained.Config) != string(c.Pretrained.Config) || back.Pretrained.WeightsSHA256 != c.Pretrained.WeightsSHA256 {
 		t.Errorf("decoded %+v, want %+v", back.Pretrained, c.Pretrained)
 	}
-	for _, p := range []Pretrained{{WeightsSHA256: "abc", Config: []byte("{}")}, {WeightsSHA256: strings.Repeat("0f", 32)}} {
+	for _, p := range []Pretrained{
+		{WeightsSHA256: "abc", Config: []byte("{}")},
+		{WeightsSHA256: strings.Repeat("0F", 32), Config: []byte("{}")}, // nodes report lowercase hex
+		{Config: []byte("{}")},
+		{WeightsSHA256: strings.Repeat("0f", 32)},
+	} {
 		c.Pretrained = &p
 		if err := c.Validate(); !errors.Is(err, ErrInvalidRunConfig) {
 			t.Errorf("%+v: Validate = %v, want ErrInvalidRunConfig", p, err)

@@ -41,12 +41,18 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		if l.lead != nil && l.nodes.shouldWarn(id, time.Now()) {
 			l.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
 				"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count,
-				"data_schema", n.dataSchema, "run_data_schema", l.s.run.DataSchema)
+				"data_schema", n.dataSchema, "run_data_schema", l.s.run.DataSchema,
+				"weights", n.weights, "run_weights", l.s.run.pretrainedWeights())
 			detail := reason
-			if reason == rejectDataSchema {
+			switch reason {
+			case rejectDataSchema:
 				// The node is told what the run's data looks like (public:
 				// the run file says it).
 				detail += ": " + l.s.run.DataSchema
+			case rejectWeights:
+				// The node is told which weights the run starts from
+				// (public inputs: the run file names them), "" for none.
+				detail += ": " + l.s.run.pretrainedWeights()
 			}
 			l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
 				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: detail,

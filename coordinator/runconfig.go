@@ -107,13 +107,25 @@ type RunConfig struct {
 // Pretrained names the checkpoint a run starts from (RunConfig.Pretrained).
 type Pretrained struct {
 	// WeightsSHA256 is the hex SHA-256 of the checkpoint's
-	// model.safetensors file.
+	// model.safetensors file, in lowercase (transport.ValidWeights): nodes
+	// report theirs in Join and Heartbeat, and the leader refuses one
+	// whose string differs.
 	WeightsSHA256 string `json:"weights_sha256" msgpack:"weights_sha256"`
 	// Config is the checkpoint's config.json, as read: with the model spec
 	// it rebuilds the map between θ and the checkpoint's tensor names,
 	// which export needs to write the model back in the checkpoint's own
 	// format.
 	Config []byte `json:"config" msgpack:"config"`
+}
+
+// pretrainedWeights is the weights hash a node of the run must report in
+// Join and Heartbeat: Pretrained's WeightsSHA256, or "" for a run with no
+// checkpoint.
+func (c RunConfig) pretrainedWeights() string {
+	if c.Pretrained == nil {
+		return ""
+	}
+	return c.Pretrained.WeightsSHA256
 }
 
 // Accountants (RunConfig.Accountant). The ledger's run record names the
@@ -188,8 +200,8 @@ func (c RunConfig) Validate() error {
 	switch {
 	case c.Admission != nil && c.Admission.Validate() != nil:
 		return bad("dataset budget admission: %v", c.Admission.Validate())
-	case c.Pretrained != nil && (len(c.Pretrained.WeightsSHA256) != 64 || len(c.Pretrained.Config) == 0):
-		return bad("pretrained checkpoint: want a 64-digit weights hash and its config.json, have %q and %d bytes", c.Pretrained.WeightsSHA256, len(c.Pretrained.Config))
+	case c.Pretrained != nil && (c.Pretrained.WeightsSHA256 == "" || !transport.ValidWeights(c.Pretrained.WeightsSHA256) || len(c.Pretrained.Config) == 0):
+		return bad("pretrained checkpoint: want a weights hash of 64 lowercase hex digits and its config.json, have %q and %d bytes", c.Pretrained.WeightsSHA256, len(c.Pretrained.Config))
 	case c.Run == "":
 		return bad("run name is empty")
 	case c.Dim <= 0:

@@ -84,6 +84,16 @@ func (n *scriptNode) leave(ctx context.Context) error {
 
 func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, id, modelHash string, ident identity, sumFor func(uint64) (int64, []float32)) *scriptNode {
 	t.Helper()
+	return startReportingNode(t, ctx, conn, transport.Heartbeat{Run: conn.Subjects().Run(), NodeID: id, ShardSize: ident.size, ModelHash: modelHash,
+		ShardIndex: ident.index, ShardCount: ident.count, ShardSeed: ident.seed, SeedPolicy: ident.policy}, sumFor)
+}
+
+// startReportingNode starts a script node that heartbeats hb (which names
+// the node and its run) every 100 ms, for a test of a report field that
+// identity does not hold.
+func startReportingNode(t *testing.T, ctx context.Context, conn *transport.Client, hb transport.Heartbeat, sumFor func(uint64) (int64, []float32)) *scriptNode {
+	t.Helper()
+	id := hb.NodeID
 	n := &scriptNode{id: id, conn: conn, sumFor: sumFor, answered: make(map[uint64]int), heartbeatsDone: make(chan struct{})}
 	hctx, stop := context.WithCancel(ctx)
 	n.stopHeartbeats = stop
@@ -107,11 +117,8 @@ func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, 
 	}); err != nil {
 		t.Fatal(err)
 	}
-	hb := func() {
-		_ = conn.Publish(ctx, transport.Heartbeat{Run: run, NodeID: id, ShardSize: ident.size, ModelHash: modelHash,
-			ShardIndex: ident.index, ShardCount: ident.count, ShardSeed: ident.seed, SeedPolicy: ident.policy})
-	}
-	hb()
+	beat := func() { _ = conn.Publish(ctx, hb) }
+	beat()
 	go func() {
 		defer close(n.heartbeatsDone)
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -121,7 +128,7 @@ func startScriptNode(t *testing.T, ctx context.Context, conn *transport.Client, 
 			case <-hctx.Done():
 				return
 			case <-tick.C:
-				hb()
+				beat()
 			}
 		}
 	}()

@@ -28,9 +28,11 @@ var (
 	ErrAlreadyStarted = errors.New("node: worker already started")
 	// ErrRefused is returned (wrapped, with the reason) by Worker.Run when
 	// the leader refuses this node for good: with reason "seed_policy"
-	// (the run is private and this node samples from a seed) or
+	// (the run is private and this node samples from a seed),
 	// "shard_identity" (the leader found this node's shard identity
-	// missing or invalid).
+	// missing or invalid), "data_schema" (this node's data is not shaped
+	// as the run's) or "pretrained_weights" (this node's model starts
+	// from other weights than the run's checkpoint).
 	ErrRefused = errors.New("node: the coordinator refuses this node")
 	// ErrEngine is returned (wrapped, with the device and the device's
 	// own error, such as model.ErrUnsupportedLayer or an out-of-memory
@@ -57,6 +59,12 @@ const (
 	// node's data schema is not the run's. The Status.Detail is
 	// "data_schema: " followed by the run's schema.
 	RejectDataSchema = "data_schema"
+	// RejectWeights: the node's pretrained weights (Config.Weights) are
+	// not the run's checkpoint's, or the node reports weights in a run
+	// with no checkpoint, or none in a run with one. The Status.Detail is
+	// "pretrained_weights: " followed by the run's weights hash ("" for
+	// none).
+	RejectWeights = "pretrained_weights"
 )
 
 // Config configures a Worker. Start from DefaultConfig.
@@ -95,6 +103,12 @@ type Config struct {
 	// Heartbeat; the leader refuses a node whose schema is not the run's
 	// (RejectDataSchema).
 	DataSchema string
+	// Weights is the hex SHA-256 of the checkpoint weights this node's
+	// model starts from (its model.safetensors), in lowercase
+	// (transport.ValidWeights); "" for a model initialized from a seed.
+	// It is reported in Join and Heartbeat; the leader refuses a node
+	// whose weights are not the run's (RejectWeights). Default "".
+	Weights string
 	// HeartbeatEvery is the period of Heartbeat messages. Default 1 s.
 	HeartbeatEvery time.Duration
 	// MaxBatch is the compute engine's capacity in examples, allocated by
@@ -191,6 +205,9 @@ func (c Config) Validate() error {
 		bad("ShardCount %d must be ≥ 1", c.ShardCount)
 	} else if c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount {
 		bad("ShardIndex %d must be in [0, ShardCount %d)", c.ShardIndex, c.ShardCount)
+	}
+	if !transport.ValidWeights(c.Weights) {
+		bad("Weights %q must be a SHA-256 as 64 lowercase hex digits, or empty", c.Weights)
 	}
 	if c.CoordinatorTimeout < 0 {
 		bad("CoordinatorTimeout %v must be ≥ 0", c.CoordinatorTimeout)

@@ -24,13 +24,15 @@
 //     and ignores RoundStart and Params of a lower term, and Status from a
 //     replica known only as a lower term's leader.
 //  2. Registration. The node publishes Join{NodeID, ShardSize, ModelHash,
-//     ShardIndex, ShardCount, ShardSeed, SeedPolicy} when Run starts and
-//     again whenever it follows a new leader, a Heartbeat (the same fields
-//     and the last step it contributed to) every Config.HeartbeatEvery
-//     throughout, and Leave when Run returns. SeedPolicy is seed.Seeded with
-//     Config.SeededSampling, else seed.Crypto; the leader of a private run
-//     refuses a seeded node, and opens no round while two live nodes
-//     claim the same shard.
+//     ShardIndex, ShardCount, ShardSeed, SeedPolicy, DataSchema, Weights}
+//     when Run starts and again whenever it follows a new leader, a
+//     Heartbeat (the same fields and the last step it contributed to)
+//     every Config.HeartbeatEvery throughout, and Leave when Run returns.
+//     SeedPolicy is seed.Seeded with Config.SeededSampling, else
+//     seed.Crypto; the leader of a private run refuses a seeded node, the
+//     leader refuses a node whose Weights (Config.Weights) are not the
+//     run's pretrained weights, and it opens no round while two live
+//     nodes claim the same shard.
 //  3. Parameters. The leader publishes Params{Version, Term, Values} after
 //     each committed step (Version = number of committed steps; 0 is θ₀)
 //     and when it gains leadership. The node validates them (length,
@@ -59,9 +61,11 @@
 //     skips). A newer round supersedes a round still waiting.
 //  6. Verdicts. Status{StatusRejected, Node: this node} is logged at warn;
 //     with Detail "model_hash" the coordinator runs another model and Run
-//     returns ErrModelMismatch; with "seed_policy" or "shard_identity" the
-//     leader refuses this node and Run returns ErrRefused. Status StatusDone or StatusStopped ends
-//     the run: Run publishes Leave and returns nil.
+//     returns ErrModelMismatch; with "seed_policy" or "shard_identity",
+//     or "data_schema: " or "pretrained_weights: " and the run's schema or
+//     weights hash, the leader refuses this node and Run returns
+//     ErrRefused (logged at error). Status StatusDone or StatusStopped
+//     ends the run: Run publishes Leave and returns nil.
 //  7. Faults. A restarted node starts over (Join, wait for a round, ask for
 //     Params). A coordinator failover appears as a higher Leader term or as
 //     silence; the node keeps heartbeating and the transport reconnects.

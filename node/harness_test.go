@@ -240,7 +240,13 @@ type running struct {
 // reads done).
 func start(t *testing.T, cfg Config, fx fixture, conn transport.Conn) *running {
 	t.Helper()
-	w, err := NewWorker(cfg, fx.m, fx.shard, conn, testLogger())
+	return startLogged(t, cfg, fx, conn, testLogger())
+}
+
+// startLogged is start with the Worker logging to log.
+func startLogged(t *testing.T, cfg Config, fx fixture, conn transport.Conn, log *slog.Logger) *running {
+	t.Helper()
+	w, err := NewWorker(cfg, fx.m, fx.shard, conn, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -368,6 +368,18 @@ func (s *session) apply(st transport.Status) {
 				err: fmt.Errorf("%w: this node's data has %s; the run's data has %s", ErrRefused, w.cfg.DataSchema, run)}
 			return
 		}
+		if run, ok := strings.CutPrefix(st.Detail, RejectWeights+": "); ok {
+			w.log.Error("node: the coordinator refuses this node: its model starts from other pretrained weights than the run's",
+				"weights", w.cfg.Weights, "run_weights", run, "from", st.From)
+			fix := "give the node the run's checkpoint folder (--init-from)"
+			if run == "" {
+				fix = "the run starts from no checkpoint: start the node without --init-from"
+			}
+			s.end = &ending{reason: "refused",
+				err: fmt.Errorf("%w: this node's pretrained weights sha256 %s, the run's %s: %s",
+					ErrRefused, weightsName(w.cfg.Weights), weightsName(run), fix)}
+			return
+		}
 		switch st.Detail {
 		case RejectModelHash:
 			w.log.Error("node: coordinator runs a different model", "model_hash", w.m.Hash(), "from", st.From)
@@ -384,4 +396,13 @@ func (s *session) apply(st transport.Status) {
 		}
 		w.log.Warn("node: contribution rejected", "step", st.Step, "reason", st.Detail, "from", st.From)
 	}
+}
+
+// weightsName is a pretrained weights hash as an error names it: "none"
+// for a model initialized from a seed.
+func weightsName(hash string) string {
+	if hash == "" {
+		return "none"
+	}
+	return hash
 }

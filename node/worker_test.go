@@ -67,6 +67,23 @@ func TestJoinReportsShardAndSeedPolicy(t *testing.T) {
 	}
 }
 
+// TestJoinReportsWeights: a node started from a checkpoint reports its
+// weights hash in Join and Heartbeat, through the real codec.
+func TestJoinReportsWeights(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	cfg.Weights = strings.Repeat("0f", 32)
+	start(t, cfg, fx, nc)
+	if j := recv(t, l.joins, "join"); j.Weights != cfg.Weights {
+		t.Errorf("join weights %q, want %q", j.Weights, cfg.Weights)
+	}
+	if h := recv(t, l.heartbeats, "heartbeat"); h.Weights != cfg.Weights {
+		t.Errorf("heartbeat weights %q, want %q", h.Weights, cfg.Weights)
+	}
+}
+
 // TestRefusesRoundsOfAnotherRun: the node takes q, C and the model from its
 // own configuration. A round naming others — q = 1 with C = 1e6 asks for
 // the unclipped sum of the whole shard — is refused, counted and logged,
@@ -529,6 +546,60 @@ func TestRefusedByLeader(t *testing.T) {
 	}
 }
 
+// TestRefusedForWeights: a leader that refuses the node's pretrained
+// weights ends its Run with ErrRefused naming both hashes ("none" for a
+// model initialized from a seed, or a run with no checkpoint) and what to
+// do, logged at error level; the node leaves with reason "refused". The same refusal
+// from another run's coordinator (another model hash) is ignored.
+func TestRefusedForWeights(t *testing.T) {
+	a, b := strings.Repeat("0f", 32), strings.Repeat("a1", 32)
+	const initFrom = "give the node the run's checkpoint folder (--init-from)"
+	for _, tc := range []struct {
+		name, node, run string
+		want            string
+	}{
+		{"other weights", a, b, "this node's pretrained weights sha256 " + a + ", the run's " + b + ": " + initFrom},
+		{"node has none", "", b, "this node's pretrained weights sha256 none, the run's " + b + ": " + initFrom},
+		{"run has none", a, "", "this node's pretrained weights sha256 " + a + ", the run's none: the run starts from no checkpoint: start the node without --init-from"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := logregFixture(t)
+			nc, lc := natsPair(t)
+			l := newLeaderSide(t, lc)
+			cfg := testConfig()
+			cfg.Weights = tc.node
+			var logs syncBuffer
+			r := startLogged(t, cfg, fx, nc, slog.New(slog.NewJSONHandler(&logs, nil)))
+			recv(t, l.joins, "join")
+			l.announce("r1", 1)
+			refusal := transport.Status{Run: testRun, From: "r1", Node: testNode, Code: transport.StatusRejected,
+				Detail: RejectWeights + ": " + tc.run}
+			foreign := refusal
+			foreign.ModelHash = "another-model"
+			l.publish(foreign)
+			none(t, r.done, "Run result after another run's refusal")
+			l.publish(refusal)
+			err := r.result(t)
+			if !errors.Is(err, ErrRefused) || !strings.HasSuffix(err.Error(), tc.want) {
+				t.Fatalf("Run = %v, want ErrRefused ending %q", err, tc.want)
+			}
+			if lv := recv(t, l.leaves, "leave"); lv.Reason != "refused" {
+				t.Errorf("leave reason = %q, want refused", lv.Reason)
+			}
+			var logged bool
+			for line := range strings.Lines(logs.String()) {
+				if strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, `"weights":"`+tc.node+`"`) &&
+					strings.Contains(line, `"run_weights":"`+tc.run+`"`) {
+					logged = true
+				}
+			}
+			if !logged {
+				t.Errorf("no error record naming weights %q and run_weights %q in:\n%s", tc.node, tc.run, logs.String())
+			}
+		})
+	}
+}
+
 func TestCancel(t *testing.T) {
 	fx := logregFixture(t)
 	nc, lc := natsPair(t)
@@ -856,6 +927,10 @@ func TestConfigValidate(t *testing.T) {
 		{"seeded sampling", func(c *Config) { c.SeededSampling, c.SamplingSeed = true, 7 }, false},
 		{"seeded sampling, seed 0", func(c *Config) { c.SeededSampling = true }, false},
 		{"seed without seeded sampling", func(c *Config) { c.SamplingSeed = 7 }, true},
+		{"pretrained weights", func(c *Config) { c.Weights = strings.Repeat("0f", 32) }, false},
+		{"weights in upper case", func(c *Config) { c.Weights = strings.Repeat("0F", 32) }, true},
+		{"weights too short", func(c *Config) { c.Weights = strings.Repeat("0f", 31) }, true},
+		{"weights with a prefix", func(c *Config) { c.Weights = "sha256:" + strings.Repeat("0f", 32) }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

@@ -23,6 +23,8 @@ func samples() []Message {
 		Leave{Run: "r", NodeID: "n", Reason: "bye"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto},
+		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32)},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32)},
 		RoundStart{Run: "r", Step: 3, RoundID: math.MaxUint64, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: -5, SampleRate: 0.01, ClipNorm: 1},
 		RoundStart{Run: "r", Step: 3, RoundID: 1, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: 5, SampleRate: 1.0 / 3, ClipNorm: 0.1, ModelHash: "h"},
 		RoundStart{Run: "r", Step: 3, Params: v},
@@ -44,6 +46,8 @@ func TestOptionalFields(t *testing.T) {
 	for _, m := range []Message{
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardIndex: 2, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Seeded},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Crypto},
+		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, DataSchema: "shape [2]", Weights: strings.Repeat("0f", 32)},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, DataSchema: "shape [2]", Weights: strings.Repeat("0f", 32)},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
 		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true, Step: 4, Charged: 5},
 	} {
@@ -68,10 +72,10 @@ func TestOptionalFields(t *testing.T) {
 		}
 		return m
 	}
-	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 {
+	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" {
 		t.Errorf("old Join decoded as %+v", j)
 	}
-	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 {
+	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" {
 		t.Errorf("old Heartbeat decoded as %+v", h)
 	}
 	if c := old(TypeControl, map[string]any{"run": "r", "from": "x", "code": uint8(ControlReplica), "step": 4}).(Control); c.Insecure || c.Charged != 0 || c.Step != 4 {
@@ -79,6 +83,56 @@ func TestOptionalFields(t *testing.T) {
 	}
 	if rs := old(TypeRoundStart, map[string]any{"run": "r", "step": 2, "q": 0.5, "clip": 1.0}).(RoundStart); rs.ModelHash != "" || rs.SampleRate != 0.5 {
 		t.Errorf("old RoundStart decoded as %+v", rs)
+	}
+}
+
+// TestWeightsKey: Join and Heartbeat carry a node's pretrained weights
+// hash under the key "weights" (docs/PROTOCOL.md), and a node with no
+// checkpoint sends no such key, so its messages are those of a node that
+// predates the field.
+func TestWeightsKey(t *testing.T) {
+	hash := strings.Repeat("0f", 32)
+	for _, tc := range []struct {
+		m    Message
+		want any // the body's "weights" value; nil: no such key
+	}{
+		{Join{Run: "r", NodeID: "n", Weights: hash}, hash},
+		{Heartbeat{Run: "r", NodeID: "n", Weights: hash}, hash},
+		{Join{Run: "r", NodeID: "n"}, nil},
+		{Heartbeat{Run: "r", NodeID: "n"}, nil},
+	} {
+		b, err := Encode(tc.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body map[string]any
+		if err := msgpack.Unmarshal(b[3:], &body); err != nil { // the body after the 3-byte envelope header
+			t.Fatal(err)
+		}
+		got, ok := body["weights"]
+		if tc.want == nil && ok || tc.want != nil && got != tc.want {
+			t.Errorf("%v: body %v, want weights %v", tc.m.Type(), body, tc.want)
+		}
+	}
+}
+
+func TestValidWeights(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{"", true},
+		{strings.Repeat("0f", 32), true},
+		{"0123456789abcdef" + strings.Repeat("0", 48), true},
+		{strings.Repeat("0F", 32), false}, // upper case: the same hash as another string
+		{strings.Repeat("0f", 31), false},
+		{strings.Repeat("0f", 32) + "0", false},
+		{strings.Repeat("0g", 32), false},
+		{"sha256:" + strings.Repeat("0f", 32), false},
+	} {
+		if got := ValidWeights(tc.s); got != tc.want {
+			t.Errorf("ValidWeights(%q) = %v, want %v", tc.s, got, tc.want)
+		}
 	}
 }
 

@@ -138,6 +138,15 @@ type Message interface {
 // the label names); the node then claims no shard (ShardIndex, ShardCount
 // and ShardSeed 0) and ShardSize is its own example count. The leader
 // refuses a node whose schema is not the run's. Omitted when empty.
+//
+// Weights, in a run started from a pretrained checkpoint, is the hex
+// SHA-256 of the checkpoint weights the node's model starts from (its
+// model.safetensors), "" for a model initialized from a seed. Two
+// checkpoints of one architecture give the same ModelHash, so the leader
+// compares the weights on their own and refuses a node whose weights are
+// not the run's. The codec carries the value as given: a value that is
+// not ValidWeights is never the run's, so the leader refuses it too.
+// Omitted when empty.
 type Join struct {
 	Run        string      `msgpack:"run"`
 	NodeID     string      `msgpack:"node"`
@@ -148,6 +157,7 @@ type Join struct {
 	ShardSeed  uint64      `msgpack:"shard_seed"`
 	SeedPolicy seed.Policy `msgpack:"seed_policy"`
 	DataSchema string      `msgpack:"data_schema,omitempty"`
+	Weights    string      `msgpack:"weights,omitempty"`
 }
 
 // Leave announces that a node stops taking part. Reason is free text for
@@ -172,6 +182,25 @@ type Heartbeat struct {
 	ShardSeed  uint64      `msgpack:"shard_seed"`
 	SeedPolicy seed.Policy `msgpack:"seed_policy"`
 	DataSchema string      `msgpack:"data_schema,omitempty"`
+	Weights    string      `msgpack:"weights,omitempty"`
+}
+
+// ValidWeights reports whether s can be a Join's or Heartbeat's Weights:
+// "" (no checkpoint) or a SHA-256 as 64 lowercase hex digits, the form
+// encoding/hex writes, so that equal weights give equal strings.
+func ValidWeights(s string) bool {
+	if s == "" {
+		return true
+	}
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // RoundStart opens round Step. RoundID is a fresh random nonce per round: a
