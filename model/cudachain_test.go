@@ -20,11 +20,21 @@ func nestedResidualSpec() Spec {
 }
 
 // TestCUDASupports: the GPU engine's plan accepts every preset and every
-// case of the CPU's gradient tests, sequence models included, and refuses
-// a residual block nested in another (which the CPU runs) with
-// ErrUnsupportedLayer, naming the block and the nested layer.
+// case of the CPU's gradient tests but the CPU-only ones, sequence models
+// included; it refuses each CPU-only case, and a residual block nested in
+// another (which the CPU runs), with ErrUnsupportedLayer naming the layer
+// (and the block).
 func TestCUDASupports(t *testing.T) {
-	specs := gradCases()
+	for _, s := range cpuOnlyCases() {
+		m, err := New(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cudaSupports(m); !errors.Is(err, ErrUnsupportedLayer) || !strings.Contains(err.Error(), "runs on the CPU engines only") {
+			t.Errorf("%s: cudaSupports: %v, want ErrUnsupportedLayer saying the layer runs on the CPU engines only", s.Name, err)
+		}
+	}
+	specs := engineCases()
 	for _, name := range Presets() {
 		s, _ := Preset(name)
 		specs = append(specs, s)

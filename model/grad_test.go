@@ -14,8 +14,21 @@ import (
 
 // gradCases are small models that exercise every layer type's forward and
 // backward, including the input gradient of each layer (a parameter layer
-// sits below every parameter-free layer).
-func gradCases() []Spec {
+// sits below every parameter-free layer): the cases every engine runs,
+// then cpuOnlyCases.
+func gradCases() []Spec { return append(engineCases(), cpuOnlyCases()...) }
+
+// cpuOnlyCases are the gradient cases with the layers and fields only the
+// CPU engines run (the CUDA engine refuses them: TestCUDASupports).
+func cpuOnlyCases() []Spec {
+	return []Spec{
+		{Name: "gelu", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: GELU}, {Type: Linear, Out: 3}}},
+		{Name: "gelu_tanh", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: GELUTanh}, {Type: Linear, Out: 3}}},
+	}
+}
+
+// engineCases are the gradient cases every engine runs.
+func engineCases() []Spec {
 	return []Spec{
 		{Name: "linear", Input: []int{5}, Classes: 3, Layers: []LayerSpec{{Type: Flatten}, {Type: Linear, Out: 3}}},
 		{Name: "relu", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: ReLU}, {Type: Linear, Out: 3}}},
@@ -493,5 +506,63 @@ func TestClippedSumIndexed(t *testing.T) {
 	}
 	if _, err := small.ClippedSumIndexed(got, theta, &dataset.Dataset{Dim: 5, Classes: 3}, nil, 0.3); !errors.Is(err, ErrShape) {
 		t.Fatalf("wrong dataset: %v", err)
+	}
+}
+
+// TestGELUAccuracy: the float32 GELU values are the correctly rounded
+// float64 ones of the literal formulas 0.5·x·(1 + erf(x/√2)) and
+// 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) within one float32 rounding
+// (plus 1e-12 relative for the difference between the float64
+// evaluations), on a dense grid of [−5, 12] (below −5 the literal forms
+// lose their accuracy to the cancellation in 1 + erf, 1 + tanh that the
+// implementation avoids); the derivatives agree with central differences
+// of the float64 forms (h = 1e-5: truncation and rounding both below
+// 1e-9); and the extreme float32 inputs give finite values (x or −0 at
+// ±3e38) and zero derivative in the negative tail.
+func TestGELUAccuracy(t *testing.T) {
+	erfForm := func(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
+	tanhForm := func(x float64) float64 {
+		return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+	}
+	for _, c := range []struct {
+		typ   string
+		ref   func(float64) float64
+		deriv func(float64) float64
+	}{{GELU, erfForm, geluDeriv}, {GELUTanh, tanhForm, geluTanhDeriv}} {
+		a := &activation{kind: c.typ, shape: []int{1}, n: 1}
+		p := &pass{B: 1, workers: 1}
+		in, out, dout, din := make([]float32, 1), make([]float32, 1), []float32{1}, make([]float32, 1)
+		var worst, worstD float64
+		for x := -5.0; x <= 12; x += 1e-3 {
+			in[0] = float32(x)
+			xv := float64(in[0])
+			a.forward(p, nil, in, out)
+			want := c.ref(xv)
+			tol := 0x1p-24*math.Abs(want)*(1+1e-6) + 1e-12*math.Abs(want) + 0x1p-149
+			worst = max(worst, math.Abs(float64(out[0])-want)/tol)
+			a.backward(p, nil, in, out, dout, din)
+			const h = 1e-5
+			fd := (c.ref(xv+h) - c.ref(xv-h)) / (2 * h)
+			worstD = max(worstD, math.Abs(float64(din[0])-fd)/(1e-7*math.Max(1, math.Abs(fd))))
+			if d := c.deriv(xv); math.Abs(d-fd) > 1e-8 {
+				t.Fatalf("%s'(%v) = %v, central difference %v", c.typ, xv, d, fd)
+			}
+		}
+		t.Logf("%s: worst error %.3g of one float32 rounding, derivative %.3g of 1e-7", c.typ, worst, worstD)
+		if worst > 1 || worstD > 1 {
+			t.Errorf("%s: worst error %.3g of one float32 rounding, derivative %.3g of 1e-7", c.typ, worst, worstD)
+		}
+		for _, x := range []float32{3e38, -3e38, -40, 40} {
+			in[0] = x
+			a.forward(p, nil, in, out)
+			a.backward(p, nil, in, out, dout, din)
+			wantY, wantD := x, float32(1)
+			if x < 0 {
+				wantY, wantD = 0, 0
+			}
+			if out[0] != wantY || din[0] != wantD {
+				t.Errorf("%s(%v) = %v, derivative %v; want %v, %v", c.typ, x, out[0], din[0], wantY, wantD)
+			}
+		}
 	}
 }

@@ -208,14 +208,24 @@ func unused(ls LayerSpec, fields ...string) error {
 	return nil
 }
 
+// ownedFields lists the fields that only one layer type uses, so
+// buildLayer refuses them on every other type (fields shared by several
+// types are checked by each constructor, with unused).
+var ownedFields = []struct {
+	name, typ string
+	set       func(LayerSpec) bool
+}{
+	{"heads", Attention, func(ls LayerSpec) bool { return ls.Heads != 0 }},
+	{"layers", Residual, func(ls LayerSpec) bool { return ls.Layers != nil }},
+}
+
 // buildLayer checks one (normalized) layer spec against its input shape;
 // idx is its index in the model, -1 inside a residual block.
 func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
-	if ls.Heads != 0 && ls.Type != Attention {
-		return nil, fmt.Errorf("field %q is not used by %s", "heads", ls.Type)
-	}
-	if ls.Layers != nil && ls.Type != Residual {
-		return nil, fmt.Errorf("field %q is not used by %s", "layers", ls.Type)
+	for _, f := range ownedFields {
+		if ls.Type != f.typ && f.set(ls) {
+			return nil, fmt.Errorf("field %q is not used by %s", f.name, ls.Type)
+		}
 	}
 	switch ls.Type {
 	case Linear:
@@ -223,7 +233,7 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 			return newSeqLinear(ls, in)
 		}
 		return newLinear(ls, in)
-	case ReLU, Tanh:
+	case ReLU, Tanh, GELU, GELUTanh:
 		return newActivation(ls, in)
 	case Flatten:
 		return newFlatten(ls, in)

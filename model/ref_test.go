@@ -78,6 +78,14 @@ func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int)
 		for j := range x {
 			x[j] = math.Tanh(x[j])
 		}
+	case GELU:
+		for j, v := range x {
+			x[j] = 0.5 * v * (1 + math.Erf(v/math.Sqrt2))
+		}
+	case GELUTanh:
+		for j, v := range x {
+			x[j] = 0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v)))
+		}
 	case Flatten:
 		shape = []int{len(x)}
 	case Conv2D:

@@ -25,6 +25,13 @@ const (
 	Attention    = "attention"
 	Residual     = "residual"
 	MeanPool     = "meanpool"
+	// GELU is x·Φ(x) with Φ the standard normal CDF (the erf form;
+	// Hugging Face's "gelu", BERT's activation).
+	GELU = "gelu"
+	// GELUTanh is GELU's tanh approximation
+	// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (Hugging Face's
+	// "gelu_new", GPT-2's activation).
+	GELUTanh = "gelu_tanh"
 )
 
 // Loss names accepted in Spec.Loss.
@@ -67,7 +74,9 @@ type Spec struct {
 // LayerSpec is one layer. Which fields matter depends on Type:
 //
 //	linear:       Out (weight [Out, in], bias [Out]); input must be flat
-//	relu, tanh:   none
+//	relu, tanh,
+//	gelu,
+//	gelu_tanh:    none; elementwise, any shape
 //	conv2d:       Out channels, Kernel, Stride (default 1), Pad (default 0);
 //	              weight [Out, C, Kernel, Kernel], bias [Out]; input [C, H, W]
 //	maxpool,
@@ -95,7 +104,9 @@ type Spec struct {
 //	residual:     Layers; y = x + f(x), f the nested layers, whose output
 //	              shape must equal the input's
 //	meanpool:     none; [T, D] becomes the mean over positions [D]
-//	relu, tanh:   elementwise, any shape
+//	relu, tanh,
+//	gelu,
+//	gelu_tanh:    elementwise, any shape
 type LayerSpec struct {
 	Type string `json:"type"`
 	// Name prefixes the layer's parameter names ("<name>.weight"); default
