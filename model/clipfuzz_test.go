@@ -57,7 +57,9 @@ func refLayerGrad(ly layer, st layerState, in, dout []float32, i int, g []float6
 			for k, av := range a {
 				g[o*ly.in+k] = float64(dv) * float64(av)
 			}
-			g[ly.out*ly.in+o] = float64(dv)
+			if !ly.noBias {
+				g[ly.out*ly.in+o] = float64(dv)
+			}
 		}
 	case *conv:
 		st := st.(*convState)

@@ -49,6 +49,14 @@ func cpuOnly(ly layer) string {
 		if ly.kind == GELU || ly.kind == GELUTanh {
 			return ly.kind
 		}
+	case *linear:
+		if ly.noBias {
+			return "no_bias"
+		}
+	case *seqLinear:
+		if ly.noBias {
+			return "no_bias"
+		}
 	}
 	return ""
 }

@@ -24,6 +24,10 @@ func cpuOnlyCases() []Spec {
 	return []Spec{
 		{Name: "gelu", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: GELU}, {Type: Linear, Out: 3}}},
 		{Name: "gelu_tanh", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: GELUTanh}, {Type: Linear, Out: 3}}},
+		{Name: "no_bias", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6, NoBias: true}, {Type: Tanh}, {Type: Linear, Out: 3, NoBias: true}}},
+		{Name: "seq-no_bias", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 6, Dim: 4}, {Type: Linear, Out: 5, NoBias: true}, {Type: GELUTanh},
+			{Type: MeanPool}, {Type: Linear, Out: 3, NoBias: true}}},
 	}
 }
 

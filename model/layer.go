@@ -217,6 +217,7 @@ var ownedFields = []struct {
 }{
 	{"heads", Attention, func(ls LayerSpec) bool { return ls.Heads != 0 }},
 	{"layers", Residual, func(ls LayerSpec) bool { return ls.Layers != nil }},
+	{"no_bias", Linear, func(ls LayerSpec) bool { return ls.NoBias }},
 }
 
 // buildLayer checks one (normalized) layer spec against its input shape;

@@ -63,7 +63,7 @@ func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int)
 		in, out := shape[0], ls.Out
 		y := make([]float64, out)
 		for o := 0; o < out; o++ {
-			s := w[out*in+o]
+			s := refBias(ls, w, out*in+o)
 			for j := 0; j < in; j++ {
 				s += w[o*in+j] * x[j]
 			}
@@ -175,6 +175,14 @@ func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int)
 		t.Fatalf("reference: unknown layer %q", ls.Type)
 	}
 	return x, shape
+}
+
+// refBias returns a linear layer's bias w[j], or 0 for one without a bias.
+func refBias(ls LayerSpec, w []float64, j int) float64 {
+	if ls.NoBias {
+		return 0
+	}
+	return w[j]
 }
 
 // randomBatch draws B inputs and labels for m: N(0,1) features, or token

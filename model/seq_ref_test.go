@@ -68,7 +68,7 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		y = make([]float64, T*out)
 		for p := 0; p < T; p++ {
 			for o := 0; o < out; o++ {
-				s := w[out*in+o]
+				s := refBias(ls, w, out*in+o)
 				for j := 0; j < in; j++ {
 					s += w[o*in+j] * x[p*in+j]
 				}
@@ -167,7 +167,9 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 				for k := 0; k < K; k++ {
 					g[o*K+k] += dv * float64(A[p*K+k])
 				}
-				g[O*K+o] += dv
+				if !ly.noBias {
+					g[O*K+o] += dv
+				}
 			}
 		}
 	case *seqLayerNorm:

@@ -14,11 +14,7 @@ import (
 // ErrInvalidSpec and a message naming the problem.
 func TestSeqSpecErrors(t *testing.T) {
 	emb := LayerSpec{Type: Embedding, Vocab: 5, Dim: 4}
-	for _, c := range []struct {
-		name string
-		spec Spec
-		want string
-	}{
+	checkSpecErrors(t, []specErrorCase{
 		{"heads on linear", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 2, Heads: 2}}}, `"heads"`},
 		{"layers on relu", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: ReLU, Layers: []LayerSpec{{Type: Tanh}}}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `"layers"`},
 		{"attention needs 3D", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Attention, Heads: 1}}}, "[T, 3D]"},
@@ -31,7 +27,20 @@ func TestSeqSpecErrors(t *testing.T) {
 		{"next_token head", Spec{Input: []int{4}, Classes: 5, Loss: NextToken, Layers: []LayerSpec{emb, {Type: MeanPool}, {Type: Linear, Out: 5}}}, "want [3, 5]"},
 		{"next_token vocab", Spec{Input: []int{4}, Classes: 6, Loss: NextToken, Layers: []LayerSpec{emb, {Type: Linear, Out: 6}}}, "vocab = classes"},
 		{"next_token input", Spec{Input: []int{1}, Classes: 5, Loss: NextToken, Layers: []LayerSpec{emb, {Type: Linear, Out: 5}}}, "T ≥ 1"},
-	} {
+	})
+}
+
+// specErrorCase is a spec Validate must refuse with ErrInvalidSpec and a
+// message containing want.
+type specErrorCase struct {
+	name string
+	spec Spec
+	want string
+}
+
+func checkSpecErrors(t *testing.T, cases []specErrorCase) {
+	t.Helper()
+	for _, c := range cases {
 		err := c.spec.Validate()
 		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrInvalidSpec containing %q", c.name, err, c.want)

@@ -73,7 +73,8 @@ type Spec struct {
 
 // LayerSpec is one layer. Which fields matter depends on Type:
 //
-//	linear:       Out (weight [Out, in], bias [Out]); input must be flat
+//	linear:       Out, NoBias (weight [Out, in], bias [Out], no bias with
+//	              NoBias); input must be flat
 //	relu, tanh,
 //	gelu,
 //	gelu_tanh:    none; elementwise, any shape
@@ -96,7 +97,8 @@ type Spec struct {
 //	              embedding plus a learned position embedding (weight
 //	              [Vocab, Dim], pos [T, Dim])
 //	linear:       on a [T, D] input, the same map at every position:
-//	              weight [Out, D], bias [Out], output [T, Out]
+//	              weight [Out, D], bias [Out] (none with NoBias), output
+//	              [T, Out]
 //	attention:    Heads; multi-head causal self-attention without
 //	              parameters: input [T, 3D] holds each position's query,
 //	              key and value (D = Heads·head size), output [T, D]; put
@@ -122,6 +124,9 @@ type LayerSpec struct {
 	Heads  int     `json:"heads,omitempty"`
 	// Layers are the nested layers of a residual block.
 	Layers []LayerSpec `json:"layers,omitempty"`
+	// NoBias leaves out a linear layer's bias: its only parameter is
+	// weight (GPT-2's classification head).
+	NoBias bool `json:"no_bias,omitempty"`
 }
 
 // maxElems bounds every tensor and activation size so index arithmetic

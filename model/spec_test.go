@@ -2,6 +2,7 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -125,6 +126,23 @@ func TestSpecHash(t *testing.T) {
 	}
 	if m, _ := New(spec); m.Hash() != h1 {
 		t.Errorf("Model.Hash differs from Spec.Hash")
+	}
+	// Pinned too: LayerSpec's optional fields are left out of the
+	// canonical JSON when unset (omitempty), so every spec written before
+	// one of them existed keeps its hash.
+	for name, want := range map[string]string{
+		"logreg":      "8f4d2663dab8963ae987751b3e8cc4284b6f1f8bfcbc1b9a29acaaaccdeb8507",
+		"cnn":         "480a925a64a29538bb33e18ee23220190666bfe99343e8571e6cd146f639b561",
+		"textbag":     "fb08ee2eab1e54c3d677702374a2f92432f05e4010c09e923a7b93cebe999fe7",
+		"transformer": "c213c0c3eb604a1f9f37b50ce4181cdad938aa585ffdb5ec25eb493956d1aa90",
+	} {
+		s, _ := Preset(name)
+		if h, _ := s.Hash(); h != want {
+			t.Errorf("%s hash = %s, want %s", name, h, want)
+		}
+	}
+	if h, _ := TransformerClassifier(9, 6, 4, 1, 2, 3).Hash(); h != "3e5f5511a54729a996c8ed67b4712fa319164831bc7c23add04294559e846fcb" {
+		t.Errorf("TransformerClassifier(9, 6, 4, 1, 2, 3) hash = %s", h)
 	}
 }
 
@@ -298,4 +316,46 @@ func TestPresetForShapesByData(t *testing.T) {
 			t.Errorf("Preset(%s) and PresetFor(%s, [1 28 28], 10) differ", name, name)
 		}
 	}
+}
+
+// TestSpecParamLayout: the parameters a layer's optional fields give, by
+// name and shape, in order.
+func TestSpecParamLayout(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		spec Spec
+		want string
+	}{
+		{"no_bias", Spec{Input: []int{4}, Classes: 3, Layers: []LayerSpec{
+			{Type: Linear, Out: 5, NoBias: true}, {Type: Linear, Out: 3}}},
+			"0.weight[5 4] 1.weight[3 5] 1.bias[3]"},
+		{"seq no_bias", Spec{Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 7, Dim: 4}, {Type: Linear, Out: 5, NoBias: true}, {Type: MeanPool}, {Type: Linear, Out: 3, NoBias: true}}},
+			"0.weight[7 4] 0.pos[6 4] 1.weight[5 4] 3.weight[3 5]"},
+	} {
+		m, err := New(c.spec)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var got []string
+		for _, p := range m.Params() {
+			got = append(got, fmt.Sprintf("%s%v", p.Name, p.Shape))
+		}
+		if g := strings.Join(got, " "); g != c.want {
+			t.Errorf("%s: parameters %s, want %s", c.name, g, c.want)
+		}
+	}
+}
+
+// TestSpecFieldErrors: each optional field is refused, naming it, on the
+// layer types that do not use it, and bad values are refused naming the
+// problem.
+func TestSpecFieldErrors(t *testing.T) {
+	emb := LayerSpec{Type: Embedding, Vocab: 5, Dim: 4}
+	checkSpecErrors(t, []specErrorCase{
+		{"no_bias on relu", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 2}, {Type: ReLU, NoBias: true}}}, `field "no_bias" is not used by relu`},
+		{"no_bias on conv2d", Spec{Input: []int{1, 4, 4}, Classes: 2, Layers: []LayerSpec{{Type: Conv2D, Out: 2, Kernel: 2, NoBias: true}, {Type: Flatten}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by conv2d`},
+		{"no_bias on embedding", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, NoBias: true}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by embedding`},
+		{"no_bias nested", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Residual, Layers: []LayerSpec{{Type: LayerNorm, NoBias: true}}}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by layernorm`},
+	})
 }
