@@ -32,11 +32,12 @@ func cudaGradCases() []Spec {
 	return out
 }
 
-// cudaSeqSpecs are the sequence models of gradCases and, at the preset's
-// scale, the "transformer" preset and the classifier of the same stack.
+// cudaSeqSpecs are the sequence models of cudaGradCases and, at the
+// preset's scale, the "transformer" preset and the classifier of the same
+// stack.
 func cudaSeqSpecs(presets bool) []Spec {
 	var out []Spec
-	for _, s := range gradCases() {
+	for _, s := range cudaGradCases() {
 		if s.Layers[0].Type == Embedding {
 			out = append(out, s)
 		}

@@ -57,6 +57,15 @@ func cpuOnly(ly layer) string {
 		if ly.noBias {
 			return "no_bias"
 		}
+	case *seqEmbed:
+		switch {
+		case ly.P != ly.T:
+			return "positions ≠ T"
+		case ly.off != 0:
+			return "pos_offset"
+		case ly.NT > 0:
+			return "types"
+		}
 	}
 	return ""
 }

@@ -28,8 +28,17 @@ func cpuOnlyCases() []Spec {
 		{Name: "seq-no_bias", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
 			{Type: Embedding, Vocab: 6, Dim: 4}, {Type: Linear, Out: 5, NoBias: true}, {Type: GELUTanh},
 			{Type: MeanPool}, {Type: Linear, Out: 3, NoBias: true}}},
+		{Name: "embedding-types", Input: []int{7}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 6, Dim: 4, Positions: 11, PosOffset: 2, Types: 3, TypeSep: intPtr(5)},
+			{Type: Linear, Out: 5}, {Type: Tanh}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
+		{Name: "embedding-one-type", Input: []int{6}, Classes: 4, Loss: NextToken, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 4, Dim: 4, Positions: 9, PosOffset: 2, Types: 1},
+			{Type: Residual, Layers: []LayerSpec{{Type: LayerNorm}, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2}, {Type: Linear, Out: 4}}},
+			{Type: Linear, Out: 4}}},
 	}
 }
+
+func intPtr(v int) *int { return &v }
 
 // engineCases are the gradient cases every engine runs.
 func engineCases() []Spec {

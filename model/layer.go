@@ -218,6 +218,10 @@ var ownedFields = []struct {
 	{"heads", Attention, func(ls LayerSpec) bool { return ls.Heads != 0 }},
 	{"layers", Residual, func(ls LayerSpec) bool { return ls.Layers != nil }},
 	{"no_bias", Linear, func(ls LayerSpec) bool { return ls.NoBias }},
+	{"positions", Embedding, func(ls LayerSpec) bool { return ls.Positions != 0 }},
+	{"pos_offset", Embedding, func(ls LayerSpec) bool { return ls.PosOffset != 0 }},
+	{"types", Embedding, func(ls LayerSpec) bool { return ls.Types != 0 }},
+	{"type_sep", Embedding, func(ls LayerSpec) bool { return ls.TypeSep != nil }},
 }
 
 // buildLayer checks one (normalized) layer spec against its input shape;

@@ -51,13 +51,18 @@ func refNextTokenLoss(t testing.TB, m *Model, theta []float64, x []float32) floa
 func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) (y []float64, sh []int, ok bool) {
 	switch {
 	case ls.Type == Embedding:
+		e := ly.(*seqEmbed)
 		T, D := shape[0], ls.Dim
+		types := refTokenTypes(ls, x)
 		y = make([]float64, T*D)
 		for p := 0; p < T; p++ {
 			for j := 0; j < D; j++ {
-				v := w[ls.Vocab*D+p*D+j]
+				v := w[ls.Vocab*D+(p+ls.PosOffset)*D+j]
 				if id := int(x[p]); id >= 0 {
 					v += w[id*D+j]
+				}
+				if ls.Types > 0 {
+					v += w[(ls.Vocab+e.P+types[p])*D+j]
 				}
 				y[p*D+j] = v
 			}
@@ -122,6 +127,22 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 	return nil, nil, false
 }
 
+// refTokenTypes returns the token type of each position of ids under an
+// embedding spec ls, as BERT's token_type_ids are: 0 up to and including
+// the first TypeSep, then one more after each TypeSep, capped at
+// Types−1; all 0 with fewer than two types.
+func refTokenTypes(ls LayerSpec, ids []float64) []int {
+	types := make([]int, len(ids))
+	seps := 0
+	for p, id := range ids {
+		types[p] = min(seps, max(ls.Types-1, 0))
+		if ls.TypeSep != nil && int(id) == *ls.TypeSep {
+			seps++
+		}
+	}
+	return types
+}
+
 // refAttention is causal multi-head attention on x [T, 3D] in float64.
 func refAttention(x []float64, T, D, H int) []float64 {
 	dh := D / H
@@ -184,12 +205,25 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 		}
 	case *seqEmbed:
 		T, D := ly.T, ly.D
+		ids := make([]float64, T)
 		for p, id := range in[i*T : (i+1)*T] {
+			ids[p] = float64(id)
+		}
+		ls := LayerSpec{Types: ly.NT}
+		if ly.NT >= 2 {
+			sep := int(ly.sep)
+			ls.TypeSep = &sep
+		}
+		types := refTokenTypes(ls, ids)
+		for p, id := range ids {
 			for j := 0; j < D; j++ {
 				dv := float64(dout[(i*T+p)*D+j])
-				g[ly.V*D+p*D+j] += dv
+				g[(ly.V+p+ly.off)*D+j] += dv
 				if id >= 0 {
 					g[int(id)*D+j] += dv
+				}
+				if ly.NT > 0 {
+					g[(ly.V+ly.P+types[p])*D+j] += dv
 				}
 			}
 		}

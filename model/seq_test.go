@@ -343,3 +343,106 @@ func TestClipRandomSeq(t *testing.T) {
 		})
 	}
 }
+
+// TestEmbeddingPositionsAndTypes: an embedding with a larger position
+// table, an offset and token types gives position t row t+offset and
+// BERT's token_type_ids ("[CLS] a [SEP] b [SEP]" → 0 0 0 1 1, padding
+// continuing the count, capped at types−1); rows no position uses get
+// exactly zero gradient in MeanGrad and ClippedSum.
+func TestEmbeddingPositionsAndTypes(t *testing.T) {
+	const V, D, T, P, off, sep = 8, 3, 7, 12, 2, 3
+	for _, c := range []struct {
+		types int
+		ids   []float32
+		want  []int // each position's type
+	}{
+		{2, []float32{1, 2, 3, 4, 3, -1, -1}, []int{0, 0, 0, 1, 1, 1, 1}},
+		{3, []float32{1, 2, 3, 4, 3, 5, 3}, []int{0, 0, 0, 1, 1, 2, 2}},
+		{2, []float32{1, 3, 3, 3, 2, 3, 0}, []int{0, 0, 1, 1, 1, 1, 1}},
+		{3, []float32{3, -1, -1, -1, -1, -1, -1}, []int{0, 1, 1, 1, 1, 1, 1}},
+	} {
+		m, err := New(Spec{Input: []int{T}, Classes: 2, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: V, Dim: D, Positions: P, PosOffset: off, Types: c.types, TypeSep: intPtr(sep)},
+			{Type: MeanPool}, {Type: Linear, Out: 2}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		theta := randomTheta(t, m, 3)
+		tok, _ := m.Param(theta, "0.weight")
+		pos, _ := m.Param(theta, "0.pos")
+		typ, _ := m.Param(theta, "0.types")
+		ws, _ := m.NewWorkspace(1)
+		p := ws.pass(1)
+		ws.forward(p, theta, c.ids)
+		for tt, id := range c.ids {
+			for j := 0; j < D; j++ {
+				want := pos[(tt+off)*D+j]
+				if id >= 0 {
+					want += tok[int(id)*D+j]
+				}
+				want += typ[c.want[tt]*D+j]
+				if got := ws.act[1][tt*D+j]; got != want {
+					t.Fatalf("types %d, ids %v: position %d value %d = %v, want %v (type %d)", c.types, c.ids, tt, j, got, want, c.want[tt])
+				}
+			}
+		}
+		used := map[int]bool{}
+		for _, k := range c.want {
+			used[k] = true
+		}
+		g := make([]float32, m.NumParams())
+		if _, err := ws.MeanGrad(g, theta, c.ids, []int32{1}); err != nil {
+			t.Fatal(err)
+		}
+		s := make([]float32, m.NumParams())
+		if _, err := ws.ClippedSum(s, theta, c.ids, []int32{1}, 0.1); err != nil {
+			t.Fatal(err)
+		}
+		for _, grad := range [][]float32{g, s} {
+			gp, _ := m.Param(grad, "0.pos")
+			gt, _ := m.Param(grad, "0.types")
+			for r := 0; r < P; r++ {
+				if z := sumSq(gp[r*D:(r+1)*D]) == 0; z != (r < off || r >= off+T) {
+					t.Fatalf("types %d: position row %d has zero gradient %v, want %v", c.types, r, z, !z)
+				}
+			}
+			for k := 0; k < c.types; k++ {
+				if z := sumSq(gt[k*D:(k+1)*D]) == 0; z == used[k] {
+					t.Fatalf("types %d, ids %v: type row %d has zero gradient %v, used %v", c.types, c.ids, k, z, used[k])
+				}
+			}
+		}
+	}
+}
+
+// TestClipEmbeddingRepeatedRows: every position holds the same token and
+// type and, behind a mean pool, gets the same output gradient d, so the
+// token and type rows are T·d each (norm² 2T²‖d‖² + T‖d‖² with the
+// position rows): the clip holds against the reference, and the clip norm
+// is within 1e-4 of the true norm (repeated rows counted exactly, not by
+// the triangle inequality, which would give 3T‖d‖).
+func TestClipEmbeddingRepeatedRows(t *testing.T) {
+	const T = 16
+	m, err := New(Spec{Input: []int{T}, Classes: 2, Layers: []LayerSpec{
+		{Type: Embedding, Vocab: 5, Dim: 6, Positions: 20, PosOffset: 1, Types: 2, TypeSep: intPtr(4)},
+		{Type: Linear, Out: 6}, {Type: MeanPool}, {Type: Linear, Out: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theta := randomTheta(t, m, 9)
+	x := make([]float32, 3*T)
+	for j := range x {
+		x[j] = float32(1 + j/T) // example i: token 1+i everywhere, type 0
+	}
+	y := []int32{0, 1, 0}
+	coef, ref := checkClipAgainstReference(t, m, theta, x, y, 1e-3)
+	ws, _ := m.NewWorkspace(3)
+	if _, err := ws.ClippedSum(make([]float32, m.NumParams()), theta, x, y, 1e-3); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range clipNorms(ws, 3) {
+		if r := n/norm64(ref[i]) - 1; !(r >= 0 && r < 1e-4) || coef[i] >= 1 {
+			t.Errorf("example %d: clip norm %v over the true norm %v by %.3g (clip factor %v), want [0, 1e-4) and clipped", i, n, norm64(ref[i]), r, coef[i])
+		}
+	}
+}

@@ -92,10 +92,13 @@ type Spec struct {
 //
 // Sequence layers (activations [T, D]: T positions of D values):
 //
-//	embedding:    Vocab, Dim; must be the first layer; input [T] token ids
-//	              (-1 = padding, embedded as zero); output [T, Dim], token
-//	              embedding plus a learned position embedding (weight
-//	              [Vocab, Dim], pos [T, Dim])
+//	embedding:    Vocab, Dim, Positions, PosOffset, Types, TypeSep; must be
+//	              the first layer; input [T] token ids (-1 = padding,
+//	              embedded as zero); output [T, Dim]: row t is the token's
+//	              embedding plus row t+PosOffset of a learned position
+//	              table plus, with Types > 0, the row of its token type
+//	              (parameters weight [Vocab, Dim], pos [Positions, Dim],
+//	              types [Types, Dim], in that order)
 //	linear:       on a [T, D] input, the same map at every position:
 //	              weight [Out, D], bias [Out] (none with NoBias), output
 //	              [T, Out]
@@ -127,6 +130,24 @@ type LayerSpec struct {
 	// NoBias leaves out a linear layer's bias: its only parameter is
 	// weight (GPT-2's classification head).
 	NoBias bool `json:"no_bias,omitempty"`
+	// Positions is the number of rows of an embedding's position table
+	// (Hugging Face's max_position_embeddings); 0 means T, the input
+	// length. It must be at least T + PosOffset; the rows outside
+	// PosOffset..PosOffset+T−1 are not used and get zero gradient.
+	Positions int `json:"positions,omitempty"`
+	// PosOffset is the position table row of an embedding's position 0:
+	// position t uses row t + PosOffset (RoBERTa's is 2).
+	PosOffset int `json:"pos_offset,omitempty"`
+	// Types is the number of rows of an embedding's token-type (segment)
+	// table, added at every position (BERT's token_type_embeddings); 0
+	// means no table.
+	Types int `json:"types,omitempty"`
+	// TypeSep is the token id that ends a segment ([SEP]): position t has
+	// type min(number of TypeSep ids at positions before t, Types−1), so
+	// "[CLS] a [SEP] b [SEP]" gets types 0 0 0 1 1, BERT's
+	// token_type_ids; padding positions follow the same rule. Required
+	// when Types ≥ 2 and refused otherwise.
+	TypeSep *int `json:"type_sep,omitempty"`
 }
 
 // maxElems bounds every tensor and activation size so index arithmetic
@@ -177,6 +198,13 @@ func normalizedLayers(ls []LayerSpec) []LayerSpec {
 		if l.Layers != nil {
 			l.Layers = normalizedLayers(l.Layers)
 		}
+		if l.TypeSep != nil {
+			sep := *l.TypeSep
+			l.TypeSep = &sep
+		}
+		// An embedding's Positions 0 stays 0 rather than being written
+		// out as T: specs from before the field existed keep their
+		// hashes.
 		switch l.Type {
 		case Conv2D:
 			if l.Stride == 0 {

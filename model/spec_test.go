@@ -332,6 +332,12 @@ func TestSpecParamLayout(t *testing.T) {
 		{"seq no_bias", Spec{Input: []int{6}, Classes: 3, Layers: []LayerSpec{
 			{Type: Embedding, Vocab: 7, Dim: 4}, {Type: Linear, Out: 5, NoBias: true}, {Type: MeanPool}, {Type: Linear, Out: 3, NoBias: true}}},
 			"0.weight[7 4] 0.pos[6 4] 1.weight[5 4] 3.weight[3 5]"},
+		{"embedding tables", Spec{Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 7, Dim: 4, Positions: 10, PosOffset: 2, Types: 2, TypeSep: intPtr(3)}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
+			"0.weight[7 4] 0.pos[10 4] 0.types[2 4] 2.weight[3 4] 2.bias[3]"},
+		{"embedding one type, next token", Spec{Input: []int{6}, Classes: 7, Loss: NextToken, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 7, Dim: 4, Positions: 5, Types: 1}, {Type: Linear, Out: 7}}},
+			"0.weight[7 4] 0.pos[5 4] 0.types[1 4] 1.weight[7 4] 1.bias[7]"},
 	} {
 		m, err := New(c.spec)
 		if err != nil {
@@ -357,5 +363,68 @@ func TestSpecFieldErrors(t *testing.T) {
 		{"no_bias on conv2d", Spec{Input: []int{1, 4, 4}, Classes: 2, Layers: []LayerSpec{{Type: Conv2D, Out: 2, Kernel: 2, NoBias: true}, {Type: Flatten}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by conv2d`},
 		{"no_bias on embedding", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, NoBias: true}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by embedding`},
 		{"no_bias nested", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Residual, Layers: []LayerSpec{{Type: LayerNorm, NoBias: true}}}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by layernorm`},
+		{"positions on embeddingbag", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: EmbeddingBag, Vocab: 5, Dim: 4, Positions: 3}, {Type: Linear, Out: 2}}}, `field "positions" is not used by embeddingbag`},
+		{"pos_offset on linear", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 2, PosOffset: 1}}}, `field "pos_offset" is not used by linear`},
+		{"types on attention", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Types: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "types" is not used by attention`},
+		{"type_sep on layernorm", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: LayerNorm, TypeSep: intPtr(0)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "type_sep" is not used by layernorm`},
+		{"positions below T", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Positions: 5}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "positions ≥ T + pos_offset = 6 + 0"},
+		{"offset past the table", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Positions: 7, PosOffset: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "positions ≥ T + pos_offset = 6 + 2"},
+		{"offset without positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, PosOffset: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "0 means T"},
+		{"negative offset", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, PosOffset: -1}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "pos_offset ≥ 0"},
+		{"negative positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Positions: -6}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "got positions -6"},
+		{"negative types", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: -1}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "types = -1"},
+		{"types without type_sep", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "needs type_sep"},
+		{"type_sep with one type", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 1, TypeSep: intPtr(2)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep needs types ≥ 2"},
+		{"type_sep without types", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, TypeSep: intPtr(2)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep needs types ≥ 2"},
+		{"type_sep past vocab", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 2, TypeSep: intPtr(5)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep = 5"},
+		{"huge positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 1 << 20, Positions: 1 << 20}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "too large"},
 	})
+}
+
+// TestSpecOptionalFieldsJSON: the optional fields parse from their JSON
+// names, survive a canonical round trip with the same hash, change the
+// hash when set, and the model keeps its own copy of type_sep.
+func TestSpecOptionalFieldsJSON(t *testing.T) {
+	const js = `{"input":[8],"classes":2,"layers":[` +
+		`{"type":"embedding","vocab":50,"dim":4,"positions":12,"pos_offset":2,"types":2,"type_sep":0},` +
+		`{"type":"linear","out":4,"no_bias":true},{"type":"meanpool"},{"type":"linear","out":2}]}`
+	s, err := ParseSpec([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Layers[0]
+	if e.Positions != 12 || e.PosOffset != 2 || e.Types != 2 || e.TypeSep == nil || *e.TypeSep != 0 || !s.Layers[1].NoBias {
+		t.Fatalf("parsed %+v", s.Layers[:2])
+	}
+	b, err := s.CanonicalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{`"positions":12`, `"pos_offset":2`, `"types":2`, `"type_sep":0`, `"no_bias":true`} {
+		if !strings.Contains(string(b), f) {
+			t.Errorf("canonical JSON %s lacks %s", b, f)
+		}
+	}
+	back, err := ParseSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := s.Hash()
+	if hb, _ := back.Hash(); hb != h {
+		t.Errorf("round trip changed the hash")
+	}
+	other := s
+	other.Layers = slices.Clone(s.Layers)
+	other.Layers[0].TypeSep = intPtr(1)
+	if ho, _ := other.Hash(); ho == h {
+		t.Errorf("type_sep does not change the hash")
+	}
+	m, err := New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	*s.Layers[0].TypeSep = 7
+	if got := *m.Spec().Layers[0].TypeSep; got != 0 {
+		t.Errorf("the model's type_sep follows the caller's pointer: %d", got)
+	}
 }
