@@ -57,6 +57,10 @@ func cpuOnly(ly layer) string {
 		if ly.noBias {
 			return "no_bias"
 		}
+	case *attention:
+		if ly.padding {
+			return "mask padding"
+		}
 	case *seqEmbed:
 		switch {
 		case ly.P != ly.T:

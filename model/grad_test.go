@@ -35,6 +35,10 @@ func cpuOnlyCases() []Spec {
 			{Type: Embedding, Vocab: 4, Dim: 4, Positions: 9, PosOffset: 2, Types: 1},
 			{Type: Residual, Layers: []LayerSpec{{Type: LayerNorm}, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2}, {Type: Linear, Out: 4}}},
 			{Type: Linear, Out: 4}}},
+		{Name: "attention-padding", Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 5, Dim: 4},
+			{Type: Residual, Layers: []LayerSpec{{Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Mask: MaskPadding}, {Type: Linear, Out: 4}}},
+			{Type: LayerNorm}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
 	}
 }
 

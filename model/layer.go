@@ -25,6 +25,12 @@ type pass struct {
 	be      Backend
 	B       int
 	workers int
+	// ids is the batch's model input as the first layer sees it (the
+	// workspace's act[0]): for a model whose first layer is an embedding,
+	// each example's T token ids (-1 = padding), which the layers that
+	// look for padding read (attention with a padding mask, lasttoken;
+	// plan checks that the model has them).
+	ids []float32
 	// coef holds the clip factors during ClippedSum's accGrad calls (the
 	// output gradients are already scaled by them); nil otherwise.
 	coef []float32
@@ -216,6 +222,7 @@ var ownedFields = []struct {
 	set       func(LayerSpec) bool
 }{
 	{"heads", Attention, func(ls LayerSpec) bool { return ls.Heads != 0 }},
+	{"mask", Attention, func(ls LayerSpec) bool { return ls.Mask != "" }},
 	{"layers", Residual, func(ls LayerSpec) bool { return ls.Layers != nil }},
 	{"no_bias", Linear, func(ls LayerSpec) bool { return ls.NoBias }},
 	{"positions", Embedding, func(ls LayerSpec) bool { return ls.Positions != 0 }},

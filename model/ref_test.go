@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -45,17 +46,18 @@ func refForward(t testing.TB, m *Model, theta []float64, x32 []float32) []float6
 	if m.seqT > 0 {
 		x, shape = x[:m.seqT], []int{m.seqT}
 	}
+	ids := slices.Clone(x) // the input token ids, for the layers that look for padding
 	for li, ls := range m.spec.Layers {
 		w := theta[m.layerOff[li] : m.layerOff[li]+m.layerSize[li]]
-		x, shape = refLayer(t, m.layers[li], ls, w, x, shape)
+		x, shape = refLayer(t, m.layers[li], ls, w, x, shape, ids)
 	}
 	return x
 }
 
 // refLayer applies one layer (ly, built from ls) with parameters w to one
-// example's values x of the given shape.
-func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) ([]float64, []int) {
-	if y, sh, ok := refSeqLayer(t, ly, ls, w, x, shape); ok {
+// example's values x of the given shape; ids is the example's model input.
+func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int, ids []float64) ([]float64, []int) {
+	if y, sh, ok := refSeqLayer(t, ly, ls, w, x, shape, ids); ok {
 		return y, sh
 	}
 	switch ls.Type {

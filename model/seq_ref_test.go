@@ -47,8 +47,8 @@ func refNextTokenLoss(t testing.TB, m *Model, theta []float64, x []float32) floa
 
 // refSeqLayer applies a sequence layer (or linear or layer norm on a
 // [T, D] input, or a layer inside a residual block); ok is false for the
-// other layers, which refLayer handles.
-func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) (y []float64, sh []int, ok bool) {
+// other layers, which refLayer handles. ids is the example's model input.
+func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int, ids []float64) (y []float64, sh []int, ok bool) {
 	switch {
 	case ls.Type == Embedding:
 		e := ly.(*seqEmbed)
@@ -102,7 +102,7 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		}
 		return y, shape, true
 	case ls.Type == Attention:
-		return refAttention(x, shape[0], shape[1]/3, ls.Heads), []int{shape[0], shape[1] / 3}, true
+		return refAttention(x, shape[0], shape[1]/3, ls.Heads, ls.Mask, ids), []int{shape[0], shape[1] / 3}, true
 	case ls.Type == MeanPool:
 		T, D := shape[0], shape[1]
 		y = make([]float64, D)
@@ -116,7 +116,7 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		r := ly.(*residual)
 		f, fs := append([]float64(nil), x...), shape
 		for j, inner := range ls.Layers {
-			f, fs = refLayer(t, r.layers[j], inner, w[r.off[j]:r.off[j]+r.size[j]], f, fs)
+			f, fs = refLayer(t, r.layers[j], inner, w[r.off[j]:r.off[j]+r.size[j]], f, fs, ids)
 		}
 		y = make([]float64, len(x))
 		for k := range y {
@@ -143,30 +143,38 @@ func refTokenTypes(ls LayerSpec, ids []float64) []int {
 	return types
 }
 
-// refAttention is causal multi-head attention on x [T, 3D] in float64.
-func refAttention(x []float64, T, D, H int) []float64 {
+// refAttention is multi-head attention on x [T, 3D] in float64: causal
+// (mask "" or "causal"), or each query over the positions whose id is not
+// padding (mask "padding"; zeros where there is none).
+func refAttention(x []float64, T, D, H int, mask string, ids []float64) []float64 {
 	dh := D / H
 	y := make([]float64, T*D)
 	for h := 0; h < H; h++ {
 		for p := 0; p < T; p++ {
-			s := make([]float64, p+1)
+			var keys []int
+			for u := 0; u < T; u++ {
+				if (mask == MaskPadding && ids[u] >= 0) || (mask != MaskPadding && u <= p) {
+					keys = append(keys, u)
+				}
+			}
+			s := make([]float64, len(keys))
 			mx := math.Inf(-1)
-			for u := 0; u <= p; u++ {
+			for k, u := range keys {
 				var dot float64
 				for j := 0; j < dh; j++ {
 					dot += x[p*3*D+h*dh+j] * x[u*3*D+D+h*dh+j]
 				}
-				s[u] = dot / math.Sqrt(float64(dh))
-				mx = math.Max(mx, s[u])
+				s[k] = dot / math.Sqrt(float64(dh))
+				mx = math.Max(mx, s[k])
 			}
 			var se float64
-			for u := range s {
-				s[u] = math.Exp(s[u] - mx)
-				se += s[u]
+			for k := range s {
+				s[k] = math.Exp(s[k] - mx)
+				se += s[k]
 			}
-			for u := range s {
+			for k, u := range keys {
 				for j := 0; j < dh; j++ {
-					y[p*D+h*dh+j] += s[u] / se * x[u*3*D+2*D+h*dh+j]
+					y[p*D+h*dh+j] += s[k] / se * x[u*3*D+2*D+h*dh+j]
 				}
 			}
 		}

@@ -34,6 +34,16 @@ const (
 	GELUTanh = "gelu_tanh"
 )
 
+// Attention masks accepted in LayerSpec.Mask.
+const (
+	// MaskCausal lets position t attend to positions u ≤ t; "" means the
+	// same.
+	MaskCausal = "causal"
+	// MaskPadding lets every position attend to every position whose
+	// input token is not padding (BERT's attention_mask).
+	MaskPadding = "padding"
+)
+
 // Loss names accepted in Spec.Loss.
 const (
 	SoftmaxCrossEntropy = "softmax_cross_entropy"
@@ -102,10 +112,11 @@ type Spec struct {
 //	linear:       on a [T, D] input, the same map at every position:
 //	              weight [Out, D], bias [Out] (none with NoBias), output
 //	              [T, Out]
-//	attention:    Heads; multi-head causal self-attention without
-//	              parameters: input [T, 3D] holds each position's query,
-//	              key and value (D = Heads·head size), output [T, D]; put
-//	              linear layers before (3D) and after (D) it
+//	attention:    Heads, Mask; multi-head self-attention without
+//	              parameters, causal or over the positions that are not
+//	              padding (Mask): input [T, 3D] holds each position's
+//	              query, key and value (D = Heads·head size), output
+//	              [T, D]; put linear layers before (3D) and after (D) it
 //	residual:     Layers; y = x + f(x), f the nested layers, whose output
 //	              shape must equal the input's
 //	meanpool:     none; [T, D] becomes the mean over positions [D]
@@ -127,6 +138,11 @@ type LayerSpec struct {
 	Heads  int     `json:"heads,omitempty"`
 	// Layers are the nested layers of a residual block.
 	Layers []LayerSpec `json:"layers,omitempty"`
+	// Mask is an attention's mask: "" or MaskCausal, causal attention;
+	// MaskPadding, bidirectional attention over the positions whose
+	// model-input token is not padding (a query with no such key outputs
+	// zeros), which needs an embedding first layer.
+	Mask string `json:"mask,omitempty"`
 	// NoBias leaves out a linear layer's bias: its only parameter is
 	// weight (GPT-2's classification head).
 	NoBias bool `json:"no_bias,omitempty"`
@@ -202,9 +218,9 @@ func normalizedLayers(ls []LayerSpec) []LayerSpec {
 			sep := *l.TypeSep
 			l.TypeSep = &sep
 		}
-		// An embedding's Positions 0 stays 0 rather than being written
-		// out as T: specs from before the field existed keep their
-		// hashes.
+		// An attention's Mask "" and an embedding's Positions 0 stay as
+		// they are rather than being written out ("causal", T): specs
+		// from before those fields existed keep their hashes.
 		switch l.Type {
 		case Conv2D:
 			if l.Stride == 0 {

@@ -377,6 +377,9 @@ func TestSpecFieldErrors(t *testing.T) {
 		{"type_sep with one type", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 1, TypeSep: intPtr(2)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep needs types ≥ 2"},
 		{"type_sep without types", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, TypeSep: intPtr(2)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep needs types ≥ 2"},
 		{"type_sep past vocab", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 2, TypeSep: intPtr(5)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep = 5"},
+		{"mask on linear", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12, Mask: MaskPadding}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "mask" is not used by linear`},
+		{"mask on meanpool", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: MeanPool, Mask: MaskCausal}, {Type: Linear, Out: 2}}}, `field "mask" is not used by meanpool`},
+		{"unknown mask", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Mask: "bidirectional"}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `mask "bidirectional": want "causal" (the default) or "padding"`},
 		{"huge positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 1 << 20, Positions: 1 << 20}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "too large"},
 	})
 }
@@ -387,20 +390,22 @@ func TestSpecFieldErrors(t *testing.T) {
 func TestSpecOptionalFieldsJSON(t *testing.T) {
 	const js = `{"input":[8],"classes":2,"layers":[` +
 		`{"type":"embedding","vocab":50,"dim":4,"positions":12,"pos_offset":2,"types":2,"type_sep":0},` +
+		`{"type":"residual","layers":[{"type":"linear","out":12},{"type":"attention","heads":2,"mask":"padding"},{"type":"linear","out":4}]},` +
 		`{"type":"linear","out":4,"no_bias":true},{"type":"meanpool"},{"type":"linear","out":2}]}`
 	s, err := ParseSpec([]byte(js))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := s.Layers[0]
-	if e.Positions != 12 || e.PosOffset != 2 || e.Types != 2 || e.TypeSep == nil || *e.TypeSep != 0 || !s.Layers[1].NoBias {
-		t.Fatalf("parsed %+v", s.Layers[:2])
+	if e.Positions != 12 || e.PosOffset != 2 || e.Types != 2 || e.TypeSep == nil || *e.TypeSep != 0 ||
+		s.Layers[1].Layers[1].Mask != MaskPadding || !s.Layers[2].NoBias {
+		t.Fatalf("parsed %+v", s.Layers[:3])
 	}
 	b, err := s.CanonicalJSON()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{`"positions":12`, `"pos_offset":2`, `"types":2`, `"type_sep":0`, `"no_bias":true`} {
+	for _, f := range []string{`"positions":12`, `"pos_offset":2`, `"types":2`, `"type_sep":0`, `"no_bias":true`, `"mask":"padding"`} {
 		if !strings.Contains(string(b), f) {
 			t.Errorf("canonical JSON %s lacks %s", b, f)
 		}
