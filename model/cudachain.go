@@ -61,6 +61,11 @@ func cpuOnly(ly layer) string {
 		if ly.padding {
 			return "mask padding"
 		}
+	case *tokenPick:
+		if ly.last {
+			return LastToken
+		}
+		return FirstToken
 	case *seqEmbed:
 		switch {
 		case ly.P != ly.T:

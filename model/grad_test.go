@@ -39,6 +39,12 @@ func cpuOnlyCases() []Spec {
 			{Type: Embedding, Vocab: 5, Dim: 4},
 			{Type: Residual, Layers: []LayerSpec{{Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Mask: MaskPadding}, {Type: Linear, Out: 4}}},
 			{Type: LayerNorm}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
+		{Name: "firsttoken", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 6, Dim: 4}, {Type: Linear, Out: 4}, {Type: Tanh}, {Type: FirstToken}, {Type: Linear, Out: 3}}},
+		{Name: "lasttoken", Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 5, Dim: 4},
+			{Type: Residual, Layers: []LayerSpec{{Type: Linear, Out: 12}, {Type: Attention, Heads: 2}, {Type: Linear, Out: 4}}},
+			{Type: LastToken}, {Type: Linear, Out: 3, NoBias: true}}},
 	}
 }
 

@@ -268,6 +268,8 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 		return newResidual(ls, in)
 	case MeanPool:
 		return newMeanPool(ls, in)
+	case FirstToken, LastToken:
+		return newTokenPick(ls, in)
 	case "":
 		return nil, errors.New("missing layer type")
 	}

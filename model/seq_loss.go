@@ -62,8 +62,15 @@ func (m *Model) checkInputIDs() error {
 // readsIDs names a layer that reads the model's input token ids, or
 // returns "".
 func readsIDs(ly layer) string {
-	if a, ok := ly.(*attention); ok && a.padding {
-		return "attention with mask padding"
+	switch ly := ly.(type) {
+	case *attention:
+		if ly.padding {
+			return "attention with mask padding"
+		}
+	case *tokenPick:
+		if ly.last {
+			return LastToken
+		}
 	}
 	return ""
 }

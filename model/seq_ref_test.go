@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -103,6 +104,16 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		return y, shape, true
 	case ls.Type == Attention:
 		return refAttention(x, shape[0], shape[1]/3, ls.Heads, ls.Mask, ids), []int{shape[0], shape[1] / 3}, true
+	case ls.Type == FirstToken || ls.Type == LastToken:
+		T, D := shape[0], shape[1]
+		p := 0
+		for u := T - 1; u > 0 && ls.Type == LastToken; u-- {
+			if ids[u] >= 0 {
+				p = u
+				break
+			}
+		}
+		return slices.Clone(x[p*D : (p+1)*D]), []int{D}, true
 	case ls.Type == MeanPool:
 		T, D := shape[0], shape[1]
 		y = make([]float64, D)

@@ -546,6 +546,8 @@ func TestCheckInputIDs(t *testing.T) {
 		{[]layer{&linear{in: 3, out: 6}, &residual{layers: []layer{&activation{kind: ReLU}, pad}}}, "layer 1 (residual): nested layer 1 (attention with mask padding)"},
 		{[]layer{&seqEmbed{T: 3, V: 4, D: 6, P: 3}, &residual{layers: []layer{pad}}}, ""},
 		{[]layer{&linear{in: 3, out: 6}, &attention{T: 3, D: 2, H: 1, dh: 2}}, ""},
+		{[]layer{&linear{in: 3, out: 6}, &tokenPick{T: 3, D: 2, last: true}}, "layer 1 (lasttoken) needs an embedding first layer"},
+		{[]layer{&linear{in: 3, out: 6}, &tokenPick{T: 3, D: 2}}, ""},
 	} {
 		err := (&Model{layers: c.layers}).checkInputIDs()
 		if c.want == "" {
@@ -556,4 +558,49 @@ func TestCheckInputIDs(t *testing.T) {
 			t.Errorf("checkInputIDs: %v, want ErrInvalidSpec containing %q", err, c.want)
 		}
 	}
+}
+
+// TestTokenPick: firsttoken takes position 0 and lasttoken the last
+// non-padding position (0 when all are padding), and the gradient reaches
+// that position's embedding rows only.
+func TestTokenPick(t *testing.T) {
+	const T, D = 5, 3
+	for _, c := range []struct {
+		typ  string
+		ids  []float32
+		want int
+	}{
+		{FirstToken, []float32{2, 1, 3, -1, -1}, 0},
+		{FirstToken, []float32{-1, -1, -1, -1, -1}, 0},
+		{LastToken, []float32{2, 1, 3, -1, -1}, 2},
+		{LastToken, []float32{2, -1, 3, 0, 4}, 4},
+		{LastToken, []float32{-1, 1, -1, -1, -1}, 1},
+		{LastToken, []float32{-1, -1, -1, -1, -1}, 0},
+	} {
+		m, err := New(Spec{Input: []int{T}, Classes: 2, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 5, Dim: D}, {Type: c.typ}, {Type: Linear, Out: 2}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		theta := randomTheta(t, m, 2)
+		ws, _ := m.NewWorkspace(1)
+		ws.forward(ws.pass(1), theta, c.ids)
+		if got, want := ws.act[2][:D], ws.act[1][c.want*D:(c.want+1)*D]; !slices.Equal(got, want) {
+			t.Errorf("%s %v: output %v, want position %d's %v", c.typ, c.ids, got, c.want, want)
+		}
+		g := make([]float32, m.NumParams())
+		if _, err := ws.MeanGrad(g, theta, c.ids, []int32{1}); err != nil {
+			t.Fatal(err)
+		}
+		gpos, _ := m.Param(g, "0.pos")
+		for p := 0; p < T; p++ {
+			if z := sumSq(gpos[p*D:(p+1)*D]) == 0; z != (p != c.want) {
+				t.Errorf("%s %v: position %d's gradient is zero: %v", c.typ, c.ids, p, z)
+			}
+		}
+	}
+	checkSpecErrors(t, []specErrorCase{
+		{"lasttoken on a vector", Spec{Input: []int{4}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 3}, {Type: LastToken}, {Type: Linear, Out: 2}}}, "lasttoken needs a [T, D] sequence input"},
+		{"firsttoken with dim", Spec{Input: []int{4}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 3, Dim: 2}, {Type: FirstToken, Dim: 2}, {Type: Linear, Out: 2}}}, `field "dim" is not used by firsttoken`},
+	})
 }

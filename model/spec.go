@@ -32,6 +32,11 @@ const (
 	// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (Hugging Face's
 	// "gelu_new", GPT-2's activation).
 	GELUTanh = "gelu_tanh"
+	// FirstToken takes position 0 of a sequence (BERT's pooler input).
+	FirstToken = "firsttoken"
+	// LastToken takes the last position of a sequence whose input token is
+	// not padding (GPT-2's sequence classification).
+	LastToken = "lasttoken"
 )
 
 // Attention masks accepted in LayerSpec.Mask.
@@ -120,6 +125,10 @@ type Spec struct {
 //	residual:     Layers; y = x + f(x), f the nested layers, whose output
 //	              shape must equal the input's
 //	meanpool:     none; [T, D] becomes the mean over positions [D]
+//	firsttoken:   none; [T, D] becomes position 0 [D]
+//	lasttoken:    none; [T, D] becomes the last position whose input token
+//	              is not padding (position 0 if all are) [D]; needs an
+//	              embedding first layer
 //	relu, tanh,
 //	gelu,
 //	gelu_tanh:    elementwise, any shape
