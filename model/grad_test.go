@@ -92,56 +92,65 @@ func TestMeanGradFiniteDifferences(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(ci), 1))
 			theta := randomTheta(t, m, uint64(ci))
 			x, y := randomBatch(m, 3, rng)
-			ws, err := m.NewWorkspace(3)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g := make([]float32, m.NumParams())
-			loss, err := ws.MeanGrad(g, theta, x, y)
-			if err != nil {
-				t.Fatal(err)
-			}
-			th64 := make([]float64, len(theta))
-			for i, v := range theta {
-				th64[i] = float64(v)
-			}
-			if want := refLoss(t, m, th64, x, y); math.Abs(loss-want) > 1e-5*math.Max(1, math.Abs(want)) {
-				t.Fatalf("loss = %v, reference %v", loss, want)
-			}
-			// All coordinates for small models, a random subset for big ones.
-			coords := make([]int, 0, len(theta))
-			for i := range theta {
-				coords = append(coords, i)
-			}
-			if len(coords) > 120 {
-				rng.Shuffle(len(coords), func(i, j int) { coords[i], coords[j] = coords[j], coords[i] })
-				coords = coords[:120]
-			}
-			// Central differences: error O(h²·f'''); h = 1e-5 in float64
-			// keeps truncation and rounding (≈1e-16/h) both below 1e-9.
-			const h = 1e-5
-			var diff2, ref2, maxRef float64
-			for _, j := range coords {
-				old := th64[j]
-				th64[j] = old + h
-				lp := refLoss(t, m, th64, x, y)
-				th64[j] = old - h
-				lm := refLoss(t, m, th64, x, y)
-				th64[j] = old
-				fd := (lp - lm) / (2 * h)
-				d := float64(g[j]) - fd
-				diff2 += d * d
-				ref2 += fd * fd
-				maxRef = math.Max(maxRef, math.Abs(fd))
-			}
-			// float32 backward vs float64 reference: relative 1e-3 in norm.
-			if rel := math.Sqrt(diff2 / ref2); !(rel < 1e-3) {
-				t.Errorf("relative gradient error %.3g over %d coordinates (‖fd‖ = %.3g)", rel, len(coords), math.Sqrt(ref2))
-			}
-			if maxRef == 0 {
-				t.Errorf("finite-difference gradient is identically zero: test is vacuous")
-			}
+			checkFiniteDifferences(t, m, theta, x, y, rng)
 		})
+	}
+}
+
+// checkFiniteDifferences checks MeanGrad's loss and gradient on the batch
+// against the float64 reference: the loss to 1e-5 relative, the gradient
+// against central differences of the reference loss, on every
+// coordinate of a small model and on 120 drawn by rng of a big one.
+func checkFiniteDifferences(t *testing.T, m *Model, theta, x []float32, y []int32, rng *rand.Rand) {
+	t.Helper()
+	ws, err := m.NewWorkspace(len(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]float32, m.NumParams())
+	loss, err := ws.MeanGrad(g, theta, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th64 := make([]float64, len(theta))
+	for i, v := range theta {
+		th64[i] = float64(v)
+	}
+	if want := refLoss(t, m, th64, x, y); math.Abs(loss-want) > 1e-5*math.Max(1, math.Abs(want)) {
+		t.Fatalf("loss = %v, reference %v", loss, want)
+	}
+	// All coordinates for small models, a random subset for big ones.
+	coords := make([]int, 0, len(theta))
+	for i := range theta {
+		coords = append(coords, i)
+	}
+	if len(coords) > 120 {
+		rng.Shuffle(len(coords), func(i, j int) { coords[i], coords[j] = coords[j], coords[i] })
+		coords = coords[:120]
+	}
+	// Central differences: error O(h²·f'''); h = 1e-5 in float64
+	// keeps truncation and rounding (≈1e-16/h) both below 1e-9.
+	const h = 1e-5
+	var diff2, ref2, maxRef float64
+	for _, j := range coords {
+		old := th64[j]
+		th64[j] = old + h
+		lp := refLoss(t, m, th64, x, y)
+		th64[j] = old - h
+		lm := refLoss(t, m, th64, x, y)
+		th64[j] = old
+		fd := (lp - lm) / (2 * h)
+		d := float64(g[j]) - fd
+		diff2 += d * d
+		ref2 += fd * fd
+		maxRef = math.Max(maxRef, math.Abs(fd))
+	}
+	// float32 backward vs float64 reference: relative 1e-3 in norm.
+	if rel := math.Sqrt(diff2 / ref2); !(rel < 1e-3) {
+		t.Errorf("relative gradient error %.3g over %d coordinates (‖fd‖ = %.3g)", rel, len(coords), math.Sqrt(ref2))
+	}
+	if maxRef == 0 {
+		t.Errorf("finite-difference gradient is identically zero: test is vacuous")
 	}
 }
 
@@ -202,15 +211,24 @@ func relDiff(got, want []float32) float64 {
 	return math.Sqrt(d2 / w2)
 }
 
-// checkClipped compares ClippedSum with the naive reference on one batch,
-// with the clip norm at the median per-example norm so that some examples
-// are clipped and some are not.
+// checkClipped compares ClippedSum with the naive reference on one batch
+// drawn for the seed (checkClippedOn).
 func checkClipped(t *testing.T, m *Model, B int, seed uint64) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	theta := randomTheta(t, m, seed)
 	x, y := randomBatch(m, B, rng)
-	ws, err := m.NewWorkspace(B + rng.IntN(3))
+	checkClippedOn(t, m, theta, x, y, B+rng.IntN(3))
+}
+
+// checkClippedOn compares ClippedSum with the naive reference on the batch,
+// in a workspace for maxB ≥ len(y) examples, with the clip norm at the
+// median per-example norm so that some examples are clipped and some are
+// not.
+func checkClippedOn(t *testing.T, m *Model, theta, x []float32, y []int32, maxB int) {
+	t.Helper()
+	B := len(y)
+	ws, err := m.NewWorkspace(maxB)
 	if err != nil {
 		t.Fatal(err)
 	}

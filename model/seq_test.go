@@ -322,19 +322,27 @@ func randomSeqSpec(rng *rand.Rand) Spec {
 // relative norm of the sum, checkClipped, is too strict here: on these
 // models the examples' gradients largely cancel in the sum.)
 func TestClipRandomSeq(t *testing.T) {
-	rng := rand.New(rand.NewPCG(2025, 3))
+	checkClipRandom(t, rand.New(rand.NewPCG(2025, 3)), randomSeqSpec, 7)
+}
+
+// checkClipRandom checks the clip against the exact per-example reference
+// on 30 models drawn by draw, each with 1 to 6 examples (randomBatch, from
+// a generator seeded with the trial and batchSeed) and a random norm
+// strategy, with the clip norm at the median per-example norm.
+func checkClipRandom(t *testing.T, rng *rand.Rand, draw func(*rand.Rand) Spec, batchSeed uint64) {
+	t.Helper()
 	for trial := range 30 {
-		spec := randomSeqSpec(rng)
+		spec := draw(rng)
 		m, err := New(spec)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%+v: %v", spec, err)
 		}
 		B := 1 + rng.IntN(6)
 		ghost := rng.IntN(2) == 0
 		t.Run(fmt.Sprintf("%d-%s", trial, spec.Name), func(t *testing.T) {
 			m := withConvMode(m, ghost)
 			theta := randomTheta(t, m, uint64(trial))
-			x, y := randomBatch(m, B, rand.New(rand.NewPCG(uint64(trial), 7)))
+			x, y := randomBatch(m, B, rand.New(rand.NewPCG(uint64(trial), batchSeed)))
 			ws, _ := m.NewWorkspace(B)
 			norms := perExampleNorms(t, ws, theta, x, y)
 			slices.Sort(norms)
