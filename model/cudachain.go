@@ -1,6 +1,9 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // The plan of the CUDA engine (cuda_*.go, build tag cuda) that needs no
 // driver: which layers it runs (cudaSupports) and the chain of units it
@@ -67,14 +70,17 @@ func cpuOnly(ly layer) string {
 		}
 		return FirstToken
 	case *seqEmbed:
-		switch {
-		case ly.P != ly.T:
-			return "positions ≠ T"
-		case ly.off != 0:
-			return "pos_offset"
-		case ly.NT > 0:
-			return "types"
+		var what []string
+		if ly.P != ly.T {
+			what = append(what, "positions ≠ T")
 		}
+		if ly.off != 0 {
+			what = append(what, "pos_offset")
+		}
+		if ly.NT > 0 {
+			what = append(what, "types")
+		}
+		return strings.Join(what, ", ")
 	}
 	return ""
 }
