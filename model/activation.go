@@ -1,21 +1,41 @@
 package model
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
-// activation is ReLU or tanh, elementwise.
+// activation is an elementwise nonlinearity: ReLU, tanh, or GELU in its
+// erf form (gelu) or its tanh approximation (gelu_tanh).
+//
+// GELU (Hendrycks and Gimpel 2016, "Gaussian Error Linear Units") is
+// y = x·Φ(x) with Φ the standard normal CDF; gelu_tanh replaces Φ(x) by
+// ½(1 + tanh(√(2/π)(x + 0.044715x³))), as GPT-2 does. Both, and their
+// derivatives, are evaluated in float64 from the float32 input (for every
+// finite float32 x, x² and x³ are far inside the float64 range) and
+// rounded once to float32. The float64 evaluation errs by a few float64
+// ulps of its terms, amplified by the tails' conditioning (about 2x², at
+// most a few hundred where the float32 result is neither 0 nor x), so
+// well below 1e-12 relative: the float32 results are within one rounding
+// (u32 = 2⁻²⁴ relative, 2⁻¹⁵⁰ where subnormal) plus that of the exact
+// function of the stored input (TestGELUAccuracy). No clip bound depends
+// on them: the bounds read the stored activations and output gradients,
+// whatever computed them (ClippedSum). The backward pass of GELU reads
+// the layer's input, which the workspace keeps (GELU is not monotonic, so
+// its output does not determine x).
 type activation struct {
 	noParams
-	tanh  bool
+	kind  string // ReLU, Tanh, GELU or GELUTanh
 	shape []int
 	n     int
 }
 
-// newActivation checks a relu or tanh layer spec.
+// newActivation checks a relu, tanh, gelu or gelu_tanh layer spec.
 func newActivation(ls LayerSpec, in []int) (layer, error) {
 	if err := unused(ls, "out", "kernel", "stride", "pad", "vocab", "dim", "eps"); err != nil {
 		return nil, err
 	}
-	return &activation{tanh: ls.Type == Tanh, shape: slices.Clone(in), n: shapeSize(in)}, nil
+	return &activation{kind: ls.Type, shape: slices.Clone(in), n: shapeSize(in)}, nil
 }
 
 func (a *activation) outShape() []int                                     { return slices.Clone(a.shape) }
@@ -24,14 +44,23 @@ func (a *activation) newState(maxB, workers int, needDin bool) layerState { retu
 func (a *activation) forward(p *pass, w, in, out []float32) {
 	p.parFor(p.B, a.n*8, func(_, lo, hi int) {
 		x, y := in[lo*a.n:hi*a.n], out[lo*a.n:hi*a.n]
-		if a.tanh {
+		switch a.kind {
+		case Tanh:
 			for j, v := range x {
 				y[j] = tanh32(v)
 			}
-			return
-		}
-		for j, v := range x {
-			y[j] = max(v, 0)
+		case GELU:
+			for j, v := range x {
+				y[j] = float32(float64(v) * normCDF(float64(v)))
+			}
+		case GELUTanh:
+			for j, v := range x {
+				y[j] = float32(float64(v) * geluTanhGate(float64(v)))
+			}
+		default:
+			for j, v := range x {
+				y[j] = max(v, 0)
+			}
 		}
 	})
 }
@@ -41,21 +70,61 @@ func (a *activation) backward(p *pass, w, in, out, dout, din []float32) {
 		return
 	}
 	p.parFor(p.B, a.n, func(_, lo, hi int) {
-		y, dy, dx := out[lo*a.n:hi*a.n], dout[lo*a.n:hi*a.n], din[lo*a.n:hi*a.n]
-		if a.tanh {
+		x, y, dy, dx := in[lo*a.n:hi*a.n], out[lo*a.n:hi*a.n], dout[lo*a.n:hi*a.n], din[lo*a.n:hi*a.n]
+		switch a.kind {
+		case Tanh:
 			for j, v := range y {
 				dx[j] = dy[j] * (1 - v*v)
 			}
-			return
-		}
-		for j, v := range y {
-			if v > 0 {
-				dx[j] = dy[j]
-			} else {
-				dx[j] = 0
+		case GELU:
+			for j, v := range x {
+				dx[j] = float32(float64(dy[j]) * geluDeriv(float64(v)))
+			}
+		case GELUTanh:
+			for j, v := range x {
+				dx[j] = float32(float64(dy[j]) * geluTanhDeriv(float64(v)))
+			}
+		default:
+			for j, v := range y {
+				if v > 0 {
+					dx[j] = dy[j]
+				} else {
+					dx[j] = 0
+				}
 			}
 		}
 	})
+}
+
+// normCDF is Φ(x) = ½·erfc(−x/√2), which keeps its relative accuracy in
+// the lower tail where 1 + erf(x/√2) would cancel.
+func normCDF(x float64) float64 { return 0.5 * math.Erfc(-x/math.Sqrt2) }
+
+// geluDeriv is d/dx x·Φ(x) = Φ(x) + x·φ(x), φ the standard normal density.
+func geluDeriv(x float64) float64 {
+	return normCDF(x) + x*math.Exp(-0.5*x*x)/math.Sqrt(2*math.Pi)
+}
+
+// geluTanhArg returns u = √(2/π)(x + 0.044715x³) and du/dx.
+func geluTanhArg(x float64) (u, du float64) {
+	const c, k = 0.044715, 0.7978845608028654 // √(2/π)
+	return k * (x + c*x*x*x), k * (1 + 3*c*x*x)
+}
+
+// geluTanhGate is ½(1 + tanh(u)), written as the logistic function
+// 1/(1 + e^{−2u}), which keeps its relative accuracy where tanh(u) is
+// near −1.
+func geluTanhGate(x float64) float64 {
+	u, _ := geluTanhArg(x)
+	return 1 / (1 + math.Exp(-2*u))
+}
+
+// geluTanhDeriv is d/dx x·s(x), s = geluTanhGate: s + x·2s(1−s)·du/dx
+// (since d/du ½(1 + tanh u) = ½(1 − tanh²u) = 2s(1−s)).
+func geluTanhDeriv(x float64) float64 {
+	_, du := geluTanhArg(x)
+	s := geluTanhGate(x)
+	return s + 2*x*s*(1-s)*du
 }
 
 // flatten turns the internal (H, W, C) layout into C, H, W order.

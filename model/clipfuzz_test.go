@@ -57,7 +57,9 @@ func refLayerGrad(ly layer, st layerState, in, dout []float32, i int, g []float6
 			for k, av := range a {
 				g[o*ly.in+k] = float64(dv) * float64(av)
 			}
-			g[ly.out*ly.in+o] = float64(dv)
+			if !ly.noBias {
+				g[ly.out*ly.in+o] = float64(dv)
+			}
 		}
 	case *conv:
 		st := st.(*convState)
@@ -182,12 +184,18 @@ func checkClipResult(t *testing.T, ref [][]float64, coef []float32, bounds clipB
 }
 
 // fuzzSpec returns the model a fuzz input selects: issue 11's cancellation
-// case for seed 0, a small random transformer (randomSeqSpec) for seeds
-// from 2³², otherwise a small random spec (randomSpec: linear,
-// convolutions with pooling, embedding bags, layer norm, activations).
+// case for seed 0, a small random pretrained-style model
+// (randomPretrainedSpec: BERT, RoBERTa and GPT-2 shapes, gelu networks
+// with bias-free linear layers) for seeds in [2⁴⁸, 2⁴⁹), a small random
+// transformer (randomSeqSpec) for the other seeds from 2³², otherwise a
+// small random spec (randomSpec: linear, convolutions with pooling,
+// embedding bags, layer norm, activations).
 func fuzzSpec(seed uint64) Spec {
 	if seed == 0 {
 		return cancelSpec()
+	}
+	if seed>>48 == 1 {
+		return randomPretrainedSpec(rand.New(rand.NewPCG(seed, 0)))
 	}
 	if seed >= 1<<32 {
 		return randomSeqSpec(rand.New(rand.NewPCG(seed, 0)))
@@ -255,6 +263,12 @@ func FuzzClippedSum(f *testing.F) {
 	f.Add(uint64(1<<32+1), uint8(0b0111), 1.0, []byte{0, 140, 0, 140, 0, 170}, []byte{15, 128, 15, 129, 13, 0, 14, 0})
 	f.Add(uint64(1<<32+2), uint8(0b1010), 0.01, []byte{0, 200, 0, 180, 0, 160}, []byte{8, 160, 13, 0, 14, 0, 1, 100})
 	f.Add(uint64(1<<32+3), uint8(0b0001), 10.0, []byte{1, 130, 2, 200}, []byte{})
+	// Pretrained shapes: embeddings near 10⁴ through layer norms at
+	// 1e-12, huge and subnormal parameters, repeated segment separators.
+	f.Add(uint64(1<<48+1), uint8(0b0111), 1.0, []byte{0, 140, 0, 140, 0, 170, 0, 128}, []byte{15, 128, 15, 129, 13, 0, 14, 0})
+	f.Add(uint64(1<<48+2), uint8(0b1011), 0.01, []byte{0, 200, 0, 200, 0, 160}, []byte{10, 200, 1, 100, 11, 60})
+	f.Add(uint64(1<<48+3), uint8(0b0100), 10.0, []byte{1, 130, 2, 200, 13, 0}, []byte{8, 160, 14, 0, 12, 190, 1, 100})
+	f.Add(uint64(1<<48+4), uint8(0b1110), 0.3, []byte{0, 150, 0, 150, 0, 150}, []byte{})
 	f.Fuzz(func(t *testing.T, seed uint64, mode uint8, clip float64, xb, thb []byte) {
 		spec := fuzzSpec(seed)
 		m0, err := New(spec)

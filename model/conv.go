@@ -18,10 +18,24 @@ import (
 // ‖Gᵢ‖² = Σ_{t,s} (Aᵢ Aᵢᵀ)_{ts} (Dᵢ Dᵢᵀ)_{ts} (ghost norm, Li et al. 2022
 // §4.1, cost ~T²(K+O)) or directly ‖Dᵢᵀ Aᵢ‖² (materialized, cost ~T·O·K);
 // ghost selects the first.
+//
+// noBias leaves out the bias, for a linear layer at T positions without
+// one (seqLinear; conv2d always has a bias): the bias terms below then
+// drop out, or are charged as over-estimates where noted.
 type conv struct {
 	c, h, w, o, k, s, p, ho, wo int
 	T, K                        int
 	ghost                       bool
+	noBias                      bool
+}
+
+// biasCol is the constant column that Ã = [A 1] appends to the unfolded
+// input for the bias: 1, or 0 without a bias.
+func (l *conv) biasCol() float64 {
+	if l.noBias {
+		return 0
+	}
+	return 1
 }
 
 // newConv checks a conv2d layer spec against its input shape and picks
@@ -213,10 +227,10 @@ func (s *convState) forward(p *pass, w, in, out []float32) {
 		}
 	})
 	l.permute(s.wp, w[:l.o*l.K])
-	b := w[l.o*l.K:]
+	b := w[l.o*l.K:] // empty without a bias
 	rows := p.B * l.T
 	p.be.Sgemm(false, true, rows, l.o, l.K, 1, s.cols, l.K, s.wp, l.K, 0, out, l.o)
-	for r := 0; r < rows; r++ {
+	for r := 0; r < rows && !l.noBias; r++ {
 		row := out[r*l.o : (r+1)*l.o]
 		for o, bv := range b {
 			row[o] += bv
@@ -241,7 +255,9 @@ func (s *convState) backward(p *pass, w, in, out, dout, din []float32) {
 
 // bound: example i's gradient is Gᵢ = Dᵢᵀ Ãᵢ (weights and bias, Ãᵢ = [Aᵢ 1]),
 // with rows dₜ of Dᵢ (‖dₜ‖ = βₜ) and aₜ of Aᵢ (‖aₜ‖ = αₜ, ‖ãₜ‖ = √(αₜ²+1)),
-// and ρᵢ = Σₜ βₜ‖ãₜ‖ ≥ ‖Gᵢ‖. With the ghost norm, the float32 Gram
+// and ρᵢ = Σₜ βₜ‖ãₜ‖ ≥ ‖Gᵢ‖. Without a bias Ãᵢ = Aᵢ: ‖ãₜ‖ = αₜ, and n
+// has no bias term; the bias's shares in the formulas below are then
+// over-estimates, which is safe. With the ghost norm, the float32 Gram
 // matrices Ĝa ≈ AᵢAᵢᵀ and Ĝd ≈ DᵢDᵢᵀ carry entrywise errors of at most
 // γ_K(u32)·αₜαₛ and γ_O(u32)·βₜβₛ (plus K·eta32 and O·eta32 from
 // underflow), and the float64 sum of their products a relative
@@ -293,14 +309,16 @@ func (s *convState) bound(p *pass, in, out, dout []float32, b clipBounds) {
 				a2 := sumSq(A[t*K : (t+1)*K])
 				al[t] = math.Sqrt(a2) * k.up
 				be[t] = math.Sqrt(sumSq(D[t*O:(t+1)*O])) * k.up
-				at := math.Sqrt(a2 + 1)
+				at := math.Sqrt(a2 + l.biasCol())
 				st.rho += be[t] * at
 				st.sat += at
 				st.sb += be[t]
 			}
-			colSum(bs, D, T, O)
-			for _, v := range bs {
-				st.n += v * v
+			if !l.noBias {
+				colSum(bs, D, T, O)
+				for _, v := range bs {
+					st.n += v * v
+				}
 			}
 			if l.ghost {
 				ga, gd := s.scratch[wk][:T*T], s.scratch[wk][T*T:]
@@ -335,7 +353,9 @@ func (s *convState) bound(p *pass, in, out, dout []float32, b clipBounds) {
 // αₜ = √(Σ aₜ²)·up and βₜ = √(Σ dₜ²)·up (up = convConsts.up):
 //
 //	rho = Σₜ βₜ√(αₜ²+1) (with αₜ before up), sat = Σₜ √(αₜ²+1), sb = Σₜ βₜ
-//	n   = Σₒ(Σₜ dₜₒ)² (the bias) + n̂ (ghost: Σ ĜaĜd) or ‖Ĝᵢ‖² (materialized)
+//	      (αₜ² in place of αₜ²+1 without a bias)
+//	n   = Σₒ(Σₜ dₜₒ)² (the bias, if any) + n̂ (ghost: Σ ĜaĜd) or ‖Ĝᵢ‖²
+//	      (materialized)
 //	eK  = Σₜᵤ αₜαᵤ|Ĝd|, eO = Σₜᵤ |Ĝa|βₜβᵤ, eP = Σₜᵤ |ĜaĜd|,
 //	sa  = Σ|Ĝa|, sd = Σ|Ĝd|   (ghost only)
 //
@@ -460,9 +480,11 @@ func (l *conv) sgemmTN(p *pass, dst, D, A []float32, rows int) {
 func (s *convState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
 	l := s.l
 	T, K, O := l.T, l.K, l.o
-	bs := s.bsum[0]
-	colSum(bs, dout, p.B*T, O)
-	put64(acc[O*K:], dst[O*K:], bs, p.fresh, p.final)
+	if !l.noBias {
+		bs := s.bsum[0]
+		colSum(bs, dout, p.B*T, O)
+		put64(acc[O*K:], dst[O*K:], bs, p.fresh, p.final)
+	}
 	sum, pub := s.part64[0], s.pub64
 	if !l.ghost {
 		// Σᵢ cᵢ·Ĝᵢ over the stored per-example products, in example
@@ -539,6 +561,9 @@ func (s *convState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float3
 		}
 	}
 	l.unpermute(dw[:l.o*l.K], s.wp)
+	if l.noBias {
+		return
+	}
 	rows := p.B * l.T
 	bs := s.bsum[0]
 	colSum(bs, dout, rows, l.o)

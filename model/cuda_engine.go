@@ -253,7 +253,7 @@ func (e *cudaEngine) load(x []float32, y []int32) error {
 }
 
 func actKind(a *activation) int {
-	if a.tanh {
+	if a.kind == Tanh {
 		return 1
 	}
 	return 0

@@ -32,11 +32,12 @@ func cudaGradCases() []Spec {
 	return out
 }
 
-// cudaSeqSpecs are the sequence models of gradCases and, at the preset's
-// scale, the "transformer" preset and the classifier of the same stack.
+// cudaSeqSpecs are the sequence models of cudaGradCases and, at the
+// preset's scale, the "transformer" preset and the classifier of the same
+// stack.
 func cudaSeqSpecs(presets bool) []Spec {
 	var out []Spec
-	for _, s := range gradCases() {
+	for _, s := range cudaGradCases() {
 		if s.Layers[0].Type == Embedding {
 			out = append(out, s)
 		}
@@ -60,6 +61,42 @@ func TestCUDARefusesNestedResidual(t *testing.T) {
 	if !errors.Is(err, ErrUnsupportedLayer) || !strings.Contains(err.Error(), "layer 1 (residual): nested layer 0 (residual)") {
 		t.Fatalf("NewEngine: %v, want ErrUnsupportedLayer naming layer 1 (residual): nested layer 0 (residual)", err)
 	}
+}
+
+// TestCUDARefusesCPUOnlyLayers: NewEngine refuses, before it allocates
+// anything on the device, every model with a layer or field only the CPU
+// engines run (the gradient cases cpuOnlyCases, and the BERT- and
+// GPT-2-shaped models), with ErrUnsupportedLayer naming the layer and
+// saying it runs on the CPU engines only (the messages of
+// cpuOnlyRefusals); the device still makes engines after.
+func TestCUDARefusesCPUOnlyLayers(t *testing.T) {
+	d := cudaTestDevice(t)
+	specs := append(cpuOnlyCases(), bertLike(tinyBERT()), gpt2Like(tinyGPT2(), false))
+	for _, s := range specs {
+		m, err := New(s)
+		if err != nil {
+			t.Fatalf("%s: the CPU builds the spec: %v", s.Name, err)
+		}
+		want, ok := cpuOnlyRefusals[s.Name]
+		if !ok {
+			want = "runs on the CPU engines only"
+		}
+		if e, err := d.NewEngine(m, 4); !errors.Is(err, ErrUnsupportedLayer) || !strings.Contains(err.Error(), want) {
+			if err == nil {
+				e.Close()
+			}
+			t.Errorf("%s: NewEngine: %v, want ErrUnsupportedLayer containing %q", s.Name, err, want)
+		}
+	}
+	m, err := New(TransformerClassifier(9, 6, 4, 1, 2, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := d.NewEngine(m, 4)
+	if err != nil {
+		t.Fatalf("after the refusals: %v", err)
+	}
+	e.Close()
 }
 
 // cudaSeqTheta is randomTheta for the small models and, at the preset's

@@ -1,6 +1,9 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // The plan of the CUDA engine (cuda_*.go, build tag cuda) that needs no
 // driver: which layers it runs (cudaSupports) and the chain of units it
@@ -17,18 +20,69 @@ func cudaSupports(m *Model) error {
 		typ := m.spec.Layers[l].Type
 		if r, ok := ly.(*residual); ok {
 			for j, nl := range r.layers {
+				nt := layerKind(nl, m.spec.Layers[l].Layers[j].Type)
+				if what := cpuOnly(nl); what != "" {
+					return fmt.Errorf("%w: layer %d (%s): nested layer %d (%s) runs on the CPU engines only: the CUDA engine has no kernels for %s",
+						ErrUnsupportedLayer, l, typ, j, nt, what)
+				}
 				if !cudaHasKernels(nl, true) {
-					return fmt.Errorf("%w: layer %d (%s): nested layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer,
-						l, typ, j, layerKind(nl, m.spec.Layers[l].Layers[j].Type))
+					return fmt.Errorf("%w: layer %d (%s): nested layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer, l, typ, j, nt)
 				}
 			}
 			continue
+		}
+		if what := cpuOnly(ly); what != "" {
+			return fmt.Errorf("%w: layer %d (%s) runs on the CPU engines only: the CUDA engine has no kernels for %s",
+				ErrUnsupportedLayer, l, layerKind(ly, typ), what)
 		}
 		if !cudaHasKernels(ly, false) {
 			return fmt.Errorf("%w: layer %d (%s) has no CUDA kernels yet", ErrUnsupportedLayer, l, layerKind(ly, typ))
 		}
 	}
 	return nil
+}
+
+// cpuOnly names what makes ly a layer only the CPU engines run (the layer
+// types and fields added for pretrained encoders and decoders, whose
+// kernels the CUDA engine lacks until its PTX is regenerated with them),
+// or returns "" if the CUDA engine has kernels for it.
+func cpuOnly(ly layer) string {
+	switch ly := ly.(type) {
+	case *activation:
+		if ly.kind == GELU || ly.kind == GELUTanh {
+			return ly.kind
+		}
+	case *linear:
+		if ly.noBias {
+			return "no_bias"
+		}
+	case *seqLinear:
+		if ly.noBias {
+			return "no_bias"
+		}
+	case *attention:
+		if ly.padding {
+			return "mask padding"
+		}
+	case *tokenPick:
+		if ly.last {
+			return LastToken
+		}
+		return FirstToken
+	case *seqEmbed:
+		var what []string
+		if ly.P != ly.T {
+			what = append(what, "positions ≠ T")
+		}
+		if ly.off != 0 {
+			what = append(what, "pos_offset")
+		}
+		if ly.NT > 0 {
+			what = append(what, "types")
+		}
+		return strings.Join(what, ", ")
+	}
+	return ""
 }
 
 // cudaUnit is one unit of the engine's chain: a layer of the model (a

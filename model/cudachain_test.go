@@ -19,12 +19,38 @@ func nestedResidualSpec() Spec {
 		{Type: MeanPool}, {Type: Linear, Out: 3}}}
 }
 
+// cpuOnlyRefusals is what the CUDA engine's refusal of each of
+// cpuOnlyCases says: the layer, that it runs on the CPU engines only, and
+// why.
+var cpuOnlyRefusals = map[string]string{
+	"gelu":               "layer 1 (gelu) runs on the CPU engines only: the CUDA engine has no kernels for gelu",
+	"gelu_tanh":          "layer 1 (gelu_tanh) runs on the CPU engines only: the CUDA engine has no kernels for gelu_tanh",
+	"no_bias":            "layer 0 (linear) runs on the CPU engines only: the CUDA engine has no kernels for no_bias",
+	"seq-no_bias":        "layer 1 (linear on a sequence) runs on the CPU engines only: the CUDA engine has no kernels for no_bias",
+	"embedding-types":    "layer 0 (embedding) runs on the CPU engines only: the CUDA engine has no kernels for positions ≠ T, pos_offset, types",
+	"embedding-one-type": "layer 0 (embedding) runs on the CPU engines only: the CUDA engine has no kernels for positions ≠ T, pos_offset, types",
+	"attention-padding":  "layer 1 (residual): nested layer 1 (attention) runs on the CPU engines only: the CUDA engine has no kernels for mask padding",
+	"firsttoken":         "layer 3 (firsttoken) runs on the CPU engines only: the CUDA engine has no kernels for firsttoken",
+	"lasttoken":          "layer 2 (lasttoken) runs on the CPU engines only: the CUDA engine has no kernels for lasttoken",
+}
+
 // TestCUDASupports: the GPU engine's plan accepts every preset and every
-// case of the CPU's gradient tests, sequence models included, and refuses
-// a residual block nested in another (which the CPU runs) with
-// ErrUnsupportedLayer, naming the block and the nested layer.
+// case of the CPU's gradient tests but the CPU-only ones, sequence models
+// included; it refuses each CPU-only case, and a residual block nested in
+// another (which the CPU runs), with ErrUnsupportedLayer naming the layer
+// (and the block).
 func TestCUDASupports(t *testing.T) {
-	specs := gradCases()
+	for _, s := range cpuOnlyCases() {
+		m, err := New(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := cpuOnlyRefusals[s.Name]
+		if err := cudaSupports(m); want == "" || !errors.Is(err, ErrUnsupportedLayer) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: cudaSupports: %v, want ErrUnsupportedLayer containing %q", s.Name, err, want)
+		}
+	}
+	specs := engineCases()
 	for _, name := range Presets() {
 		s, _ := Preset(name)
 		specs = append(specs, s)

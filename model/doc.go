@@ -3,11 +3,13 @@
 // norm C — the quantity a dpcluster node sends to the coordinator — plus the
 // non-private mean gradient and evaluation metrics.
 //
-// A Spec is a list of layers (linear, relu, tanh, conv2d, maxpool, avgpool,
-// flatten, embeddingbag, layernorm, and for token sequences embedding,
-// attention, residual blocks and meanpool) with a softmax cross-entropy
-// loss, per example or, for language models, per next token (NextToken);
-// presets "logreg", "mlp", "cnn", "textbag" and "transformer" are built in. A Model holds
+// A Spec is a list of layers (linear, relu, tanh, gelu, gelu_tanh, conv2d,
+// maxpool, avgpool, flatten, embeddingbag, layernorm, and for token
+// sequences embedding, attention, residual blocks, meanpool, firsttoken and
+// lasttoken: enough for BERT-, RoBERTa- and GPT-2-style models) with a
+// softmax cross-entropy loss, per example or, for language models, per next
+// token (NextToken); presets "logreg", "mlp", "cnn", "textbag" and
+// "transformer" are built in. A Model holds
 // the validated layout: all parameters live in one flat []float32 ("theta")
 // with named tensor views (Params), so a whole model is one vector on the
 // wire and in the optimizer. Spec.Hash (SHA-256 of canonical JSON) lets nodes

@@ -14,8 +14,44 @@ import (
 
 // gradCases are small models that exercise every layer type's forward and
 // backward, including the input gradient of each layer (a parameter layer
-// sits below every parameter-free layer).
-func gradCases() []Spec {
+// sits below every parameter-free layer): the cases every engine runs,
+// then cpuOnlyCases.
+func gradCases() []Spec { return append(engineCases(), cpuOnlyCases()...) }
+
+// cpuOnlyCases are the gradient cases with the layers and fields only the
+// CPU engines run (the CUDA engine refuses them: TestCUDASupports).
+func cpuOnlyCases() []Spec {
+	return []Spec{
+		{Name: "gelu", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: GELU}, {Type: Linear, Out: 3}}},
+		{Name: "gelu_tanh", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: GELUTanh}, {Type: Linear, Out: 3}}},
+		{Name: "no_bias", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6, NoBias: true}, {Type: Tanh}, {Type: Linear, Out: 3, NoBias: true}}},
+		{Name: "seq-no_bias", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 6, Dim: 4}, {Type: Linear, Out: 5, NoBias: true}, {Type: GELUTanh},
+			{Type: MeanPool}, {Type: Linear, Out: 3, NoBias: true}}},
+		{Name: "embedding-types", Input: []int{7}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 6, Dim: 4, Positions: 11, PosOffset: 2, Types: 3, TypeSep: intPtr(5)},
+			{Type: Linear, Out: 5}, {Type: Tanh}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
+		{Name: "embedding-one-type", Input: []int{6}, Classes: 4, Loss: NextToken, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 4, Dim: 4, Positions: 9, PosOffset: 2, Types: 1},
+			{Type: Residual, Layers: []LayerSpec{{Type: LayerNorm}, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2}, {Type: Linear, Out: 4}}},
+			{Type: Linear, Out: 4}}},
+		{Name: "attention-padding", Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 5, Dim: 4},
+			{Type: Residual, Layers: []LayerSpec{{Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Mask: MaskPadding}, {Type: Linear, Out: 4}}},
+			{Type: LayerNorm}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
+		{Name: "firsttoken", Input: []int{5}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 6, Dim: 4}, {Type: Linear, Out: 4}, {Type: Tanh}, {Type: FirstToken}, {Type: Linear, Out: 3}}},
+		{Name: "lasttoken", Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 5, Dim: 4},
+			{Type: Residual, Layers: []LayerSpec{{Type: Linear, Out: 12}, {Type: Attention, Heads: 2}, {Type: Linear, Out: 4}}},
+			{Type: LastToken}, {Type: Linear, Out: 3, NoBias: true}}},
+	}
+}
+
+func intPtr(v int) *int { return &v }
+
+// engineCases are the gradient cases every engine runs.
+func engineCases() []Spec {
 	return []Spec{
 		{Name: "linear", Input: []int{5}, Classes: 3, Layers: []LayerSpec{{Type: Flatten}, {Type: Linear, Out: 3}}},
 		{Name: "relu", Input: []int{4}, Classes: 3, Layers: []LayerSpec{{Type: Linear, Out: 6}, {Type: ReLU}, {Type: Linear, Out: 3}}},
@@ -56,56 +92,65 @@ func TestMeanGradFiniteDifferences(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(ci), 1))
 			theta := randomTheta(t, m, uint64(ci))
 			x, y := randomBatch(m, 3, rng)
-			ws, err := m.NewWorkspace(3)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g := make([]float32, m.NumParams())
-			loss, err := ws.MeanGrad(g, theta, x, y)
-			if err != nil {
-				t.Fatal(err)
-			}
-			th64 := make([]float64, len(theta))
-			for i, v := range theta {
-				th64[i] = float64(v)
-			}
-			if want := refLoss(t, m, th64, x, y); math.Abs(loss-want) > 1e-5*math.Max(1, math.Abs(want)) {
-				t.Fatalf("loss = %v, reference %v", loss, want)
-			}
-			// All coordinates for small models, a random subset for big ones.
-			coords := make([]int, 0, len(theta))
-			for i := range theta {
-				coords = append(coords, i)
-			}
-			if len(coords) > 120 {
-				rng.Shuffle(len(coords), func(i, j int) { coords[i], coords[j] = coords[j], coords[i] })
-				coords = coords[:120]
-			}
-			// Central differences: error O(h²·f'''); h = 1e-5 in float64
-			// keeps truncation and rounding (≈1e-16/h) both below 1e-9.
-			const h = 1e-5
-			var diff2, ref2, maxRef float64
-			for _, j := range coords {
-				old := th64[j]
-				th64[j] = old + h
-				lp := refLoss(t, m, th64, x, y)
-				th64[j] = old - h
-				lm := refLoss(t, m, th64, x, y)
-				th64[j] = old
-				fd := (lp - lm) / (2 * h)
-				d := float64(g[j]) - fd
-				diff2 += d * d
-				ref2 += fd * fd
-				maxRef = math.Max(maxRef, math.Abs(fd))
-			}
-			// float32 backward vs float64 reference: relative 1e-3 in norm.
-			if rel := math.Sqrt(diff2 / ref2); !(rel < 1e-3) {
-				t.Errorf("relative gradient error %.3g over %d coordinates (‖fd‖ = %.3g)", rel, len(coords), math.Sqrt(ref2))
-			}
-			if maxRef == 0 {
-				t.Errorf("finite-difference gradient is identically zero: test is vacuous")
-			}
+			checkFiniteDifferences(t, m, theta, x, y, rng)
 		})
+	}
+}
+
+// checkFiniteDifferences checks MeanGrad's loss and gradient on the batch
+// against the float64 reference: the loss to 1e-5 relative, the gradient
+// against central differences of the reference loss, on every
+// coordinate of a small model and on 120 drawn by rng of a big one.
+func checkFiniteDifferences(t *testing.T, m *Model, theta, x []float32, y []int32, rng *rand.Rand) {
+	t.Helper()
+	ws, err := m.NewWorkspace(len(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]float32, m.NumParams())
+	loss, err := ws.MeanGrad(g, theta, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th64 := make([]float64, len(theta))
+	for i, v := range theta {
+		th64[i] = float64(v)
+	}
+	if want := refLoss(t, m, th64, x, y); math.Abs(loss-want) > 1e-5*math.Max(1, math.Abs(want)) {
+		t.Fatalf("loss = %v, reference %v", loss, want)
+	}
+	// All coordinates for small models, a random subset for big ones.
+	coords := make([]int, 0, len(theta))
+	for i := range theta {
+		coords = append(coords, i)
+	}
+	if len(coords) > 120 {
+		rng.Shuffle(len(coords), func(i, j int) { coords[i], coords[j] = coords[j], coords[i] })
+		coords = coords[:120]
+	}
+	// Central differences: error O(h²·f'''); h = 1e-5 in float64
+	// keeps truncation and rounding (≈1e-16/h) both below 1e-9.
+	const h = 1e-5
+	var diff2, ref2, maxRef float64
+	for _, j := range coords {
+		old := th64[j]
+		th64[j] = old + h
+		lp := refLoss(t, m, th64, x, y)
+		th64[j] = old - h
+		lm := refLoss(t, m, th64, x, y)
+		th64[j] = old
+		fd := (lp - lm) / (2 * h)
+		d := float64(g[j]) - fd
+		diff2 += d * d
+		ref2 += fd * fd
+		maxRef = math.Max(maxRef, math.Abs(fd))
+	}
+	// float32 backward vs float64 reference: relative 1e-3 in norm.
+	if rel := math.Sqrt(diff2 / ref2); !(rel < 1e-3) {
+		t.Errorf("relative gradient error %.3g over %d coordinates (‖fd‖ = %.3g)", rel, len(coords), math.Sqrt(ref2))
+	}
+	if maxRef == 0 {
+		t.Errorf("finite-difference gradient is identically zero: test is vacuous")
 	}
 }
 
@@ -166,15 +211,24 @@ func relDiff(got, want []float32) float64 {
 	return math.Sqrt(d2 / w2)
 }
 
-// checkClipped compares ClippedSum with the naive reference on one batch,
-// with the clip norm at the median per-example norm so that some examples
-// are clipped and some are not.
+// checkClipped compares ClippedSum with the naive reference on one batch
+// drawn for the seed (checkClippedOn).
 func checkClipped(t *testing.T, m *Model, B int, seed uint64) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	theta := randomTheta(t, m, seed)
 	x, y := randomBatch(m, B, rng)
-	ws, err := m.NewWorkspace(B + rng.IntN(3))
+	checkClippedOn(t, m, theta, x, y, B+rng.IntN(3))
+}
+
+// checkClippedOn compares ClippedSum with the naive reference on the batch,
+// in a workspace for maxB ≥ len(y) examples, with the clip norm at the
+// median per-example norm so that some examples are clipped and some are
+// not.
+func checkClippedOn(t *testing.T, m *Model, theta, x []float32, y []int32, maxB int) {
+	t.Helper()
+	B := len(y)
+	ws, err := m.NewWorkspace(maxB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,5 +547,63 @@ func TestClippedSumIndexed(t *testing.T) {
 	}
 	if _, err := small.ClippedSumIndexed(got, theta, &dataset.Dataset{Dim: 5, Classes: 3}, nil, 0.3); !errors.Is(err, ErrShape) {
 		t.Fatalf("wrong dataset: %v", err)
+	}
+}
+
+// TestGELUAccuracy: the float32 GELU values are the correctly rounded
+// float64 ones of the literal formulas 0.5·x·(1 + erf(x/√2)) and
+// 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) within one float32 rounding
+// (plus 1e-12 relative for the difference between the float64
+// evaluations), on a dense grid of [−5, 12] (below −5 the literal forms
+// lose their accuracy to the cancellation in 1 + erf, 1 + tanh that the
+// implementation avoids); the derivatives agree with central differences
+// of the float64 forms (h = 1e-5: truncation and rounding both below
+// 1e-9); and the extreme float32 inputs give finite values (x or −0 at
+// ±3e38) and zero derivative in the negative tail.
+func TestGELUAccuracy(t *testing.T) {
+	erfForm := func(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
+	tanhForm := func(x float64) float64 {
+		return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+	}
+	for _, c := range []struct {
+		typ   string
+		ref   func(float64) float64
+		deriv func(float64) float64
+	}{{GELU, erfForm, geluDeriv}, {GELUTanh, tanhForm, geluTanhDeriv}} {
+		a := &activation{kind: c.typ, shape: []int{1}, n: 1}
+		p := &pass{B: 1, workers: 1}
+		in, out, dout, din := make([]float32, 1), make([]float32, 1), []float32{1}, make([]float32, 1)
+		var worst, worstD float64
+		for x := -5.0; x <= 12; x += 1e-3 {
+			in[0] = float32(x)
+			xv := float64(in[0])
+			a.forward(p, nil, in, out)
+			want := c.ref(xv)
+			tol := 0x1p-24*math.Abs(want)*(1+1e-6) + 1e-12*math.Abs(want) + 0x1p-149
+			worst = max(worst, math.Abs(float64(out[0])-want)/tol)
+			a.backward(p, nil, in, out, dout, din)
+			const h = 1e-5
+			fd := (c.ref(xv+h) - c.ref(xv-h)) / (2 * h)
+			worstD = max(worstD, math.Abs(float64(din[0])-fd)/(1e-7*math.Max(1, math.Abs(fd))))
+			if d := c.deriv(xv); math.Abs(d-fd) > 1e-8 {
+				t.Fatalf("%s'(%v) = %v, central difference %v", c.typ, xv, d, fd)
+			}
+		}
+		t.Logf("%s: worst error %.3g of one float32 rounding, derivative %.3g of 1e-7", c.typ, worst, worstD)
+		if worst > 1 || worstD > 1 {
+			t.Errorf("%s: worst error %.3g of one float32 rounding, derivative %.3g of 1e-7", c.typ, worst, worstD)
+		}
+		for _, x := range []float32{3e38, -3e38, -40, 40} {
+			in[0] = x
+			a.forward(p, nil, in, out)
+			a.backward(p, nil, in, out, dout, din)
+			wantY, wantD := x, float32(1)
+			if x < 0 {
+				wantY, wantD = 0, 0
+			}
+			if out[0] != wantY || din[0] != wantD {
+				t.Errorf("%s(%v) = %v, derivative %v; want %v, %v", c.typ, x, out[0], din[0], wantY, wantD)
+			}
+		}
 	}
 }

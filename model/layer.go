@@ -25,6 +25,12 @@ type pass struct {
 	be      Backend
 	B       int
 	workers int
+	// ids is the batch's model input as the first layer sees it (the
+	// workspace's act[0]): for a model whose first layer is an embedding,
+	// each example's T token ids (-1 = padding), which the layers that
+	// look for padding read (attention with a padding mask, lasttoken;
+	// plan checks that the model has them).
+	ids []float32
 	// coef holds the clip factors during ClippedSum's accGrad calls (the
 	// output gradients are already scaled by them); nil otherwise.
 	coef []float32
@@ -208,14 +214,30 @@ func unused(ls LayerSpec, fields ...string) error {
 	return nil
 }
 
+// ownedFields lists the fields that only one layer type uses, so
+// buildLayer refuses them on every other type (fields shared by several
+// types are checked by each constructor, with unused).
+var ownedFields = []struct {
+	name, typ string
+	set       func(LayerSpec) bool
+}{
+	{"heads", Attention, func(ls LayerSpec) bool { return ls.Heads != 0 }},
+	{"mask", Attention, func(ls LayerSpec) bool { return ls.Mask != "" }},
+	{"layers", Residual, func(ls LayerSpec) bool { return ls.Layers != nil }},
+	{"no_bias", Linear, func(ls LayerSpec) bool { return ls.NoBias }},
+	{"positions", Embedding, func(ls LayerSpec) bool { return ls.Positions != 0 }},
+	{"pos_offset", Embedding, func(ls LayerSpec) bool { return ls.PosOffset != 0 }},
+	{"types", Embedding, func(ls LayerSpec) bool { return ls.Types != 0 }},
+	{"type_sep", Embedding, func(ls LayerSpec) bool { return ls.TypeSep != nil }},
+}
+
 // buildLayer checks one (normalized) layer spec against its input shape;
 // idx is its index in the model, -1 inside a residual block.
 func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
-	if ls.Heads != 0 && ls.Type != Attention {
-		return nil, fmt.Errorf("field %q is not used by %s", "heads", ls.Type)
-	}
-	if ls.Layers != nil && ls.Type != Residual {
-		return nil, fmt.Errorf("field %q is not used by %s", "layers", ls.Type)
+	for _, f := range ownedFields {
+		if ls.Type != f.typ && f.set(ls) {
+			return nil, fmt.Errorf("field %q is not used by %s", f.name, ls.Type)
+		}
 	}
 	switch ls.Type {
 	case Linear:
@@ -223,7 +245,7 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 			return newSeqLinear(ls, in)
 		}
 		return newLinear(ls, in)
-	case ReLU, Tanh:
+	case ReLU, Tanh, GELU, GELUTanh:
 		return newActivation(ls, in)
 	case Flatten:
 		return newFlatten(ls, in)
@@ -246,6 +268,8 @@ func buildLayer(idx int, ls LayerSpec, in []int) (layer, error) {
 		return newResidual(ls, in)
 	case MeanPool:
 		return newMeanPool(ls, in)
+	case FirstToken, LastToken:
+		return newTokenPick(ls, in)
 	case "":
 		return nil, errors.New("missing layer type")
 	}

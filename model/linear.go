@@ -7,13 +7,16 @@ import (
 	"math/rand/v2"
 )
 
-// linear is y = W x + b with W [out, in].
+// linear is y = W x + b with W [out, in], or y = W x without a bias
+// (noBias).
 //
 // Per-example gradient of example i is (δᵢ aᵢᵀ, δᵢ), so its squared norm is
 // ‖δᵢ‖²(‖aᵢ‖² + 1) without materializing it (Goodfellow 2015, "Efficient
-// per-example gradient computations"; Li et al. 2022, "ghost clipping").
+// per-example gradient computations"; Li et al. 2022, "ghost clipping");
+// without a bias it is δᵢ aᵢᵀ, of squared norm ‖δᵢ‖²‖aᵢ‖².
 type linear struct {
 	in, out int
+	noBias  bool
 }
 
 // newLinear checks a linear layer spec against its input shape.
@@ -30,7 +33,7 @@ func newLinear(ls LayerSpec, in []int) (layer, error) {
 	if shapeSize([]int{ls.Out, in[0]}) < 1 {
 		return nil, errors.New("weight too large")
 	}
-	return &linear{in: in[0], out: ls.Out}, nil
+	return &linear{in: in[0], out: ls.Out, noBias: ls.NoBias}, nil
 }
 
 // linearState is a linear layer's kernels with one workspace's buffers.
@@ -42,7 +45,16 @@ type linearState struct {
 
 func (l *linear) outShape() []int { return []int{l.out} }
 func (l *linear) paramShapes() []paramShape {
-	return []paramShape{{"weight", []int{l.out, l.in}}, {"bias", []int{l.out}}}
+	return weightBias(l.out, []int{l.out, l.in}, l.noBias)
+}
+
+// weightBias returns the parameters of a layer with out outputs: a weight
+// of the given shape and, unless noBias, a bias [out].
+func weightBias(out int, weight []int, noBias bool) []paramShape {
+	if noBias {
+		return []paramShape{{"weight", weight}}
+	}
+	return []paramShape{{"weight", weight}, {"bias", []int{out}}}
 }
 func (l *linear) init(w []float32, rng *rand.Rand) {
 	uniformInit(w, 1/math.Sqrt(float64(l.in)), rng)
@@ -53,9 +65,9 @@ func (l *linear) newState(maxB, workers int, needDin bool) layerState {
 
 func (s *linearState) forward(p *pass, w, in, out []float32) {
 	l := s.l
-	W, b := w[:l.out*l.in], w[l.out*l.in:]
+	W, b := w[:l.out*l.in], w[l.out*l.in:] // b is empty without a bias
 	p.be.Sgemm(false, true, p.B, l.out, l.in, 1, in, l.in, W, l.in, 0, out, l.out)
-	for i := 0; i < p.B; i++ {
+	for i := 0; i < p.B && !l.noBias; i++ {
 		row := out[i*l.out : (i+1)*l.out]
 		for o, bv := range b {
 			row[o] += bv
@@ -71,14 +83,15 @@ func (s *linearState) backward(p *pass, w, in, out, dout, din []float32) {
 	p.be.Sgemm(false, false, p.B, l.in, l.out, 1, dout, l.out, w[:l.out*l.in], l.in, 0, din, l.in)
 }
 
-// bound: example i's gradient is dᵢ ãᵢᵀ with ãᵢ = (aᵢ, 1), so
-// ‖Gᵢ‖ = ‖dᵢ‖·‖ãᵢ‖ exactly, computed from float64 sums of exact squares
+// bound: example i's gradient is dᵢ ãᵢᵀ with ãᵢ = (aᵢ, 1) (ãᵢ = aᵢ
+// without a bias), so ‖Gᵢ‖ = ‖dᵢ‖·‖ãᵢ‖ exactly, computed from float64 sums of exact squares
 // (relative error below boundSlack); it is also ρᵢ, so the shares are
 // proportional to the norm itself. accGrad's error per example: scaling
 // dᵢ by cᵢ in float32 (u32·cᵢρᵢ, plus eta32·√O·‖ãᵢ‖ from underflow), the
 // block product (γ_{blockRows}(u32)·cᵢρᵢ(1+u32), plus eta32·√(O·K) for
 // products that underflow), the float64 bias sum and accumulator
-// (accGamma each).
+// (accGamma each; charged with or without a bias, an over-estimate of
+// accGamma·ρᵢ without one).
 func (s *linearState) bound(p *pass, in, out, dout []float32, b clipBounds) {
 	l := s.l
 	O, K := l.out, l.in
@@ -98,7 +111,9 @@ func (l *linear) boundExample(b clipBounds, i int, a2, d2 float64) {
 	gR := gamma(blockRows, u32)
 	lam := u32 + (1+u32)*(gR+3*accGamma*(1+gR))
 	sO, sOK := math.Sqrt(float64(O)), math.Sqrt(float64(O)*float64(K))
-	a2++ // ãᵢ = (aᵢ, 1)
+	if !l.noBias {
+		a2++ // ãᵢ = (aᵢ, 1)
+	}
 	g := math.Sqrt(d2*a2) * up
 	b.sq[i] += g * g
 	b.share[i] += lam * g
@@ -123,8 +138,10 @@ func (s *linearState) accGrad(p *pass, acc []float64, dst []float32, in, out, do
 		p.be.Sgemm(true, false, O, K, rows, 1, dout[e0*O:], O, in[e0*K:], K, 0, s.blk, K)
 		put32(p, acc[:O*K], dst[:O*K], s.blk, first, last)
 	}
-	colSum(s.bsum, dout, p.B, O)
-	put64(acc[O*K:], dst[O*K:], s.bsum, p.fresh, p.final)
+	if !l.noBias {
+		colSum(s.bsum, dout, p.B, O)
+		put64(acc[O*K:], dst[O*K:], s.bsum, p.fresh, p.final)
+	}
 }
 
 func (s *linearState) clearExample(i int, in, dout []float32) {
@@ -136,6 +153,9 @@ func (s *linearState) clearExample(i int, in, dout []float32) {
 func (s *linearState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
 	l := s.l
 	p.be.Sgemm(true, false, l.out, l.in, p.B, alpha, dout, l.out, in, l.in, 0, dw[:l.out*l.in], l.in)
+	if l.noBias {
+		return
+	}
 	colSum(s.bsum, dout, p.B, l.out)
 	db := dw[l.out*l.in:]
 	for o, v := range s.bsum {

@@ -141,6 +141,9 @@ func plan(s Spec) (*Model, error) {
 	if err := m.checkHead(shape); err != nil {
 		return nil, err
 	}
+	if err := m.checkInputIDs(); err != nil {
+		return nil, err
+	}
 	if off == 0 {
 		return nil, fmt.Errorf("%w: model has no parameters", ErrInvalidSpec)
 	}

@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -45,17 +46,18 @@ func refForward(t testing.TB, m *Model, theta []float64, x32 []float32) []float6
 	if m.seqT > 0 {
 		x, shape = x[:m.seqT], []int{m.seqT}
 	}
+	ids := slices.Clone(x) // the input token ids, for the layers that look for padding
 	for li, ls := range m.spec.Layers {
 		w := theta[m.layerOff[li] : m.layerOff[li]+m.layerSize[li]]
-		x, shape = refLayer(t, m.layers[li], ls, w, x, shape)
+		x, shape = refLayer(t, m.layers[li], ls, w, x, shape, ids)
 	}
 	return x
 }
 
 // refLayer applies one layer (ly, built from ls) with parameters w to one
-// example's values x of the given shape.
-func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) ([]float64, []int) {
-	if y, sh, ok := refSeqLayer(t, ly, ls, w, x, shape); ok {
+// example's values x of the given shape; ids is the example's model input.
+func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int, ids []float64) ([]float64, []int) {
+	if y, sh, ok := refSeqLayer(t, ly, ls, w, x, shape, ids); ok {
 		return y, sh
 	}
 	switch ls.Type {
@@ -63,7 +65,7 @@ func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int)
 		in, out := shape[0], ls.Out
 		y := make([]float64, out)
 		for o := 0; o < out; o++ {
-			s := w[out*in+o]
+			s := refBias(ls, w, out*in+o)
 			for j := 0; j < in; j++ {
 				s += w[o*in+j] * x[j]
 			}
@@ -77,6 +79,14 @@ func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int)
 	case Tanh:
 		for j := range x {
 			x[j] = math.Tanh(x[j])
+		}
+	case GELU:
+		for j, v := range x {
+			x[j] = 0.5 * v * (1 + math.Erf(v/math.Sqrt2))
+		}
+	case GELUTanh:
+		for j, v := range x {
+			x[j] = 0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v)))
 		}
 	case Flatten:
 		shape = []int{len(x)}
@@ -167,6 +177,14 @@ func refLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int)
 		t.Fatalf("reference: unknown layer %q", ls.Type)
 	}
 	return x, shape
+}
+
+// refBias returns a linear layer's bias w[j], or 0 for one without a bias.
+func refBias(ls LayerSpec, w []float64, j int) float64 {
+	if ls.NoBias {
+		return 0
+	}
+	return w[j]
 }
 
 // randomBatch draws B inputs and labels for m: N(0,1) features, or token

@@ -14,7 +14,8 @@ import (
 // materialized, chosen by cost (ghostCheaper), with conv's rigorous error
 // bound on the Gram sum (the cancellation fix of issue 11 applies as is).
 // Only the public shapes differ: weight [Out, D] (conv's [Out, D, 1, 1]
-// in the same order) and output [T, Out].
+// in the same order) and output [T, Out]. With NoBias the convolution has
+// no bias (conv.noBias).
 type seqLinear struct {
 	*conv
 }
@@ -31,12 +32,12 @@ func newSeqLinear(ls LayerSpec, in []int) (layer, error) {
 	if shapeSize([]int{ls.Out, D}) < 1 || shapeSize([]int{T, ls.Out}) < 1 || shapeSize([]int{T, D}) < 1 {
 		return nil, errors.New("layer too large")
 	}
-	cv := &conv{c: D, h: T, w: 1, o: ls.Out, k: 1, s: 1, p: 0, ho: T, wo: 1, T: T, K: D}
+	cv := &conv{c: D, h: T, w: 1, o: ls.Out, k: 1, s: 1, p: 0, ho: T, wo: 1, T: T, K: D, noBias: ls.NoBias}
 	cv.ghost = ghostCheaper(T, D, ls.Out)
 	return &seqLinear{cv}, nil
 }
 
 func (l *seqLinear) outShape() []int { return []int{l.T, l.o} }
 func (l *seqLinear) paramShapes() []paramShape {
-	return []paramShape{{"weight", []int{l.o, l.K}}, {"bias", []int{l.o}}}
+	return weightBias(l.o, []int{l.o, l.K}, l.noBias)
 }

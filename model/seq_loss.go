@@ -25,6 +25,56 @@ func (m *Model) checkHead(shape []int) error {
 	return nil
 }
 
+// checkInputIDs checks that every layer that reads the model's input token
+// ids (pass.ids: attention with a padding mask, lasttoken), nested ones
+// included, has them: the first layer must be an embedding, whose input
+// they are. Every layer between keeps the embedding's T positions (no
+// layer maps a [T, D] sequence to another length), so position t of such
+// a layer is token t. Today only an embedding makes a [T, D] sequence, so
+// no valid spec fails the check; it keeps the ids' meaning from resting
+// on that.
+func (m *Model) checkInputIDs() error {
+	if _, ok := m.layers[0].(*seqEmbed); ok {
+		return nil
+	}
+	var walk func(where string, ly layer) error
+	walk = func(where string, ly layer) error {
+		if what := readsIDs(ly); what != "" {
+			return fmt.Errorf("%w: %s (%s) needs an embedding first layer: it reads the model's input token ids to find the padding", ErrInvalidSpec, where, what)
+		}
+		if r, ok := ly.(*residual); ok {
+			for j, nl := range r.layers {
+				if err := walk(fmt.Sprintf("%s (residual): nested layer %d", where, j), nl); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for l, ly := range m.layers {
+		if err := walk(fmt.Sprintf("layer %d", l), ly); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readsIDs names a layer that reads the model's input token ids, or
+// returns "".
+func readsIDs(ly layer) string {
+	switch ly := ly.(type) {
+	case *attention:
+		if ly.padding {
+			return "attention with mask padding"
+		}
+	case *tokenPick:
+		if ly.last {
+			return LastToken
+		}
+	}
+	return ""
+}
+
 // loadSequences copies, for a NextToken model, each example's first T ids
 // into the layers' input in (B·T values) and its last T ids, the targets,
 // into w.targets.

@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -47,17 +48,22 @@ func refNextTokenLoss(t testing.TB, m *Model, theta []float64, x []float32) floa
 
 // refSeqLayer applies a sequence layer (or linear or layer norm on a
 // [T, D] input, or a layer inside a residual block); ok is false for the
-// other layers, which refLayer handles.
-func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int) (y []float64, sh []int, ok bool) {
+// other layers, which refLayer handles. ids is the example's model input.
+func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []int, ids []float64) (y []float64, sh []int, ok bool) {
 	switch {
 	case ls.Type == Embedding:
+		e := ly.(*seqEmbed)
 		T, D := shape[0], ls.Dim
+		types := refTokenTypes(ls, x)
 		y = make([]float64, T*D)
 		for p := 0; p < T; p++ {
 			for j := 0; j < D; j++ {
-				v := w[ls.Vocab*D+p*D+j]
+				v := w[ls.Vocab*D+(p+ls.PosOffset)*D+j]
 				if id := int(x[p]); id >= 0 {
 					v += w[id*D+j]
+				}
+				if ls.Types > 0 {
+					v += w[(ls.Vocab+e.P+types[p])*D+j]
 				}
 				y[p*D+j] = v
 			}
@@ -68,7 +74,7 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		y = make([]float64, T*out)
 		for p := 0; p < T; p++ {
 			for o := 0; o < out; o++ {
-				s := w[out*in+o]
+				s := refBias(ls, w, out*in+o)
 				for j := 0; j < in; j++ {
 					s += w[o*in+j] * x[p*in+j]
 				}
@@ -97,7 +103,17 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		}
 		return y, shape, true
 	case ls.Type == Attention:
-		return refAttention(x, shape[0], shape[1]/3, ls.Heads), []int{shape[0], shape[1] / 3}, true
+		return refAttention(x, shape[0], shape[1]/3, ls.Heads, ls.Mask, ids), []int{shape[0], shape[1] / 3}, true
+	case ls.Type == FirstToken || ls.Type == LastToken:
+		T, D := shape[0], shape[1]
+		p := 0
+		for u := T - 1; u > 0 && ls.Type == LastToken; u-- {
+			if ids[u] >= 0 {
+				p = u
+				break
+			}
+		}
+		return slices.Clone(x[p*D : (p+1)*D]), []int{D}, true
 	case ls.Type == MeanPool:
 		T, D := shape[0], shape[1]
 		y = make([]float64, D)
@@ -111,7 +127,7 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 		r := ly.(*residual)
 		f, fs := append([]float64(nil), x...), shape
 		for j, inner := range ls.Layers {
-			f, fs = refLayer(t, r.layers[j], inner, w[r.off[j]:r.off[j]+r.size[j]], f, fs)
+			f, fs = refLayer(t, r.layers[j], inner, w[r.off[j]:r.off[j]+r.size[j]], f, fs, ids)
 		}
 		y = make([]float64, len(x))
 		for k := range y {
@@ -122,30 +138,54 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 	return nil, nil, false
 }
 
-// refAttention is causal multi-head attention on x [T, 3D] in float64.
-func refAttention(x []float64, T, D, H int) []float64 {
+// refTokenTypes returns the token type of each position of ids under an
+// embedding spec ls, as BERT's token_type_ids are: 0 up to and including
+// the first TypeSep, then one more after each TypeSep, capped at
+// Types−1; all 0 with fewer than two types.
+func refTokenTypes(ls LayerSpec, ids []float64) []int {
+	types := make([]int, len(ids))
+	seps := 0
+	for p, id := range ids {
+		types[p] = min(seps, max(ls.Types-1, 0))
+		if ls.TypeSep != nil && int(id) == *ls.TypeSep {
+			seps++
+		}
+	}
+	return types
+}
+
+// refAttention is multi-head attention on x [T, 3D] in float64: causal
+// (mask "" or "causal"), or each query over the positions whose id is not
+// padding (mask "padding"; zeros where there is none).
+func refAttention(x []float64, T, D, H int, mask string, ids []float64) []float64 {
 	dh := D / H
 	y := make([]float64, T*D)
 	for h := 0; h < H; h++ {
 		for p := 0; p < T; p++ {
-			s := make([]float64, p+1)
+			var keys []int
+			for u := 0; u < T; u++ {
+				if (mask == MaskPadding && ids[u] >= 0) || (mask != MaskPadding && u <= p) {
+					keys = append(keys, u)
+				}
+			}
+			s := make([]float64, len(keys))
 			mx := math.Inf(-1)
-			for u := 0; u <= p; u++ {
+			for k, u := range keys {
 				var dot float64
 				for j := 0; j < dh; j++ {
 					dot += x[p*3*D+h*dh+j] * x[u*3*D+D+h*dh+j]
 				}
-				s[u] = dot / math.Sqrt(float64(dh))
-				mx = math.Max(mx, s[u])
+				s[k] = dot / math.Sqrt(float64(dh))
+				mx = math.Max(mx, s[k])
 			}
 			var se float64
-			for u := range s {
-				s[u] = math.Exp(s[u] - mx)
-				se += s[u]
+			for k := range s {
+				s[k] = math.Exp(s[k] - mx)
+				se += s[k]
 			}
-			for u := range s {
+			for k, u := range keys {
 				for j := 0; j < dh; j++ {
-					y[p*D+h*dh+j] += s[u] / se * x[u*3*D+2*D+h*dh+j]
+					y[p*D+h*dh+j] += s[k] / se * x[u*3*D+2*D+h*dh+j]
 				}
 			}
 		}
@@ -167,7 +207,9 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 				for k := 0; k < K; k++ {
 					g[o*K+k] += dv * float64(A[p*K+k])
 				}
-				g[O*K+o] += dv
+				if !ly.noBias {
+					g[O*K+o] += dv
+				}
 			}
 		}
 	case *seqLayerNorm:
@@ -182,12 +224,25 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 		}
 	case *seqEmbed:
 		T, D := ly.T, ly.D
+		ids := make([]float64, T)
 		for p, id := range in[i*T : (i+1)*T] {
+			ids[p] = float64(id)
+		}
+		ls := LayerSpec{Types: ly.NT}
+		if ly.NT >= 2 {
+			sep := int(ly.sep)
+			ls.TypeSep = &sep
+		}
+		types := refTokenTypes(ls, ids)
+		for p, id := range ids {
 			for j := 0; j < D; j++ {
 				dv := float64(dout[(i*T+p)*D+j])
-				g[ly.V*D+p*D+j] += dv
+				g[(ly.V+p+ly.off)*D+j] += dv
 				if id >= 0 {
 					g[int(id)*D+j] += dv
+				}
+				if ly.NT > 0 {
+					g[(ly.V+ly.P+types[p])*D+j] += dv
 				}
 			}
 		}

@@ -25,6 +25,28 @@ const (
 	Attention    = "attention"
 	Residual     = "residual"
 	MeanPool     = "meanpool"
+	// GELU is x·Φ(x) with Φ the standard normal CDF (the erf form;
+	// Hugging Face's "gelu", BERT's activation).
+	GELU = "gelu"
+	// GELUTanh is GELU's tanh approximation
+	// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (Hugging Face's
+	// "gelu_new", GPT-2's activation).
+	GELUTanh = "gelu_tanh"
+	// FirstToken takes position 0 of a sequence (BERT's pooler input).
+	FirstToken = "firsttoken"
+	// LastToken takes the last position of a sequence whose input token is
+	// not padding (GPT-2's sequence classification).
+	LastToken = "lasttoken"
+)
+
+// Attention masks accepted in LayerSpec.Mask.
+const (
+	// MaskCausal lets position t attend to positions u ≤ t; "" means the
+	// same.
+	MaskCausal = "causal"
+	// MaskPadding lets every position attend to every position whose
+	// input token is not padding (BERT's attention_mask).
+	MaskPadding = "padding"
 )
 
 // Loss names accepted in Spec.Loss.
@@ -66,8 +88,11 @@ type Spec struct {
 
 // LayerSpec is one layer. Which fields matter depends on Type:
 //
-//	linear:       Out (weight [Out, in], bias [Out]); input must be flat
-//	relu, tanh:   none
+//	linear:       Out, NoBias (weight [Out, in], bias [Out], no bias with
+//	              NoBias); input must be flat
+//	relu, tanh,
+//	gelu,
+//	gelu_tanh:    none; elementwise, any shape
 //	conv2d:       Out channels, Kernel, Stride (default 1), Pad (default 0);
 //	              weight [Out, C, Kernel, Kernel], bias [Out]; input [C, H, W]
 //	maxpool,
@@ -82,20 +107,31 @@ type Spec struct {
 //
 // Sequence layers (activations [T, D]: T positions of D values):
 //
-//	embedding:    Vocab, Dim; must be the first layer; input [T] token ids
-//	              (-1 = padding, embedded as zero); output [T, Dim], token
-//	              embedding plus a learned position embedding (weight
-//	              [Vocab, Dim], pos [T, Dim])
+//	embedding:    Vocab, Dim, Positions, PosOffset, Types, TypeSep; must be
+//	              the first layer; input [T] token ids (-1 = padding,
+//	              embedded as zero); output [T, Dim]: row t is the token's
+//	              embedding plus row t+PosOffset of a learned position
+//	              table plus, with Types > 0, the row of its token type
+//	              (parameters weight [Vocab, Dim], pos [Positions, Dim],
+//	              types [Types, Dim], in that order)
 //	linear:       on a [T, D] input, the same map at every position:
-//	              weight [Out, D], bias [Out], output [T, Out]
-//	attention:    Heads; multi-head causal self-attention without
-//	              parameters: input [T, 3D] holds each position's query,
-//	              key and value (D = Heads·head size), output [T, D]; put
-//	              linear layers before (3D) and after (D) it
+//	              weight [Out, D], bias [Out] (none with NoBias), output
+//	              [T, Out]
+//	attention:    Heads, Mask; multi-head self-attention without
+//	              parameters, causal or over the positions that are not
+//	              padding (Mask): input [T, 3D] holds each position's
+//	              query, key and value (D = Heads·head size), output
+//	              [T, D]; put linear layers before (3D) and after (D) it
 //	residual:     Layers; y = x + f(x), f the nested layers, whose output
 //	              shape must equal the input's
 //	meanpool:     none; [T, D] becomes the mean over positions [D]
-//	relu, tanh:   elementwise, any shape
+//	firsttoken:   none; [T, D] becomes position 0 [D]
+//	lasttoken:    none; [T, D] becomes the last position whose input token
+//	              is not padding (position 0 if all are) [D]; needs an
+//	              embedding first layer
+//	relu, tanh,
+//	gelu,
+//	gelu_tanh:    elementwise, any shape
 type LayerSpec struct {
 	Type string `json:"type"`
 	// Name prefixes the layer's parameter names ("<name>.weight"); default
@@ -111,6 +147,32 @@ type LayerSpec struct {
 	Heads  int     `json:"heads,omitempty"`
 	// Layers are the nested layers of a residual block.
 	Layers []LayerSpec `json:"layers,omitempty"`
+	// Mask is an attention's mask: "" or MaskCausal, causal attention;
+	// MaskPadding, bidirectional attention over the positions whose
+	// model-input token is not padding (a query with no such key outputs
+	// zeros), which needs an embedding first layer.
+	Mask string `json:"mask,omitempty"`
+	// NoBias leaves out a linear layer's bias: its only parameter is
+	// weight (GPT-2's classification head).
+	NoBias bool `json:"no_bias,omitempty"`
+	// Positions is the number of rows of an embedding's position table
+	// (Hugging Face's max_position_embeddings); 0 means T, the input
+	// length. It must be at least T + PosOffset; the rows outside
+	// PosOffset..PosOffset+T−1 are not used and get zero gradient.
+	Positions int `json:"positions,omitempty"`
+	// PosOffset is the position table row of an embedding's position 0:
+	// position t uses row t + PosOffset (RoBERTa's is 2).
+	PosOffset int `json:"pos_offset,omitempty"`
+	// Types is the number of rows of an embedding's token-type (segment)
+	// table, added at every position (BERT's token_type_embeddings); 0
+	// means no table.
+	Types int `json:"types,omitempty"`
+	// TypeSep is the token id that ends a segment ([SEP]): position t has
+	// type min(number of TypeSep ids at positions before t, Types−1), so
+	// "[CLS] a [SEP] b [SEP]" gets types 0 0 0 1 1, BERT's
+	// token_type_ids; padding positions follow the same rule. Required
+	// when Types ≥ 2 and refused otherwise.
+	TypeSep *int `json:"type_sep,omitempty"`
 }
 
 // maxElems bounds every tensor and activation size so index arithmetic
@@ -161,6 +223,13 @@ func normalizedLayers(ls []LayerSpec) []LayerSpec {
 		if l.Layers != nil {
 			l.Layers = normalizedLayers(l.Layers)
 		}
+		if l.TypeSep != nil {
+			sep := *l.TypeSep
+			l.TypeSep = &sep
+		}
+		// An attention's Mask "" and an embedding's Positions 0 stay as
+		// they are rather than being written out ("causal", T): specs
+		// from before those fields existed keep their hashes.
 		switch l.Type {
 		case Conv2D:
 			if l.Stride == 0 {

@@ -2,6 +2,7 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -125,6 +126,23 @@ func TestSpecHash(t *testing.T) {
 	}
 	if m, _ := New(spec); m.Hash() != h1 {
 		t.Errorf("Model.Hash differs from Spec.Hash")
+	}
+	// Pinned too: LayerSpec's optional fields are left out of the
+	// canonical JSON when unset (omitempty), so every spec written before
+	// one of them existed keeps its hash.
+	for name, want := range map[string]string{
+		"logreg":      "8f4d2663dab8963ae987751b3e8cc4284b6f1f8bfcbc1b9a29acaaaccdeb8507",
+		"cnn":         "480a925a64a29538bb33e18ee23220190666bfe99343e8571e6cd146f639b561",
+		"textbag":     "fb08ee2eab1e54c3d677702374a2f92432f05e4010c09e923a7b93cebe999fe7",
+		"transformer": "c213c0c3eb604a1f9f37b50ce4181cdad938aa585ffdb5ec25eb493956d1aa90",
+	} {
+		s, _ := Preset(name)
+		if h, _ := s.Hash(); h != want {
+			t.Errorf("%s hash = %s, want %s", name, h, want)
+		}
+	}
+	if h, _ := TransformerClassifier(9, 6, 4, 1, 2, 3).Hash(); h != "3e5f5511a54729a996c8ed67b4712fa319164831bc7c23add04294559e846fcb" {
+		t.Errorf("TransformerClassifier(9, 6, 4, 1, 2, 3) hash = %s", h)
 	}
 }
 
@@ -297,5 +315,121 @@ func TestPresetForShapesByData(t *testing.T) {
 		if ha != hb {
 			t.Errorf("Preset(%s) and PresetFor(%s, [1 28 28], 10) differ", name, name)
 		}
+	}
+}
+
+// TestSpecParamLayout: the parameters a layer's optional fields give, by
+// name and shape, in order.
+func TestSpecParamLayout(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		spec Spec
+		want string
+	}{
+		{"no_bias", Spec{Input: []int{4}, Classes: 3, Layers: []LayerSpec{
+			{Type: Linear, Out: 5, NoBias: true}, {Type: Linear, Out: 3}}},
+			"0.weight[5 4] 1.weight[3 5] 1.bias[3]"},
+		{"seq no_bias", Spec{Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 7, Dim: 4}, {Type: Linear, Out: 5, NoBias: true}, {Type: MeanPool}, {Type: Linear, Out: 3, NoBias: true}}},
+			"0.weight[7 4] 0.pos[6 4] 1.weight[5 4] 3.weight[3 5]"},
+		{"embedding tables", Spec{Input: []int{6}, Classes: 3, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 7, Dim: 4, Positions: 10, PosOffset: 2, Types: 2, TypeSep: intPtr(3)}, {Type: MeanPool}, {Type: Linear, Out: 3}}},
+			"0.weight[7 4] 0.pos[10 4] 0.types[2 4] 2.weight[3 4] 2.bias[3]"},
+		{"embedding one type, next token", Spec{Input: []int{6}, Classes: 7, Loss: NextToken, Layers: []LayerSpec{
+			{Type: Embedding, Vocab: 7, Dim: 4, Positions: 5, Types: 1}, {Type: Linear, Out: 7}}},
+			"0.weight[7 4] 0.pos[5 4] 0.types[1 4] 1.weight[7 4] 1.bias[7]"},
+	} {
+		m, err := New(c.spec)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var got []string
+		for _, p := range m.Params() {
+			got = append(got, fmt.Sprintf("%s%v", p.Name, p.Shape))
+		}
+		if g := strings.Join(got, " "); g != c.want {
+			t.Errorf("%s: parameters %s, want %s", c.name, g, c.want)
+		}
+	}
+}
+
+// TestSpecFieldErrors: each optional field is refused, naming it, on the
+// layer types that do not use it, and bad values are refused naming the
+// problem.
+func TestSpecFieldErrors(t *testing.T) {
+	emb := LayerSpec{Type: Embedding, Vocab: 5, Dim: 4}
+	checkSpecErrors(t, []specErrorCase{
+		{"no_bias on relu", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 2}, {Type: ReLU, NoBias: true}}}, `field "no_bias" is not used by relu`},
+		{"no_bias on conv2d", Spec{Input: []int{1, 4, 4}, Classes: 2, Layers: []LayerSpec{{Type: Conv2D, Out: 2, Kernel: 2, NoBias: true}, {Type: Flatten}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by conv2d`},
+		{"no_bias on embedding", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, NoBias: true}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by embedding`},
+		{"no_bias nested", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Residual, Layers: []LayerSpec{{Type: LayerNorm, NoBias: true}}}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "no_bias" is not used by layernorm`},
+		{"positions on embeddingbag", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: EmbeddingBag, Vocab: 5, Dim: 4, Positions: 3}, {Type: Linear, Out: 2}}}, `field "positions" is not used by embeddingbag`},
+		{"pos_offset on linear", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{{Type: Linear, Out: 2, PosOffset: 1}}}, `field "pos_offset" is not used by linear`},
+		{"types on attention", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Types: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "types" is not used by attention`},
+		{"type_sep on layernorm", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: LayerNorm, TypeSep: intPtr(0)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "type_sep" is not used by layernorm`},
+		{"positions below T", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Positions: 5}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "positions ≥ T + pos_offset = 6 + 0"},
+		{"offset past the table", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Positions: 7, PosOffset: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "positions ≥ T + pos_offset = 6 + 2"},
+		{"offset without positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, PosOffset: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "0 means T"},
+		{"negative offset", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, PosOffset: -1}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "pos_offset ≥ 0"},
+		{"negative positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Positions: -6}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "got positions -6"},
+		{"negative types", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: -1}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "types = -1"},
+		{"types without type_sep", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 2}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "needs type_sep"},
+		{"type_sep with one type", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 1, TypeSep: intPtr(2)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep needs types ≥ 2"},
+		{"type_sep without types", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, TypeSep: intPtr(2)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep needs types ≥ 2"},
+		{"type_sep past vocab", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 4, Types: 2, TypeSep: intPtr(5)}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "type_sep = 5"},
+		{"mask on linear", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12, Mask: MaskPadding}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `field "mask" is not used by linear`},
+		{"mask on meanpool", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: MeanPool, Mask: MaskCausal}, {Type: Linear, Out: 2}}}, `field "mask" is not used by meanpool`},
+		{"unknown mask", Spec{Input: []int{3}, Classes: 2, Layers: []LayerSpec{emb, {Type: Linear, Out: 12}, {Type: Attention, Heads: 2, Mask: "bidirectional"}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, `mask "bidirectional": want "causal" (the default) or "padding"`},
+		{"huge positions", Spec{Input: []int{6}, Classes: 2, Layers: []LayerSpec{{Type: Embedding, Vocab: 5, Dim: 1 << 20, Positions: 1 << 20}, {Type: MeanPool}, {Type: Linear, Out: 2}}}, "too large"},
+	})
+}
+
+// TestSpecOptionalFieldsJSON: the optional fields parse from their JSON
+// names, survive a canonical round trip with the same hash, change the
+// hash when set, and the model keeps its own copy of type_sep.
+func TestSpecOptionalFieldsJSON(t *testing.T) {
+	const js = `{"input":[8],"classes":2,"layers":[` +
+		`{"type":"embedding","vocab":50,"dim":4,"positions":12,"pos_offset":2,"types":2,"type_sep":0},` +
+		`{"type":"residual","layers":[{"type":"linear","out":12},{"type":"attention","heads":2,"mask":"padding"},{"type":"linear","out":4}]},` +
+		`{"type":"linear","out":4,"no_bias":true},{"type":"meanpool"},{"type":"linear","out":2}]}`
+	s, err := ParseSpec([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Layers[0]
+	if e.Positions != 12 || e.PosOffset != 2 || e.Types != 2 || e.TypeSep == nil || *e.TypeSep != 0 ||
+		s.Layers[1].Layers[1].Mask != MaskPadding || !s.Layers[2].NoBias {
+		t.Fatalf("parsed %+v", s.Layers[:3])
+	}
+	b, err := s.CanonicalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{`"positions":12`, `"pos_offset":2`, `"types":2`, `"type_sep":0`, `"no_bias":true`, `"mask":"padding"`} {
+		if !strings.Contains(string(b), f) {
+			t.Errorf("canonical JSON %s lacks %s", b, f)
+		}
+	}
+	back, err := ParseSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := s.Hash()
+	if hb, _ := back.Hash(); hb != h {
+		t.Errorf("round trip changed the hash")
+	}
+	other := s
+	other.Layers = slices.Clone(s.Layers)
+	other.Layers[0].TypeSep = intPtr(1)
+	if ho, _ := other.Hash(); ho == h {
+		t.Errorf("type_sep does not change the hash")
+	}
+	m, err := New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	*s.Layers[0].TypeSep = 7
+	if got := *m.Spec().Layers[0].TypeSep; got != 0 {
+		t.Errorf("the model's type_sep follows the caller's pointer: %d", got)
 	}
 }

@@ -132,7 +132,7 @@ func (m *Model) checkBatch(maxB int, dst, theta, x []float32, y []int32) error {
 }
 
 func (w *Workspace) pass(B int) *pass {
-	return &pass{be: w.m.backend, B: B, workers: w.workers}
+	return &pass{be: w.m.backend, B: B, workers: w.workers, ids: w.act[0]}
 }
 
 // forward loads x into the internal layout and runs every layer.
