@@ -196,7 +196,9 @@ func pldPrepare(events []PLDEvent, delta float64, fine int) *pldPrepared {
 		}
 	}
 	if p != nil { // a wide bucket: every count gets a window of its own
-		shape, key = events, pldMemoKey(events, delta)+suffix
+		// Under a key of its own: the count at the bucket's top (a power
+		// of two) has the bucket's key, which holds the wide marker.
+		shape, key = events, pldMemoKey(events, delta)+suffix+"/own"
 		if p := pldPrepCache.get(key); p != nil {
 			return p
 		}
