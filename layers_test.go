@@ -20,13 +20,13 @@ import (
 var layers = [][]string{
 	// Leaves: no import of the module, or only of another leaf.
 	{"internal/durable", "internal/parallel", "internal/f32le", "internal/handoff", "internal/procstat", "internal/conformance",
-		"internal/faultnet", "internal/brokenmech", "seed", "sampling", "accounting", "model/kernels", "privacyaudit",
+		"internal/faultnet", "internal/brokenmech", "internal/torchref", "seed", "sampling", "accounting", "model/kernels", "privacyaudit",
 		"tokenizer"},
 	// Foundations: identities, data, pretrained checkpoints, the
 	// optimizer, the noise, the durable logs.
 	{"pki", "dataset", "checkpoint", "dpadam", "mechanism", "ledger", "raftlog", "transport/fake"},
 	// The wire, the models and one round's arithmetic.
-	{"transport", "raftnet", "model", "model/backendtest", "aggregation", "transport/transporttest"},
+	{"transport", "raftnet", "model", "model/backendtest", "pretrained", "aggregation", "transport/transporttest"},
 	// The roles: a node, the replicated coordinator, in-process training.
 	{"node", "coordinator", "train"},
 	// What is built around the roles.

@@ -37,8 +37,11 @@ MAIN_JOB_PACKAGES=(dataset-fashion-mnist "${OPENBLAS_PACKAGES[@]}")
 # sequence layers on the CPU (model/kernels/emu); python3 and python3-regex:
 # the Python references of the tokenizers (tokenizer/testdata/*.py), which
 # TestWordPieceConformance and TestBPEConformance run (GPT-2's pattern
-# needs the regex module).
-TEST_PACKAGES=(gcc g++ libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes python3 python3-regex)
+# needs the regex module); python3-torch (PyTorch 1.13, Debian main, 177 MB
+# to download with its dependencies): the reference BERT and GPT-2 in plain
+# PyTorch (pretrained/testdata/torchref.py), which TestPyTorchConformance
+# and TestFineTunedLoadsInPyTorch run.
+TEST_PACKAGES=(gcc g++ libc6-dev dataset-fashion-mnist libopenblas-dev nvidia-cuda-dev python3-numpy chromium fortunes python3 python3-regex python3-torch)
 
 # NON_FREE_PACKAGES are in Debian's contrib or non-free components, which
 # ensure_packages enables before installing one of them.
