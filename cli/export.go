@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/internal/durable"
 	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/pretrained"
 	"github.com/dpcluster/dpcluster/seed"
 )
 
@@ -19,7 +21,7 @@ import (
 const ModelFile = "model.safetensors"
 
 func newExportCmd() *cobra.Command {
-	var out, format string
+	var out, format, initFrom string
 	cmd := &cobra.Command{
 		Use:   "export DATA_DIR --out FILE",
 		Short: "Write the trained model (θ at the last committed step) from a replica's data dir",
@@ -38,17 +40,25 @@ replica applied.
 
 Inputs are preprocessed as the training data was: Fashion-MNIST pixels are divided by 255
 (float32 in [0, 1], [1, 28, 28] in C, H, W order), CSV features are used as given.
-examples/safetensors_classify.py shows the model used from Python with numpy only.`,
+examples/safetensors_classify.py shows the model used from Python with numpy only.
+
+A run fine-tuned from a pretrained checkpoint (--init-from) is written back in the checkpoint's
+own format (--format pretrained, its default): --out is a folder that receives config.json
+(the checkpoint's, with architectures and num_labels set) and model.safetensors with the
+checkpoint's tensor names and layouts, which Hugging Face transformers' from_pretrained loads
+(BertForSequenceClassification, GPT2ForSequenceClassification). When the replica has no
+snapshot yet, θ is rebuilt from θ₀, the checkpoint's weights: give its folder with --init-from.
+A checkpoint given must hash to what the run recorded.`,
 		Example: `  coordinator export /tmp/run1 --out model.safetensors`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if format != "safetensors" {
-				return fmt.Errorf("--format %q: only safetensors is supported", format)
+			if format != "" && format != "safetensors" && format != "pretrained" {
+				return fmt.Errorf("--format %q: safetensors or pretrained", format)
 			}
 			if out == "" {
 				return fmt.Errorf("--out is required")
 			}
-			c, err := exportModel(args[0], out)
+			c, err := exportModel(args[0], out, format, initFrom)
 			if err != nil {
 				return err
 			}
@@ -58,7 +68,8 @@ examples/safetensors_classify.py shows the model used from Python with numpy onl
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "", "file to write (replaced atomically)")
-	cmd.Flags().StringVar(&format, "format", "safetensors", "output format: safetensors")
+	cmd.Flags().StringVar(&format, "format", "", "output format: safetensors (one file, the engine's tensor names; the default) or pretrained (a folder in the format of the checkpoint the run started from; the default for such a run)")
+	cmd.Flags().StringVar(&initFrom, "init-from", "", "the pretrained checkpoint's folder, for a run that started from one (θ₀ is rebuilt from it)")
 	return cmd
 }
 
@@ -75,12 +86,81 @@ func privateNote(c coordinator.RunConfig) string {
 // with the run's public description as metadata. out is replaced
 // atomically: written to a temporary file beside it, fsynced, renamed.
 // Nothing in dataDir is written unless out is there.
-func exportModel(dataDir, out string) (coordinator.Committed, error) {
-	c, err := coordinator.ReadCommitted(dataDir, modelInit)
+func exportModel(dataDir, out, format, initFrom string) (coordinator.Committed, error) {
+	c, err := coordinator.ReadCommitted(dataDir, initFunc(initFrom, nil))
 	if err != nil {
 		return c, fmt.Errorf("export %s: %w", dataDir, err)
 	}
+	if initFrom != "" && c.Config.Pretrained != nil {
+		// θ₀ may not have been needed (θ came from a snapshot): a
+		// checkpoint given is checked all the same.
+		if err := checkWeights(initFrom, c.Config); err != nil {
+			return c, fmt.Errorf("export %s: %w", dataDir, err)
+		}
+	}
+	if format == "pretrained" || (format == "" && c.Config.Pretrained != nil) {
+		return c, writePretrained(c, out)
+	}
 	return c, writeModel(c, out)
+}
+
+// writePretrained writes θ of c, a run started from a pretrained
+// checkpoint, into the folder out in the checkpoint's format
+// (pretrained.Mapping.Export), with the run's public description as the
+// weights file's metadata.
+func writePretrained(c coordinator.Committed, out string) error {
+	if c.Config.Pretrained == nil {
+		return fmt.Errorf("export --format pretrained: run %s did not start from a pretrained checkpoint", c.Config.Run)
+	}
+	spec, err := model.ParseSpec(c.Config.ModelSpec)
+	if err != nil {
+		return fmt.Errorf("export: the run's model spec: %w", err)
+	}
+	mp, err := pretrained.NewMapping(c.Config.Pretrained.Config, pretrained.Options{SeqLen: spec.Input[0], Classes: spec.Classes, SepID: sepOf(spec)})
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if mp.Model().Hash() != c.Config.ModelHash {
+		return fmt.Errorf("export: the checkpoint's config.json builds model %s, the run's is %s", mp.Model().Hash(), c.Config.ModelHash)
+	}
+	meta, err := exportMeta(c)
+	if err != nil {
+		return err
+	}
+	if err := mp.Export(out, c.Theta, nil, meta); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	return nil
+}
+
+// FinetunedDir is the folder local, and a replica whose run finished,
+// write into the data dir for a run started from a pretrained checkpoint:
+// θ in the checkpoint's own format (writePretrained).
+const FinetunedDir = "finetuned"
+
+// writeFinetuned writes c, if its run started from a pretrained
+// checkpoint, into dataDir/FinetunedDir and returns that folder ("" for
+// any other run).
+func writeFinetuned(c coordinator.Committed, dataDir string) (string, error) {
+	if c.Config.Pretrained == nil {
+		return "", nil
+	}
+	dir := filepath.Join(dataDir, FinetunedDir)
+	return dir, writePretrained(c, dir)
+}
+
+// finetunedLine is the line saying where writeFinetuned wrote.
+func finetunedLine(dir string, step int64) string {
+	return fmt.Sprintf("fine-tuned model: %s (θ at step %d in the checkpoint's format: config.json, model.safetensors)", dir, step)
+}
+
+// sepOf returns the [SEP] id a model spec reads token types from
+// (model.LayerSpec.TypeSep of its first layer), or -1.
+func sepOf(spec model.Spec) int {
+	if len(spec.Layers) > 0 && spec.Layers[0].TypeSep != nil {
+		return *spec.Layers[0].TypeSep
+	}
+	return -1
 }
 
 // writeModel writes θ of c to out as exportModel describes.
@@ -93,12 +173,28 @@ func writeModel(c coordinator.Committed, out string) error {
 	if err != nil {
 		return err
 	}
-	event, err := json.Marshal(c.Config.Event())
+	meta, err := exportMeta(c)
 	if err != nil {
 		return err
 	}
-	meta := map[string]string{
-		"spec":           string(c.Config.ModelSpec),
+	meta["spec"] = string(c.Config.ModelSpec)
+	err = durable.Replace(out, 0o600, func(f *os.File) error {
+		return m.WriteSafetensors(f, c.Theta, meta)
+	})
+	if err != nil {
+		return fmt.Errorf("export: writing %s: %w", out, err)
+	}
+	return nil
+}
+
+// exportMeta is the run's public description an exported model's
+// safetensors header carries.
+func exportMeta(c coordinator.Committed) (map[string]string, error) {
+	event, err := json.Marshal(c.Config.Event())
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
 		"run":            c.Config.Run,
 		"step":           strconv.FormatInt(c.Step, 10),
 		"epsilon":        strconv.FormatFloat(c.Epsilon, 'g', -1, 64),
@@ -109,12 +205,5 @@ func writeModel(c coordinator.Committed, out string) error {
 		"noise_mode":     c.Config.NoiseMode,
 		"private":        strconv.FormatBool(c.Config.SeedPolicy == seed.Crypto),
 		"state_sha256":   c.Digest,
-	}
-	err = durable.Replace(out, 0o600, func(f *os.File) error {
-		return m.WriteSafetensors(f, c.Theta, meta)
-	})
-	if err != nil {
-		return fmt.Errorf("export: writing %s: %w", out, err)
-	}
-	return nil
+	}, nil
 }

@@ -58,7 +58,11 @@ type localResult struct {
 	// Model is the trained model written into the data dir
 	// (ModelFile, by exportModel) and StateSHA256 the state digest
 	// (coordinator.Summary.Digest) of the replica that ran it.
-	Model       string  `json:"model"`
+	Model string `json:"model"`
+	// Finetuned is, for a run started from a pretrained checkpoint, the
+	// folder holding the model in the checkpoint's own format
+	// (FinetunedDir).
+	Finetuned   string  `json:"finetuned,omitempty"`
 	StateSHA256 string  `json:"state_sha256"`
 	Seconds     float64 `json:"seconds"`
 	// Timing splits Seconds: until the first step's release, between the
@@ -323,8 +327,12 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err != nil && !errors.Is(err, coordinator.ErrNotConfigured) {
 		return err
 	}
+	var finetuned string // the checkpoint-format folder of a fine-tuned run
 	if err == nil {
 		if err := writeModel(committed, modelPath); err != nil {
+			return err
+		}
+		if finetuned, err = writeFinetuned(committed, f.dataDir); err != nil {
 			return err
 		}
 	}
@@ -347,6 +355,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		}
 		if committed.Step > 0 {
 			fmt.Fprintf(cmd.OutOrStdout(), "model: %s (θ at step %d, safetensors)\n", modelPath, committed.Step)
+			if finetuned != "" {
+				fmt.Fprintln(cmd.OutOrStdout(), finetunedLine(finetuned, committed.Step))
+			}
 		}
 		return nil
 	}
@@ -358,7 +369,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		Accountant: accountantName(rc.Accountant),
 		EvalData:   evalLabel(pr.eval),
 		Ledger:     filepath.Join(f.dataDir, coordinator.LedgerFile), Seconds: finished.Sub(started).Seconds(),
-		Private: !seeded, Model: modelPath, StateSHA256: sum.Digest,
+		Private: !seeded, Model: modelPath, Finetuned: finetuned, StateSHA256: sum.Digest,
 	}
 	res.setFinalEval(sum)
 	if !firstStep.IsZero() {
@@ -391,6 +402,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	fmt.Fprintf(out, "ledger: %s (check it: coordinator ledger audit %s)\n", res.Ledger, f.dataDir)
 	fmt.Fprintf(out, "model: %s (θ at step %d, safetensors)\n", res.Model, res.Steps)
+	if res.Finetuned != "" {
+		fmt.Fprintln(out, finetunedLine(res.Finetuned, res.Steps))
+	}
 	return nil
 }
 
@@ -454,6 +468,9 @@ func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig,
 		ncfg.SampleRate, ncfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 		ncfg.ShardIndex, ncfg.ShardCount, ncfg.ShardSeed = i, f.nodes, shardSeed
 		ncfg.Device = dev
+		if rc.Pretrained != nil {
+			ncfg.Weights = rc.Pretrained.WeightsSHA256
+		}
 		if f.nodeConfig != nil {
 			f.nodeConfig(i, &ncfg)
 		}

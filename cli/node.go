@@ -307,6 +307,10 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 	cfg := node.DefaultConfig()
 	cfg.ID, cfg.Run, cfg.HeartbeatEvery, cfg.CoordinatorTimeout = f.id, rc.Run, f.heartbeat, f.coordinatorTimeout
 	cfg.SampleRate, cfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
+	if rc.Pretrained != nil {
+		// The checkpoint this node's model was built from (--init-from).
+		cfg.Weights = rc.Pretrained.WeightsSHA256
+	}
 	if local {
 		cfg.DataSchema = dataset.SchemaOf(shard).String()
 		log.Info("own data loaded", "run", rc.Run, "data_path", spec.DataPath, "examples", shard.Len(),

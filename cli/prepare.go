@@ -55,6 +55,12 @@ func (s *runSpec) schema() (dataset.Schema, error) {
 // the spec file, which must fit them. A nil shape means no data is known
 // (serve without data): the preset's own shape.
 func (s *runSpec) modelFor(shape []int, classes, vocab int) (*model.Model, error) {
+	if s.InitFrom != "" {
+		if shape == nil {
+			return nil, fmt.Errorf("--init-from %s needs the run's data (or, for --dataset local, its input_shape and classes) to shape the model's head", s.InitFrom)
+		}
+		return s.pretrainedModel(shape, classes, vocab)
+	}
 	if s.ModelSpec != "" {
 		m, err := loadModel("", s.ModelSpec)
 		if err != nil || shape == nil {
@@ -114,6 +120,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool,
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
 		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema, Nodes: s.Nodes,
+		Pretrained: s.pretrained,
 	}
 	if s.forNode {
 		return plan.NodeConfig()

@@ -71,6 +71,14 @@ type runSpec struct {
 	// (vocab.txt, or vocab.json and merges.txt) tokenizes the text
 	// instead of the hashing tokenizer (dataset.LoadPretrainedTokenizer).
 	Tokenizer string `yaml:"tokenizer"`
+	// InitFrom is a pretrained checkpoint's folder (config.json,
+	// model.safetensors): the model is its architecture with a
+	// classification head for the data, θ₀ its weights
+	// (package pretrained), and Tokenizer defaults to it.
+	InitFrom string `yaml:"init_from"`
+	// pretrained is set by modelFor for a run with InitFrom: the weights'
+	// hash and config.json the run configuration records.
+	pretrained *coordinator.Pretrained
 	// Nodes, if set, are the run's node IDs, each bound to its shard:
 	// nodes[i] holds shard i of len(nodes) (coordinator.RunConfig.Nodes);
 	// a node then takes its --shard-index and --shard-count from the list.
@@ -162,6 +170,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.TextColumn, "text-column", s.TextColumn, "CSV with a header (--label-column) or Parquet: the text column, tokenized like a text folder (--seq-len, --vocab, --tokenizer), instead of numeric features")
 	fs.StringVar(&s.TextPairColumn, "text-pair-column", s.TextPairColumn, "with --text-column: a second text column; each example is the pair")
 	fs.StringVar(&s.Tokenizer, "tokenizer", s.Tokenizer, "text: a pretrained checkpoint's folder whose own tokenizer (vocab.txt: BERT's WordPiece; vocab.json and merges.txt: GPT-2's BPE) tokenizes the text instead of the hashing tokenizer")
+	fs.StringVar(&s.InitFrom, "init-from", s.InitFrom, "a pretrained checkpoint's folder (config.json and model.safetensors as Hugging Face's save_pretrained writes them: BERT or GPT-2): fine-tune it with a classification head for the data; its tokenizer tokenizes the text unless --tokenizer says otherwise")
 	fs.StringVar(&s.EvalPath, "eval-path", s.EvalPath, "file: separate, public data file to evaluate θ on, read like --data-path (without it a file run evaluates nothing)")
 	fs.Float64Var(&s.EvalHoldout, "eval-split-from-train", s.EvalHoldout,
 		"file: hold this fraction of --data-path out of training and evaluate on it; the accuracy is NOT differentially private and labelled NON-PRIVATE (nodes need the same value)")
@@ -252,15 +261,13 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 
 // derivedRunName is the run name when none is given: the data's and the
 // model's names ("fashion-mlp", "patients-mlp" for --data-path
-// patients.csv, "gaussian-cnn"), with every character a run name does not
+// patients.csv, "gaussian-cnn", "fortunes-category-bert-base-uncased" for
+// --init-from bert-base-uncased), with every character a run name does not
 // allow replaced by '-'. A run whose nodes bring their own data has no
 // name to derive (check requires one); serve without data keeps the
 // default.
 func (s *runSpec) derivedRunName() string {
-	mdl := s.Model
-	if s.ModelSpec != "" {
-		mdl = strings.TrimSuffix(filepath.Base(s.ModelSpec), filepath.Ext(s.ModelSpec))
-	}
+	mdl := s.modelName()
 	var data string
 	switch s.Dataset {
 	case dataset.NameFashionMNIST:
@@ -284,6 +291,18 @@ func (s *runSpec) derivedRunName() string {
 		}
 	}
 	return string(name[:min(len(name), 64)])
+}
+
+// modelName names the run's model: the preset, the spec file's name, or
+// the pretrained checkpoint's folder.
+func (s *runSpec) modelName() string {
+	switch {
+	case s.ModelSpec != "":
+		return strings.TrimSuffix(filepath.Base(s.ModelSpec), filepath.Ext(s.ModelSpec))
+	case s.InitFrom != "":
+		return filepath.Base(filepath.Clean(s.InitFrom))
+	}
+	return s.Model
 }
 
 // unknownField matches yaml.v3's message for a key KnownFields refused.
@@ -356,6 +375,9 @@ func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, s.checkData(fs.Changed("run") || fileKeys["run"])...)
+	if err := s.checkInitFrom(fs, fileKeys); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -212,10 +212,18 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "state sha256 %s (θ and optimizer state at step %d)\n", sum.Digest, sum.Steps)
 	// The run is over: leave the model beside the ledger.
 	modelPath := filepath.Join(f.dataDir, ModelFile)
-	if _, err := exportModel(f.dataDir, modelPath); err != nil {
+	c, err := exportModel(f.dataDir, modelPath, "safetensors", spec.InitFrom)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "model: %s (θ at step %d, safetensors)\n", modelPath, sum.Steps)
+	fine, err := writeFinetuned(c, f.dataDir)
+	if err != nil {
+		return err
+	}
+	if fine != "" {
+		fmt.Fprintln(cmd.OutOrStdout(), finetunedLine(fine, c.Step))
+	}
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(cmd.OutOrStdout(), line)
 	}
@@ -388,7 +396,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	if seeded {
 		log.Warn("--insecure-seed: the noise is SEEDED; this run is NOT differentially private")
 	}
-	log.Info("run", "run", rc.Run, "model", spec.Model, "params", rc.Dim, "examples", rc.TotalExamples,
+	log.Info("run", "run", rc.Run, "model", spec.modelName(), "params", rc.Dim, "examples", rc.TotalExamples,
 		"q", rc.SampleRate, "sigma", rc.Optimizer.NoiseMultiplier, "clip", rc.Optimizer.ClipNorm, "noise", noiseModeName(rc.NoiseMode), "accountant", accountantName(rc.Accountant),
 		"batch", rc.Optimizer.ExpectedBatchSize, "algorithm", rc.Optimizer.Algorithm,
 		"target_epsilon", rc.TargetEpsilon, "delta", rc.Delta, "max_steps", rc.MaxSteps,
@@ -405,7 +413,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	}
 	o.closers = append(o.closers, o.conn)
 	opts.replica.Logger = log
-	if o.replica, err = coordinator.OpenReplica(opts.replica, modelInit); err != nil {
+	if o.replica, err = coordinator.OpenReplica(opts.replica, initFunc(spec.InitFrom, log)); err != nil {
 		return o, err
 	}
 	o.closers = append(o.closers, o.replica)

@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/dpcluster/dpcluster/checkpoint"
+	"github.com/dpcluster/dpcluster/coordinator"
+	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/model"
+	"github.com/dpcluster/dpcluster/pretrained"
+)
+
+// defaultPretrainedSeqLen is the tokens per example of a run that starts
+// from a checkpoint and gives no --seq-len, unless the checkpoint's
+// position embedding is shorter.
+const defaultPretrainedSeqLen = 128
+
+// checkInitFrom checks --init-from before any data loads: the checkpoint's
+// config.json, the names and shapes of its tensors, and the tokenizer (by
+// default the checkpoint's own) against its vocabulary, each a one-line
+// error. It fills the defaults the checkpoint implies: --tokenizer is the
+// checkpoint's folder and --seq-len 128 or the position embedding's
+// length if shorter. The classification head is checked against the
+// config's num_labels here, against the data's classes once they are
+// known (modelFor).
+func (s *runSpec) checkInitFrom(fs *pflag.FlagSet, fileKeys map[string]bool) error {
+	if s.InitFrom == "" {
+		return nil
+	}
+	if fs.Changed("model") || fs.Changed("model-spec") || fileKeys["model"] || fileKeys["model_spec"] {
+		return fmt.Errorf("--init-from %s builds the model from the checkpoint's config.json: leave out --model and --model-spec", s.InitFrom)
+	}
+	if s.Tokenizer == "" {
+		s.Tokenizer = s.InitFrom
+	}
+	cfg, err := checkpoint.ReadConfig(s.InitFrom)
+	if err != nil {
+		return fmt.Errorf("--init-from: %w", err)
+	}
+	if s.SeqLen == 0 {
+		s.SeqLen = min(defaultPretrainedSeqLen, cfg.MaxSequence())
+	}
+	// Classes 0: the head as config.json has it, until the data says.
+	ck, err := pretrained.Open(s.InitFrom, pretrained.Options{SeqLen: s.SeqLen})
+	if err != nil {
+		return fmt.Errorf("--init-from: %w", err)
+	}
+	defer ck.Close()
+	tok, err := dataset.LoadPretrainedTokenizer(s.Tokenizer, s.SeqLen)
+	if err != nil {
+		return fmt.Errorf("--tokenizer %s: %w", s.Tokenizer, err)
+	}
+	if n := tok.VocabSize(); n > ck.Config.Vocab {
+		return fmt.Errorf("--tokenizer %s has %d tokens, more than the %d rows of the checkpoint's word embedding (vocab_size): the tokenizer is not the checkpoint's", s.Tokenizer, n, ck.Config.Vocab)
+	}
+	return nil
+}
+
+// pretrainedModel is modelFor of a run that starts from a checkpoint: the
+// checkpoint's architecture with a head of the data's classes over its
+// token sequences.
+func (s *runSpec) pretrainedModel(shape []int, classes, vocab int) (*model.Model, error) {
+	if len(shape) != 1 || vocab < 1 {
+		return nil, fmt.Errorf("--init-from %s: the data must be token sequences (text, tokenized by the checkpoint's tokenizer), not shape %v", s.InitFrom, shape)
+	}
+	ck, err := pretrained.Open(s.InitFrom, pretrained.Options{SeqLen: shape[0], Classes: classes})
+	if err != nil {
+		return nil, fmt.Errorf("--init-from: %w", err)
+	}
+	defer ck.Close()
+	if vocab > ck.Config.Vocab {
+		return nil, fmt.Errorf("--init-from %s: the data's token ids go up to %d, the checkpoint's vocabulary has %d", s.InitFrom, vocab, ck.Config.Vocab)
+	}
+	s.pretrained = &coordinator.Pretrained{WeightsSHA256: ck.WeightsSHA256, Config: ck.ConfigJSON}
+	return model.New(ck.Spec())
+}
+
+// logImport says what the import of the checkpoint found: the tensors
+// read, initialized afresh and left unused.
+func logImport(log *slog.Logger, ck *pretrained.Checkpoint) {
+	r := ck.Report
+	log.Info("pretrained checkpoint", "dir", ck.Dir, "family", ck.Config.Family, "weights_sha256", ck.WeightsSHA256,
+		"tensors_read", len(r.Present), "newly_initialized", strings.Join(r.Fresh, ","))
+	if len(r.Unexpected) > 0 {
+		log.Info("pretrained checkpoint: tensors the model does not use", "count", len(r.Unexpected), "names", strings.Join(firstNames(r.Unexpected, 8), ","))
+	}
+}
+
+func firstNames(s []string, n int) []string {
+	if len(s) <= n {
+		return s
+	}
+	return append(slices.Clone(s[:n]), fmt.Sprintf("and %d more", len(s)-n))
+}
+
+// errNeedsInitFrom says a run started from a checkpoint needs it to
+// rebuild θ₀.
+var errNeedsInitFrom = errors.New("the run starts from a pretrained checkpoint: give its folder with --init-from")
+
+// initFunc is the replicas' θ₀ (coordinator.InitFunc): modelInit, the
+// run's model drawn from its seed, unless the run starts from a
+// checkpoint (RunConfig.Pretrained); then the checkpoint in initFrom,
+// which must hold the weights the run names, with the tensors it lacks
+// drawn from the seed (pretrained.Checkpoint.Init).
+func initFunc(initFrom string, log *slog.Logger) coordinator.InitFunc {
+	return func(c coordinator.RunConfig) ([]float32, error) {
+		if c.Pretrained == nil {
+			return modelInit(c)
+		}
+		if initFrom == "" {
+			return nil, fmt.Errorf("%w (weights SHA-256 %s)", errNeedsInitFrom, c.Pretrained.WeightsSHA256)
+		}
+		spec, err := model.ParseSpec(c.ModelSpec)
+		if err != nil {
+			return nil, err
+		}
+		ck, err := openRunCheckpoint(initFrom, c, spec)
+		if err != nil {
+			return nil, err
+		}
+		defer ck.Close()
+		m := ck.Model()
+		if m.Hash() != c.ModelHash {
+			return nil, fmt.Errorf("--init-from %s builds model %s, the run's is %s", initFrom, m.Hash(), c.ModelHash)
+		}
+		if log != nil {
+			logImport(log, ck)
+		}
+		theta := make([]float32, m.NumParams())
+		return theta, ck.Init(theta, c.InitSeed)
+	}
+}
+
+// openRunCheckpoint opens the checkpoint folder dir for the run c, whose
+// model spec is spec, and checks that its weights are the run's.
+func openRunCheckpoint(dir string, c coordinator.RunConfig, spec model.Spec) (*pretrained.Checkpoint, error) {
+	ck, err := pretrained.Open(dir, pretrained.Options{SeqLen: spec.Input[0], Classes: spec.Classes})
+	if err != nil {
+		return nil, fmt.Errorf("--init-from: %w", err)
+	}
+	if ck.WeightsSHA256 != c.Pretrained.WeightsSHA256 {
+		ck.Close()
+		return nil, fmt.Errorf("--init-from %s: its weights have SHA-256 %s, the run started from %s: not the same checkpoint",
+			dir, ck.WeightsSHA256, c.Pretrained.WeightsSHA256)
+	}
+	return ck, nil
+}
+
+// checkWeights checks that the checkpoint folder dir holds the weights
+// the run c started from.
+func checkWeights(dir string, c coordinator.RunConfig) error {
+	spec, err := model.ParseSpec(c.ModelSpec)
+	if err != nil {
+		return err
+	}
+	ck, err := openRunCheckpoint(dir, c, spec)
+	if err != nil {
+		return err
+	}
+	return ck.Close()
+}
