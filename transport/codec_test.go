@@ -23,8 +23,8 @@ func samples() []Message {
 		Leave{Run: "r", NodeID: "n", Reason: "bye"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto},
-		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32)},
-		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32)},
+		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Session: "9b2f0c4e7a11d3a8"},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Session: "9b2f0c4e7a11d3a8"},
 		RoundStart{Run: "r", Step: 3, RoundID: math.MaxUint64, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: -5, SampleRate: 0.01, ClipNorm: 1},
 		RoundStart{Run: "r", Step: 3, RoundID: 1, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: 5, SampleRate: 1.0 / 3, ClipNorm: 0.1, ModelHash: "h"},
 		RoundStart{Run: "r", Step: 3, Params: v},
@@ -36,6 +36,7 @@ func samples() []Message {
 		Control{Run: "r", From: "r4", Code: ControlJoin, Addr: "10.0.0.4:7000"},
 		Control{Run: "r", From: "r1", Code: ControlRemove, Replica: "r2"},
 		NeedParams{Run: "r", NodeID: "n", Version: 7},
+		Leave{Run: "r", NodeID: "n", Reason: "bye", Session: "9b2f0c4e7a11d3a8"},
 	}
 }
 
@@ -48,6 +49,9 @@ func TestOptionalFields(t *testing.T) {
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Crypto},
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, DataSchema: "shape [2]", Weights: strings.Repeat("0f", 32)},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, DataSchema: "shape [2]", Weights: strings.Repeat("0f", 32)},
+		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, Session: "s1"},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, Session: "s1"},
+		Leave{Run: "r", NodeID: "n", Reason: "bye", Session: "s1"},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
 		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true, Step: 4, Charged: 5},
 	} {
@@ -72,11 +76,14 @@ func TestOptionalFields(t *testing.T) {
 		}
 		return m
 	}
-	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" {
+	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" || j.Session != "" {
 		t.Errorf("old Join decoded as %+v", j)
 	}
-	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" {
+	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" || h.Session != "" {
 		t.Errorf("old Heartbeat decoded as %+v", h)
+	}
+	if l := old(TypeLeave, map[string]any{"run": "r", "node": "n", "reason": "bye"}).(Leave); l.Session != "" || l.Reason != "bye" {
+		t.Errorf("old Leave decoded as %+v", l)
 	}
 	if c := old(TypeControl, map[string]any{"run": "r", "from": "x", "code": uint8(ControlReplica), "step": 4}).(Control); c.Insecure || c.Charged != 0 || c.Step != 4 {
 		t.Errorf("a Control report without insecure decoded as %+v", c)
@@ -86,20 +93,28 @@ func TestOptionalFields(t *testing.T) {
 	}
 }
 
-// TestWeightsKey: Join and Heartbeat carry a node's pretrained weights
-// hash under the key "weights" (docs/PROTOCOL.md), and a node with no
-// checkpoint sends no such key, so its messages are those of a node that
-// predates the field.
-func TestWeightsKey(t *testing.T) {
+// TestOptionalKeys: Join and Heartbeat carry a node's pretrained weights
+// hash under the key "weights", and Join, Heartbeat and Leave the node
+// process's session under "session" (docs/PROTOCOL.md); an empty value
+// sends no key, so a node with no checkpoint, or without sessions, sends
+// the messages of a node that predates the field.
+func TestOptionalKeys(t *testing.T) {
 	hash := strings.Repeat("0f", 32)
 	for _, tc := range []struct {
 		m    Message
-		want any // the body's "weights" value; nil: no such key
+		key  string
+		want any // the body's value under key; nil: no such key
 	}{
-		{Join{Run: "r", NodeID: "n", Weights: hash}, hash},
-		{Heartbeat{Run: "r", NodeID: "n", Weights: hash}, hash},
-		{Join{Run: "r", NodeID: "n"}, nil},
-		{Heartbeat{Run: "r", NodeID: "n"}, nil},
+		{Join{Run: "r", NodeID: "n", Weights: hash}, "weights", hash},
+		{Heartbeat{Run: "r", NodeID: "n", Weights: hash}, "weights", hash},
+		{Join{Run: "r", NodeID: "n"}, "weights", nil},
+		{Heartbeat{Run: "r", NodeID: "n"}, "weights", nil},
+		{Join{Run: "r", NodeID: "n", Session: "s1"}, "session", "s1"},
+		{Heartbeat{Run: "r", NodeID: "n", Session: "s1"}, "session", "s1"},
+		{Leave{Run: "r", NodeID: "n", Session: "s1"}, "session", "s1"},
+		{Join{Run: "r", NodeID: "n"}, "session", nil},
+		{Heartbeat{Run: "r", NodeID: "n"}, "session", nil},
+		{Leave{Run: "r", NodeID: "n"}, "session", nil},
 	} {
 		b, err := Encode(tc.m)
 		if err != nil {
@@ -109,9 +124,9 @@ func TestWeightsKey(t *testing.T) {
 		if err := msgpack.Unmarshal(b[3:], &body); err != nil { // the body after the 3-byte envelope header
 			t.Fatal(err)
 		}
-		got, ok := body["weights"]
+		got, ok := body[tc.key]
 		if tc.want == nil && ok || tc.want != nil && got != tc.want {
-			t.Errorf("%v: body %v, want weights %v", tc.m.Type(), body, tc.want)
+			t.Errorf("%v: body %v, want %s %v", tc.m.Type(), body, tc.key, tc.want)
 		}
 	}
 }

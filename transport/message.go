@@ -147,6 +147,16 @@ type Message interface {
 // not the run's. The codec carries the value as given: a value that is
 // not ValidWeights is never the run's, so the leader refuses it too.
 // Omitted when empty.
+//
+// Session tells apart two processes that present the same NodeID: a
+// random string the node draws once at start (from crypto/rand) and
+// sends in its Join, Heartbeats and Leave. The coordinator gives a node
+// ID one seat, held by one session: another session presenting the ID
+// while the holder's seat is live is refused ("seat_taken"). It is no
+// secret and no credential (any subscriber to the node's subject sees
+// it); it only keeps a second process started by mistake with a node's
+// ID from taking that node's place. At most 64 bytes; omitted when empty
+// (older nodes, which all count as one session).
 type Join struct {
 	Run        string      `msgpack:"run"`
 	NodeID     string      `msgpack:"node"`
@@ -158,19 +168,25 @@ type Join struct {
 	SeedPolicy seed.Policy `msgpack:"seed_policy"`
 	DataSchema string      `msgpack:"data_schema,omitempty"`
 	Weights    string      `msgpack:"weights,omitempty"`
+	Session    string      `msgpack:"session,omitempty"`
 }
 
 // Leave announces that a node stops taking part. Reason is free text for
-// logs and must hold no private data.
+// logs and must hold no private data. Session is the leaving process's
+// (Join.Session): a Leave from a session that does not hold the node's
+// seat, such as a refused second process, does not free it. Omitted when
+// empty.
 type Leave struct {
-	Run    string `msgpack:"run"`
-	NodeID string `msgpack:"node"`
-	Reason string `msgpack:"reason,omitempty"`
+	Run     string `msgpack:"run"`
+	NodeID  string `msgpack:"node"`
+	Reason  string `msgpack:"reason,omitempty"`
+	Session string `msgpack:"session,omitempty"`
 }
 
 // Heartbeat tells the coordinator a node is alive. Step is the last step the
 // node contributed to (0 if none). The other fields repeat the node's Join,
-// so that a leader that missed the Join (it started later) learns them.
+// so that a leader that missed the Join (it started later) learns them,
+// and Session says which process holds the node's seat (Join.Session).
 type Heartbeat struct {
 	Run        string      `msgpack:"run"`
 	NodeID     string      `msgpack:"node"`
@@ -183,7 +199,11 @@ type Heartbeat struct {
 	SeedPolicy seed.Policy `msgpack:"seed_policy"`
 	DataSchema string      `msgpack:"data_schema,omitempty"`
 	Weights    string      `msgpack:"weights,omitempty"`
+	Session    string      `msgpack:"session,omitempty"`
 }
+
+// MaxSession is the longest Session a coordinator accepts.
+const MaxSession = 64
 
 // ValidWeights reports whether s can be a Join's or Heartbeat's Weights:
 // "" (no checkpoint) or a SHA-256 as 64 lowercase hex digits, the form
