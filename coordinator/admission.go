@@ -9,9 +9,15 @@ import (
 	"github.com/dpcluster/dpcluster/transport"
 )
 
-// Admission: which nodes may take part in a round. Two rules, each in one
-// function:
+// Admission: which nodes may take part in a round. Three rules, each in
+// one function:
 //
+//   - registry.holder, per node ID, when a Join or Heartbeat arrives: an
+//     ID has one seat, held by one process (its session). Another session
+//     presenting the ID while the holder is live (heard from within the
+//     node timeout) is refused and told why; its messages change nothing
+//     about the holder's registration. The seat is free again once the
+//     holder lapses or leaves.
 //   - admitNode, per node, when its Join or Heartbeat arrives: the node
 //     runs the run's model from the run's pretrained weights (if any),
 //     says which shard it holds, and does not sample from a seed in a
@@ -50,11 +56,14 @@ const (
 	rejectSeedPolicy    = "seed_policy"
 	rejectDataSchema    = "data_schema"
 	rejectWeights       = "pretrained_weights"
+	// rejectSeatTaken: another process (session) holds the node ID's
+	// seat and is live (registry.holder).
+	rejectSeatTaken = "seat_taken"
 )
 
 // refusalReasons are the reject* reasons, the label values of
 // dpcluster_coordinator_node_messages_refused_total.
-var refusalReasons = []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights}
+var refusalReasons = []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights, rejectSeatTaken}
 
 // nodeReport is what a node says about itself in Join and Heartbeat: all
 // public configuration.
@@ -64,6 +73,7 @@ type nodeReport struct {
 	shard         shardClaim
 	dataSchema    string // node-local data: its schema; "" for a shard
 	weights       string // the pretrained weights' hex SHA-256; "" for none
+	session       string // the node process's session (transport.Join.Session)
 }
 
 // shardClaim is the shard a node says it holds: part index of count IID
@@ -80,10 +90,10 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 	switch v := m.(type) {
 	case transport.Join:
 		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
-			shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
+			session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	case transport.Heartbeat:
 		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
-			shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
+			session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	}
 	return nodeReport{}, false
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/ledger"
 	"github.com/dpcluster/dpcluster/mechanism"
 	"github.com/dpcluster/dpcluster/seed"
@@ -201,20 +202,64 @@ func TestRegistryOrdersClaimsByAge(t *testing.T) {
 	var r registry
 	r.nodes = make(map[string]nodeInfo)
 	t0 := time.Now()
-	r.seen("b", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0)
-	r.seen("a", shardClaim{index: 0, count: 3, seed: 1, size: 4}, t0.Add(time.Second))
-	r.seen("b", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0.Add(2*time.Second))
+	r.seen("b", "", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0)
+	r.seen("a", "", shardClaim{index: 0, count: 3, seed: 1, size: 4}, t0.Add(time.Second))
+	r.seen("b", "", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0.Add(2*time.Second))
 	if order, _ := r.live(t0.Add(2*time.Second), time.Minute); !slices.Equal(order, []string{"b", "a"}) {
 		t.Fatalf("order %v, want b (older claim) then a", order)
 	}
 	// a now claims b's shard: its claim is the newest.
-	r.seen("a", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0.Add(3*time.Second))
+	r.seen("a", "", shardClaim{index: 1, count: 3, seed: 1, size: 3}, t0.Add(3*time.Second))
 	order, claims := r.live(t0.Add(3*time.Second), time.Minute)
 	if !slices.Equal(order, []string{"b", "a"}) {
 		t.Fatalf("order %v, want b then a", order)
 	}
 	if members, b := checkShards(claims, order, 10); !slices.Equal(members, []string{"b"}) || b == nil || b.reason != blockShardOverlap {
 		t.Fatalf("members %v (%v), want b alone, a left out for overlap", members, b)
+	}
+}
+
+// TestRegistrySeats: a node ID's seat is held by one session while it is
+// live; a Leave from another session does not free it, the holder's does,
+// and a lapsed holder's seat is free.
+func TestRegistrySeats(t *testing.T) {
+	const timeout = 5 * time.Second
+	claim := shardClaim{index: 0, count: 3, seed: 1, size: 4}
+	t0 := time.Now()
+	var r registry
+	r.nodes = make(map[string]nodeInfo)
+	if h, taken := r.holder("a", "s1", t0, timeout); taken {
+		t.Fatalf("an empty registry: seat held by %q", h)
+	}
+	r.seen("a", "s1", claim, t0)
+	if _, taken := r.holder("a", "s1", t0.Add(timeout), timeout); taken {
+		t.Error("the holder's own session refused its seat")
+	}
+	if h, taken := r.holder("a", "s2", t0.Add(timeout), timeout); !taken || h != "s1" {
+		t.Errorf("another session within the timeout: holder %q, taken %v; want s1, true", h, taken)
+	}
+	if h, taken := r.holder("a", "", t0, timeout); !taken || h != "s1" {
+		t.Errorf("a session-less (older) node: holder %q, taken %v; want s1, true", h, taken)
+	}
+	if r.leave("a", "s2") || r.count() != 1 {
+		t.Error("another session's Leave freed the seat")
+	}
+	if _, taken := r.holder("a", "s2", t0.Add(timeout+time.Nanosecond), timeout); taken {
+		t.Error("a lapsed holder's seat is still taken")
+	}
+	// A new session is a new claim: it is the newest, whatever the ID's age.
+	r.seen("b", "sb", claim, t0.Add(time.Second))
+	if !r.seen("a", "s3", claim, t0.Add(2*time.Second)) {
+		t.Error("a new session's message not reported new")
+	}
+	if order, _ := r.live(t0.Add(2*time.Second), timeout); !slices.Equal(order, []string{"b", "a"}) {
+		t.Errorf("order %v, want b, then a's new session", order)
+	}
+	if !r.leave("a", "s3") || r.count() != 1 {
+		t.Error("the holder's Leave did not free its seat")
+	}
+	if !r.leave("z", "s9") {
+		t.Error("a Leave for an unregistered ID reported the seat held")
 	}
 }
 
@@ -710,7 +755,7 @@ func TestRefusalReasonsExported(t *testing.T) {
 	if _, err := NewMetrics(reg, "test", "r1"); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights} {
+	for _, r := range []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights, rejectSeatTaken} {
 		if v := labelled(t, reg, "dpcluster_coordinator_node_messages_refused_total", "reason", r); v != 0 {
 			t.Errorf("node_messages_refused_total{%s} = %v before any node, want 0", r, v)
 		}
@@ -776,4 +821,130 @@ func TestAdmitNodeBoundToRunFileNodes(t *testing.T) {
 	if err := run.Validate(); err == nil {
 		t.Error("a run naming node a twice validates")
 	}
+}
+
+// TestServerSeatTaken: a node ID has one seat, held by one process (its
+// session). A second process presenting the ID of a live node, here with
+// another shard that overlaps node b's, is refused (seat_taken, counted
+// and warned with both sessions) and never becomes a round member: every
+// round keeps a and b (the intruder's claim would have left a out for
+// overlapping b). Once the holder and the intruder stop, a restarted
+// process with the ID is admitted after the holder's seat lapses.
+func TestServerSeatTaken(t *testing.T) {
+	c := testRunConfig()
+	c.MaxSteps = 100000
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	coordConn, dial := natsPair(t, c.Run)
+	w := watch(t, dial("watcher"))
+	sum := func(step uint64) (int64, []float32) {
+		time.Sleep(5 * time.Millisecond) // rounds at most ~200/s
+		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
+	}
+	report := func(id, session string, shard identity) transport.Heartbeat {
+		return transport.Heartbeat{Run: c.Run, NodeID: id, ShardSize: shard.size, ModelHash: c.ModelHash,
+			ShardIndex: shard.index, ShardCount: shard.count, ShardSeed: shard.seed, SeedPolicy: shard.policy, Session: session}
+	}
+	holderConn := dial("a-s1")
+	holder := startReportingNode(t, ctx, holderConn, report("a", "s1", shardOf(0)), sum)
+	startReportingNode(t, ctx, dial("b"), report("b", "sb", shardOf(1)), sum)
+
+	r := openReplicaForServer(t, t.TempDir())
+	waitLeader(t, r)
+	scfg := DefaultServerConfig()
+	scfg.MinNodes, scfg.NodeTimeout, scfg.AnnounceEvery = 2, time.Second, 100*time.Millisecond
+	scfg.Noise = mechanism.NewSeededNoiseSource(1)
+	reg := prometheus.NewRegistry()
+	var err error
+	if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var participants []int // per applied step
+	scfg.OnStep = func(p Progress) {
+		mu.Lock()
+		participants = append(participants, p.Participants)
+		mu.Unlock()
+	}
+	steps := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(participants)
+	}
+	var logs lockedBuffer
+	s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = s.Run(runCtx)
+	}()
+	defer func() { stopRun(); <-done }()
+	waitFor(t, ctx, "a first step", func() bool { return steps() > 0 })
+
+	intruderConn := dial("a-s2")
+	intruder := startReportingNode(t, ctx, intruderConn, report("a", "s2", shardOf(1)), sum)
+	from := steps()
+	waitFor(t, ctx, "20 steps with the intruder running", func() bool { return steps() >= from+20 })
+	if detail := rejectSeatTaken + ": another live process holds node ID a"; !w.told("a", detail) {
+		t.Errorf("the intruder was not told %q", detail)
+	}
+	mu.Lock()
+	for i, p := range participants[from:] {
+		if p != 2 {
+			t.Errorf("step %d had %d participants with the intruder running, want 2 (a and b)", from+i+1, p)
+		}
+	}
+	mu.Unlock()
+	if b := s.Status().Blocked; b != "" {
+		t.Errorf("rounds blocked (%s) with the intruder running; want its claim never counted", b)
+	}
+	if w.told("a", aggregation.ReasonUnknownNode.String()) {
+		t.Errorf("node a was told %s: the intruder's claim displaced the holder's", aggregation.ReasonUnknownNode)
+	}
+	if v := labelled(t, reg, "dpcluster_coordinator_node_messages_refused_total", "reason", rejectSeatTaken); v < 1 {
+		t.Errorf("node_messages_refused_total{%s} = %v, want at least 1", rejectSeatTaken, v)
+	}
+	var warned bool
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "refusing node") && strings.Contains(line, "reason="+rejectSeatTaken) {
+			warned = strings.Contains(line, "session=s2") && strings.Contains(line, "holder_session=s1")
+			break
+		}
+	}
+	if !warned {
+		t.Errorf("no warning about the refused session naming session=s2 and holder_session=s1 in:\n%s", logs.String())
+	}
+
+	// The intruder's Leave, sent as it ends, does not free the seat.
+	intruder.stopHeartbeats()
+	<-intruder.heartbeatsDone
+	if err := intruderConn.Publish(ctx, transport.Leave{Run: c.Run, NodeID: "a", Reason: "refused", Session: "s2"}); err != nil {
+		t.Fatal(err)
+	}
+	intruderConn.Close()
+	// The holder dies without a Leave; a restarted process takes the
+	// seat once it lapses (NodeTimeout after the holder's last message).
+	holder.stopHeartbeats()
+	<-holder.heartbeatsDone
+	holderConn.Close()
+	startReportingNode(t, ctx, dial("a-s3"), report("a", "s3", shardOf(0)), sum)
+	waitFor(t, ctx, "the restarted process admitted", func() bool {
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, `msg="node joined" node=a `) && strings.Contains(line, "session=s3") {
+				return true
+			}
+		}
+		return false
+	})
+	from = steps()
+	waitFor(t, ctx, "5 steps with the restarted process", func() bool { return steps() >= from+5 })
+	mu.Lock()
+	if p := participants[len(participants)-1]; p != 2 {
+		t.Errorf("the last step had %d participants, want 2 (b and the restarted a)", p)
+	}
+	mu.Unlock()
 }

@@ -13,17 +13,23 @@ import (
 // kept on every replica (so a new leader knows the nodes at once), and
 // the parameters the leader publishes to them.
 
-// onNodeMessage keeps the node registry. A node admitNode refuses is
-// dropped from the registry and, by the leader, told why (at most every
-// 5 s). A NeedParams goes to onNeedParams.
+// onNodeMessage keeps the node registry. A message from a process whose
+// node ID's seat another live process holds (registry.holder) leaves the
+// registry as it is; a node admitNode refuses is dropped from it; either
+// is, by the leader, told why (at most every 5 s). A NeedParams goes to
+// onNeedParams.
 func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 	switch v := m.(type) {
 	case transport.NeedParams:
 		l.onNeedParams(ctx, v)
 		return
 	case transport.Leave:
-		l.nodes.forget([]string{v.NodeID})
-		l.log.Info("node left", "node", v.NodeID, "reason", v.Reason)
+		if !l.nodes.leave(v.NodeID, v.Session) {
+			l.log.Info("ignoring a leave from a session that does not hold the node's seat", "node", v.NodeID,
+				"session", v.Session, "reason", v.Reason)
+			return
+		}
+		l.log.Info("node left", "node", v.NodeID, "session", v.Session, "reason", v.Reason)
 		return
 	}
 	n, ok := reportOf(m)
@@ -31,14 +37,28 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		return
 	}
 	id, c := n.id, n.shard
-	if id == "" || len(id) > 64 || c.size < 0 {
-		l.log.Debug("ignoring node message with a bad node id or shard size", "type", m.Type().String())
+	if id == "" || len(id) > 64 || c.size < 0 || len(n.session) > transport.MaxSession {
+		l.log.Debug("ignoring node message with a bad node id, shard size or session", "type", m.Type().String())
+		return
+	}
+	now := time.Now()
+	if holder, taken := l.nodes.holder(id, n.session, now, l.s.cfg.NodeTimeout); taken {
+		// Checked first: a message from another process must not change
+		// the holder's registration, not even by the refusal's forget.
+		l.s.metrics.nodeRefused(rejectSeatTaken)
+		if l.lead != nil && l.nodes.shouldWarn(id, now) {
+			l.log.Warn("refusing node", "node", id, "reason", rejectSeatTaken, "session", n.session, "holder_session", holder)
+			l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
+				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected,
+				Detail: rejectSeatTaken + ": another live process holds node ID " + id,
+			})
+		}
 		return
 	}
 	if reason := admitNode(l.s.run, n); reason != "" {
 		l.nodes.forget([]string{id})
 		l.s.metrics.nodeRefused(reason)
-		if l.lead != nil && l.nodes.shouldWarn(id, time.Now()) {
+		if l.lead != nil && l.nodes.shouldWarn(id, now) {
 			l.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
 				"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count,
 				"data_schema", n.dataSchema, "run_data_schema", l.s.run.DataSchema,
@@ -60,16 +80,16 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		}
 		return
 	}
-	isNew := l.nodes.seen(id, c, time.Now())
+	isNew := l.nodes.seen(id, n.session, c, now)
 	if _, join := m.(transport.Join); join || isNew {
 		// A Join is sent at a node's start and on a new leader term: a
 		// restarted node shows up here even if it was still registered.
 		if c.count == 0 {
 			l.log.Info("node joined with its own data", "node", id, "examples", c.size, "data_schema", n.dataSchema,
-				"seed_policy", n.seedPolicy)
+				"seed_policy", n.seedPolicy, "session", n.session)
 		} else {
 			l.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
-				"shard_seed", c.seed, "seed_policy", n.seedPolicy)
+				"shard_seed", c.seed, "seed_policy", n.seedPolicy, "session", n.session)
 		}
 	}
 	if ls := l.lead; ls != nil && ls.phase == phaseIdle {
@@ -132,25 +152,55 @@ type registry struct {
 
 type nodeInfo struct {
 	shard shardClaim
-	seen  time.Time
-	// since is when the node first made its current shard claim: of two
-	// conflicting claims, the older one stands (checkShards).
+	// session is the process holding the ID's seat (transport.Join.Session).
+	session string
+	seen    time.Time
+	// since is when the node first made its current shard claim, in its
+	// current session: of two conflicting claims, the older one stands
+	// (checkShards).
 	since time.Time
 	// answered and skipped count the rounds led here since the node
 	// registered that accepted a contribution from it, or did not.
 	answered, skipped int64
 }
 
-// seen records a message from id, an admitted node; it reports whether id
-// is new.
-func (r *registry) seen(id string, shard shardClaim, now time.Time) bool {
+// seen records a message from id, an admitted node, sent by session,
+// which takes id's seat; it reports whether id is new or its seat has a
+// new holder (a restarted process). The caller checks first that the
+// seat is not another live session's (holder).
+func (r *registry) seen(id, session string, shard shardClaim, now time.Time) bool {
 	n, known := r.nodes[id]
-	if !known || n.shard != shard {
+	isNew := !known || n.session != session
+	if isNew || n.shard != shard {
 		n.since = now // a new claim is a new node's, however long it has been registered
 	}
-	n.shard, n.seen = shard, now
+	n.shard, n.session, n.seen = shard, session, now
 	r.nodes[id] = n
-	return !known
+	return isNew
+}
+
+// holder returns the session holding id's seat and true if that is not
+// session and the holder was heard from within timeout (it is live, by
+// the rule live applies): the seat is taken. Otherwise the seat is free
+// for session: held by it already, by nobody, or by a lapsed holder.
+func (r *registry) holder(id, session string, now time.Time, timeout time.Duration) (string, bool) {
+	n, ok := r.nodes[id]
+	if !ok || n.session == session || now.Sub(n.seen) > timeout {
+		return "", false
+	}
+	return n.session, true
+}
+
+// leave frees id's seat if session holds it (or nobody does), and reports
+// whether it did: a Leave from another process, such as one refused the
+// seat, does not end the holder's registration.
+func (r *registry) leave(id, session string) bool {
+	n, ok := r.nodes[id]
+	if ok && n.session != session {
+		return false
+	}
+	delete(r.nodes, id)
+	return true
 }
 
 // counted records a closed round: the nodes it accepted a contribution
@@ -200,8 +250,8 @@ func (r *registry) live(now time.Time, timeout time.Duration) ([]string, map[str
 
 func (r *registry) count() int { return len(r.nodes) }
 
-// shouldWarn rate-limits refusals (model, shard identity, seed policy) to
-// one answer per node per 5 s.
+// shouldWarn rate-limits refusals (model, shard identity, seed policy,
+// seat taken) to one answer per node ID per 5 s.
 func (r *registry) shouldWarn(id string, now time.Time) bool {
 	if r.warned == nil {
 		r.warned = make(map[string]time.Time)

@@ -273,7 +273,7 @@ func BenchmarkPublishStatus(b *testing.B) {
 			l := newLoop(s, newInbox())
 			now := time.Now()
 			for i := range nodes {
-				l.nodes.seen(fmt.Sprintf("node-%04d", i), shardClaim{index: i, count: nodes, size: 100}, now)
+				l.nodes.seen(fmt.Sprintf("node-%04d", i), "", shardClaim{index: i, count: nodes, size: 100}, now)
 			}
 			b.ReportAllocs()
 			for b.Loop() {
