@@ -255,8 +255,11 @@ func TestNodeEndToEnd(t *testing.T) {
 
 	j := recvWithin(t, h.joins, "join")
 	// 12000 gaussian rows, 2000 held out, 10000 in two shards.
+	if j.Session == "" {
+		t.Errorf("join has no session")
+	}
 	want := transport.Join{Run: run, NodeID: "n1", ShardSize: 5000, ModelHash: m.Hash(),
-		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: seed.Seeded}
+		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: seed.Seeded, Session: j.Session}
 	if j != want {
 		t.Fatalf("join = %+v, want %+v", j, want)
 	}

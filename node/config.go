@@ -31,8 +31,9 @@ var (
 	// (the run is private and this node samples from a seed),
 	// "shard_identity" (the leader found this node's shard identity
 	// missing or invalid), "data_schema" (this node's data is not shaped
-	// as the run's) or "pretrained_weights" (this node's model starts
-	// from other weights than the run's checkpoint).
+	// as the run's), "pretrained_weights" (this node's model starts
+	// from other weights than the run's checkpoint) or "seat_taken"
+	// (another live process holds this node's ID).
 	ErrRefused = errors.New("node: the coordinator refuses this node")
 	// ErrEngine is returned (wrapped, with the device and the device's
 	// own error, such as model.ErrUnsupportedLayer or an out-of-memory
@@ -65,6 +66,11 @@ const (
 	// "pretrained_weights: " followed by the run's weights hash ("" for
 	// none).
 	RejectWeights = "pretrained_weights"
+	// RejectSeatTaken: another process presenting this node's ID holds
+	// the ID's seat and is live: two processes were started with one ID.
+	// The Status.Detail is "seat_taken: " followed by a public sentence
+	// naming the ID.
+	RejectSeatTaken = "seat_taken"
 )
 
 // Config configures a Worker. Start from DefaultConfig.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/transport"
 )
 
@@ -51,6 +52,9 @@ type session struct {
 	// ignored by what they say, not by who sends them (two groups may
 	// use the same replica IDs).
 	foreign map[string]bool
+	// notMemberWarned is set once an unknown_node rejection was logged
+	// at warn; later ones are logged at debug.
+	notMemberWarned bool
 	// end is set when the run is over for this node.
 	end *ending
 }
@@ -380,6 +384,13 @@ func (s *session) apply(st transport.Status) {
 					ErrRefused, weightsName(w.cfg.Weights), weightsName(run), fix)}
 			return
 		}
+		if held, ok := strings.CutPrefix(st.Detail, RejectSeatTaken+": "); ok {
+			w.log.Error("node: the coordinator refuses this node: another process holds its node ID",
+				"detail", held, "session", w.session, "from", st.From)
+			s.end = &ending{reason: "refused",
+				err: fmt.Errorf("%w: %s: stop it, or give this node another --id", ErrRefused, held)}
+			return
+		}
 		switch st.Detail {
 		case RejectModelHash:
 			w.log.Error("node: coordinator runs a different model", "model_hash", w.m.Hash(), "from", st.From)
@@ -392,6 +403,20 @@ func (s *session) apply(st transport.Status) {
 			s.end = &ending{reason: "refused",
 				err: fmt.Errorf("%w: %s (seed policy %s, shard %d of %d)", ErrRefused, st.Detail, w.seedPolicy(),
 					w.cfg.ShardIndex, w.cfg.ShardCount)}
+			return
+		}
+		if st.Detail == aggregation.ReasonUnknownNode.String() {
+			// The leader opens rounds without this node: every answer is
+			// refused alike, so one warning says it, not one per round.
+			if !s.notMemberWarned {
+				s.notMemberWarned = true
+				w.log.Warn("node: the leader refuses this node's contributions: it is not a member of the rounds "+
+					"(its shard claim conflicts with an older node's, or the nodes hold more than the run's N examples: "+
+					"see the coordinator's blocked reason); further such rejections are logged at debug",
+					"step", st.Step, "reason", st.Detail, "from", st.From)
+			} else {
+				w.log.Debug("node: contribution rejected", "step", st.Step, "reason", st.Detail, "from", st.From)
+			}
 			return
 		}
 		w.log.Warn("node: contribution rejected", "step", st.Step, "reason", st.Detail, "from", st.From)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,6 +122,10 @@ type Worker struct {
 	// canaries are the audit's gradient canaries (Config.Canaries), nil
 	// in any other run; read-only after NewWorker.
 	canaries *canaryVectors
+	// session tells this Worker apart from any other process given the
+	// same node ID (transport.Join.Session): drawn from crypto/rand by
+	// NewWorker, sent in Join, Heartbeat and Leave; read-only.
+	session string
 }
 
 // NewWorker returns a Worker for the node cfg.ID, computing gradients of m
@@ -175,7 +180,7 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Worker{cfg: cfg, m: m, shard: shard, conn: conn,
+	w := &Worker{cfg: cfg, m: m, shard: shard, conn: conn, session: rand.Text(),
 		log: log.With("node", cfg.ID, "run", cfg.Run)}
 	met, err := newMetrics(cfg.Registerer, cfg.Run, cfg.ID)
 	if err != nil {
@@ -334,7 +339,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		"shard", w.shard.Len(), "shard_index", w.cfg.ShardIndex, "shard_count", w.cfg.ShardCount,
 		"shard_seed", w.cfg.ShardSeed, "q", w.cfg.SampleRate, "clip", w.cfg.ClipNorm, "seed_policy", w.seedPolicy(),
 		"device", w.dev.ID, "device_name", w.dev.Name, "device_memory_bytes", w.dev.MemoryBytes,
-		"compute_capability", w.dev.ComputeCapability, "engine_batch", w.maxBatch)
+		"compute_capability", w.dev.ComputeCapability, "engine_batch", w.maxBatch, "session", w.session)
 	fatal := make(chan error, 1)
 	hbCtx, hbStop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -373,7 +378,7 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 			err := w.conn.Publish(ctx, transport.Heartbeat{Run: c.Run, NodeID: c.ID,
 				ShardSize: w.shardClaim(), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
 				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
-				DataSchema: c.DataSchema, Weights: c.Weights})
+				DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session})
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, transport.ErrClosed):
@@ -414,7 +419,7 @@ func (w *Worker) join(ctx context.Context) error {
 	err := w.conn.Publish(ctx, transport.Join{Run: c.Run, NodeID: c.ID,
 		ShardSize: w.shardClaim(), ModelHash: w.m.Hash(),
 		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
-		DataSchema: c.DataSchema, Weights: c.Weights})
+		DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session})
 	if err != nil && !errors.Is(err, transport.ErrClosed) && ctx.Err() == nil {
 		w.log.Warn("node: join not sent (heartbeats will register the node)", "err", err)
 		return nil
@@ -426,7 +431,7 @@ func (w *Worker) join(ctx context.Context) error {
 func (w *Worker) leave(ctx context.Context, reason string) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaveTimeout)
 	defer cancel()
-	if err := w.conn.Publish(lctx, transport.Leave{Run: w.cfg.Run, NodeID: w.cfg.ID, Reason: reason}); err != nil {
+	if err := w.conn.Publish(lctx, transport.Leave{Run: w.cfg.Run, NodeID: w.cfg.ID, Reason: reason, Session: w.session}); err != nil {
 		w.log.Warn("node: leave not sent", "err", err)
 	}
 }

@@ -26,18 +26,18 @@ func TestJoinAndHeartbeat(t *testing.T) {
 	fx := logregFixture(t)
 	nc, lc := natsPair(t)
 	l := newLeaderSide(t, lc)
-	start(t, testConfig(), fx, nc)
+	r := start(t, testConfig(), fx, nc)
 
 	j := recv(t, l.joins, "join")
 	want := transport.Join{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
-		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto}
+		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto, Session: r.w.session}
 	if j != want {
 		t.Errorf("join = %+v, want %+v", j, want)
 	}
 	for range 3 {
 		h := recv(t, l.heartbeats, "heartbeat")
 		wantH := transport.Heartbeat{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
-			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto}
+			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto, Session: r.w.session}
 		if h != wantH {
 			t.Errorf("heartbeat = %+v, want %+v", h, wantH)
 		}
@@ -597,6 +597,87 @@ func TestRefusedForWeights(t *testing.T) {
 				t.Errorf("no error record naming weights %q and run_weights %q in:\n%s", tc.node, tc.run, logs.String())
 			}
 		})
+	}
+}
+
+// TestRefusedSeatTaken: the node sends the session it drew at start in
+// its Join and Leave (another Worker draws another), and a
+// leader that refuses it because another live process holds its ID ends
+// its Run with ErrRefused saying so and what to do, logged at error.
+func TestRefusedSeatTaken(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	cfg := testConfig()
+	var logs syncBuffer
+	r := startLogged(t, cfg, fx, nc, slog.New(slog.NewJSONHandler(&logs, nil)))
+	j := recv(t, l.joins, "join")
+	if j.Session == "" {
+		t.Fatal("Join has no session")
+	}
+	other, err := NewWorker(cfg, fx.m, fx.shard, nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if other.session == j.Session {
+		t.Errorf("two Workers drew the same session %q", j.Session)
+	}
+	l.announce("r1", 1)
+	l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Code: transport.StatusRejected,
+		Detail: RejectSeatTaken + ": another live process holds node ID " + testNode})
+	err = r.result(t)
+	const want = "another live process holds node ID " + testNode + ": stop it, or give this node another --id"
+	if !errors.Is(err, ErrRefused) || !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("Run = %v, want ErrRefused ending %q", err, want)
+	}
+	if lv := recv(t, l.leaves, "leave"); lv.Reason != "refused" || lv.Session != j.Session {
+		t.Errorf("leave reason %q, session %q; want refused, %q", lv.Reason, lv.Session, j.Session)
+	}
+	var logged bool
+	for line := range strings.Lines(logs.String()) {
+		logged = logged || strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, `"session":"`+j.Session+`"`) &&
+			strings.Contains(line, "another live process")
+	}
+	if !logged {
+		t.Errorf("no error record naming the session %s in:\n%s", j.Session, logs.String())
+	}
+}
+
+// TestNotMemberWarnedOnce: a node the leader keeps out of the rounds
+// (its shard claim conflicts with an older one, or the nodes hold more
+// than N examples) is told unknown_node for every contribution; it warns
+// once, saying what that means, not once per round.
+func TestNotMemberWarnedOnce(t *testing.T) {
+	fx := logregFixture(t)
+	nc, lc := natsPair(t)
+	l := newLeaderSide(t, lc)
+	var logs syncBuffer
+	r := startLogged(t, testConfig(), fx, nc, slog.New(slog.NewJSONHandler(&logs, nil)))
+	recv(t, l.joins, "join")
+	l.announce("r1", 1)
+	for step := range uint64(20) {
+		l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Step: step + 1, Code: transport.StatusRejected,
+			Detail: "unknown_node"})
+	}
+	// A rejection of another kind after them: once it is logged, so are they.
+	l.publish(transport.Status{Run: testRun, From: "r1", Node: testNode, Step: 21, Code: transport.StatusRejected, Detail: "norm_bound"})
+	deadline := time.Now().Add(wait)
+	for !strings.Contains(logs.String(), "norm_bound") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	none(t, r.done, "Run result")
+	var warned int
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, "unknown_node") {
+			warned++
+			if !strings.Contains(line, "not a member of the rounds") {
+				t.Errorf("the warning does not say the node is not a round member: %s", line)
+			}
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d warnings about unknown_node for 20 rejections, want 1:\n%s", warned, logs.String())
 	}
 }
 
