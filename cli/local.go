@@ -244,6 +244,7 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
+	spec.keepLedgerDelta(f.dataDir)
 	pr, err := spec.prepare(ctx, seeded, f.dataDir, log)
 	if err != nil {
 		return err

@@ -62,7 +62,7 @@ func TestRunConfigNoise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := accounting.RDP{}.Calibrate(spec.TargetEpsilon*(1-1e-9), spec.MaxSteps, spec.Delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(spec.BatchSize/n, s) })
+	want, _ := accounting.RDP{}.Calibrate(spec.TargetEpsilon*(1-1e-9), spec.MaxSteps, 1e-5, func(s float64) accounting.Event { return accounting.SubsampledGaussian(spec.BatchSize/n, s) })
 	if fc.NoiseMode != coordinator.NoiseFloat || fc.Optimizer.NoiseMultiplier != want {
 		t.Errorf("float run: mode %q σ %v, want σ %v", fc.NoiseMode, fc.Optimizer.NoiseMultiplier, want)
 	}
@@ -118,7 +118,7 @@ func TestKeepLegacyNoise(t *testing.T) {
 			t.Errorf("%s: noise mode %q, want %q", tc.dir, c.NoiseMode, tc.want)
 		}
 		if tc.want == coordinator.NoiseLegacy {
-			want, _ := accounting.RDP{}.Calibrate(spec.TargetEpsilon*(1-1e-9), spec.MaxSteps, spec.Delta, func(s float64) accounting.Event { return accounting.SubsampledGaussian(spec.BatchSize/10000, s) })
+			want, _ := accounting.RDP{}.Calibrate(spec.TargetEpsilon*(1-1e-9), spec.MaxSteps, 1e-5, func(s float64) accounting.Event { return accounting.SubsampledGaussian(spec.BatchSize/10000, s) })
 			if c.Optimizer.NoiseMultiplier != want {
 				t.Errorf("legacy σ %v, want the Gaussian calibration %v", c.Optimizer.NoiseMultiplier, want)
 			}

@@ -117,7 +117,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool,
 	plan := coordinator.RunPlan{
 		Run: s.Run, ModelSpec: specJSON, ModelHash: m.Hash(), Dim: m.NumParams(), InitSeed: s.InitSeed,
 		DataExamples: n, TotalExamples: s.TotalExamples, BatchSize: s.BatchSize, Sigma: s.Sigma,
-		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, MaxSteps: s.MaxSteps, Optimizer: opt,
+		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, LedgerDelta: s.ledgerDelta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
 		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema, Nodes: s.Nodes,
 		Pretrained: s.pretrained,
@@ -168,6 +168,19 @@ func (s *runSpec) keepLegacyAccountant(dataDir string, log *slog.Logger) {
 			"run", recs[0].Run, "data_dir", dataDir, "asked_for", s.Accountant)
 	}
 	s.legacyAccountant = true
+}
+
+// keepLedgerDelta makes a resumed run keep its δ: if dataDir's ledger has
+// a run record, its δ is the plan's LedgerDelta, which the run keeps
+// unless --delta (or the run file) gives one. A run started with the
+// fixed default δ = 1e-5 and N ≥ 1e5 thus resumes, where the derived
+// default (coordinator.DefaultDelta) would not match its ledger.
+func (s *runSpec) keepLedgerDelta(dataDir string) {
+	recs, _, err := ledger.ReadFile(filepath.Join(dataDir, coordinator.LedgerFile))
+	if err != nil || len(recs) == 0 || recs[0].Kind != ledger.RecordRun {
+		return
+	}
+	s.ledgerDelta = recs[0].Delta
 }
 
 // accountantName names a run's accountant for output (RDP for a run

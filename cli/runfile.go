@@ -97,8 +97,12 @@ type runSpec struct {
 	Clip          float64 `yaml:"clip"`
 	Sigma         float64 `yaml:"sigma"` // 0: calibrated to TargetEpsilon at MaxSteps
 	TargetEpsilon float64 `yaml:"target_epsilon"`
-	Delta         float64 `yaml:"delta"`
-	MaxSteps      int64   `yaml:"max_steps"`
+	// Delta is δ, below 1/N; 0 derives it (coordinator.RunPlan: the
+	// resumed run's ledger's, else coordinator.DefaultDelta(N)).
+	Delta    float64 `yaml:"delta"`
+	MaxSteps int64   `yaml:"max_steps"`
+	// ledgerDelta is set by keepLedgerDelta, never by the user.
+	ledgerDelta float64
 
 	// Noise is the leader's noise mechanism: discrete (the default: the sum
 	// snapped to a fine grid plus exact discrete Gaussian noise) or float
@@ -142,7 +146,7 @@ func defaultRunSpec() runSpec {
 	opt := dpadam.DefaultConfig()
 	return runSpec{
 		Run: "fashion-mlp", Model: "mlp", Dataset: "fashion-mnist",
-		BatchSize: 256, Clip: 1, TargetEpsilon: 3, Delta: 1e-5, MaxSteps: 1000, Noise: coordinator.DefaultNoiseMode,
+		BatchSize: 256, Clip: 1, TargetEpsilon: 3, MaxSteps: 1000, Noise: coordinator.DefaultNoiseMode,
 		Algorithm: string(opt.Algorithm), LR: opt.LearningRate, Beta1: opt.Beta1, Beta2: opt.Beta2,
 		AdamEps: opt.AdamEps, GammaPrime: 1e-6, Momentum: opt.Momentum,
 		InitSeed: 1, ShardSeed: 1, RoundTimeout: 10 * time.Second, EvalEvery: 100, MinNodes: 1,
@@ -181,7 +185,7 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Noise, "noise", s.Noise, "leader's noise: discrete (exact discrete Gaussian on a fine grid) or float (legacy floating-point sampler, NOT protected against floating-point attacks)")
 	fs.StringVar(&s.Accountant, "accountant", s.Accountant, "privacy accountant enforcing the budget and calibrating σ: pld (the default; charges --noise discrete through its lattice) or rdp")
 	fs.Float64Var(&s.TargetEpsilon, "target-epsilon", s.TargetEpsilon, "privacy budget ε, enforced by the ledger")
-	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ")
+	fs.Float64Var(&s.Delta, "delta", s.Delta, "δ, below 1/N (0: 1e-5 for N < 1e5, else the largest power of ten ≤ 1/(10·N); a resumed run keeps its ledger's)")
 	fs.Int64Var(&s.MaxSteps, "max-steps", s.MaxSteps, "stop after this many steps (0: when the budget is spent; needs --sigma)")
 	fs.StringVar(&s.Algorithm, "algorithm", s.Algorithm, "optimizer: dp-adambc, dp-adam, dp-sgd or dp-sgdm")
 	fs.Float64Var(&s.LR, "lr", s.LR, "learning rate η")

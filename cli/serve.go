@@ -151,6 +151,7 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	seeded := f.insecureSeed != 0
 	spec.keepLegacyNoise(f.dataDir, log)
 	spec.keepLegacyAccountant(f.dataDir, log)
+	spec.keepLedgerDelta(f.dataDir)
 	if err := checkDataDirFree(f.dataDir); err != nil {
 		return err
 	}

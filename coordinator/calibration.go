@@ -120,6 +120,13 @@ func plannedEpsilon(c RunConfig) (float64, error) {
 // calibrationKey hashes the plan, with σ cleared, and calibrationVersion.
 func calibrationKey(p RunPlan) (string, error) {
 	p.Sigma = 0
+	// The δ the plan derives, not how: a run that gave δ = 1e-5 before δ
+	// was derived keeps its remembered σ.
+	if n, _, err := p.sampling(); err == nil {
+		if d, err := p.delta(n); err == nil {
+			p.Delta = d
+		}
+	}
 	b, err := json.Marshal(p)
 	if err != nil {
 		return "", err

@@ -56,8 +56,16 @@ type RunPlan struct {
 	// steps spend TargetEpsilon at Delta (less CalibrationMargin).
 	Sigma         float64
 	TargetEpsilon float64
-	Delta         float64
-	MaxSteps      int64
+	// Delta is δ, which must be below 1/N; 0 derives it: LedgerDelta if
+	// set, else DefaultDelta(N).
+	Delta float64
+	// LedgerDelta is the δ the ledger of the run being resumed records (0:
+	// a new run). With Delta 0 the run keeps it, even at or above 1/N (a
+	// run started before δ depended on N), since a run cannot change δ
+	// midway (ledger.ErrRunMismatch). It is not part of the calibration
+	// key: the δ it gives is.
+	LedgerDelta float64 `json:"-"`
+	MaxSteps    int64
 	// Optimizer is the update rule and its hyperparameters; its
 	// NoiseMultiplier and ExpectedBatchSize are ignored (the plan sets
 	// them), its ClipNorm is C.
@@ -93,7 +101,8 @@ type RunPlan struct {
 //
 //  1. N is TotalExamples or DataExamples (which must agree when both are
 //     set), and must be positive;
-//  2. B must be in (0, N], and q = B/N;
+//  2. B must be in (0, N], and q = B/N; δ is Delta, which must be in
+//     (0, 1/N), or with Delta 0 LedgerDelta or DefaultDelta(N) (RunPlan.delta);
 //  3. the noise mode is NoiseLegacy if KeepLegacyNoise, else NoiseMode,
 //     which must be NoiseDiscrete or NoiseFloat;
 //  4. the accountant is AccountantLegacy if KeepLegacyAccountant, else
@@ -112,6 +121,9 @@ type RunPlan struct {
 func (p RunPlan) RunConfig() (RunConfig, error) {
 	n, q, err := p.sampling()
 	if err != nil {
+		return RunConfig{}, err
+	}
+	if p.Delta, err = p.delta(n); err != nil {
 		return RunConfig{}, err
 	}
 	if !(p.Sigma >= 0) {
@@ -170,6 +182,43 @@ func (p RunPlan) sampling() (int64, float64, error) {
 		return 0, 0, invalidPlan("batch_size %v must be in (0, N = %d]", p.BatchSize, n)
 	}
 	return n, p.BatchSize / float64(n), nil
+}
+
+// DefaultDelta is δ for a run of N examples that gives none: 1e-5 for
+// N < 1e5 (the δ runs had before it depended on N, so their ledgers and
+// calibrated σ stay as they were), else the largest power of ten at most
+// 1/(10·N) (1e-6 at N = 1e5, where 1e-5 would be 1/N; 1e-7 up to 1e6).
+// δ must stay well below 1/N: a mechanism that publishes one record,
+// chosen at random, whole satisfies every ε at δ = 1/N. A power of ten
+// reads plainly in reports and stays the same as N drifts a little (a few
+// examples more do not change the run's δ, its σ, or its ledger).
+func DefaultDelta(n int64) float64 {
+	if n < 1e5 {
+		return 1e-5
+	}
+	p := 1e6
+	for p < 10*float64(n) {
+		p *= 10
+	}
+	return 1 / p
+}
+
+// delta derives δ for a run of n examples (RunConfig's step 2): Delta,
+// which must be in (0, 1/n), or with Delta 0 LedgerDelta, or else
+// DefaultDelta(n).
+func (p RunPlan) delta(n int64) (float64, error) {
+	switch {
+	case p.Delta == 0 && p.LedgerDelta != 0:
+		return p.LedgerDelta, nil
+	case p.Delta == 0:
+		return DefaultDelta(n), nil
+	case !(p.Delta > 0):
+		return 0, invalidPlan("delta %v must be positive", p.Delta)
+	case p.Delta >= 1/float64(n):
+		return 0, invalidPlan("delta %g must be below 1/N = %.3g (N = %d training examples): at δ ≥ 1/N publishing one example whole is allowed; "+
+			"leave delta unset for %g", p.Delta, 1/float64(n), n, DefaultDelta(n))
+	}
+	return p.Delta, nil
 }
 
 // mechanism derives the noise mode and the accountant (RunConfig's steps

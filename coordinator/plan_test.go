@@ -2,7 +2,9 @@ package coordinator
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/dpcluster/dpcluster/accounting"
@@ -43,7 +45,8 @@ func TestRunPlanErrors(t *testing.T) {
 		// once the mechanism's total variation is below δ, RDP has a floor.
 		{"target ε unreachable", func(p *RunPlan) { p.TargetEpsilon, p.Delta = 1e-6, 1e-12 }, accounting.ErrUnreachable},
 		{"target ε negative", func(p *RunPlan) { p.TargetEpsilon = -1 }, accounting.ErrInvalidParameter},
-		{"δ out of range", func(p *RunPlan) { p.Sigma, p.Delta = 1, 1 }, ErrInvalidRunConfig},
+		{"δ out of range", func(p *RunPlan) { p.Sigma, p.Delta = 1, 1 }, ErrInvalidPlan},
+		{"δ negative", func(p *RunPlan) { p.Sigma, p.Delta = 1, -1e-5 }, ErrInvalidPlan},
 		{"empty run name", func(p *RunPlan) { p.Run = "" }, ErrInvalidRunConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,5 +288,58 @@ func TestTheta0(t *testing.T) {
 	}
 	if _, err := c.Theta0(fakeModel{hash: "other"}); err == nil {
 		t.Error("θ₀ of a model that is not the run's: no error")
+	}
+}
+
+// TestRunPlanDelta: δ must be below 1/N; without one the plan derives
+// 1e-5 below N = 1e5 (the δ every run had before) and the largest power
+// of ten at most 1/(10·N) from there, and a resumed run keeps its ledger's δ.
+func TestRunPlanDelta(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		n             int64
+		delta, ledger float64
+		want          float64 // 0: refused
+	}{
+		{"default, small N", 10000, 0, 0, 1e-5},
+		{"default, N just below 1e5", 99999, 0, 0, 1e-5},
+		{"default, N = 1e5", 100000, 0, 0, 1e-6},
+		{"default, N just above 1e5", 100001, 0, 0, 1e-7},
+		{"default, fortunes-seq", 133080, 0, 0, 1e-7},
+		{"default, N = 1e6", 1000000, 0, 0, 1e-7},
+		{"default, N just above 1e6", 1000001, 0, 0, 1e-8},
+		{"given", 10000, 1e-6, 0, 1e-6},
+		{"given, just below 1/N", 10000, 0.99e-4, 0, 0.99e-4},
+		{"given over the ledger's", 10000, 1e-6, 1e-5, 1e-6},
+		{"resumed at δ ≥ 1/N", 133080, 0, 1e-5, 1e-5},
+		{"δ = 1/N", 10000, 1e-4, 0, 0},
+		{"δ = 0.5", 3000, 0.5, 0, 0},
+		{"1e-5 given with N > 1e5", 133080, 1e-5, 0, 0},
+		{"given at δ ≥ 1/N, resumed", 133080, 1e-5, 1e-5, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPlan()
+			p.DataExamples, p.Sigma, p.Delta, p.LedgerDelta = tc.n, 1, tc.delta, tc.ledger
+			c, err := p.RunConfig()
+			switch {
+			case tc.want == 0 && err == nil:
+				t.Fatalf("δ = %v accepted with N = %d", c.Delta, tc.n)
+			case tc.want == 0:
+				if !errors.Is(err, ErrInvalidPlan) {
+					t.Fatalf("err = %v, want ErrInvalidPlan", err)
+				}
+				for _, want := range []string{fmt.Sprintf("delta %g", tc.delta), fmt.Sprintf("N = %d", tc.n), "1/N = "} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not say %q", err, want)
+					}
+				}
+			case err != nil:
+				t.Fatal(err)
+			case c.Delta != tc.want:
+				t.Errorf("δ = %v, want %v", c.Delta, tc.want)
+			case tc.ledger == 0 && !(c.Delta < 1/float64(tc.n)):
+				t.Errorf("δ = %v is not below 1/N = %v", c.Delta, 1/float64(tc.n))
+			}
+		})
 	}
 }

@@ -239,7 +239,7 @@ func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 		}
 	}
 	var err error
-	if d.Classes, d.LabelNames, err = spec.labels.finish(); err != nil {
+	if d.Classes, d.LabelNames, err = spec.labels.finish(d.Y); err != nil {
 		return nil, &csvError{field: -1, msg: err.Error()}
 	}
 	return d, nil

@@ -2,6 +2,8 @@ package dataset
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -75,6 +77,8 @@ func TestReadFileCSVErrors(t *testing.T) {
 		{"legacy string label", "cat,1\n", FileOptions{}, []string{`:1: column 1: label "cat" is not a non-negative integer`}},
 		{"legacy one column", "1\n", FileOptions{}, []string{":1: 1 column(s)"}},
 		{"huge label", "2000000000,1\n", FileOptions{}, []string{"set --classes"}},
+		{"one outlier label", "y,a\n0,1\n# c\n1,2\n50000,3\n2,4\n", FileOptions{LabelColumn: "y"},
+			[]string{"label 50000 in data row 3 would make 50001 classes", "only 4 distinct labels", "--classes", "--labels"}},
 		{"empty label", "y,a\ncat,1\n,2\n", FileOptions{LabelColumn: "y"}, []string{`:3: column "y": label "" is empty`}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,4 +108,54 @@ func FuzzReadFileCSV(f *testing.F) {
 		}
 		fuzzReadFile(t, "f.csv", data, false, o)
 	})
+}
+
+// TestReadFileCSVInferredClasses: integer labels infer max + 1 classes
+// unless that is more than 100 classes and more than twice the distinct
+// labels seen (one stray label); --classes (Classes) or --labels keep the
+// count the user gives.
+func TestReadFileCSVInferredClasses(t *testing.T) {
+	dir := t.TempDir()
+	rows := func(labels ...int) []byte {
+		var b strings.Builder
+		b.WriteString("y,a\n")
+		for _, l := range labels {
+			fmt.Fprintf(&b, "%d,1\n", l)
+		}
+		return []byte(b.String())
+	}
+	every := make([]int, 151) // 0…150: 151 classes, all seen
+	for i := range every {
+		every[i] = i
+	}
+	for _, tt := range []struct {
+		name    string
+		labels  []int
+		o       FileOptions
+		classes int // 0: refused
+	}{
+		{"small count, sparse", []int{0, 99}, FileOptions{}, 100},
+		{"101 classes, 2 seen", []int{0, 100}, FileOptions{}, 0},
+		{"every label seen", every, FileOptions{}, 151},
+		{"half seen", every[:76:76], FileOptions{}, 76},
+		{"151 classes, 75 seen", append(slices.Clone(every[:74]), 150), FileOptions{}, 0},
+		{"151 classes, 76 seen", append(slices.Clone(every[:75]), 150), FileOptions{}, 151},
+		{"outlier with Classes", []int{0, 1, 50000}, FileOptions{Classes: 50001}, 50001},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.o
+			o.LabelColumn = "y"
+			d, err := ReadFile(writeFile(t, dir, strings.ReplaceAll(tt.name, " ", "_")+".csv", rows(tt.labels...)), o)
+			switch {
+			case tt.classes == 0 && err == nil:
+				t.Fatalf("accepted with %d classes; want the outlier refused", d.Classes)
+			case tt.classes == 0:
+				wantErr(t, err, ErrFormat, "would make", "--classes")
+			case err != nil:
+				t.Fatal(err)
+			case d.Classes != tt.classes:
+				t.Errorf("got %d classes, want %d", d.Classes, tt.classes)
+			}
+		})
+	}
 }

@@ -72,7 +72,7 @@ func readImageFolder(dir string, o FileOptions) (*Dataset, error) {
 	if d.Len() == 0 {
 		return nil, formatErr(dir, nil, "no .png, .jpg or .jpeg images in its class sub-folders %s", quoteList(classDirs, 8))
 	}
-	if d.Classes, d.LabelNames, err = lab.finish(); err != nil {
+	if d.Classes, d.LabelNames, err = lab.finish(d.Y); err != nil {
 		return nil, formatErr(dir, nil, "%v", err)
 	}
 	return d, nil

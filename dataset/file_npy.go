@@ -255,7 +255,7 @@ func readNPYFile(path string, o FileOptions) (*Dataset, error) {
 			d.X = append(d.X, v)
 		}
 	}
-	if d.Classes, d.LabelNames, err = lab.finish(); err != nil {
+	if d.Classes, d.LabelNames, err = lab.finish(d.Y); err != nil {
 		return nil, formatErr(path, nil, "%v", err)
 	}
 	return d, nil
@@ -337,7 +337,7 @@ func readNPZFile(path string, o FileOptions) (*Dataset, error) {
 		}
 		d.X[j] = v
 	}
-	if d.Classes, d.LabelNames, err = lab.finish(); err != nil {
+	if d.Classes, d.LabelNames, err = lab.finish(d.Y); err != nil {
 		return nil, formatErr(path, nil, "%v", err)
 	}
 	return d, nil

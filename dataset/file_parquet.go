@@ -340,7 +340,7 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 		}
 	}
 	var err error
-	if d.Classes, d.LabelNames, err = lab.finish(); err != nil {
+	if d.Classes, d.LabelNames, err = lab.finish(d.Y); err != nil {
 		return nil, formatErr(path, nil, "column %q: %v", label.name, err)
 	}
 	return d, nil

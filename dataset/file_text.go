@@ -177,7 +177,7 @@ func readTextFolder(dir string, o FileOptions) (*Dataset, error) {
 	if d.Len() == 0 {
 		return nil, formatErr(dir, nil, "no .txt documents in its class sub-folders %s", quoteList(classDirs, 8))
 	}
-	if d.Classes, d.LabelNames, err = lab.finish(); err != nil {
+	if d.Classes, d.LabelNames, err = lab.finish(d.Y); err != nil {
 		return nil, formatErr(dir, nil, "%v", err)
 	}
 	return d, nil

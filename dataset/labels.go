@@ -151,9 +151,21 @@ func (l *labeler) resolve(y []int32, sniff bool) (row int, err error) {
 	return 0, nil
 }
 
+// Integer labels infer max + 1 classes, unless that count is driven by a
+// stray label: more than sparseClassesMin classes and more than
+// sparseClassesRatio times the distinct labels seen. A typo (50000 among
+// labels 0…9) would otherwise build a 50,001-class model that trains and
+// evaluates as if nothing were wrong. Up to sparseClassesMin classes cost
+// little, so sparse small label sets (0 and 99) stay accepted.
+const (
+	sparseClassesMin   = 100
+	sparseClassesRatio = 2
+)
+
 // finish returns the number of classes and the class names (nil for
-// integer labels).
-func (l *labeler) finish() (classes int, names []string, err error) {
+// integer labels); y is the data's labels, to find an outlier that
+// infers the class count (the rule at sparseClassesMin).
+func (l *labeler) finish(y []int32) (classes int, names []string, err error) {
 	switch {
 	case l.names != nil:
 		return len(l.names), slices.Clone(l.names), nil
@@ -164,7 +176,25 @@ func (l *labeler) finish() (classes int, names []string, err error) {
 	case l.maxInt >= maxInferredClasses:
 		return 0, nil, fmt.Errorf("label %d would infer more than %d classes; set %s", l.maxInt, maxInferredClasses, l.classesOpt)
 	}
-	return int(l.maxInt) + 1, nil, nil
+	classes = int(l.maxInt) + 1
+	if classes > sparseClassesMin {
+		seen, distinct, row := make([]bool, classes), 0, 0
+		for i, c := range y {
+			if !seen[c] {
+				seen[c], distinct = true, distinct+1
+			}
+			if row == 0 && int64(c) == l.maxInt {
+				row = i + 1
+			}
+		}
+		if classes > sparseClassesRatio*distinct {
+			return 0, nil, fmt.Errorf("label %d in data row %d would make %d classes but only %d distinct labels appear "+
+				"(more than %d classes are inferred only when at least 1/%d of them appear): correct the label, "+
+				"or set %s (or the class names, --labels) if it is right",
+				l.maxInt, row, classes, distinct, sparseClassesMin, sparseClassesRatio, l.classesOpt)
+		}
+	}
+	return classes, nil, nil
 }
 
 // quoteList formats names as a list of quoted strings, eliding all but
