@@ -132,6 +132,8 @@ type Spec struct {
 //	relu, tanh,
 //	gelu,
 //	gelu_tanh:    elementwise, any shape
+//
+// A field the layer's type does not use is an error naming the field.
 type LayerSpec struct {
 	Type string `json:"type"`
 	// Name prefixes the layer's parameter names ("<name>.weight"); default
