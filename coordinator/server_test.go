@@ -416,10 +416,15 @@ func TestServerRejectsBadContributions(t *testing.T) {
 			t.Errorf("node %s was not told %q", tc.n.id, tc.detail)
 		}
 	}
+	// The good node answered every step's round: once, or again when a
+	// loaded machine delivered its answer after the 500 ms deadline and
+	// the leader, with no contribution to release, opened the step's
+	// round anew (closeRound); the steps' single participants above are
+	// what was accepted.
 	good.mu.Lock()
 	for st := uint64(1); st <= 3; st++ {
-		if good.answered[st] != 1 {
-			t.Errorf("good node answered round %d %d times", st, good.answered[st])
+		if good.answered[st] < 1 {
+			t.Errorf("good node never answered round %d", st)
 		}
 	}
 	good.mu.Unlock()
