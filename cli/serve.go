@@ -87,6 +87,9 @@ replica presents its certificate to those servers (docs/SECURITY.md).`,
 			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
 				return err
 			}
+			if err := spec.checkOwnDataMinNodes(); err != nil {
+				return err
+			}
 			return runServe(cmd, spec, f)
 		},
 	}
