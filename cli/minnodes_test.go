@@ -85,3 +85,14 @@ func TestServeOwnDataNeedsMinNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintStatusWaiting: `coordinator status` shows a leader's wait for
+// nodes, as its replica report gives it, on a line of its own.
+func TestPrintStatusWaiting(t *testing.T) {
+	var b strings.Builder
+	printStatus(&b, statusReport{Run: "clinics", Leader: "r1", Replicas: []replicaStatus{
+		{ID: "r1", Role: "leader", Waiting: "waiting for nodes: 1 of 2, missing site-b"}, {ID: "r2", Role: "follower"}}})
+	if want := "NO ROUND YET: leader r1 is waiting for nodes: 1 of 2, missing site-b\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("status text:\n%s\nwant the line %q", b.String(), want)
+	}
+}
