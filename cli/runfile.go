@@ -137,7 +137,12 @@ type runSpec struct {
 	ShardSeed    uint64        `yaml:"shard_seed"`
 	RoundTimeout time.Duration `yaml:"round_timeout"`
 	EvalEvery    int64         `yaml:"eval_every"`
-	MinNodes     int           `yaml:"min_nodes"`
+	// MinNodes is how many live nodes a round needs; when not given, the
+	// number of Nodes if set (every named node), else 1.
+	MinNodes int `yaml:"min_nodes"`
+	// minNodesGiven says MinNodes was given (key or flag); set by
+	// loadRunSpec, never by the user.
+	minNodesGiven bool
 }
 
 // defaultRunSpec is the README's main job: the mlp preset on
@@ -260,6 +265,10 @@ func loadRunSpec(s *runSpec, path string, fs *pflag.FlagSet) error {
 	if !given("run", "run") {
 		s.Run = s.derivedRunName()
 	}
+	s.minNodesGiven = given("min-nodes", "min_nodes")
+	if !s.minNodesGiven && len(s.Nodes) > 0 {
+		s.MinNodes = len(s.Nodes)
+	}
 	return s.check(fs, fileKeys)
 }
 
@@ -377,6 +386,10 @@ func (s *runSpec) check(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 	}
 	if err := s.checkOptimizer(); err != nil {
 		errs = append(errs, err)
+	}
+	if len(s.Nodes) > 0 && s.MinNodes > len(s.Nodes) {
+		errs = append(errs, fmt.Errorf("--min-nodes %d: the run admits only the %d nodes of node_ids, so no round could open; give at most %d",
+			s.MinNodes, len(s.Nodes), len(s.Nodes)))
 	}
 	errs = append(errs, s.checkData(fs.Changed("run") || fileKeys["run"])...)
 	if err := s.checkInitFrom(fs, fileKeys); err != nil {
@@ -549,4 +562,17 @@ func newLogger(cmd *cobra.Command, format string, level slog.Level) (*slog.Logge
 		return slog.New(slog.NewJSONHandler(stderr(cmd), opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}
+
+// checkOwnDataMinNodes refuses a run whose nodes bring their own data
+// (dataset local) and that says neither which nodes it has (node_ids) nor
+// how many a round needs (min_nodes): the leader would open rounds with
+// the first node to join, spending the budget on that site's data alone.
+// serve checks it; a node's run file needs neither.
+func (s *runSpec) checkOwnDataMinNodes() error {
+	if s.Dataset == dataset.NameLocal && len(s.Nodes) == 0 && !s.minNodesGiven {
+		return errors.New("--dataset local: say how many nodes a round needs (min_nodes: N in the run file, or --min-nodes N), " +
+			"or name the nodes (node_ids: [a, b, ...], whose number is then the default): otherwise the first node to join trains alone")
+	}
+	return nil
 }

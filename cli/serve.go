@@ -87,6 +87,9 @@ replica presents its certificate to those servers (docs/SECURITY.md).`,
 			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
 				return err
 			}
+			if err := spec.checkOwnDataMinNodes(); err != nil {
+				return err
+			}
 			return runServe(cmd, spec, f)
 		},
 	}
@@ -158,6 +161,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	if _, err := coordinator.CheckDataDirOwner(f.dataDir, f.id); err != nil {
 		return fmt.Errorf("--id %s --data-dir %s: %w", f.id, f.dataDir, err)
 	}
+	if err := checkHasCluster(f, peers); err != nil {
+		return err
+	}
 	if err := checkMetricsAddr(f.metricsAddr); err != nil {
 		return err
 	}
@@ -227,6 +233,26 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(cmd.OutOrStdout(), line)
+	}
+	return nil
+}
+
+// checkHasCluster refuses, before any data loads, a replica that would
+// wait forever: on a data dir without Raft state it has no configuration,
+// hence no peer to elect a leader with, unless it bootstraps one
+// (--bootstrap), is listed in the --peers another replica bootstraps, or
+// asks a running cluster to add it (--join).
+func checkHasCluster(f serveFlags, peers []raft.Server) error {
+	if f.bootstrap || f.join || len(peers) > 0 {
+		return nil
+	}
+	has, err := coordinator.HasRaftState(f.dataDir)
+	if err != nil {
+		return fmt.Errorf("--data-dir %s: %w", f.dataDir, err)
+	}
+	if !has {
+		return fmt.Errorf("--data-dir %s holds no Raft state, so this replica has no cluster: pass --bootstrap on the first replica's first start "+
+			"(with --peers id=host:port,... for a group of replicas), or --join to join a running cluster", f.dataDir)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"path/filepath"
 	"strings"
@@ -213,7 +214,7 @@ func TestServeFlagErrors(t *testing.T) {
 		// Issue 27, finding 6: another replica's data dir, refused up front.
 		{[]string{"--data-dir", r3Dir, "--id", "r2", "--raft-addr", "127.0.0.1:7000"}, `belongs to replica "r3"`},
 	} {
-		_, err := run(t, append([]string{"serve", "--model", "logreg", "--dataset", "gaussian"}, tc.args...)...)
+		_, err := run(t, append([]string{"serve", "--model", "logreg", "--dataset", "gaussian", "--bootstrap"}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want it to mention %q", tc.args, err, tc.want)
 		}
@@ -295,4 +296,44 @@ func startTestNATS(t *testing.T) *transport.Server {
 	}
 	t.Cleanup(srv.Shutdown)
 	return srv
+}
+
+// TestServeNeedsBootstrapOnNewDataDir: serve on a data dir without Raft
+// state and with neither --bootstrap, --peers nor --join has no cluster
+// to elect a leader in; it fails at once with an error naming the flags
+// that give it one, instead of waiting forever. A data dir with Raft state
+// starts without --bootstrap, as a restart does.
+func TestServeNeedsBootstrapOnNewDataDir(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var logs strings.Builder
+	start := time.Now()
+	err := runServeCmd(ctx, &logs, "--id", "r1", "--raft-addr", freeAddrString(t), "--data-dir", t.TempDir(), "--nats-listen", freeAddrString(t))
+	if err == nil || !strings.Contains(err.Error(), "--bootstrap") || !strings.Contains(err.Error(), "--join") {
+		t.Fatalf("serve on a new data dir without --bootstrap: err = %v after %v, want one naming --bootstrap and --join\nlogs:\n%s",
+			err, time.Since(start), logs.String())
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error is more than one line: %q", err)
+	}
+
+	// A data dir some replica r1 bootstrapped: serve resumes on it, leads
+	// and runs until its context ends.
+	dir := t.TempDir()
+	rcfg := coordinator.DefaultReplicaConfig()
+	rcfg.ID, rcfg.RaftAddr, rcfg.DataDir, rcfg.Bootstrap = "r1", freeAddrString(t), dir, true
+	r, err := coordinator.OpenReplica(rcfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel2()
+	logs.Reset()
+	err = runServeCmd(ctx2, &logs, "--id", "r1", "--raft-addr", freeAddrString(t), "--data-dir", dir, "--nats-listen", freeAddrString(t))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(logs.String(), "msg=leading") {
+		t.Fatalf("serve on a bootstrapped data dir without --bootstrap: err = %v, want it to lead until its context ends\nlogs:\n%s", err, logs.String())
+	}
 }

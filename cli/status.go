@@ -57,6 +57,10 @@ type replicaStatus struct {
 	// Blocked is why this replica, leading, opens no round (empty: it
 	// does not block them).
 	Blocked string `json:"blocked,omitempty"`
+	// Waiting says this replica, leading, opens no round for lack of live
+	// nodes: how many it has of how many it needs, and the run's named
+	// nodes missing (empty: it does not wait).
+	Waiting string `json:"waiting,omitempty"`
 	// Insecure says the replica runs without TLS (started with
 	// --insecure): the run's transport is not protected.
 	Insecure bool `json:"insecure,omitempty"`
@@ -161,7 +165,7 @@ func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig
 			if c := m.(transport.Control); c.Code == transport.ControlReplica {
 				mu.Lock()
 				replicas[c.From] = replicaStatus{ID: c.From, Role: c.Role, Term: c.Term, Applied: c.Step, Charged: c.Charged,
-					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked, Insecure: c.Insecure}
+					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked, Waiting: c.Waiting, Insecure: c.Insecure}
 				mu.Unlock()
 			}
 		},
@@ -235,6 +239,9 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 	for _, r := range rep.Replicas {
 		if r.Blocked != "" {
 			fmt.Fprintf(w, "NODES LEFT OUT by %s: %s\n", r.ID, r.Blocked)
+		}
+		if r.Waiting != "" {
+			fmt.Fprintf(w, "NO ROUND YET: leader %s is %s\n", r.ID, r.Waiting)
 		}
 	}
 	for _, r := range rep.Replicas {

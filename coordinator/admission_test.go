@@ -283,12 +283,13 @@ func (l *lockedBuffer) String() string {
 }
 
 // watchStatus records the replica reports (Control) that say rounds are
-// blocked and the rejections (Status) published on the run, and counts
+// blocked or wait for nodes, and the rejections (Status) published on the run, and counts
 // RoundStarts.
 type watchStatus struct {
 	mu       sync.Mutex
 	rounds   int
 	blocked  []string
+	waiting  []string
 	rejected map[string]map[string]bool // node → details it was told
 }
 
@@ -314,6 +315,9 @@ func watch(t *testing.T, conn *transport.Client) *watchStatus {
 		defer w.mu.Unlock()
 		if c.Code == transport.ControlReplica && c.Blocked != "" {
 			w.blocked = append(w.blocked, c.Blocked)
+		}
+		if c.Code == transport.ControlReplica && c.Waiting != "" {
+			w.waiting = append(w.waiting, c.Waiting)
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -371,6 +375,27 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
+// serverResult is what a Server's Run returned.
+type serverResult struct {
+	sum Summary
+	err error
+}
+
+// runTestServer starts the round loop of r over conn on a goroutine,
+// logging as text into logs; done receives what Run returns.
+func runTestServer(t *testing.T, ctx context.Context, r *Replica, conn *transport.Client, c RunConfig, scfg ServerConfig) (
+	s *Server, logs *lockedBuffer, done <-chan serverResult) {
+	t.Helper()
+	logs = new(lockedBuffer)
+	s, err := NewServer(r, conn, c, scfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan serverResult, 1)
+	go func() { sum, err := s.Run(ctx); ch <- serverResult{sum, err} }()
+	return s, logs, ch
+}
+
 // TestServerBlocksOverlappingShards: while two live nodes hold overlapping
 // parts of the training set — the same shard, or shards of different cuts
 // — the later claim is left out of the rounds, so with --min-nodes 2 the
@@ -414,17 +439,7 @@ func TestServerBlocksOverlappingShards(t *testing.T) {
 			if scfg.Metrics, err = NewMetrics(reg, c.Run, "r1"); err != nil {
 				t.Fatal(err)
 			}
-			var logs lockedBuffer
-			s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewTextHandler(&logs, nil)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			type result struct {
-				sum Summary
-				err error
-			}
-			done := make(chan result, 1)
-			go func() { sum, err := s.Run(ctx); done <- result{sum, err} }()
+			_, logs, done := runTestServer(t, ctx, r, coordConn, c, scfg)
 
 			// Blocked, and saying so: status, metric, log.
 			waitFor(t, ctx, "a blocked replica status or a round", func() bool {

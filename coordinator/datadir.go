@@ -9,7 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dpcluster/dpcluster/internal/durable"
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // ReplicaIDFile, in a replica's data dir, names the replica the dir
@@ -79,3 +82,40 @@ func claimDataDir(dir, id string, log *slog.Logger) error {
 	}
 	return nil
 }
+
+// HasRaftState reports whether the replica data dir dir holds Raft state:
+// a log with an entry or a term (raftlog.Store, in raft/; a bbolt log of
+// an earlier version counts), or a snapshot. A replica without any has no
+// configuration and so no peers to elect itself among: it must bootstrap
+// a cluster or be added to one. It reads only, without the log's lock, so
+// a command can ask before it loads anything.
+func HasRaftState(dir string) (bool, error) {
+	raftDir := filepath.Join(dir, "raft")
+	if _, err := os.Stat(filepath.Join(raftDir, "log.db")); err == nil {
+		return true, nil
+	}
+	snaps, err := raftlog.ReadSnapshots(dir)
+	if err != nil {
+		return false, err
+	}
+	var store raft.SnapshotStore = emptySnapshots{}
+	if snaps != nil {
+		store = snaps
+	}
+	logs, err := raftlog.OpenReadOnly(raftDir)
+	if errors.Is(err, raftlog.ErrNoLog) {
+		list, err := store.List()
+		return len(list) > 0, err
+	}
+	if err != nil {
+		return false, err
+	}
+	defer logs.Close()
+	return raft.HasExistingState(logs, logs, store)
+}
+
+// emptySnapshots stands for a data dir without a snapshot directory:
+// raft.HasExistingState calls only List.
+type emptySnapshots struct{ raft.SnapshotStore }
+
+func (emptySnapshots) List() ([]*raft.SnapshotMeta, error) { return nil, nil }

@@ -8,6 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dpcluster/dpcluster/raftlog"
 )
 
 // TestDataDirBelongsToOneReplica is issue 27's finding 6: a replica
@@ -84,5 +88,58 @@ func TestDataDirClaimWarnsOnlyOnReplicaState(t *testing.T) {
 		if warned := strings.Contains(logs.String(), "level=WARN"); warned != c.warn {
 			t.Errorf("%s: warned %v, want %v:\n%s", c.name, warned, c.warn, logs.String())
 		}
+	}
+}
+
+// TestHasRaftState: a new data dir, or one a replica opened without
+// bootstrapping (it wrote its ID and an empty log), holds no Raft state;
+// one a replica bootstrapped does, and so does one holding only a
+// snapshot.
+func TestHasRaftState(t *testing.T) {
+	has := func(dir string) bool {
+		t.Helper()
+		got, err := HasRaftState(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if has(t.TempDir()) {
+		t.Error("a new data dir holds Raft state")
+	}
+	idle := t.TempDir()
+	cfg := testReplicaConfig(idle, freeAddr(t))
+	cfg.Bootstrap = false
+	r, err := OpenReplica(cfg, testInit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if has(idle) {
+		t.Error("a data dir opened without bootstrap holds Raft state")
+	}
+	boot := t.TempDir()
+	r = openTestReplica(t, boot, freeAddr(t))
+	r.Close()
+	if !has(boot) {
+		t.Error("a bootstrapped data dir holds no Raft state")
+	}
+	snapOnly := t.TempDir()
+	snaps, err := raftlog.OpenSnapshots(snapOnly, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := snaps.Create(1, 5, 1, raft.Configuration{}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Write([]byte("state")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !has(snapOnly) {
+		t.Error("a data dir with a snapshot holds no Raft state")
 	}
 }

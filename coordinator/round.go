@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/dpcluster/dpcluster/aggregation"
@@ -133,6 +135,7 @@ func (l *loop) stepDown(why string) {
 	l.awaitNoise()
 	l.pending.Clear()
 	l.setBlocked(nil)
+	l.waiting = nil
 	l.lead = nil
 	ls.log.Info(why)
 }
@@ -247,7 +250,8 @@ func (l *loop) advance(ctx context.Context) {
 	// out (admission.go).
 	nodes, b := checkShards(claims, order, l.s.run.TotalExamples)
 	l.setBlocked(b)
-	if len(nodes) < l.s.cfg.MinNodes {
+	l.setWaiting(newNodeWait(nodes, l.s.cfg.MinNodes, l.s.run.Nodes))
+	if l.waiting != nil {
 		ls.retryAt = time.Now().Add(50 * time.Millisecond)
 		return
 	}
@@ -303,6 +307,71 @@ func (l *loop) setBlocked(b *roundBlock) {
 		l.blockLogged, l.blockLoggedAt = msg, now
 		l.log.Warn("leaving nodes out of rounds: their shard claims conflict with older ones", "reason", b.reason, "detail", b.detail)
 	}
+}
+
+// waitLogEvery is how often the leader repeats, while it waits for
+// nodes, which it has and which it waits for.
+const waitLogEvery = 5 * time.Second
+
+// nodeWait is the leader waiting for nodes: fewer live nodes it may
+// include in a round than ServerConfig.MinNodes.
+type nodeWait struct {
+	have    []string // the live nodes a round would include, sorted
+	need    int      // MinNodes
+	missing []string // the run's named nodes (RunConfig.Nodes) not in have
+}
+
+// newNodeWait is the wait for nodes with the live nodes a round would
+// include, or nil if they are enough.
+func newNodeWait(nodes []string, need int, named []string) *nodeWait {
+	if len(nodes) >= need {
+		return nil
+	}
+	w := &nodeWait{have: slices.Sorted(slices.Values(nodes)), need: need}
+	for _, id := range named {
+		if !slices.Contains(nodes, id) {
+			w.missing = append(w.missing, id)
+		}
+	}
+	return w
+}
+
+// String is the wait as the replica reports it ("" for nil): "waiting
+// for nodes: 1 of 2, missing b".
+func (w *nodeWait) String() string {
+	if w == nil {
+		return ""
+	}
+	msg := fmt.Sprintf("waiting for nodes: %d of %d", len(w.have), w.need)
+	if len(w.missing) > 0 {
+		msg += ", missing " + strings.Join(w.missing, " ")
+	}
+	return msg
+}
+
+// setWaiting records whether the leader waits for nodes (nil: it has
+// enough) for the status reports, and logs a change at once and an
+// unchanged wait every waitLogEvery: the loop retries every 50 ms.
+func (l *loop) setWaiting(w *nodeWait) {
+	was := l.waiting
+	l.waiting = w
+	if w == nil {
+		if was != nil {
+			l.statusDirty = true
+			l.log.Info("enough nodes for a round", "nodes", was.need)
+		}
+		return
+	}
+	now := time.Now()
+	if was != nil && w.String() == was.String() && now.Sub(l.waitLoggedAt) < waitLogEvery {
+		return
+	}
+	l.statusDirty, l.waitLoggedAt = true, now
+	args := []any{"have", strings.Join(w.have, ","), "live", len(w.have), "need", w.need}
+	if w.missing != nil {
+		args = append(args, "missing", strings.Join(w.missing, ","))
+	}
+	l.log.Info("waiting for nodes before the next round", args...)
 }
 
 // openRound opens round t over nodes (step 2) and, unless it was drawn

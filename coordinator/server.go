@@ -362,6 +362,11 @@ type loop struct {
 	blockLogged   string
 	blockLoggedAt time.Time
 
+	// waiting is the leader waiting for nodes (nil: it has enough, or does
+	// not lead); waitLoggedAt rate-limits its log line.
+	waiting      *nodeWait
+	waitLoggedAt time.Time
+
 	// sum is the rounds' sum buffer (aggregation.WithSumBuffer): the open
 	// round's until it closes, cleared once its noisy gradient is formed.
 	sum []float64

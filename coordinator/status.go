@@ -58,6 +58,12 @@ type Status struct {
 	// out.
 	Stopped string `json:"stopped"`
 	Blocked string `json:"blocked"`
+	// WaitingForNodes is how many more live nodes the leader needs before
+	// it opens a round (ServerConfig.MinNodes), 0 when it does not wait;
+	// MissingNodes the run's named nodes (RunConfig.Nodes) not live among
+	// them, by ID.
+	WaitingForNodes int      `json:"waiting_for_nodes"`
+	MissingNodes    []string `json:"missing_nodes,omitempty"`
 	// Eval is the last evaluation of θ (nil: none yet; leader only).
 	Eval *EvalPoint `json:"eval"`
 	// Nodes are the registered nodes, by ID; Replicas the replicas this
@@ -324,6 +330,9 @@ func (l *loop) publishStatus(final bool) {
 		Delta: Float(run.Delta), Accountant: run.AccountantName(), NoiseMode: noiseModeLabel(run.NoiseMode),
 		Private: run.SeedPolicy == seed.Crypto, Stopped: st.Stopped, Blocked: l.blocked.String(),
 		Nodes: make([]NodeStatus, 0, len(l.nodes.nodes)), Updated: now,
+	}
+	if w := l.waiting; w != nil {
+		out.WaitingForNodes, out.MissingNodes = w.need-len(w.have), w.missing
 	}
 	if l.last.EvalStep > 0 {
 		e := evalPoint(l.last)

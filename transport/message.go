@@ -376,6 +376,12 @@ type Control struct {
 	// nodes a and b both hold shard 0 of 3"). Empty when rounds are not
 	// blocked.
 	Blocked string `msgpack:"blocked,omitempty"`
+	// Waiting (ControlReplica only; optional, envelope version 1) says the
+	// leader opens no round for lack of live nodes: how many it has of how
+	// many it needs, and the run's named nodes missing ("waiting for
+	// nodes: 1 of 2, missing b"). Empty when it does not wait; absent
+	// from older senders.
+	Waiting string `msgpack:"waiting,omitempty"`
 	// Insecure (ControlReplica only; optional, envelope version 1) says the
 	// replica runs without TLS, started with --insecure: the run's
 	// transport is not protected. Absent (false) from older senders.
