@@ -32,8 +32,9 @@ var (
 	// "shard_identity" (the leader found this node's shard identity
 	// missing or invalid), "data_schema" (this node's data is not shaped
 	// as the run's), "pretrained_weights" (this node's model starts
-	// from other weights than the run's checkpoint) or "seat_taken"
-	// (another live process holds this node's ID).
+	// from other weights than the run's checkpoint). A "seat_taken"
+	// refusal (another live process holds this node's ID) does not end
+	// the run: the node waits for the seat to lapse.
 	ErrRefused = errors.New("node: the coordinator refuses this node")
 	// ErrEngine is returned (wrapped, with the device and the device's
 	// own error, such as model.ErrUnsupportedLayer or an out-of-memory

@@ -63,10 +63,13 @@
 //     with Detail "model_hash" the coordinator runs another model and Run
 //     returns ErrModelMismatch; with "seed_policy" or "shard_identity",
 //     or "data_schema: " or "pretrained_weights: " and the run's schema or
-//     weights hash, or "seat_taken: " (another live process holds this
-//     node's ID: Join, Heartbeat and Leave carry a session drawn at
-//     start, which tells the processes apart), the leader refuses this
-//     node and Run returns ErrRefused (logged at error). "unknown_node"
+//     weights hash, the leader refuses this node and Run returns
+//     ErrRefused (logged at error). "seat_taken: " (another live process
+//     holds this node's ID: Join, Heartbeat and Leave carry a session
+//     drawn at start, which tells the processes apart) is logged once at
+//     error and the node keeps heartbeating: a process restarted after
+//     one that died without leaving gets the seat when the old one's
+//     lapses. "unknown_node"
 //     (the leader leaves this node out of its rounds) is warned once,
 //     then logged at debug. Status StatusDone or StatusStopped
 //     ends the run: Run publishes Leave and returns nil.

@@ -55,6 +55,9 @@ type session struct {
 	// notMemberWarned is set once an unknown_node rejection was logged
 	// at warn; later ones are logged at debug.
 	notMemberWarned bool
+	// seatWarned is set once a seat_taken refusal was logged: the node
+	// waits for the seat rather than ending, and says so once.
+	seatWarned bool
 	// end is set when the run is over for this node.
 	end *ending
 }
@@ -385,10 +388,17 @@ func (s *session) apply(st transport.Status) {
 			return
 		}
 		if held, ok := strings.CutPrefix(st.Detail, RejectSeatTaken+": "); ok {
-			w.log.Error("node: the coordinator refuses this node: another process holds its node ID",
-				"detail", held, "session", w.session, "from", st.From)
-			s.end = &ending{reason: "refused",
-				err: fmt.Errorf("%w: %s: stop it, or give this node another --id", ErrRefused, held)}
+			// Either this process restarted after one with its ID died
+			// without leaving, whose seat lapses when its heartbeats are
+			// overdue, or two live processes share the ID. The node keeps
+			// heartbeating, so the first case resolves itself; it says
+			// so once.
+			if !s.seatWarned {
+				s.seatWarned = true
+				w.log.Error("node: the coordinator refuses this node for now: another process holds its node ID; waiting for that seat to lapse "+
+					"(a process that died without leaving loses it when its heartbeats are overdue); if another process does run with this ID, stop it or give this node another --id",
+					"detail", held, "session", w.session, "from", st.From)
+			}
 			return
 		}
 		switch st.Detail {
