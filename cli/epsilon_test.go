@@ -89,12 +89,13 @@ func testEpsilonOneAnswer(t *testing.T, progress string) {
 		t.Fatalf("interrupted run: %v", err)
 	}
 
-	// The ledger: ε after each applied step, and the run's event.
+	// The ledger: ε after each applied step (0 at step 0, before any
+	// charge: θ₀'s evaluation is logged there), and the run's event.
 	recs, _, err := ledger.ReadFile(filepath.Join(dir, coordinator.LedgerFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	eps := map[int64]float64{}
+	eps := map[int64]float64{0: 0}
 	var last ledger.Record
 	var charges int64
 	for _, r := range recs {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -393,6 +394,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		fmt.Fprintf(out, "trained %s for %d steps (%s) in %.0fs (%.1fs to the first step, %.1fs stepping, %.1fs after the last)\n",
 			rc.Run, res.Steps, res.Stopped, res.Seconds, res.Timing.ToFirstStep, res.Timing.Stepping, res.Timing.AfterLastStep)
 	}
+	if line := divergedWarning(res.Stopped); line != "" {
+		fmt.Fprintln(out, line)
+	}
 	if line := evalSummary(pr.eval, sum); line != "" {
 		fmt.Fprintln(out, line)
 	}
@@ -407,6 +411,17 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		fmt.Fprintln(out, finetunedLine(res.Finetuned, res.Steps))
 	}
 	return nil
+}
+
+// divergedWarning is the line local and serve print when the leader
+// stopped the run because its evaluation loss diverged
+// (coordinator.StopDiverged), else "".
+func divergedWarning(stopped string) string {
+	if !strings.HasPrefix(stopped, coordinator.StopDiverged) {
+		return ""
+	}
+	return "WARNING: " + stopped + "; the ledger holds what was spent. The run is finished: to train, " +
+		"start a new run (another --data-dir), e.g. with a lower --lr"
 }
 
 // unappliedCharge is what a line reporting ε after steps applied steps

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -108,5 +109,40 @@ func TestKeepLedgerDelta(t *testing.T) {
 		case c.Delta != tc.want:
 			t.Errorf("%s: δ = %v, want %v", tc.name, c.Delta, tc.want)
 		}
+	}
+}
+
+// TestLocalStopsDivergedTraining: with --lr 1e10 the evaluation loss
+// explodes; the run stops at the next round after the evaluation that
+// shows it, like a budget stop (exit status 0, its ledger kept), saying why:
+// in --json's "stopped", and in the text output on a WARNING line of its
+// own. θ₀'s evaluation, the base of the rule, is logged at step 0.
+func TestLocalStopsDivergedTraining(t *testing.T) {
+	dir := t.TempDir()
+	spec, _ := writeSpec(t)
+	data := writeMixtureCSV(t, dir, "train.csv", csvTrainRows, 11)
+	eval := writeMixtureCSV(t, dir, "eval.csv", csvEvalRows, 12)
+	args := func() []string {
+		return csvLocalArgs(t, data, spec, "--eval-path", eval, "--sigma", "1", "--target-epsilon", "20", "--lr", "1e10",
+			"--algorithm", "dp-sgd", "--max-steps", "60")
+	}
+	res := localJSON(t, args())
+	stopped, _ := res["stopped"].(string)
+	if !strings.HasPrefix(stopped, "training diverged: evaluation loss") {
+		t.Fatalf("stopped %q after %v steps; want the divergence stop", stopped, res["steps"])
+	}
+	if steps := res["steps"].(float64); !(steps >= 5 && steps < 60) {
+		t.Errorf("stopped after %v steps; want soon after the first evaluation that diverged (every 5 steps)", steps)
+	}
+
+	out, logs, err := runCmd(t, args()...)
+	if err != nil {
+		t.Fatalf("local: %v\nlogs:\n%s", err, logs)
+	}
+	if !strings.Contains(out, "\nWARNING: training diverged: evaluation loss") || !strings.Contains(out, "; the ledger holds what was spent") {
+		t.Errorf("text output has no WARNING line for the divergence:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)msg="test evaluation" step=0 .* epsilon=0$`).MatchString(logs) {
+		t.Errorf("θ₀'s evaluation (step 0, ε 0) is not logged:\n%s", logs)
 	}
 }

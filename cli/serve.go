@@ -216,6 +216,9 @@ func runServe(cmd *cobra.Command, spec runSpec, f serveFlags) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "run %s finished after %d steps (%s): ε = %.4f at δ = %g%s\n",
 		pr.cfg.Run, sum.Steps, sum.Stopped, sum.Epsilon, sum.Delta, unappliedCharge(sum.Steps, sum.Charged))
+	if line := divergedWarning(sum.Stopped); line != "" {
+		fmt.Fprintln(cmd.OutOrStdout(), line)
+	}
 	fmt.Fprintf(cmd.OutOrStdout(), "state sha256 %s (θ and optimizer state at step %d)\n", sum.Digest, sum.Steps)
 	// The run is over: leave the model beside the ledger.
 	modelPath := filepath.Join(f.dataDir, ModelFile)

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"errors"
+	"fmt"
 	"math"
 )
 
@@ -143,11 +144,20 @@ func (l *loop) onEval(e evalResult) {
 		l.log.Warn("evaluation failed", "step", e.step, "err", e.err)
 		return
 	}
+	if e.step == 0 {
+		// θ₀'s (evaluateTheta0): logged and exported like any other, and
+		// the base of checkDivergence, but not a step's Progress (EvalStep
+		// 0 means none there, and OnStep reports trained steps).
+		l.logEval(e.m, 0, 0)
+		l.checkDivergence(e.m.Loss, 0)
+		return
+	}
 	if e.step <= l.last.EvalStep {
 		return // a later θ was evaluated meanwhile (finish)
 	}
 	p := e.p
 	l.recordEval(&p, e.m, e.step)
+	l.checkDivergence(e.m.Loss, e.step)
 	l.statusDirty = true
 	if l.s.cfg.OnStep != nil {
 		l.s.cfg.OnStep(p)
@@ -176,15 +186,61 @@ func (l *loop) evaluateNow(p *Progress) {
 }
 
 // recordEval records evaluation m of θ of step in p, l.last, the metrics
-// and the log (labelled by ServerConfig.EvalData).
+// and the log (logEval).
 func (l *loop) recordEval(p *Progress, m Evaluation, step int64) {
-	d := l.s.cfg.EvalData
-	p.Eval, p.EvalStep, p.EvalData = m, step, d
+	p.Eval, p.EvalStep, p.EvalData = m, step, l.s.cfg.EvalData
 	l.last = *p
+	l.logEval(m, step, p.Epsilon)
+}
+
+// logEval exports evaluation m of θ of step, after ε spent epsilon, to the
+// metrics and the log, labelled by ServerConfig.EvalData.
+func (l *loop) logEval(m Evaluation, step int64, epsilon float64) {
+	d := l.s.cfg.EvalData
 	l.s.metrics.evaluated(m, d)
 	attrs := []any{"step", step, "accuracy", m.Accuracy, "loss", m.Loss, "examples", m.N}
 	if m.Tokens > 0 {
 		attrs = append(attrs, "tokens", m.Tokens, "perplexity", m.Perplexity())
 	}
-	l.log.Info(d.Label()+" evaluation", append(attrs, "eval_data", d.Key(), "private", d.Private(), "epsilon", p.Epsilon)...)
+	l.log.Info(d.Label()+" evaluation", append(attrs, "eval_data", d.Key(), "private", d.Private(), "epsilon", epsilon)...)
+}
+
+// divergenceFactor is how far the evaluation loss may grow over the base
+// loss (θ₀'s) before the run is stopped as diverged: far beyond the noise
+// of evaluating a noisy model, and passed within a step by a learning rate
+// that makes θ blow up (--lr 1e10 takes a loss of 1 to 1e9 and beyond).
+const divergenceFactor = 1000
+
+// evaluateTheta0 starts the evaluation of θ₀ (step 0), once, on a leader
+// starting a run with evaluation data: its loss is the base checkDivergence
+// measures against, and it is logged like any evaluation ("test
+// evaluation" at step 0: the starting accuracy). It runs beside the first
+// rounds, as startEval runs every evaluation, so it delays no round; a
+// step that comes due while it runs is not evaluated.
+func (l *loop) evaluateTheta0(st State) {
+	if l.baseAsked || l.haveBase || st.Applied != 0 || l.s.cfg.Evaluator == nil || l.s.cfg.EvalEvery <= 0 {
+		return
+	}
+	l.baseAsked = true
+	theta, _ := l.rep.FSM().Params(nil)
+	l.startEval(Progress{}, theta, 0)
+}
+
+// checkDivergence records in l.diverged why training diverged, once, when
+// the evaluation loss of step is NaN or infinite, or more than
+// divergenceFactor times the base loss: θ₀'s, or for a resumed run or a
+// new leader its own first evaluation's. advance then stops the run with
+// that reason, through the log, as it stops at the budget. A run without
+// evaluation data has no loss to watch.
+func (l *loop) checkDivergence(loss float64, step int64) {
+	switch {
+	case l.diverged != "":
+	case math.IsNaN(loss) || math.IsInf(loss, 0):
+		l.diverged = fmt.Sprintf("%s: evaluation loss %v at step %d", StopDiverged, loss, step)
+	case !l.haveBase:
+		l.baseLoss, l.baseStep, l.haveBase = loss, step, true
+	case l.baseLoss > 0 && loss > divergenceFactor*l.baseLoss:
+		l.diverged = fmt.Sprintf("%s: evaluation loss grew from %.3g at step %d to %.3g at step %d (more than %d×)",
+			StopDiverged, l.baseLoss, l.baseStep, loss, step, divergenceFactor)
+	}
 }

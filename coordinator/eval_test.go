@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -123,6 +124,9 @@ func TestServerLabelsEvaluations(t *testing.T) {
 			}
 			evals := 0
 			for _, p := range progress {
+				if p.Step == 0 {
+					t.Errorf("OnStep reported step 0 (θ₀'s evaluation is logged, not a step's progress): %+v", p)
+				}
 				if p.EvalStep > 0 {
 					evals++
 					if p.EvalData != d {
@@ -133,10 +137,15 @@ func TestServerLabelsEvaluations(t *testing.T) {
 			if evals == 0 || ev.calls == 0 {
 				t.Fatalf("no evaluation reported (%d calls)", ev.calls)
 			}
+			// Every call is logged: θ₀'s first (step 0, ε 0, the base of
+			// the divergence check), then the steps'.
 			logged := 0
 			for _, line := range strings.Split(logs.String(), "\n") {
 				if !strings.Contains(line, `"accuracy"`) {
 					continue
+				}
+				if logged == 0 && (!strings.Contains(line, `"step":0,`) || !strings.Contains(line, `"epsilon":0}`)) {
+					t.Errorf("first evaluation log line is not θ₀'s (step 0, ε 0): %s", line)
 				}
 				logged++
 				label := `"msg":"` + d.Label() + ` evaluation"`
@@ -198,11 +207,12 @@ func (e *blockingEvaluator) Evaluate(theta []float32) (Evaluation, error) {
 	return e.thetaEvaluator.Evaluate(theta)
 }
 
-// TestServerEvaluatesBesideTheRounds: an evaluation runs beside the rounds
-// (issue 28): while the first one is held, the run goes on stepping
-// (evaluating on the loop held every round behind it), the steps that come
-// due meanwhile are not evaluated, and once released it is reported and
-// the run ends with its final evaluation.
+// TestServerEvaluatesBesideTheRounds: an evaluation runs beside the rounds:
+// while the first one, θ₀'s, is held, the run goes on stepping (evaluating
+// on the loop would hold every round behind it, the first one included),
+// the steps that come due meanwhile are not evaluated, and once released
+// θ₀'s evaluation is logged at step 0 and the run ends with its final
+// evaluation.
 func TestServerEvaluatesBesideTheRounds(t *testing.T) {
 	const steps = 12
 	c, ctx, coordConn, r, scfg := oneNodeRun(t, steps)
@@ -217,13 +227,14 @@ func TestServerEvaluatesBesideTheRounds(t *testing.T) {
 			mu.Unlock()
 		}
 	}
-	s, err := NewServer(r, coordConn, c, scfg, nil)
+	var logs bytes.Buffer // written by the Server's goroutines through slog's locked handler; read after Run
+	s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewJSONHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { _, err := s.Run(ctx); done <- err }()
-	<-ev.started // step 2's evaluation is held
+	<-ev.started // θ₀'s evaluation is held
 	for r.FSM().State().Applied < 8 {
 		if ctx.Err() != nil {
 			at := r.FSM().State().Applied
@@ -239,13 +250,23 @@ func TestServerEvaluatesBesideTheRounds(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(evalSteps) == 0 || evalSteps[0] != 2 || evalSteps[len(evalSteps)-1] != steps {
-		t.Errorf("evaluations reported for steps %v, want 2 first and %d last", evalSteps, steps)
+	if len(evalSteps) == 0 || evalSteps[len(evalSteps)-1] != steps {
+		t.Errorf("evaluations reported for steps %v, want %d last", evalSteps, steps)
 	}
-	for _, st := range evalSteps[1:] {
-		if st < 8 && st != steps {
-			t.Errorf("step %d was evaluated while step 2's evaluation was held (reported %v)", st, evalSteps)
+	for _, st := range evalSteps {
+		if st < 8 {
+			t.Errorf("step %d was evaluated while θ₀'s evaluation was held (reported %v)", st, evalSteps)
 		}
+	}
+	var first string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"msg":"test evaluation"`) {
+			first = line
+			break
+		}
+	}
+	if !strings.Contains(first, `"step":0,`) {
+		t.Errorf("first evaluation logged %q; want θ₀'s, at step 0", first)
 	}
 }
 
@@ -266,4 +287,36 @@ func oneNodeRun(t *testing.T, steps int64) (RunConfig, context.Context, *transpo
 	scfg := DefaultServerConfig()
 	scfg.Noise = mechanism.NewSeededNoiseSource(5)
 	return c, ctx, coordConn, r, scfg
+}
+
+// TestCheckDivergence: the rule advance stops a run by. A loss that is NaN
+// or infinite diverges at once, even as the base; otherwise the first loss
+// seen is the base, and a later one diverges only past divergenceFactor
+// times it. The first reason stays.
+func TestCheckDivergence(t *testing.T) {
+	inf := math.Inf(1)
+	for _, tc := range []struct {
+		name   string
+		losses []float64 // of steps 0, 5, 10, …
+		want   string    // the reason after StopDiverged; "" for none
+	}{
+		{"steady", []float64{2.3, 1.1, 0.7}, ""},
+		{"grows, within the factor", []float64{2.3, 2000}, ""},
+		{"grows past the factor", []float64{2.3, 2301, 1e9}, "evaluation loss grew from 2.3 at step 0 to 2.3e+03 at step 5 (more than 1000×)"},
+		{"NaN", []float64{2.3, math.NaN(), inf}, "evaluation loss NaN at step 5"},
+		{"infinite base", []float64{inf}, "evaluation loss +Inf at step 0"},
+		{"zero base: only non-finite", []float64{0, 1e6, -inf}, "evaluation loss -Inf at step 10"},
+	} {
+		var l loop
+		for i, loss := range tc.losses {
+			l.checkDivergence(loss, int64(5*i))
+		}
+		want := ""
+		if tc.want != "" {
+			want = StopDiverged + ": " + tc.want
+		}
+		if l.diverged != want {
+			t.Errorf("%s: diverged %q, want %q", tc.name, l.diverged, want)
+		}
+	}
 }

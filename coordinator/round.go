@@ -98,6 +98,11 @@ const (
 	stopMaxSteps = "max steps reached"
 )
 
+// StopDiverged begins the stop reason (Summary.Stopped, the ledger's end
+// record) of a run the leader stopped because its evaluation loss
+// diverged (checkDivergence); the rest of the reason says how.
+const StopDiverged = "training diverged"
+
 // checkLeadership follows the replica's Raft role: a replica that became
 // leader starts step 1 (Barrier); one that lost leadership, or whose term
 // moved on, abandons its round. A leader that is draining finishes the run
@@ -210,8 +215,9 @@ func (l *loop) stepAhead(t int64, g []float32) error {
 }
 
 // advance lets an idle leader decide what comes next: the end of the run,
-// the stop at the budget, or round t (step 2); or nothing yet, if the live
-// nodes cannot make a round.
+// the stop at a diverged loss (checkDivergence) or at the budget, or round
+// t (step 2), beside which θ₀ is evaluated (evaluateTheta0); or nothing
+// yet, if the live nodes cannot make a round.
 func (l *loop) advance(ctx context.Context) {
 	ls := l.lead
 	if ls == nil || ls.phase != phaseIdle || time.Now().Before(ls.retryAt) {
@@ -231,6 +237,12 @@ func (l *loop) advance(ctx context.Context) {
 	if last := l.s.run.MaxSteps; last > 0 && ls.released >= last {
 		return // the last step is released; the run stops when its g̃ is applied (onState)
 	}
+	if l.diverged != "" {
+		ls.log.Warn("stopping the run: " + l.diverged)
+		l.proposeStop(l.diverged)
+		return
+	}
+	l.evaluateTheta0(st)
 	exceed, err := false, error(nil)
 	if c := ls.charge; c == nil || c.step != ls.released+1 {
 		exceed, err = fsm.WouldExceed() // else the step is charged already

@@ -348,6 +348,15 @@ type loop struct {
 
 	lead *leading // non-nil while this replica leads and knows it
 	last Progress // the leader's last evaluation
+	// baseLoss is the loss checkDivergence measures against (of θ of
+	// baseStep; haveBase: known): θ₀'s, which a leader starting a run
+	// evaluates first (baseAsked), else this leader's first evaluation.
+	// diverged, once set, is the reason advance stops the run with.
+	baseLoss  float64
+	baseStep  int64
+	haveBase  bool
+	baseAsked bool
+	diverged  string
 
 	// An evaluation of θ runs on a goroutine of the loop's (startEval),
 	// one at a time: evalBusy while it runs, its θ copied into evalTheta
