@@ -129,6 +129,10 @@ func auditRunConfig(spec runSpec, pr preparedRun, rc coordinator.RunConfig, m in
 	}
 	s := spec
 	s.TotalExamples, s.BatchSize, s.Sigma = n, b, rc.Optimizer.NoiseMultiplier
+	// δ is the main job's, kept as a resumed run keeps its ledger's: the
+	// audit accounts that mechanism at that δ, even where the canaries
+	// take N' past 1/δ.
+	s.Delta, s.ledgerDelta = 0, rc.Delta
 	out, err := s.runConfig(pr.model, n, "", false, dataDir, log)
 	if err != nil {
 		return coordinator.RunConfig{}, fmt.Errorf("audit-privacy: the run with %d canary positions: %w", m, err)

@@ -40,7 +40,7 @@ func TestRunConfigNoise(t *testing.T) {
 	if c.Accountant != coordinator.AccountantPLD {
 		t.Fatalf("default accountant %q", c.Accountant)
 	}
-	pld, err := accounting.PLD{}.Epsilon(c.Event(), spec.MaxSteps, spec.Delta)
+	pld, err := accounting.PLD{}.Epsilon(c.Event(), spec.MaxSteps, c.Delta)
 	if err != nil || pld > spec.TargetEpsilon || pld < spec.TargetEpsilon*(1-1e-5) {
 		t.Errorf("discrete PLD run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, pld, err, spec.TargetEpsilon)
 	}
@@ -49,7 +49,7 @@ func TestRunConfigNoise(t *testing.T) {
 	if c, err = spec.runConfig(m, n, "", false, "", nil); err != nil {
 		t.Fatal(err)
 	}
-	eps, _, err := accounting.RDP{}.EpsilonOrder(c.Event(), spec.MaxSteps, spec.Delta)
+	eps, _, err := accounting.RDP{}.EpsilonOrder(c.Event(), spec.MaxSteps, c.Delta)
 	if err != nil || eps > spec.TargetEpsilon || eps < spec.TargetEpsilon*(1-1e-6) {
 		t.Errorf("discrete RDP run: ε after %d steps = %v (%v), target %v", spec.MaxSteps, eps, err, spec.TargetEpsilon)
 	}

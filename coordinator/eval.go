@@ -112,20 +112,30 @@ type evalResult struct {
 	step int64
 	m    Evaluation
 	err  error
+	// theta is θ of step for an evaluation that waits for θ₀'s
+	// (loop.evalNext); nil otherwise.
+	theta []float32
 }
 
 // startEval scores θ of step (released: its charge is applied) on the
 // evaluation data on a goroutine of the loop's, so that the next round
-// does not wait for it (issue 28): θ is copied first, and the result
+// does not wait for it: θ is copied first, and the result
 // comes back on evalResults (onEval). One evaluation runs at a time (the
 // Evaluator is called from one goroutine); a step that comes due while
-// one runs is not evaluated, and says so.
+// one runs is not evaluated, and says so, except while θ₀'s runs: the
+// first step that comes due then is evaluated after it (onEval), its θ
+// kept in a copy until then, so θ₀'s costs the run no evaluation but
+// the ones that overlap as any two do (the final θ is always evaluated).
 func (l *loop) startEval(p Progress, theta []float32, step int64) {
 	if l.evalBusy {
+		if l.evalStep == 0 && step > 0 && l.evalNext == nil {
+			l.evalNext = &evalResult{p: p, step: step, theta: append([]float32(nil), theta...)}
+			return
+		}
 		l.log.Debug("evaluation skipped: the last one is still running", "step", step)
 		return
 	}
-	l.evalBusy = true
+	l.evalBusy, l.evalStep = true, step
 	l.evalTheta = append(l.evalTheta[:0], theta...)
 	ev, th := l.s.cfg.Evaluator, l.evalTheta
 	l.ops.Add(1)
@@ -140,6 +150,11 @@ func (l *loop) startEval(p Progress, theta []float32, step int64) {
 // to OnStep with the progress of the step it evaluated.
 func (l *loop) onEval(e evalResult) {
 	l.evalBusy = false
+	if next := l.evalNext; next != nil {
+		// Started after this one is recorded: OnStep sees steps in order.
+		l.evalNext = nil
+		defer l.startEval(next.p, next.theta, next.step)
+	}
 	if e.err != nil {
 		l.log.Warn("evaluation failed", "step", e.step, "err", e.err)
 		return
@@ -168,7 +183,7 @@ func (l *loop) onEval(e evalResult) {
 // p: the final θ, once the run has stopped, after any evaluation still
 // running (its θ is reused when it is of the same step).
 func (l *loop) evaluateNow(p *Progress) {
-	if l.evalBusy {
+	for l.evalBusy { // the one running, and one that waited for θ₀'s
 		l.onEval(<-l.evalResults)
 	}
 	if l.last.EvalStep == p.Step && p.Step > 0 {

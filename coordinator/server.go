@@ -364,6 +364,11 @@ type loop struct {
 	evalBusy    bool
 	evalTheta   []float32
 	evalResults chan evalResult
+	// evalStep is the step of the evaluation running; evalNext, the first
+	// evaluation that came due while θ₀'s ran, which runs after it (so
+	// that θ₀'s does not cost the run its first evaluation).
+	evalStep int64
+	evalNext *evalResult
 
 	// blocked is why the leader opens no round now (nil: not blocked);
 	// blockLogged and blockLoggedAt rate-limit its warning.

@@ -31,7 +31,7 @@ func fullSource() source {
 		st: coordinator.Status{
 			Run: "r", Replica: "r1", Role: coordinator.RoleLeader, Term: 3, Leader: "r1", Step: 40, MaxSteps: 100,
 			Epsilon: 0.9, TargetEpsilon: 2, Delta: 1e-5, Accountant: "rdp", NoiseMode: "discrete", Private: true,
-			Stopped: "x", Blocked: "y", Eval: ev,
+			Stopped: "x", Blocked: "y", Eval: ev, WaitingForNodes: 1, MissingNodes: []string{"n1"},
 			Nodes:    []coordinator.NodeStatus{{ID: "n0", ShardIndex: 0, ShardCount: 2, ShardSize: 500, LastSeen: now, Answered: 39, Skipped: 1}},
 			Replicas: []coordinator.ReplicaStatus{{ID: "r1", Role: coordinator.RoleLeader, Term: 3, Step: 40, Leader: "r1", Self: true, Reported: now}},
 			Updated:  now,
@@ -92,7 +92,7 @@ func TestJSONShape(t *testing.T) {
 	want := map[string][]string{
 		"status": {"run", "replica", "role", "term", "leader", "step", "applied_step", "charged_step", "charges", "max_steps",
 			"epsilon", "target_epsilon", "delta",
-			"accountant", "noise_mode", "private", "stopped", "blocked", "eval", "nodes", "replicas", "updated"},
+			"accountant", "noise_mode", "private", "stopped", "blocked", "waiting_for_nodes", "missing_nodes", "eval", "nodes", "replicas", "updated"},
 		"status.eval":     {"step", "epsilon", "accuracy", "loss", "n", "data", "label", "private"},
 		"status.nodes":    {"id", "shard_index", "shard_count", "shard_size", "last_seen", "answered", "skipped"},
 		"status.replicas": {"id", "role", "term", "step", "leader", "self", "reported"},
