@@ -6,13 +6,11 @@ import (
 )
 
 // TestPLDWideBucketTopRobust: a count that is its bucket's top (a power
-// of two, which StepLimit's search tries) in a bucket whose counts need
-// windows of their own got the bucket's marker instead of a prepared
-// composition, an empty window, and a panic in the FFT; a local run with
-// a large target ε crashed in the ledger's step-limit search. The count
-// must get its own window, and an ε no smaller than its neighbour's
-// below. Seconds of FFTs on the largest windows: .ci/run runs it without
-// -race, with the other sweeps.
+// of two, which StepLimit's search tries, e.g. for a large target ε) in a
+// bucket whose counts need windows of their own gets a prepared window of
+// its own, not the bucket's wide marker (whose window is empty), and an ε
+// no smaller than its neighbour's below. Seconds of FFTs on the largest
+// windows: .ci/run runs it without -race, with the other sweeps.
 func TestPLDWideBucketTopRobust(t *testing.T) {
 	if raceEnabled {
 		t.Skip("numeric, no concurrency: .ci/run runs it without -race (\"accounting sweeps\")")

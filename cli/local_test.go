@@ -386,9 +386,8 @@ func TestLogAndBarShareStderr(t *testing.T) {
 
 // TestRunFileListFlagsWin: list flags given beside --config replace the
 // run file's lists, item for item, as every other flag wins over the
-// file. (They were re-applied by their printed form, which a list flag
-// appends: --node-ids a,b became [a b "[a" "b]"], and serve refused to
-// start.)
+// file: re-applied item by item, never by their printed form ("[a,b]"),
+// which a list flag would append as more items.
 func TestRunFileListFlagsWin(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "d.csv")
