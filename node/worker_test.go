@@ -287,6 +287,9 @@ func TestAnswersOnceWithReferenceSum(t *testing.T) {
 		h := recv(t, l.heartbeats, "heartbeat")
 		return h.Step == 1
 	})
+	// The count moves just after the publish returns, so the answer can
+	// reach the leader first.
+	eventually(t, "two answers counted", func() bool { return r.w.Stats().Answered == 2 })
 	st := r.w.Stats()
 	if st.Answered != 2 || st.LastStep != 1 || st.ParamsReceived != 1 || st.Term != 1 || st.Leader != "r1" {
 		t.Errorf("stats = %+v", st)
