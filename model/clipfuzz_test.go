@@ -36,9 +36,12 @@ func refGradsStored(ws *Workspace, B int) [][]float64 {
 		out[i] = make([]float64, m.numParams)
 	}
 	for l, ly := range m.layers {
-		off := m.layerOff[l]
+		if m.tauSize[l] == 0 {
+			continue // frozen
+		}
+		off := m.tauOff[l]
 		for i := 0; i < B; i++ {
-			refLayerGrad(ly, ws.states[l], ws.act[l], ws.grad[l+1], i, out[i][off:off+m.layerSize[l]])
+			refLayerGrad(ly, ws.states[l], ws.act[l], ws.grad[l+1], i, out[i][off:off+m.tauSize[l]])
 		}
 	}
 	return out

@@ -16,6 +16,9 @@ import (
 // nested ones included, else an error naming the first one it has none
 // for.
 func cudaSupports(m *Model) error {
+	if m.frozen {
+		return fmt.Errorf("%w: %v", ErrUnsupportedLayer, errFrozenCUDA)
+	}
 	for l, ly := range m.layers {
 		typ := m.spec.Layers[l].Type
 		if r, ok := ly.(*residual); ok {

@@ -35,17 +35,33 @@ type ParamInfo struct {
 }
 
 // Model is a validated spec with its parameter layout. It holds no
-// parameters itself: every method takes the flat vector theta. A Model is
-// immutable and safe for concurrent use; computing gradients needs a
-// Workspace (one per goroutine).
+// trainable parameters itself: every method takes the flat vector theta
+// of the parameters that train (all of them unless the spec freezes some;
+// see Spec.Trainable and WithFrozen, freeze.go). A Model is immutable and
+// safe for concurrent use; computing gradients needs a Workspace (one per
+// goroutine).
 type Model struct {
-	spec      Spec
-	hash      string
-	layers    []layer
+	spec   Spec
+	hash   string
+	layers []layer
+	// params are the trainable parameters, offsets in theta; full are
+	// all of them, offsets in the full layout (the two are the same
+	// unless some layer is frozen).
 	params    []ParamInfo
-	layerOff  []int // offset of layer i's parameters in theta
+	full      []ParamInfo
+	layerOff  []int // offset of layer i's parameters in the full layout
 	layerSize []int // number of parameters of layer i
-	numParams int
+	numParams int   // len(theta): the trainable parameters
+	numFull   int   // every parameter
+	// The frozen layers' plan (freeze.go): leaves[i] are layer i's units
+	// of parameters (its nested layers for a residual block, else
+	// itself); tauOff[i], tauSize[i] the place of layer i's trainable
+	// parameters in theta; frozen whether any unit is frozen; base the
+	// frozen values in the full layout (WithFrozen), never written.
+	leaves          [][]leaf
+	tauOff, tauSize []int
+	frozen          bool
+	base            []float32
 	inShape   []int
 	inSize    int
 	classes   int
@@ -128,7 +144,7 @@ func plan(s Spec) (*Model, error) {
 			if n < 1 || off > maxElems-n {
 				return nil, fmt.Errorf("%w: layer %d: parameter %q too large", ErrInvalidSpec, i, name)
 			}
-			m.params = append(m.params, ParamInfo{Name: name, Shape: p.shape, Offset: off, Size: n})
+			m.full = append(m.full, ParamInfo{Name: name, Shape: p.shape, Offset: off, Size: n})
 			off += n
 		}
 		m.layerSize = append(m.layerSize, off-start)
@@ -147,27 +163,30 @@ func plan(s Spec) (*Model, error) {
 	if off == 0 {
 		return nil, fmt.Errorf("%w: model has no parameters", ErrInvalidSpec)
 	}
-	m.numParams = off
+	m.numFull = off
 	h, err := s.Hash()
 	if err != nil {
 		return nil, err
 	}
 	m.hash = h
+	if err := m.planTrainable(); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
 // Spec returns the normalized spec (defaults filled in).
 func (m *Model) Spec() Spec {
-	s := m.spec
-	s.Input = slices.Clone(s.Input)
-	s.Layers = slices.Clone(s.Layers)
-	return s
+	return m.spec.normalized()
 }
 
-// Hash returns Spec().Hash().
+// Hash returns Spec().Hash(), and for a model with frozen values
+// (WithFrozen) a hash of that and of the frozen values, so that two
+// processes whose frozen weights differ in any bit run different models.
 func (m *Model) Hash() string { return m.hash }
 
-// NumParams returns the length of the flat parameter vector.
+// NumParams returns the length of the flat parameter vector theta: the
+// number of trainable parameters.
 func (m *Model) NumParams() int { return m.numParams }
 
 // Params returns the named tensor views of the parameter vector, in order.
@@ -235,9 +254,20 @@ func (m *Model) CheckDataset(d *dataset.Dataset) error {
 // embeddings are N(0, 1) (PyTorch's nn.EmbeddingBag), layer-norm gains 1 and
 // biases 0. The generator is PCG (math/rand/v2) seeded per tensor, so
 // adding a layer does not change earlier tensors.
+//
+// For a model with frozen layers, dst holds the trainable parameters only
+// and Init copies them from the values WithFrozen was given (the run's
+// θ₀ is the checkpoint or the initialization they came from); seed is
+// not used, and a model without them is an error.
 func (m *Model) Init(dst []float32, seed uint64) error {
 	if len(dst) != m.numParams {
 		return fmt.Errorf("%w: Init dst has %d values, want %d", ErrShape, len(dst), m.numParams)
+	}
+	if m.frozen {
+		if m.base == nil {
+			return errNoBase
+		}
+		return m.Gather(dst, m.base)
 	}
 	for li, l := range m.layers {
 		w := dst[m.layerOff[li] : m.layerOff[li]+m.layerSize[li]]

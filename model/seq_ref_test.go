@@ -249,8 +249,9 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 	case *residual:
 		rs := st.(*resState)
 		for j, inner := range ly.layers {
-			if ly.size[j] > 0 {
-				refLayerGrad(inner, rs.states[j], rs.act[j], rs.grad[j+1], i, g[ly.off[j]:ly.off[j]+ly.size[j]])
+			if rs.trains(j) {
+				o := rs.rel[j]
+				refLayerGrad(inner, rs.states[j], rs.act[j], rs.grad[j+1], i, g[o:o+ly.size[j]])
 			}
 		}
 	default:

@@ -107,17 +107,55 @@ func (r *residual) newState(maxB, workers int, needDin bool) layerState {
 // resState is a residual block's kernels with one workspace's buffers:
 // act[j] is layer j's input (act[0] aliases the block's input), grad[j]
 // the loss gradient with respect to it.
+//
+// rel[j] is nested layer j's offset in the block's part of theta (-1 when
+// it is frozen, and then frozen[j] holds its values), and low the lowest
+// nested layer that trains (len(layers) if none does): place sets them.
 type resState struct {
 	r         *residual
 	states    []layerState
 	act, grad [][]float32
+	rel       []int
+	frozen    [][]float32
+	low       int
 }
+
+// place resolves the nested layers' parameters of block l of model m:
+// each one's offset in the block's part of theta, or its frozen values.
+func (s *resState) place(m *Model, l int) {
+	n := len(s.r.layers)
+	s.rel, s.frozen, s.low = make([]int, n), make([][]float32, n), n
+	for j, lf := range m.leaves[l] {
+		if lf.tau < 0 {
+			s.rel[j] = -1
+			s.frozen[j] = m.leafParams(nil, lf)
+			continue
+		}
+		s.rel[j] = lf.tau - m.tauOff[l]
+		if lf.size > 0 {
+			s.low = min(s.low, j)
+		}
+	}
+}
+
+// params returns nested layer j's parameters given the block's part of
+// theta: a slice of it, or its frozen values.
+func (s *resState) params(w []float32, j int) []float32 {
+	if s.rel[j] < 0 {
+		return s.frozen[j]
+	}
+	o, n := s.rel[j], s.r.size[j]
+	return w[o : o+n : o+n]
+}
+
+// trains reports whether nested layer j has parameters that train.
+func (s *resState) trains(j int) bool { return s.rel[j] >= 0 && s.r.size[j] > 0 }
 
 func (s *resState) forward(p *pass, w, in, out []float32) {
 	r := s.r
 	s.act[0] = in
 	for j := range r.layers {
-		s.states[j].forward(p, r.params(w, j), s.act[j], s.act[j+1])
+		s.states[j].forward(p, s.params(w, j), s.act[j], s.act[j+1])
 	}
 	f := s.act[len(r.layers)]
 	n := p.B * shapeSize(r.shape)
@@ -131,12 +169,18 @@ func (s *resState) backward(p *pass, w, in, out, dout, din []float32) {
 	L := len(r.layers)
 	n := p.B * shapeSize(r.shape)
 	copy(s.grad[L][:n], dout[:n])
-	for j := L - 1; j >= 0; j-- {
+	// Without din, the loss gradient goes down only as far as the lowest
+	// nested layer that trains.
+	stop := 0
+	if din == nil {
+		stop = s.low
+	}
+	for j := L - 1; j >= stop; j-- {
 		var dj []float32
-		if j > 0 || din != nil {
+		if j > stop || din != nil {
 			dj = s.grad[j]
 		}
-		s.states[j].backward(p, r.params(w, j), s.act[j], s.act[j+1], s.grad[j+1], dj)
+		s.states[j].backward(p, s.params(w, j), s.act[j], s.act[j+1], s.grad[j+1], dj)
 	}
 	if din != nil {
 		for k, v := range dout[:n] {
@@ -147,7 +191,7 @@ func (s *resState) backward(p *pass, w, in, out, dout, din []float32) {
 
 func (s *resState) bound(p *pass, in, out, dout []float32, b clipBounds) {
 	for j := range s.r.layers {
-		if s.r.size[j] > 0 {
+		if s.trains(j) {
 			s.states[j].bound(p, s.act[j], s.act[j+1], s.grad[j+1], b)
 		}
 	}
@@ -155,8 +199,8 @@ func (s *resState) bound(p *pass, in, out, dout []float32, b clipBounds) {
 
 func (s *resState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
 	for j := range s.r.layers {
-		if s.r.size[j] > 0 {
-			s.states[j].paramGrad(p, s.r.params(dw, j), s.act[j], s.act[j+1], s.grad[j+1], alpha)
+		if s.trains(j) {
+			s.states[j].paramGrad(p, s.params(dw, j), s.act[j], s.act[j+1], s.grad[j+1], alpha)
 		}
 	}
 }
@@ -167,11 +211,11 @@ func (s *resState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32
 func (s *resState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
 	r := s.r
 	for j := range r.layers {
-		if r.size[j] == 0 {
+		if !s.trains(j) {
 			continue
 		}
 		applyCoef(s.states[j], p.coef[:p.B], s.act[j], s.grad[j+1], shapeSize(r.layers[j].outShape()))
-		o, n := r.off[j], r.size[j]
+		o, n := s.rel[j], r.size[j]
 		s.states[j].accGrad(p, acc[o:o+n], dst[o:o+n], s.act[j], s.act[j+1], s.grad[j+1])
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Layer type names accepted in a LayerSpec.
@@ -84,6 +85,17 @@ type Spec struct {
 	Loss string `json:"loss,omitempty"`
 	// Layers are applied in order.
 	Layers []LayerSpec `json:"layers"`
+	// Trainable and Freeze choose the parameters that train; the others
+	// are frozen: read from fixed values (Model.WithFrozen) and never
+	// part of the parameter vector. Each is a list of patterns over
+	// parameter names in the syntax of path.Match ("layer.11.*",
+	// "classifier.*"). A parameter trains if Trainable is empty or one of
+	// its patterns matches it, and no Freeze pattern does. A layer trains
+	// whole or not at all (a pattern that splits a layer's parameters is
+	// an error), and every pattern must match some parameter. Both empty:
+	// every parameter trains.
+	Trainable []string `json:"trainable,omitempty"`
+	Freeze    []string `json:"freeze,omitempty"`
 }
 
 // LayerSpec is one layer. Which fields matter depends on Type:
@@ -214,6 +226,8 @@ func (s Spec) normalized() Spec {
 		out.Loss = SoftmaxCrossEntropy
 	}
 	out.Layers = normalizedLayers(s.Layers)
+	out.Trainable = slices.Clone(s.Trainable)
+	out.Freeze = slices.Clone(s.Freeze)
 	return out
 }
 

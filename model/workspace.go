@@ -68,22 +68,30 @@ func (m *Model) NewWorkspace(maxBatch int) (*Workspace, error) {
 	if maxBatch < 1 {
 		return nil, fmt.Errorf("%w: max batch %d < 1", ErrShape, maxBatch)
 	}
+	if m.frozen && m.base == nil {
+		return nil, errNoBase
+	}
 	workers := min(runtime.GOMAXPROCS(0), 8)
 	L := len(m.layers)
 	w := &Workspace{m: m, maxB: maxBatch, workers: workers,
 		act: make([][]float32, L+1), grad: make([][]float32, L+1),
 		needDin: make([]bool, L), states: make([]layerState, L), bounds: newClipBounds(maxBatch), coef: make([]float32, maxBatch)}
 	w.act[0] = make([]float32, maxBatch*m.inSize)
+	// A layer's input gradient is needed only if a trainable layer is
+	// below it: the loss gradient goes no further down.
 	paramBelow := false
 	for l, ly := range m.layers {
 		w.needDin[l] = paramBelow
-		if m.layerSize[l] > 0 {
+		if m.tauSize[l] > 0 {
 			paramBelow = true
 		}
 		n := maxBatch * shapeSize(ly.outShape())
 		w.act[l+1] = make([]float32, n)
 		w.grad[l+1] = make([]float32, n)
 		w.states[l] = ly.newState(maxBatch, workers, w.needDin[l])
+		if rs, ok := w.states[l].(*resState); ok {
+			rs.place(m, l)
+		}
 	}
 	return w, nil
 }
@@ -159,14 +167,30 @@ func (w *Workspace) forward(p *pass, theta, x []float32) {
 	}
 }
 
+// layerParams returns layer l's parameters: its part of theta, or the
+// frozen values of a frozen layer; for a residual block, its part of
+// theta, the block resolving its nested layers itself (resState.place).
 func (w *Workspace) layerParams(theta []float32, l int) []float32 {
-	off, n := w.m.layerOff[l], w.m.layerSize[l]
-	return theta[off : off+n : off+n]
+	if _, ok := w.states[l].(*resState); ok {
+		return trained(w, theta, l)
+	}
+	return w.m.leafParams(theta, w.m.leaves[l][0])
 }
 
-// backward propagates grad[L] down to every layer that needs it.
+// trained returns layer l's part of v, a vector laid out as theta (a
+// gradient, an accumulator): its trainable parameters' values.
+func trained[T any](w *Workspace, v []T, l int) []T {
+	off, n := w.m.tauOff[l], w.m.tauSize[l]
+	return v[off : off+n : off+n]
+}
+
+// backward propagates grad[L] down to every layer that needs it: the
+// layers that train, and those above one that does.
 func (w *Workspace) backward(p *pass, theta []float32) {
 	for l := len(w.m.layers) - 1; l >= 0; l-- {
+		if !w.needDin[l] && w.m.tauSize[l] == 0 {
+			continue
+		}
 		var din []float32
 		if w.needDin[l] {
 			din = w.grad[l]
@@ -179,10 +203,10 @@ func (w *Workspace) backward(p *pass, theta []float32) {
 // batch of the current grad buffers) into dst.
 func (w *Workspace) paramGrads(p *pass, dst []float32, alpha float32) {
 	for l := range w.m.layers {
-		if w.m.layerSize[l] == 0 {
+		if w.m.tauSize[l] == 0 {
 			continue
 		}
-		w.states[l].paramGrad(p, w.layerParams(dst, l), w.act[l], w.act[l+1], w.grad[l+1], alpha)
+		w.states[l].paramGrad(p, trained(w, dst, l), w.act[l], w.act[l+1], w.grad[l+1], alpha)
 	}
 }
 
@@ -417,7 +441,7 @@ func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64,
 	b := w.bounds
 	b.reset(B)
 	for l := range m.layers {
-		if m.layerSize[l] > 0 {
+		if m.tauSize[l] > 0 {
 			w.states[l].bound(p, w.act[l], w.act[l+1], w.grad[l+1], b)
 		}
 	}
@@ -426,14 +450,13 @@ func (w *Workspace) clippedSum(dst, theta, x []float32, y []int32, clip float64,
 		coef[i] = clipFactor(b.sq[i], b.share[i], b.floor[i], clip)
 	}
 	for l := range m.layers {
-		if m.layerSize[l] == 0 {
+		if m.tauSize[l] == 0 {
 			continue
 		}
 		d := w.grad[l+1]
 		applyCoef(w.states[l], coef, w.act[l], d, len(d)/w.maxB)
-		off, n := m.layerOff[l], m.layerSize[l]
 		p.coef, p.fresh, p.final = coef, fresh, final
-		w.states[l].accGrad(p, acc[off:off+n], dst[off:off+n], w.act[l], w.act[l+1], d)
+		w.states[l].accGrad(p, trained(w, acc, l), trained(w, dst, l), w.act[l], w.act[l+1], d)
 	}
 }
 
