@@ -87,7 +87,7 @@ func privateNote(c coordinator.RunConfig) string {
 // atomically: written to a temporary file beside it, fsynced, renamed.
 // Nothing in dataDir is written unless out is there.
 func exportModel(dataDir, out, format, initFrom string) (coordinator.Committed, error) {
-	c, err := coordinator.ReadCommitted(dataDir, initFunc(initFrom, nil))
+	c, err := coordinator.ReadCommitted(dataDir, initFunc(initFrom, nil, nil))
 	if err != nil {
 		return c, fmt.Errorf("export %s: %w", dataDir, err)
 	}
@@ -98,10 +98,61 @@ func exportModel(dataDir, out, format, initFrom string) (coordinator.Committed, 
 			return c, fmt.Errorf("export %s: %w", dataDir, err)
 		}
 	}
+	if c, err = mergeFrozen(c, initFrom, nil); err != nil {
+		return c, fmt.Errorf("export %s: %w", dataDir, err)
+	}
 	if format == "pretrained" || (format == "" && c.Config.Pretrained != nil) {
 		return c, writePretrained(c, out)
 	}
 	return c, writeModel(c, out)
+}
+
+// mergeFrozen returns c as the whole model if its run freezes layers:
+// θ with the frozen values merged in (model.Model.Merge), the spec
+// without its trainable and freeze patterns and that model's hash, which
+// is what an export writes. The frozen values are have's, the process's
+// own model, when it is the run's; else the checkpoint in initFrom's. A
+// run that freezes nothing is returned as it is.
+func mergeFrozen(c coordinator.Committed, initFrom string, have *model.Model) (coordinator.Committed, error) {
+	spec, err := model.ParseSpec(c.Config.ModelSpec)
+	if err != nil {
+		return c, fmt.Errorf("the run's model spec: %w", err)
+	}
+	if len(spec.Trainable) == 0 && len(spec.Freeze) == 0 {
+		return c, nil
+	}
+	m := have
+	if m == nil || m.Hash() != c.Config.ModelHash {
+		if c.Config.Pretrained == nil || initFrom == "" {
+			return c, fmt.Errorf("run %s trains only some layers: %w (the frozen layers are its weights)", c.Config.Run, errNeedsInitFrom)
+		}
+		ck, err := openRunCheckpoint(initFrom, c.Config, spec)
+		if err != nil {
+			return c, err
+		}
+		defer ck.Close()
+		if m, err = frozenModel(ck, spec.Trainable, spec.Freeze, c.Config.InitSeed); err != nil {
+			return c, err
+		}
+		if m.Hash() != c.Config.ModelHash {
+			return c, fmt.Errorf("--init-from %s builds model %s, the run's is %s", initFrom, m.Hash(), c.Config.ModelHash)
+		}
+	}
+	full := make([]float32, m.NumFullParams())
+	if err := m.Merge(full, c.Theta); err != nil {
+		return c, err
+	}
+	whole := withPatterns(spec, nil, nil)
+	fm, err := model.New(whole)
+	if err != nil {
+		return c, err
+	}
+	js, err := whole.CanonicalJSON()
+	if err != nil {
+		return c, err
+	}
+	c.Theta, c.Config.ModelSpec, c.Config.ModelHash, c.Config.Dim = full, js, fm.Hash(), len(full)
+	return c, nil
 }
 
 // writePretrained writes θ of c, a run started from a pretrained

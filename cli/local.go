@@ -331,6 +331,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	var finetuned string // the checkpoint-format folder of a fine-tuned run
 	if err == nil {
+		if committed, err = mergeFrozen(committed, "", pr.model); err != nil {
+			return err
+		}
 		if err := writeModel(committed, modelPath); err != nil {
 			return err
 		}

@@ -31,6 +31,9 @@ const defaultPretrainedSeqLen = 128
 // known (modelFor).
 func (s *runSpec) checkInitFrom(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 	if s.InitFrom == "" {
+		if len(s.Trainable) > 0 || len(s.Freeze) > 0 {
+			return errors.New("--trainable and --freeze choose what trains of a pretrained checkpoint: give its folder with --init-from")
+		}
 		return nil
 	}
 	if fs.Changed("model") || fs.Changed("model-spec") || fileKeys["model"] || fileKeys["model_spec"] {
@@ -59,7 +62,32 @@ func (s *runSpec) checkInitFrom(fs *pflag.FlagSet, fileKeys map[string]bool) err
 	if n := tok.VocabSize(); n > ck.Config.Vocab {
 		return fmt.Errorf("--tokenizer %s has %d tokens, more than the %d rows of the checkpoint's word embedding (vocab_size): the tokenizer is not the checkpoint's", s.Tokenizer, n, ck.Config.Vocab)
 	}
+	if err := withPatterns(ck.Spec(), s.Trainable, s.Freeze).Validate(); err != nil {
+		return fmt.Errorf("--trainable/--freeze: %w", err)
+	}
 	return nil
+}
+
+// withPatterns is spec training only what the patterns choose
+// (model.Spec.Trainable and Freeze).
+func withPatterns(spec model.Spec, trainable, freeze []string) model.Spec {
+	spec.Trainable, spec.Freeze = trainable, freeze
+	return spec
+}
+
+// frozenModel is the model of ck that trains only what the patterns
+// choose, its frozen layers reading the checkpoint's weights (ck.Init,
+// the tensors the checkpoint lacks drawn from seed), held once.
+func frozenModel(ck *pretrained.Checkpoint, trainable, freeze []string, seed uint64) (*model.Model, error) {
+	m, err := model.New(withPatterns(ck.Spec(), trainable, freeze))
+	if err != nil {
+		return nil, fmt.Errorf("--trainable/--freeze: %w", err)
+	}
+	full := make([]float32, m.NumFullParams())
+	if err := ck.Init(full, seed); err != nil {
+		return nil, err
+	}
+	return m.WithFrozen(full)
 }
 
 // pretrainedModel is modelFor of a run that starts from a checkpoint: the
@@ -78,6 +106,9 @@ func (s *runSpec) pretrainedModel(shape []int, classes, vocab int) (*model.Model
 		return nil, fmt.Errorf("--init-from %s: the data's token ids go up to %d, the checkpoint's vocabulary has %d", s.InitFrom, vocab, ck.Config.Vocab)
 	}
 	s.pretrained = &coordinator.Pretrained{WeightsSHA256: ck.WeightsSHA256, Config: ck.ConfigJSON}
+	if len(s.Trainable) > 0 || len(s.Freeze) > 0 {
+		return frozenModel(ck, s.Trainable, s.Freeze, s.InitSeed)
+	}
 	return model.New(ck.Spec())
 }
 
@@ -107,11 +138,18 @@ var errNeedsInitFrom = errors.New("the run starts from a pretrained checkpoint: 
 // run's model drawn from its seed, unless the run starts from a
 // checkpoint (RunConfig.Pretrained); then the checkpoint in initFrom,
 // which must hold the weights the run names, with the tensors it lacks
-// drawn from the seed (pretrained.Checkpoint.Init).
-func initFunc(initFrom string, log *slog.Logger) coordinator.InitFunc {
+// drawn from the seed (pretrained.Checkpoint.Init). For a run that
+// freezes layers, θ₀ is the trainable part of that: taken from have,
+// the process's own model, when it is the run's (its frozen values are
+// the checkpoint's, already read), else read again.
+func initFunc(initFrom string, log *slog.Logger, have *model.Model) coordinator.InitFunc {
 	return func(c coordinator.RunConfig) ([]float32, error) {
 		if c.Pretrained == nil {
 			return modelInit(c)
+		}
+		if have != nil && have.Freezes() && have.Hash() == c.ModelHash {
+			theta := make([]float32, have.NumParams())
+			return theta, have.Init(theta, c.InitSeed)
 		}
 		if initFrom == "" {
 			return nil, fmt.Errorf("%w (weights SHA-256 %s)", errNeedsInitFrom, c.Pretrained.WeightsSHA256)
@@ -125,14 +163,22 @@ func initFunc(initFrom string, log *slog.Logger) coordinator.InitFunc {
 			return nil, err
 		}
 		defer ck.Close()
-		m := ck.Model()
-		if m.Hash() != c.ModelHash {
-			return nil, fmt.Errorf("--init-from %s builds model %s, the run's is %s", initFrom, m.Hash(), c.ModelHash)
-		}
 		if log != nil {
 			logImport(log, ck)
 		}
+		m := ck.Model()
+		if len(spec.Trainable) > 0 || len(spec.Freeze) > 0 {
+			if m, err = frozenModel(ck, spec.Trainable, spec.Freeze, c.InitSeed); err != nil {
+				return nil, err
+			}
+		}
+		if m.Hash() != c.ModelHash {
+			return nil, fmt.Errorf("--init-from %s builds model %s, the run's is %s", initFrom, m.Hash(), c.ModelHash)
+		}
 		theta := make([]float32, m.NumParams())
+		if m.Freezes() {
+			return theta, m.Init(theta, c.InitSeed)
+		}
 		return theta, ck.Init(theta, c.InitSeed)
 	}
 }

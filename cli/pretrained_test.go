@@ -330,7 +330,7 @@ func TestInitFuncPretrained(t *testing.T) {
 	}
 	rc := coordinator.RunConfig{ModelSpec: spec, ModelHash: ck.Model().Hash(), InitSeed: 5,
 		Pretrained: &coordinator.Pretrained{WeightsSHA256: ck.WeightsSHA256, Config: ck.ConfigJSON}}
-	if _, err := initFunc("", nil)(rc); !errors.Is(err, errNeedsInitFrom) || !strings.Contains(err.Error(), ck.WeightsSHA256) {
+	if _, err := initFunc("", nil, nil)(rc); !errors.Is(err, errNeedsInitFrom) || !strings.Contains(err.Error(), ck.WeightsSHA256) {
 		t.Errorf("without the checkpoint: %v, want errNeedsInitFrom naming the weights", err)
 	}
 	other := tinyCheckpoint(t, "tiny-bert")
@@ -341,10 +341,10 @@ func TestInitFuncPretrained(t *testing.T) {
 	}
 	b[len(b)-1] ^= 1
 	writeFile(t, w, string(b))
-	if _, err := initFunc(other, nil)(rc); err == nil || !strings.Contains(err.Error(), ck.WeightsSHA256) || !strings.Contains(err.Error(), "not the same checkpoint") {
+	if _, err := initFunc(other, nil, nil)(rc); err == nil || !strings.Contains(err.Error(), ck.WeightsSHA256) || !strings.Contains(err.Error(), "not the same checkpoint") {
 		t.Errorf("other weights: %v, want both hashes refused", err)
 	}
-	theta, err := initFunc(ckpt, nil)(rc)
+	theta, err := initFunc(ckpt, nil, nil)(rc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,6 +76,13 @@ type runSpec struct {
 	// classification head for the data, θ₀ its weights
 	// (package pretrained), and Tokenizer defaults to it.
 	InitFrom string `yaml:"init_from"`
+	// Trainable and Freeze choose what trains in a run that starts from a
+	// checkpoint (model.Spec.Trainable and Freeze: path.Match patterns
+	// over the engine's parameter names, a layer whole or not at all);
+	// the other layers stay at the checkpoint's values and never leave
+	// the process that holds them. Neither: everything trains.
+	Trainable []string `yaml:"trainable"`
+	Freeze    []string `yaml:"freeze"`
 	// pretrained is set by modelFor for a run with InitFrom: the weights'
 	// hash and config.json the run configuration records.
 	pretrained *coordinator.Pretrained
@@ -173,6 +180,8 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&s.Labels, "labels", s.Labels, "the class names in class order (default: integer labels, or the sorted names the data holds)")
 	fs.IntVar(&s.Classes, "classes", s.Classes, "number of classes (default: from the labels)")
 	fs.IntSliceVar(&s.InputShape, "input-shape", s.InputShape, "per-example input shape, e.g. 3,32,32: the size images are resized to (default: the first image's); with --dataset local, the run's")
+	fs.StringSliceVar(&s.Trainable, "trainable", s.Trainable, "with --init-from: the parameters that train, as patterns over their names (layer.11.*,pooler.*,classifier.*: the last block and the head); the rest stays frozen at the checkpoint's values")
+	fs.StringSliceVar(&s.Freeze, "freeze", s.Freeze, "with --init-from: the parameters that do not train, as patterns over their names (embeddings.*), after --trainable")
 	fs.StringSliceVar(&s.Nodes, "node-ids", s.Nodes, "the run's node IDs, each bound to its shard (the i-th holds shard i of their number); no other node is admitted")
 	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders and text columns: tokens kept per document (default: --input-shape's, else 128)")
 	fs.IntVar(&s.Vocab, "vocab", s.Vocab, "text folders and text columns: token ids of the hashing tokenizer (default 16384)")

@@ -443,7 +443,7 @@ func openServer(ctx context.Context, cmd *cobra.Command, spec runSpec, pr prepar
 	}
 	o.closers = append(o.closers, o.conn)
 	opts.replica.Logger = log
-	if o.replica, err = coordinator.OpenReplica(opts.replica, initFunc(spec.InitFrom, log)); err != nil {
+	if o.replica, err = coordinator.OpenReplica(opts.replica, initFunc(spec.InitFrom, log, pr.model)); err != nil {
 		return o, err
 	}
 	o.closers = append(o.closers, o.replica)
