@@ -62,10 +62,10 @@ type Model struct {
 	tauOff, tauSize []int
 	frozen          bool
 	base            []float32
-	inShape   []int
-	inSize    int
-	classes   int
-	vocab     int // > 0 when the first layer is an embedding bag or embedding
+	inShape         []int
+	inSize          int
+	classes         int
+	vocab           int // > 0 when the first layer is an embedding bag or embedding
 	// seqT is, for the NextToken loss, the number of positions T the
 	// layers see (the input holds T+1 ids); 0 otherwise.
 	seqT    int
