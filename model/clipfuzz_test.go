@@ -200,6 +200,9 @@ func fuzzSpec(seed uint64) Spec {
 	if seed>>48 == 1 {
 		return randomPretrainedSpec(rand.New(rand.NewPCG(seed, 0)))
 	}
+	if seed>>48 == 2 {
+		return randomAdaptedSpec(rand.New(rand.NewPCG(seed, 0)))
+	}
 	if seed >= 1<<32 {
 		return randomSeqSpec(rand.New(rand.NewPCG(seed, 0)))
 	}
@@ -272,12 +275,14 @@ func FuzzClippedSum(f *testing.F) {
 	f.Add(uint64(1<<48+2), uint8(0b1011), 0.01, []byte{0, 200, 0, 200, 0, 160}, []byte{10, 200, 1, 100, 11, 60})
 	f.Add(uint64(1<<48+3), uint8(0b0100), 10.0, []byte{1, 130, 2, 200, 13, 0}, []byte{8, 160, 14, 0, 12, 190, 1, 100})
 	f.Add(uint64(1<<48+4), uint8(0b1110), 0.3, []byte{0, 150, 0, 150, 0, 150}, []byte{})
+	// LoRA adapters and frozen layers (their frozen values random,
+	// the adapters' and the head's from theta).
+	f.Add(uint64(2<<48+1), uint8(0b0111), 1.0, []byte{0, 140, 0, 140, 0, 170, 0, 128}, []byte{15, 128, 15, 129, 13, 0, 14, 0})
+	f.Add(uint64(2<<48+2), uint8(0b1010), 0.01, []byte{0, 200, 0, 180, 0, 160}, []byte{10, 200, 1, 100, 11, 60})
+	f.Add(uint64(2<<48+3), uint8(0b0101), 3.0, []byte{1, 130, 2, 200, 13, 0}, []byte{})
 	f.Fuzz(func(t *testing.T, seed uint64, mode uint8, clip float64, xb, thb []byte) {
 		spec := fuzzSpec(seed)
-		m0, err := New(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m0 := newWithBase(t, spec, seed)
 		if m0.NumParams() > 1<<14 || m0.InputSize() > 1<<10 || len(xb) > 1<<14 || len(thb) > 1<<16 {
 			return
 		}

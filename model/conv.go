@@ -83,10 +83,17 @@ func ghostCheaper(T, K, O int) bool {
 type convState struct {
 	l           *conv
 	cols, dcols []float32
-	wp          []float32 // weights (then weight gradient) in [O, kh, kw, C] order
-	part        [gradChunks][]float32
-	part64      [gradChunks][]float64 // accGrad's per-chunk sums, [O·K]
-	pub64       []float64             // accGrad's sum in public order, [O·K]
+	// wk is the weights in [O, kh, kw, C] order as forward left them for
+	// backward: w itself for a 1×1 convolution (the two orders agree;
+	// no copy of a frozen or trainable weight per workspace), else wp.
+	wk, wp []float32
+	// The gradient buffers, allocated on the first paramGrad or accGrad
+	// (a frozen layer never needs them): the weight gradient in internal
+	// order (gw), per-chunk sums and accGrad's sum in public order.
+	gw     []float32
+	part   [gradChunks][]float32
+	part64 [gradChunks][]float64 // accGrad's per-chunk sums, [O·K]
+	pub64  []float64             // accGrad's sum in public order, [O·K]
 	scratch     [][]float32           // per worker: [T·T]·2 (ghost only)
 	bsum        [][]float64           // per worker [O]
 	rowNorms    [][]float64           // per worker: αₜ then βₜ, [2T]
@@ -106,12 +113,10 @@ func (l *conv) init(w []float32, rng *rand.Rand) {
 	uniformInit(w, 1/math.Sqrt(float64(l.K)), rng)
 }
 func (l *conv) newState(maxB, workers int, needDin bool) layerState {
-	st := &convState{l: l, cols: make([]float32, maxB*l.T*l.K), wp: make([]float32, l.o*l.K)}
-	for c := range st.part {
-		st.part[c] = make([]float32, l.o*l.K)
-		st.part64[c] = make([]float64, l.o*l.K)
+	st := &convState{l: l, cols: make([]float32, maxB*l.T*l.K)}
+	if l.k > 1 {
+		st.wp = make([]float32, l.o*l.K)
 	}
-	st.pub64 = make([]float64, l.o*l.K)
 	if needDin {
 		st.dcols = make([]float32, maxB*l.T*l.K)
 	}
@@ -127,6 +132,20 @@ func (l *conv) newState(maxB, workers int, needDin bool) layerState {
 		}
 	}
 	return st
+}
+
+// gradBuffers allocates the buffers paramGrad and accGrad use, once.
+func (s *convState) gradBuffers() {
+	if s.pub64 != nil {
+		return
+	}
+	n := s.l.o * s.l.K
+	s.gw = make([]float32, n)
+	for c := range s.part {
+		s.part[c] = make([]float32, n)
+		s.part64[c] = make([]float64, n)
+	}
+	s.pub64 = make([]float64, n)
 }
 
 // permute copies the weights from the public [O, C, kh, kw] order to the
@@ -226,10 +245,14 @@ func (s *convState) forward(p *pass, w, in, out []float32) {
 			l.im2col(s.cols[i*tk:(i+1)*tk], in[i*nin:(i+1)*nin])
 		}
 	})
-	l.permute(s.wp, w[:l.o*l.K])
+	s.wk = w[:l.o*l.K]
+	if l.k > 1 {
+		l.permute(s.wp, s.wk)
+		s.wk = s.wp
+	}
 	b := w[l.o*l.K:] // empty without a bias
 	rows := p.B * l.T
-	p.be.Sgemm(false, true, rows, l.o, l.K, 1, s.cols, l.K, s.wp, l.K, 0, out, l.o)
+	p.be.Sgemm(false, true, rows, l.o, l.K, 1, s.cols, l.K, s.wk, l.K, 0, out, l.o)
 	for r := 0; r < rows && !l.noBias; r++ {
 		row := out[r*l.o : (r+1)*l.o]
 		for o, bv := range b {
@@ -238,13 +261,13 @@ func (s *convState) forward(p *pass, w, in, out []float32) {
 	}
 }
 
-// backward uses the permuted weights forward left in the state.
+// backward uses the weights forward left in the state (wk).
 func (s *convState) backward(p *pass, w, in, out, dout, din []float32) {
 	l := s.l
 	if din == nil {
 		return
 	}
-	p.be.Sgemm(false, false, p.B*l.T, l.K, l.o, 1, dout, l.o, s.wp, l.K, 0, s.dcols, l.K)
+	p.be.Sgemm(false, false, p.B*l.T, l.K, l.o, 1, dout, l.o, s.wk, l.K, 0, s.dcols, l.K)
 	nin, tk := l.h*l.w*l.c, l.T*l.K
 	p.parFor(p.B, tk, func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -479,6 +502,7 @@ func (l *conv) sgemmTN(p *pass, dst, D, A []float32, rows int) {
 // neither GOMAXPROCS nor the batch size beyond the last block.
 func (s *convState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout []float32) {
 	l := s.l
+	s.gradBuffers()
 	T, K, O := l.T, l.K, l.o
 	if !l.noBias {
 		bs := s.bsum[0]
@@ -547,6 +571,7 @@ const gradChunks = 4
 
 func (s *convState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float32) {
 	l := s.l
+	s.gradBuffers()
 	p.par(gradChunks, func(_, lo, hi int) {
 		for c := lo; c < hi; c++ {
 			e0, e1 := c*p.B/gradChunks, (c+1)*p.B/gradChunks
@@ -554,13 +579,13 @@ func (s *convState) paramGrad(p *pass, dw, in, out, dout []float32, alpha float3
 			p.be.Sgemm(true, false, l.o, l.K, rows, alpha, dout[r0*l.o:], l.o, s.cols[r0*l.K:], l.K, 0, s.part[c], l.K)
 		}
 	})
-	copy(s.wp, s.part[0])
+	copy(s.gw, s.part[0])
 	for _, part := range s.part[1:] {
 		for j, v := range part {
-			s.wp[j] += v
+			s.gw[j] += v
 		}
 	}
-	l.unpermute(dw[:l.o*l.K], s.wp)
+	l.unpermute(dw[:l.o*l.K], s.gw)
 	if l.noBias {
 		return
 	}

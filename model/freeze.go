@@ -30,8 +30,14 @@ import (
 // so the sensitivity of the sum is C as before.
 
 // leaf is one unit of parameters: its offset in the full layout, its
-// offset in theta (-1 when frozen) and its size.
-type leaf struct{ full, tau, size int }
+// offset in theta (-1 when frozen), its size in the full layout, and the
+// size of its head, a leading part that is always frozen (a LoRA layer's
+// base weight and bias; 0 for other layers). theta holds size − head
+// values of a trainable leaf.
+type leaf struct{ full, tau, size, head int }
+
+// trained is the number of values the leaf has in theta when it trains.
+func (lf leaf) trained() int { return lf.size - lf.head }
 
 // errNoBase is returned when a model with frozen layers is used before
 // its frozen values are given.
@@ -48,8 +54,21 @@ func (m *Model) planTrainable() error {
 			}
 		}
 	}
-	trains := func(name string) bool {
-		ok := len(s.Trainable) == 0
+	lora := false
+	for _, ly := range m.layers {
+		if r, ok := ly.(*residual); ok {
+			for _, nl := range r.layers {
+				_, isLoRA := nl.(*loraLinear)
+				lora = lora || isLoRA
+			}
+		}
+		_, isLoRA := ly.(*loraLinear)
+		lora = lora || isLoRA
+	}
+	// With LoRA layers only their adapters train by default; their base
+	// weights never do, and other layers only if Trainable names them.
+	trains := func(name string, adapter bool) bool {
+		ok := len(s.Trainable) == 0 && !lora || adapter
 		for _, p := range s.Trainable {
 			if match(p, name) {
 				ok = true
@@ -78,19 +97,30 @@ func (m *Model) planTrainable() error {
 	m.tauSize = make([]int, len(m.layers))
 	pi, tau := 0, 0
 	for l, ly := range m.layers {
-		units := [][2]int{{m.layerOff[l], m.layerSize[l]}}
+		type unit struct {
+			ly        layer
+			off, size int
+		}
+		units := []unit{{ly, m.layerOff[l], m.layerSize[l]}}
 		if r, ok := ly.(*residual); ok {
 			units = units[:0]
-			for j := range r.layers {
-				units = append(units, [2]int{m.layerOff[l] + r.off[j], r.size[j]})
+			for j, nl := range r.layers {
+				units = append(units, unit{nl, m.layerOff[l] + r.off[j], r.size[j]})
 			}
 		}
 		m.tauOff[l] = tau
 		for _, u := range units {
-			lf := leaf{full: u[0], tau: -1, size: u[1]}
+			lf := leaf{full: u.off, tau: -1, size: u.size}
+			if ll, ok := u.ly.(*loraLinear); ok {
+				lf.head = ll.headSize()
+				m.frozen = true
+			}
 			var on, off []string
-			for ; pi < len(m.full) && m.full[pi].Offset < u[0]+u[1]; pi++ {
-				if trains(m.full[pi].Name) {
+			for ; pi < len(m.full) && m.full[pi].Offset < u.off+u.size; pi++ {
+				if m.full[pi].Offset < u.off+lf.head {
+					continue // a LoRA layer's base: frozen
+				}
+				if trains(m.full[pi].Name, lf.head > 0) {
 					on = append(on, m.full[pi].Name)
 				} else {
 					off = append(off, m.full[pi].Name)
@@ -106,7 +136,7 @@ func (m *Model) planTrainable() error {
 				m.frozen = true
 			case len(on) > 0:
 				lf.tau = tau
-				tau += lf.size
+				tau += lf.trained()
 			}
 			m.leaves[l] = append(m.leaves[l], lf)
 		}
@@ -137,10 +167,10 @@ func (m *Model) tauOf(full int) (int, bool) {
 	for _, ls := range m.leaves {
 		for _, lf := range ls {
 			if full >= lf.full && full < lf.full+lf.size {
-				if lf.tau < 0 {
+				if lf.tau < 0 || full < lf.full+lf.head {
 					return 0, false
 				}
-				return lf.tau + full - lf.full, true
+				return lf.tau + full - lf.full - lf.head, true
 			}
 		}
 	}
@@ -197,10 +227,10 @@ func (m *Model) WithFrozen(full []float32) (*Model, error) {
 	var buf [4096]byte
 	for _, ls := range m.leaves {
 		for _, lf := range ls {
+			v := full[lf.full : lf.full+lf.size] // a frozen leaf
 			if lf.tau >= 0 {
-				continue
+				v = v[:lf.head] // a trainable leaf's frozen head
 			}
-			v := full[lf.full : lf.full+lf.size]
 			if !allFinite(v) {
 				return nil, fmt.Errorf("%w: in the frozen values", ErrNonFinite)
 			}
@@ -235,7 +265,7 @@ func (m *Model) Gather(dst, full []float32) error {
 	for _, ls := range m.leaves {
 		for _, lf := range ls {
 			if lf.tau >= 0 {
-				copy(dst[lf.tau:lf.tau+lf.size], full[lf.full:lf.full+lf.size])
+				copy(dst[lf.tau:lf.tau+lf.trained()], full[lf.full+lf.head:lf.full+lf.size])
 			}
 		}
 	}
@@ -254,24 +284,33 @@ func (m *Model) Merge(dst, theta []float32) error {
 	}
 	for _, ls := range m.leaves {
 		for _, lf := range ls {
-			src := m.base
-			o := lf.full
-			if lf.tau >= 0 {
-				src, o = theta, lf.tau
+			if lf.tau < 0 {
+				copy(dst[lf.full:lf.full+lf.size], m.base[lf.full:lf.full+lf.size])
+				continue
 			}
-			copy(dst[lf.full:lf.full+lf.size], src[o:o+lf.size])
+			copy(dst[lf.full:lf.full+lf.head], m.base[lf.full:lf.full+lf.head])
+			copy(dst[lf.full+lf.head:lf.full+lf.size], theta[lf.tau:lf.tau+lf.trained()])
 		}
 	}
 	return nil
 }
 
-// leafParams returns leaf lf's parameters: its part of theta, or of the
-// frozen values.
+// leafParams returns leaf lf's parameters after its head: its part of
+// theta, or of the frozen values.
 func (m *Model) leafParams(theta []float32, lf leaf) []float32 {
 	if lf.tau >= 0 {
-		return theta[lf.tau : lf.tau+lf.size : lf.tau+lf.size]
+		n := lf.trained()
+		return theta[lf.tau : lf.tau+n : lf.tau+n]
 	}
-	return m.base[lf.full : lf.full+lf.size : lf.full+lf.size]
+	return m.base[lf.full+lf.head : lf.full+lf.size : lf.full+lf.size]
+}
+
+// leafHead returns leaf lf's head in the frozen values (nil without one).
+func (m *Model) leafHead(lf leaf) []float32 {
+	if lf.head == 0 {
+		return nil
+	}
+	return m.base[lf.full : lf.full+lf.head : lf.full+lf.head]
 }
 
 // errFrozenCUDA is the CUDA engine's refusal of a model with frozen

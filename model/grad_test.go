@@ -112,8 +112,30 @@ func checkFiniteDifferences(t *testing.T, m *Model, theta, x []float32, y []int3
 	if err != nil {
 		t.Fatal(err)
 	}
-	th64 := make([]float64, len(theta))
-	for i, v := range theta {
+	// The reference runs on the full layout; coordinate i of theta is
+	// idx[i] there (the identity unless layers are frozen).
+	full := theta
+	idx := make([]int, len(theta))
+	for i := range idx {
+		idx[i] = i
+	}
+	if m.Freezes() {
+		full = make([]float32, m.NumFullParams())
+		if err := m.Merge(full, theta); err != nil {
+			t.Fatal(err)
+		}
+		at := map[string]int{}
+		for _, p := range m.FullParams() {
+			at[p.Name] = p.Offset
+		}
+		for _, p := range m.Params() {
+			for k := range p.Size {
+				idx[p.Offset+k] = at[p.Name] + k
+			}
+		}
+	}
+	th64 := make([]float64, len(full))
+	for i, v := range full {
 		th64[i] = float64(v)
 	}
 	if want := refLoss(t, m, th64, x, y); math.Abs(loss-want) > 1e-5*math.Max(1, math.Abs(want)) {
@@ -133,12 +155,13 @@ func checkFiniteDifferences(t *testing.T, m *Model, theta, x []float32, y []int3
 	const h = 1e-5
 	var diff2, ref2, maxRef float64
 	for _, j := range coords {
-		old := th64[j]
-		th64[j] = old + h
+		f := idx[j]
+		old := th64[f]
+		th64[f] = old + h
 		lp := refLoss(t, m, th64, x, y)
-		th64[j] = old - h
+		th64[f] = old - h
 		lm := refLoss(t, m, th64, x, y)
-		th64[j] = old
+		th64[f] = old
 		fd := (lp - lm) / (2 * h)
 		d := float64(g[j]) - fd
 		diff2 += d * d

@@ -225,6 +225,7 @@ var ownedFields = []struct {
 	{"mask", Attention, func(ls LayerSpec) bool { return ls.Mask != "" }},
 	{"layers", Residual, func(ls LayerSpec) bool { return ls.Layers != nil }},
 	{"no_bias", Linear, func(ls LayerSpec) bool { return ls.NoBias }},
+	{"lora", Linear, func(ls LayerSpec) bool { return ls.LoRA != nil }},
 	{"positions", Embedding, func(ls LayerSpec) bool { return ls.Positions != 0 }},
 	{"pos_offset", Embedding, func(ls LayerSpec) bool { return ls.PosOffset != 0 }},
 	{"types", Embedding, func(ls LayerSpec) bool { return ls.Types != 0 }},

@@ -27,6 +27,9 @@ func newLinear(ls LayerSpec, in []int) (layer, error) {
 	if len(in) != 1 {
 		return nil, errors.New("linear needs a flat input; add a flatten layer before it")
 	}
+	if ls.LoRA != nil {
+		return nil, errors.New("lora adapts linear layers on sequences ([T, D] inputs) only")
+	}
 	if ls.Out < 1 || ls.Out > maxElems {
 		return nil, fmt.Errorf("out = %d, need ≥ 1", ls.Out)
 	}

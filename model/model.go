@@ -269,6 +269,17 @@ func (m *Model) Init(dst []float32, seed uint64) error {
 		}
 		return m.Gather(dst, m.base)
 	}
+	return m.InitFull(dst, seed)
+}
+
+// InitFull is Init of the full layout (NumFullParams values), frozen
+// layers included: the values a model that freezes layers is given with
+// WithFrozen when they come from no checkpoint, and the tensors a
+// checkpoint lacks (a head, LoRA adapters, whose B starts at zero).
+func (m *Model) InitFull(dst []float32, seed uint64) error {
+	if len(dst) != m.numFull {
+		return fmt.Errorf("%w: InitFull dst has %d values, want %d", ErrShape, len(dst), m.numFull)
+	}
 	for li, l := range m.layers {
 		w := dst[m.layerOff[li] : m.layerOff[li]+m.layerSize[li]]
 		rng := rand.New(rand.NewPCG(seed, uint64(li)*0x9e3779b97f4a7c15+1))

@@ -386,6 +386,75 @@ func randomPretrainedSpec(rng *rand.Rand) Spec {
 	return sp
 }
 
+// randomAdaptedSpec is randomPretrainedSpec fine-tuned as the two ways
+// of training a subset do: LoRA adapters of random rank (over every
+// output, or one or two random ranges of them) on the linear layers
+// nested in residual blocks, and a head trained by a Trainable pattern
+// (which alone freezes the rest when no block takes adapters).
+func randomAdaptedSpec(rng *rand.Rand) Spec {
+	s := randomPretrainedSpec(rng)
+	s.Name += "-adapted"
+	for i := range s.Layers {
+		l := &s.Layers[i]
+		if l.Type != Residual {
+			continue
+		}
+		l.Layers = slices.Clone(l.Layers)
+		for j := range l.Layers {
+			n := &l.Layers[j]
+			if n.Type != Linear || n.NoBias || rng.IntN(3) == 0 {
+				continue
+			}
+			in := s.Layers[0].Dim
+			lr := &LoRA{Rank: 1 + rng.IntN(min(in, n.Out)), Alpha: float64(rng.IntN(17))}
+			if rng.IntN(2) == 0 && n.Out > 1 {
+				cut := 1 + rng.IntN(n.Out-1)
+				lr.Parts = []LoRAPart{{"a", 0, cut}}
+				if rng.IntN(2) == 0 {
+					lr.Parts = append(lr.Parts, LoRAPart{"b", cut, n.Out})
+				}
+			}
+			n.LoRA = lr
+		}
+	}
+	if rng.IntN(2) == 0 || len(s.Layers) < 2 {
+		s.Trainable = []string{fmt.Sprintf("%d.*", len(s.Layers)-1)}
+	}
+	return s
+}
+
+// newWithBase builds spec's model; one that freezes layers gets random
+// frozen values (InitFull plus noise, so LoRA's B is not zero).
+func newWithBase(t testing.TB, spec Spec, seed uint64) *Model {
+	t.Helper()
+	m, err := New(spec)
+	if err != nil {
+		t.Fatalf("%+v: %v", spec, err)
+	}
+	if !m.Freezes() {
+		return m
+	}
+	base := make([]float32, m.NumFullParams())
+	if err := m.InitFull(base, seed); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(seed, 77))
+	for i := range base {
+		base[i] += float32(0.3 * rng.NormFloat64())
+	}
+	fm, err := m.WithFrozen(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fm
+}
+
+// TestClipRandomAdapted is TestClipRandomPretrained on randomAdaptedSpec:
+// LoRA adapters and frozen layers.
+func TestClipRandomAdapted(t *testing.T) {
+	checkClipRandom(t, rand.New(rand.NewPCG(2026, 45)), randomAdaptedSpec, 9)
+}
+
 // TestClipRandomPretrained checks the clip against the exact per-example
 // reference on random pretrained-style models (randomPretrainedSpec), with
 // the clip norm at the median per-example norm.

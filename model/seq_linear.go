@@ -34,6 +34,9 @@ func newSeqLinear(ls LayerSpec, in []int) (layer, error) {
 	}
 	cv := &conv{c: D, h: T, w: 1, o: ls.Out, k: 1, s: 1, p: 0, ho: T, wo: 1, T: T, K: D, noBias: ls.NoBias}
 	cv.ghost = ghostCheaper(T, D, ls.Out)
+	if ls.LoRA != nil {
+		return newLoRALinear(ls, cv)
+	}
 	return &seqLinear{cv}, nil
 }
 

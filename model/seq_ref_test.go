@@ -81,6 +81,31 @@ func refSeqLayer(t testing.TB, ly layer, ls LayerSpec, w, x []float64, shape []i
 				y[p*out+o] = s
 			}
 		}
+		if lr := ls.LoRA; lr != nil {
+			// y[Lo:Hi] += (Alpha/Rank)·B (A x) at every position.
+			r, sc, n := lr.Rank, lr.Alpha/float64(lr.Rank), out*in+out
+			parts := lr.Parts
+			if len(parts) == 0 {
+				parts = []LoRAPart{{Lo: 0, Hi: out}}
+			}
+			for _, pt := range parts {
+				a, b := w[n:n+r*in], w[n+r*in:n+r*in+(pt.Hi-pt.Lo)*r]
+				n += r*in + (pt.Hi-pt.Lo)*r
+				for p := 0; p < T; p++ {
+					u := make([]float64, r)
+					for k := range u {
+						for j := 0; j < in; j++ {
+							u[k] += a[k*in+j] * x[p*in+j]
+						}
+					}
+					for o := pt.Lo; o < pt.Hi; o++ {
+						for k, uv := range u {
+							y[p*out+o] += sc * b[(o-pt.Lo)*r+k] * uv
+						}
+					}
+				}
+			}
+		}
 		return y, []int{T, out}, true
 	case ls.Type == LayerNorm && len(shape) == 2:
 		T, f := shape[0], shape[1]
@@ -212,6 +237,15 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 				}
 			}
 		}
+	case *loraLinear:
+		ls, n := st.(*loraState), 0
+		for k, part := range ly.parts {
+			ps := &ls.parts[k]
+			na, nb := part.down.o*part.down.K, part.up.o*part.up.K
+			refLayerGrad(&seqLinear{part.down}, ps.down, in, ps.du, i, g[n:n+na])
+			refLayerGrad(&seqLinear{part.up}, ps.up, ps.u, ps.g, i, g[n+na:n+na+nb])
+			n += na + nb
+		}
 	case *seqLayerNorm:
 		T, f := ly.t, ly.f
 		xh := st.(*seqLNState).rows.xhat
@@ -251,7 +285,7 @@ func refSeqGrad(ly layer, st layerState, in, dout []float32, i int, g []float64)
 		for j, inner := range ly.layers {
 			if rs.trains(j) {
 				o := rs.rel[j]
-				refLayerGrad(inner, rs.states[j], rs.act[j], rs.grad[j+1], i, g[o:o+ly.size[j]])
+				refLayerGrad(inner, rs.states[j], rs.act[j], rs.grad[j+1], i, g[o:o+rs.size[j]])
 			}
 		}
 	default:
@@ -274,6 +308,15 @@ func withGhost(l layer, ghost bool) layer {
 		cp := *l.conv
 		cp.ghost = ghost
 		return &seqLinear{&cp}
+	case *loraLinear:
+		cp := *l
+		cp.parts = slices.Clone(l.parts)
+		for k := range cp.parts {
+			d, u := *cp.parts[k].down, *cp.parts[k].up
+			d.ghost, u.ghost = ghost, ghost
+			cp.parts[k].down, cp.parts[k].up = &d, &u
+		}
+		return &cp
 	case *residual:
 		cp := *l
 		cp.layers = make([]layer, len(l.layers))

@@ -115,7 +115,7 @@ type resState struct {
 	r         *residual
 	states    []layerState
 	act, grad [][]float32
-	rel       []int
+	rel, size []int
 	frozen    [][]float32
 	low       int
 }
@@ -124,15 +124,19 @@ type resState struct {
 // each one's offset in the block's part of theta, or its frozen values.
 func (s *resState) place(m *Model, l int) {
 	n := len(s.r.layers)
-	s.rel, s.frozen, s.low = make([]int, n), make([][]float32, n), n
+	s.rel, s.size, s.frozen, s.low = make([]int, n), make([]int, n), make([][]float32, n), n
 	for j, lf := range m.leaves[l] {
+		if hu, ok := s.states[j].(headUser); ok {
+			hu.setHead(m.leafHead(lf))
+		}
+		s.size[j] = lf.trained()
 		if lf.tau < 0 {
 			s.rel[j] = -1
 			s.frozen[j] = m.leafParams(nil, lf)
 			continue
 		}
 		s.rel[j] = lf.tau - m.tauOff[l]
-		if lf.size > 0 {
+		if s.size[j] > 0 {
 			s.low = min(s.low, j)
 		}
 	}
@@ -144,12 +148,12 @@ func (s *resState) params(w []float32, j int) []float32 {
 	if s.rel[j] < 0 {
 		return s.frozen[j]
 	}
-	o, n := s.rel[j], s.r.size[j]
+	o, n := s.rel[j], s.size[j]
 	return w[o : o+n : o+n]
 }
 
 // trains reports whether nested layer j has parameters that train.
-func (s *resState) trains(j int) bool { return s.rel[j] >= 0 && s.r.size[j] > 0 }
+func (s *resState) trains(j int) bool { return s.rel[j] >= 0 && s.size[j] > 0 }
 
 func (s *resState) forward(p *pass, w, in, out []float32) {
 	r := s.r
@@ -215,7 +219,7 @@ func (s *resState) accGrad(p *pass, acc []float64, dst []float32, in, out, dout 
 			continue
 		}
 		applyCoef(s.states[j], p.coef[:p.B], s.act[j], s.grad[j+1], shapeSize(r.layers[j].outShape()))
-		o, n := s.rel[j], r.size[j]
+		o, n := s.rel[j], s.size[j]
 		s.states[j].accGrad(p, acc[o:o+n], dst[o:o+n], s.act[j], s.act[j+1], s.grad[j+1])
 	}
 }

@@ -333,10 +333,7 @@ func checkClipRandom(t *testing.T, rng *rand.Rand, draw func(*rand.Rand) Spec, b
 	t.Helper()
 	for trial := range 30 {
 		spec := draw(rng)
-		m, err := New(spec)
-		if err != nil {
-			t.Fatalf("%+v: %v", spec, err)
-		}
+		m := newWithBase(t, spec, uint64(trial))
 		B := 1 + rng.IntN(6)
 		ghost := rng.IntN(2) == 0
 		t.Run(fmt.Sprintf("%d-%s", trial, spec.Name), func(t *testing.T) {

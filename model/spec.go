@@ -187,6 +187,9 @@ type LayerSpec struct {
 	// token_type_ids; padding positions follow the same rule. Required
 	// when Types ≥ 2 and refused otherwise.
 	TypeSep *int `json:"type_sep,omitempty"`
+	// LoRA adds low-rank adapters to a linear layer on a sequence; its
+	// weight and bias are then frozen (see LoRA).
+	LoRA *LoRA `json:"lora,omitempty"`
 }
 
 // maxElems bounds every tensor and activation size so index arithmetic
@@ -242,6 +245,14 @@ func normalizedLayers(ls []LayerSpec) []LayerSpec {
 		if l.TypeSep != nil {
 			sep := *l.TypeSep
 			l.TypeSep = &sep
+		}
+		if l.LoRA != nil {
+			lr := *l.LoRA
+			lr.Parts = slices.Clone(lr.Parts)
+			if lr.Alpha == 0 {
+				lr.Alpha = float64(lr.Rank)
+			}
+			l.LoRA = &lr
 		}
 		// An attention's Mask "" and an embedding's Positions 0 stay as
 		// they are rather than being written out ("causal", T): specs

@@ -92,6 +92,9 @@ func (m *Model) NewWorkspace(maxBatch int) (*Workspace, error) {
 		if rs, ok := w.states[l].(*resState); ok {
 			rs.place(m, l)
 		}
+		if hu, ok := w.states[l].(headUser); ok {
+			hu.setHead(m.leafHead(m.leaves[l][0]))
+		}
 	}
 	return w, nil
 }
