@@ -90,15 +90,15 @@ type convState struct {
 	// The gradient buffers, allocated on the first paramGrad or accGrad
 	// (a frozen layer never needs them): the weight gradient in internal
 	// order (gw), per-chunk sums and accGrad's sum in public order.
-	gw     []float32
-	part   [gradChunks][]float32
-	part64 [gradChunks][]float64 // accGrad's per-chunk sums, [O·K]
-	pub64  []float64             // accGrad's sum in public order, [O·K]
-	scratch     [][]float32           // per worker: [T·T]·2 (ghost only)
-	bsum        [][]float64           // per worker [O]
-	rowNorms    [][]float64           // per worker: αₜ then βₜ, [2T]
-	piece       [][]float32           // per worker, materializing with T > normRows: [O·K]
-	piece64     [][]float64           // per worker, likewise: [O·K]
+	gw       []float32
+	part     [gradChunks][]float32
+	part64   [gradChunks][]float64 // accGrad's per-chunk sums, [O·K]
+	pub64    []float64             // accGrad's sum in public order, [O·K]
+	scratch  [][]float32           // per worker: [T·T]·2 (ghost only)
+	bsum     [][]float64           // per worker [O]
+	rowNorms [][]float64           // per worker: αₜ then βₜ, [2T]
+	piece    [][]float32           // per worker, materializing with T > normRows: [O·K]
+	piece64  [][]float64           // per worker, likewise: [O·K]
 	// gi holds, when materializing, each example's weight gradient
 	// fl(Dᵢᵀ Aᵢ) [B, O·K] from bound, which accGrad sums; allocated on
 	// first use.

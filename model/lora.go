@@ -185,8 +185,8 @@ type loraState struct {
 }
 
 type loraPartState struct {
-	down, up         *convState
-	u, v, g, du, dx  []float32
+	down, up        *convState
+	u, v, g, du, dx []float32
 }
 
 // setHead gives the state the base's frozen weight and bias.
