@@ -193,13 +193,19 @@ func (c *Checkpoint) Init(theta []float32, seed uint64) error {
 	if err := c.model.Init(theta, seed); err != nil {
 		return err
 	}
+	return c.read(func(name string) ([]float32, bool) { return c.model.Param(theta, name) })
+}
+
+// read reads every tensor the checkpoint has into the engine parameter it
+// binds, whose values values returns.
+func (c *Checkpoint) read(values func(param string) ([]float32, bool)) error {
 	file := map[string]string{}
 	for _, s := range c.Report.Present {
 		file[s.Name] = s.File
 	}
 	var buf []float32
 	for _, b := range c.plan.bindings {
-		dst, ok := c.model.Param(theta, b.param)
+		dst, ok := values(b.param)
 		if !ok {
 			return fmt.Errorf("pretrained: no engine parameter %q (a bug in the mapping)", b.param)
 		}
