@@ -98,61 +98,90 @@ func exportModel(dataDir, out, format, initFrom string) (coordinator.Committed, 
 			return c, fmt.Errorf("export %s: %w", dataDir, err)
 		}
 	}
-	if c, err = mergeFrozen(c, initFrom, nil); err != nil {
+	theta := c.Theta
+	c, fm, err := mergeFrozen(c, initFrom, nil)
+	if err != nil {
 		return c, fmt.Errorf("export %s: %w", dataDir, err)
 	}
 	if format == "pretrained" || (format == "" && c.Config.Pretrained != nil) {
-		return c, writePretrained(c, out)
+		if err := writePretrained(c, out); err != nil {
+			return c, err
+		}
+		return c, writeAdapters(c, fm, theta, out)
 	}
 	return c, writeModel(c, out)
 }
 
-// mergeFrozen returns c as the whole model if its run freezes layers:
-// θ with the frozen values merged in (model.Model.Merge), the spec
-// without its trainable and freeze patterns and that model's hash, which
-// is what an export writes. The frozen values are have's, the process's
+// mergeFrozen returns c as the whole model if its run trains only part
+// of it: θ as the checkpoint's plain model (model.Model.Merged: the
+// frozen values merged in, LoRA adapters folded into their weights), the
+// spec without patterns or adapters and that model's hash, which is what
+// an export writes; and the run's own model, whose adapters (if any)
+// are exported beside it. The frozen values are have's, the process's
 // own model, when it is the run's; else the checkpoint in initFrom's. A
-// run that freezes nothing is returned as it is.
-func mergeFrozen(c coordinator.Committed, initFrom string, have *model.Model) (coordinator.Committed, error) {
+// run that trains its whole model is returned as it is, with a nil model.
+func mergeFrozen(c coordinator.Committed, initFrom string, have *model.Model) (coordinator.Committed, *model.Model, error) {
 	spec, err := model.ParseSpec(c.Config.ModelSpec)
 	if err != nil {
-		return c, fmt.Errorf("the run's model spec: %w", err)
+		return c, nil, fmt.Errorf("the run's model spec: %w", err)
 	}
-	if len(spec.Trainable) == 0 && len(spec.Freeze) == 0 {
-		return c, nil
+	if !freezes(spec) {
+		return c, nil, nil
 	}
 	m := have
 	if m == nil || m.Hash() != c.Config.ModelHash {
 		if c.Config.Pretrained == nil || initFrom == "" {
-			return c, fmt.Errorf("run %s trains only some layers: %w (the frozen layers are its weights)", c.Config.Run, errNeedsInitFrom)
+			return c, nil, fmt.Errorf("run %s trains only part of its model: %w (the frozen layers are its weights)", c.Config.Run, errNeedsInitFrom)
 		}
 		ck, err := openRunCheckpoint(initFrom, c.Config, spec)
 		if err != nil {
-			return c, err
+			return c, nil, err
 		}
 		defer ck.Close()
-		if m, err = frozenModel(ck, spec.Trainable, spec.Freeze, c.Config.InitSeed); err != nil {
-			return c, err
+		if m, err = frozenModel(ck, spec, c.Config.InitSeed); err != nil {
+			return c, nil, err
 		}
 		if m.Hash() != c.Config.ModelHash {
-			return c, fmt.Errorf("--init-from %s builds model %s, the run's is %s", initFrom, m.Hash(), c.Config.ModelHash)
+			return c, nil, fmt.Errorf("--init-from %s builds model %s, the run's is %s", initFrom, m.Hash(), c.Config.ModelHash)
 		}
 	}
-	full := make([]float32, m.NumFullParams())
-	if err := m.Merge(full, c.Theta); err != nil {
-		return c, err
-	}
-	whole := withPatterns(spec, nil, nil)
-	fm, err := model.New(whole)
+	plain := m.MergedSpec()
+	pm, err := model.New(plain)
 	if err != nil {
-		return c, err
+		return c, nil, err
 	}
-	js, err := whole.CanonicalJSON()
+	full := make([]float32, pm.NumParams())
+	if err := m.Merged(full, c.Theta); err != nil {
+		return c, nil, err
+	}
+	js, err := plain.CanonicalJSON()
 	if err != nil {
-		return c, err
+		return c, nil, err
 	}
-	c.Theta, c.Config.ModelSpec, c.Config.ModelHash, c.Config.Dim = full, js, fm.Hash(), len(full)
-	return c, nil
+	c.Theta, c.Config.ModelSpec, c.Config.ModelHash, c.Config.Dim = full, js, pm.Hash(), len(full)
+	return c, m, nil
+}
+
+// writeAdapters writes the LoRA adapters of the run's model m (θ of the
+// run, theta) beside the fine-tuned model in dir, as PEFT saves them;
+// nothing for a model without adapters.
+func writeAdapters(c coordinator.Committed, m *model.Model, theta []float32, dir string) error {
+	if m == nil || !pretrained.HasLoRA(m.Spec()) || c.Config.Pretrained == nil {
+		return nil
+	}
+	spec := m.MergedSpec()
+	mp, err := pretrained.NewMapping(c.Config.Pretrained.Config, pretrained.Options{SeqLen: spec.Input[0], Classes: spec.Classes, SepID: sepOf(spec)})
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	meta, err := exportMeta(c)
+	if err != nil {
+		return err
+	}
+	if err := mp.ExportAdapters(dir, m, theta, meta); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	return nil
 }
 
 // writePretrained writes θ of c, a run started from a pretrained

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -197,6 +198,84 @@ func TestFrozenFlagsRefused(t *testing.T) {
 			"--data-dir", t.TempDir(), "--progress", "off"}, tc.args...)
 		if _, _, err := runCmd(t, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestLocalLoRA fine-tunes a checkpoint with LoRA adapters on the query
+// and value and the classifier trained: the run's vector is the adapters
+// and the head; the fine-tuned folder holds the checkpoint's model with
+// each adapter folded into its weight (W + (α/r)·B A, checked against the
+// adapters written beside it under PEFT's names), every other tensor but
+// the head bit-identical to the checkpoint's.
+func TestLocalLoRA(t *testing.T) {
+	ckpt := tinyCheckpoint(t, "tiny-bert")
+	data := t.TempDir()
+	res := localJSON(t, []string{"local", "--init-from", ckpt, "--dataset", "fortunes-category", "--data", fortuneDir(t),
+		"--seq-len", "8", "--batch-size", "20", "--max-steps", "10", "--target-epsilon", "8", "--lr", "0.05",
+		"--lora-rank", "2", "--lora-alpha", "4", "--trainable", "classifier.*",
+		"--eval-every", "0", "--round-timeout", "20s", "--data-dir", data, "--progress", "off"})
+	if res["steps"] != float64(10) {
+		t.Fatalf("%v steps", res["steps"])
+	}
+	c, err := coordinator.ReadCommitted(data, initFunc(ckpt, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const H, r = 8, 2
+	// 2 blocks × 2 parts × (A [r, H] + B [H, r]) + classifier [2, H] + [2].
+	if want := 2*2*(r*H+H*r) + 2*H + 2; c.Config.Dim != want || len(c.Theta) != want {
+		t.Fatalf("run dimension %d, θ %d values, want %d", c.Config.Dim, len(c.Theta), want)
+	}
+	fine := filepath.Join(data, FinetunedDir)
+	before := readTensors(t, filepath.Join(ckpt, pretrained.WeightsFile))
+	after := readTensors(t, filepath.Join(fine, pretrained.WeightsFile))
+	adapters := readTensors(t, filepath.Join(fine, pretrained.AdapterFile))
+	if len(adapters) != 8 {
+		t.Fatalf("%d adapter tensors, want 8", len(adapters))
+	}
+	for name, w := range after {
+		v, ok := before[name]
+		if !ok {
+			continue // the new classifier
+		}
+		mod := strings.TrimSuffix(name, ".weight")
+		a, adapted := adapters["base_model.model."+mod+".lora_A.weight"]
+		if !adapted {
+			if !slices.Equal(v, w) && !strings.HasPrefix(name, "classifier.") {
+				t.Errorf("%s changed, and has no adapter", name)
+			}
+			continue
+		}
+		b := adapters["base_model.model."+mod+".lora_B.weight"]
+		moved := false
+		for o := range H {
+			for i := range H {
+				want := float64(v[o*H+i])
+				for k := range r {
+					want += 4.0 / r * float64(b[o*r+k]) * float64(a[k*H+i])
+				}
+				if d := float64(w[o*H+i]) - want; d*d > 1e-10*(1+want*want) {
+					t.Fatalf("%s[%d, %d] = %v, W + (α/r)·BA = %v", name, o, i, w[o*H+i], want)
+				}
+				moved = moved || w[o*H+i] != v[o*H+i]
+			}
+		}
+		if !moved {
+			t.Errorf("%s: the adapters did not move", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(fine, pretrained.AdapterConfigFile)); err != nil {
+		t.Error(err)
+	}
+	// export from the data dir writes the same.
+	out := filepath.Join(t.TempDir(), "export")
+	if _, _, err := runCmd(t, "export", data, "--out", out, "--init-from", ckpt); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range readTensors(t, filepath.Join(out, pretrained.AdapterFile)) {
+		if !slices.Equal(adapters[name], v) {
+			t.Errorf("export's %s differs", name)
 		}
 	}
 }

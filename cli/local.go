@@ -331,7 +331,9 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	}
 	var finetuned string // the checkpoint-format folder of a fine-tuned run
 	if err == nil {
-		if committed, err = mergeFrozen(committed, "", pr.model); err != nil {
+		theta := committed.Theta
+		var fm *model.Model
+		if committed, fm, err = mergeFrozen(committed, "", pr.model); err != nil {
 			return err
 		}
 		if err := writeModel(committed, modelPath); err != nil {
@@ -339,6 +341,11 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 		}
 		if finetuned, err = writeFinetuned(committed, f.dataDir); err != nil {
 			return err
+		}
+		if finetuned != "" {
+			if err := writeAdapters(committed, fm, theta, finetuned); err != nil {
+				return err
+			}
 		}
 	}
 	if interrupted(ctx, runErr) {

@@ -31,8 +31,8 @@ const defaultPretrainedSeqLen = 128
 // known (modelFor).
 func (s *runSpec) checkInitFrom(fs *pflag.FlagSet, fileKeys map[string]bool) error {
 	if s.InitFrom == "" {
-		if len(s.Trainable) > 0 || len(s.Freeze) > 0 {
-			return errors.New("--trainable and --freeze choose what trains of a pretrained checkpoint: give its folder with --init-from")
+		if len(s.Trainable) > 0 || len(s.Freeze) > 0 || s.LoRA.Rank != 0 {
+			return errors.New("--trainable, --freeze and --lora-rank choose what trains of a pretrained checkpoint: give its folder with --init-from")
 		}
 		return nil
 	}
@@ -62,29 +62,48 @@ func (s *runSpec) checkInitFrom(fs *pflag.FlagSet, fileKeys map[string]bool) err
 	if n := tok.VocabSize(); n > ck.Config.Vocab {
 		return fmt.Errorf("--tokenizer %s has %d tokens, more than the %d rows of the checkpoint's word embedding (vocab_size): the tokenizer is not the checkpoint's", s.Tokenizer, n, ck.Config.Vocab)
 	}
-	if err := withPatterns(ck.Spec(), s.Trainable, s.Freeze).Validate(); err != nil {
-		return fmt.Errorf("--trainable/--freeze: %w", err)
+	if _, err := s.adaptedSpec(ck); err != nil {
+		return err
 	}
 	return nil
 }
 
-// withPatterns is spec training only what the patterns choose
-// (model.Spec.Trainable and Freeze).
-func withPatterns(spec model.Spec, trainable, freeze []string) model.Spec {
-	spec.Trainable, spec.Freeze = trainable, freeze
-	return spec
+// adaptedSpec is ck's model as the run trains it: with the LoRA adapters
+// of --lora-rank and the --trainable and --freeze patterns.
+func (s *runSpec) adaptedSpec(ck *pretrained.Checkpoint) (model.Spec, error) {
+	spec := ck.Spec()
+	if s.LoRA.Rank != 0 {
+		var err error
+		if spec, err = pretrained.WithLoRA(spec, ck.Config, s.LoRA.Rank, s.LoRA.Alpha, s.LoRA.Targets); err != nil {
+			return spec, fmt.Errorf("--lora-rank/--lora-targets: %w", err)
+		}
+	} else if s.LoRA.Alpha != 0 || len(s.LoRA.Targets) > 0 {
+		return spec, errors.New("--lora-alpha and --lora-targets need --lora-rank")
+	}
+	spec.Trainable, spec.Freeze = s.Trainable, s.Freeze
+	if err := spec.Validate(); err != nil {
+		return spec, fmt.Errorf("--trainable/--freeze/--lora-rank: %w", err)
+	}
+	return spec, nil
 }
 
-// frozenModel is the model of ck that trains only what the patterns
-// choose, its frozen layers reading the checkpoint's weights (ck.Init,
-// the tensors the checkpoint lacks drawn from seed), held once.
-func frozenModel(ck *pretrained.Checkpoint, trainable, freeze []string, seed uint64) (*model.Model, error) {
-	m, err := model.New(withPatterns(ck.Spec(), trainable, freeze))
+// freezes reports whether spec trains only part of its model (frozen
+// layers, LoRA adapters).
+func freezes(spec model.Spec) bool {
+	m, err := model.New(spec)
+	return err == nil && m.Freezes()
+}
+
+// frozenModel is spec's model, ck's with layers frozen or adapters
+// added, its frozen values the checkpoint's weights (ck.InitFull, what
+// the checkpoint lacks drawn from seed), held once.
+func frozenModel(ck *pretrained.Checkpoint, spec model.Spec, seed uint64) (*model.Model, error) {
+	m, err := model.New(spec)
 	if err != nil {
-		return nil, fmt.Errorf("--trainable/--freeze: %w", err)
+		return nil, fmt.Errorf("--trainable/--freeze/--lora-rank: %w", err)
 	}
 	full := make([]float32, m.NumFullParams())
-	if err := ck.Init(full, seed); err != nil {
+	if err := ck.InitFull(m, full, seed); err != nil {
 		return nil, err
 	}
 	return m.WithFrozen(full)
@@ -106,10 +125,14 @@ func (s *runSpec) pretrainedModel(shape []int, classes, vocab int) (*model.Model
 		return nil, fmt.Errorf("--init-from %s: the data's token ids go up to %d, the checkpoint's vocabulary has %d", s.InitFrom, vocab, ck.Config.Vocab)
 	}
 	s.pretrained = &coordinator.Pretrained{WeightsSHA256: ck.WeightsSHA256, Config: ck.ConfigJSON}
-	if len(s.Trainable) > 0 || len(s.Freeze) > 0 {
-		return frozenModel(ck, s.Trainable, s.Freeze, s.InitSeed)
+	spec, err := s.adaptedSpec(ck)
+	if err != nil {
+		return nil, err
 	}
-	return model.New(ck.Spec())
+	if freezes(spec) {
+		return frozenModel(ck, spec, s.InitSeed)
+	}
+	return model.New(spec)
 }
 
 // logImport says what the import of the checkpoint found: the tensors
@@ -167,8 +190,8 @@ func initFunc(initFrom string, log *slog.Logger, have *model.Model) coordinator.
 			logImport(log, ck)
 		}
 		m := ck.Model()
-		if len(spec.Trainable) > 0 || len(spec.Freeze) > 0 {
-			if m, err = frozenModel(ck, spec.Trainable, spec.Freeze, c.InitSeed); err != nil {
+		if freezes(spec) {
+			if m, err = frozenModel(ck, spec, c.InitSeed); err != nil {
 				return nil, err
 			}
 		}

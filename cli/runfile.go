@@ -83,6 +83,10 @@ type runSpec struct {
 	// the process that holds them. Neither: everything trains.
 	Trainable []string `yaml:"trainable"`
 	Freeze    []string `yaml:"freeze"`
+	// LoRA adds low-rank adapters to a --init-from checkpoint's layers
+	// (pretrained.WithLoRA): with a rank, only the adapters train, and
+	// what Trainable names besides (the head, usually).
+	LoRA loraSpec `yaml:"lora"`
 	// pretrained is set by modelFor for a run with InitFrom: the weights'
 	// hash and config.json the run configuration records.
 	pretrained *coordinator.Pretrained
@@ -181,6 +185,9 @@ func (s *runSpec) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&s.Classes, "classes", s.Classes, "number of classes (default: from the labels)")
 	fs.IntSliceVar(&s.InputShape, "input-shape", s.InputShape, "per-example input shape, e.g. 3,32,32: the size images are resized to (default: the first image's); with --dataset local, the run's")
 	fs.StringSliceVar(&s.Trainable, "trainable", s.Trainable, "with --init-from: the parameters that train, as patterns over their names (layer.11.*,pooler.*,classifier.*: the last block and the head); the rest stays frozen at the checkpoint's values")
+	fs.IntVar(&s.LoRA.Rank, "lora-rank", s.LoRA.Rank, "with --init-from: LoRA adapters of this rank on --lora-targets; only they train, and what --trainable names (the head: classifier.*, score.*)")
+	fs.Float64Var(&s.LoRA.Alpha, "lora-alpha", s.LoRA.Alpha, "LoRA's alpha: the adapters' output is scaled by alpha/rank (default: the rank, a scale of 1)")
+	fs.StringSliceVar(&s.LoRA.Targets, "lora-targets", s.LoRA.Targets, "the layers that get adapters, named as PEFT's target_modules (BERT: query, key, value, attention.output, intermediate, output; GPT-2: c_attn, c_proj, c_fc; default BERT's query,value and GPT-2's c_attn)")
 	fs.StringSliceVar(&s.Freeze, "freeze", s.Freeze, "with --init-from: the parameters that do not train, as patterns over their names (embeddings.*), after --trainable")
 	fs.StringSliceVar(&s.Nodes, "node-ids", s.Nodes, "the run's node IDs, each bound to its shard (the i-th holds shard i of their number); no other node is admitted")
 	fs.IntVar(&s.SeqLen, "seq-len", s.SeqLen, "text folders and text columns: tokens kept per document (default: --input-shape's, else 128)")
@@ -584,4 +591,12 @@ func (s *runSpec) checkOwnDataMinNodes() error {
 			"or name the nodes (node_ids: [a, b, ...], whose number is then the default): otherwise the first node to join trains alone")
 	}
 	return nil
+}
+
+// loraSpec is the run file's lora: the adapters' rank (0: none), alpha
+// and target layers.
+type loraSpec struct {
+	Rank    int      `yaml:"rank"`
+	Alpha   float64  `yaml:"alpha"`
+	Targets []string `yaml:"targets"`
 }
