@@ -170,7 +170,7 @@ func TestPredictByName(t *testing.T) {
 		{"wrong feature count", []string{res.Model, bad("few.csv", "age,outcome\n0.5,low\n"), "--feature-columns", "age"},
 			[]string{"1 features per row", "the model reads 8 features: age, bmi"}},
 		{"missing feature column", []string{res.Model, bad("nobmi.csv", "age,outcome\n0.5,low\n")}, []string{`no column "bmi"`}},
-		{"unknown class", []string{res.Model, bad("extreme.csv", strings.Join(header, ",") + "\n0,0,0,0,0,0,0,0,extreme\n")},
+		{"unknown class", []string{res.Model, bad("extreme.csv", strings.Join(header, ",")+"\n0,0,0,0,0,0,0,0,extreme\n")},
 			[]string{`label "extreme" is not one of the class names ["high", "low", "medium"]`}},
 		{"missing model", []string{filepath.Join(t.TempDir(), "none.safetensors"), testFile}, []string{"none.safetensors: no such file"}},
 		{"not a model", []string{testFile, testFile}, []string{"bad safetensors file"}},
