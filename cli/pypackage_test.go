@@ -332,3 +332,28 @@ func TestPythonPackageMatchesEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestPythonPackageUnitTests runs the Python package's own unit tests
+// (python/tests: inputs by column name, hand-computed sequence layers,
+// errors) with `python3 -m unittest` in python/.
+func TestPythonPackageUnitTests(t *testing.T) {
+	py := torchref.RequireNumpy(t)
+	dir := pythonPackageDir(t)
+	tests, err := filepath.Glob(filepath.Join(dir, "tests", "*.py"))
+	if err != nil || len(tests) == 0 {
+		t.Fatalf("no tests in %s/tests (%v)", dir, err)
+	}
+	for _, f := range tests { // go test's cache counts them as inputs
+		if _, err := os.ReadFile(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(py, "-m", "unittest", "-v")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "\nOK") {
+		t.Fatalf("python3 -m unittest in %s: %v\n%s", dir, err, out)
+	}
+	t.Logf("%s", out)
+}
