@@ -352,7 +352,7 @@ func TestPythonPackageUnitTests(t *testing.T) {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "\nOK") {
+	if err != nil || !strings.Contains(string(out), "\nOK") || strings.Contains(string(out), "Ran 0 tests") {
 		t.Fatalf("python3 -m unittest in %s: %v\n%s", dir, err, out)
 	}
 	t.Logf("%s", out)
