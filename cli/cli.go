@@ -18,6 +18,7 @@ func NewCoordinatorCmd() *cobra.Command {
 	root.AddCommand(newPrivacyCmd())
 	root.AddCommand(newLedgerCmd())
 	root.AddCommand(newExportCmd())
+	root.AddCommand(newPredictCmd())
 	root.AddCommand(newLocalCmd())
 	root.AddCommand(newAuditPrivacyCmd())
 	root.AddCommand(newServeCmd())

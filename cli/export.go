@@ -30,7 +30,8 @@ step the replica committed as a safetensors file with PyTorch names and layouts:
 ([out, in] for linear layers, [out, in, kh, kw] for conv), <layer>.bias. The header's
 __metadata__ holds the model spec as JSON (key "spec"), the run, the step, ε spent, δ, the target
 ε, the accountant and privacy event, and whether the run was private ("true" unless it ran with
---insecure-seed), all as strings.
+--insecure-seed), all as strings; where the training data named them, the class names
+("classes") and feature columns ("features"), as JSON arrays, and the label and text columns.
 
 It is read-only and safe while the replica runs: it opens nothing in DATA_DIR for writing, takes
 no lock there and starts no Raft. "Committed" is read from the ledger (hashicorp/raft does not
@@ -40,7 +41,8 @@ replica applied.
 
 Inputs are preprocessed as the training data was: Fashion-MNIST pixels are divided by 255
 (float32 in [0, 1], [1, 28, 28] in C, H, W order), CSV features are used as given.
-examples/safetensors_classify.py shows the model used from Python with numpy only.
+coordinator predict classifies a data file with it; the Python package in python/ (numpy, and
+PyTorch if present) loads it outside dpcluster.
 
 A run fine-tuned from a pretrained checkpoint (--init-from) is written back in the checkpoint's
 own format (--format pretrained, its default): --out is a folder that receives config.json
@@ -268,13 +270,16 @@ func writeModel(c coordinator.Committed, out string) error {
 }
 
 // exportMeta is the run's public description an exported model's
-// safetensors header carries.
+// safetensors header carries; with the run's names (RunConfig.Names) also
+// "classes" and "features" (JSON arrays of strings, the class names in
+// class order and the feature columns in input order) and
+// "label_column", "text_column" and "text_pair_column".
 func exportMeta(c coordinator.Committed) (map[string]string, error) {
 	event, err := json.Marshal(c.Config.Event())
 	if err != nil {
 		return nil, err
 	}
-	return map[string]string{
+	meta := map[string]string{
 		"run":            c.Config.Run,
 		"step":           strconv.FormatInt(c.Step, 10),
 		"epsilon":        strconv.FormatFloat(c.Epsilon, 'g', -1, 64),
@@ -285,5 +290,23 @@ func exportMeta(c coordinator.Committed) (map[string]string, error) {
 		"noise_mode":     c.Config.NoiseMode,
 		"private":        strconv.FormatBool(c.Config.SeedPolicy == seed.Crypto),
 		"state_sha256":   c.Digest,
-	}, nil
+	}
+	if n := c.Config.Names; n != nil {
+		for k, v := range map[string][]string{"classes": n.Classes, "features": n.Features} {
+			if v == nil {
+				continue
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				return nil, err
+			}
+			meta[k] = string(b)
+		}
+		for k, v := range map[string]string{"label_column": n.LabelColumn, "text_column": n.TextColumn, "text_pair_column": n.TextPairColumn} {
+			if v != "" {
+				meta[k] = v
+			}
+		}
+	}
+	return meta, nil
 }

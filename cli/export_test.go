@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dpcluster/dpcluster/dataset"
+	"github.com/dpcluster/dpcluster/internal/torchref"
 	"github.com/dpcluster/dpcluster/model"
 )
 
@@ -157,36 +158,40 @@ func TestLocalWritesModelAndExport(t *testing.T) {
 	}
 }
 
-// pythonWithNumpy returns a python3 that imports numpy: $DPCLUSTER_PYTHON,
-// python3 on PATH, or Debian's /usr/bin/python3 (a PATH python3 may be
-// another installation without Debian's python3-numpy).
-func pythonWithNumpy() string {
-	for _, p := range []string{os.Getenv("DPCLUSTER_PYTHON"), "python3", "/usr/bin/python3"} {
-		if p == "" {
-			continue
-		}
-		if exec.Command(p, "-c", "import numpy").Run() == nil {
-			return p
-		}
-	}
-	return ""
-}
+// fashionScript classifies Fashion-MNIST's t10k set (IDX files, pixels
+// divided by 255 as training reads them) with the Python package.
+const fashionScript = `
+import gzip, os, struct, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import dpcluster
+def idx(path):
+    data = gzip.decompress(open(path, "rb").read())
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+m = dpcluster.load(sys.argv[2])
+images = idx(os.path.join(sys.argv[3], "t10k-images-idx3-ubyte.gz"))
+labels = idx(os.path.join(sys.argv[3], "t10k-labels-idx1-ubyte.gz"))
+pred = m.predict(images.astype(np.float32) / 255)
+print(f"correct {int(np.sum(pred == labels))} of {len(labels)}")
+`
 
 // inCI reports whether the tests run under .ci/run, which installs every
 // optional dependency: there, a missing one is a failure, not a skip.
 func inCI() bool { return os.Getenv("DPCLUSTER_CI") != "" }
 
-// TestPythonExampleMatchesEvaluation trains the mlp preset on
-// Fashion-MNIST for a few steps with `coordinator local`, then runs
-// examples/safetensors_classify.py (numpy only) on the model.safetensors
-// it wrote: the example's accuracy on the t10k test set equals the
+// TestPythonPackageMatchesEvaluation trains the mlp preset on
+// Fashion-MNIST for a few steps with `coordinator local`, then classifies
+// the t10k test set with the Python package in python/ (numpy only) on
+// the model.safetensors the run wrote: its accuracy equals the
 // coordinator's own final evaluation of the same θ. Both take the argmax
-// of the same logits, but the example computes them in float64 and the
+// of the same logits, but the package computes them in float64 and the
 // coordinator in float32 (model.Workspace), so an example whose top two
 // logits are within rounding error of each other may flip: the counts may
 // differ by at most one example (in practice they are equal).
-func TestPythonExampleMatchesEvaluation(t *testing.T) {
-	py := pythonWithNumpy()
+func TestPythonPackageMatchesEvaluation(t *testing.T) {
+	py := torchref.PythonWith("numpy")
 	if _, err := os.Stat(filepath.Join(dataset.DebianFashionMNISTDir, "t10k-images-idx3-ubyte.gz")); err != nil || py == "" {
 		if inCI() {
 			t.Fatalf("DPCLUSTER_CI is set but python3 with numpy (%q) or the Fashion-MNIST files (%v) are missing", py, err)
@@ -210,14 +215,10 @@ func TestPythonExampleMatchesEvaluation(t *testing.T) {
 	if res.TestAccuracy == nil || res.TestExamples == nil {
 		t.Fatalf("no test evaluation: %+v", res)
 	}
-	script, err := filepath.Abs(filepath.Join("..", "examples", "safetensors_classify.py"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(py, script, res.Model, "--data", dataset.DebianFashionMNISTDir)
+	cmd := exec.Command(py, "-c", fashionScript, pythonPackageDir(t), res.Model, dataset.DebianFashionMNISTDir)
 	pout, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s: %v\n%s", script, err, pout)
+		t.Fatalf("python: %v\n%s", err, pout)
 	}
 	mt := regexp.MustCompile(`(?m)^correct (\d+) of (\d+)$`).FindSubmatch(pout)
 	if mt == nil {

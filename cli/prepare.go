@@ -120,7 +120,7 @@ func (s *runSpec) runConfig(m *model.Model, n int64, schema string, seeded bool,
 		TargetEpsilon: s.TargetEpsilon, Delta: s.Delta, LedgerDelta: s.ledgerDelta, MaxSteps: s.MaxSteps, Optimizer: opt,
 		NoiseMode: s.Noise, KeepLegacyNoise: s.legacyNoise, Seeded: seeded,
 		Accountant: s.Accountant, KeepLegacyAccountant: s.legacyAccountant, DataSchema: schema, Nodes: s.Nodes,
-		Pretrained: s.pretrained,
+		Pretrained: s.pretrained, Names: s.names,
 	}
 	if s.forNode {
 		return plan.NodeConfig()
@@ -232,6 +232,7 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log 
 			return pr, err
 		}
 		schema = sc.String()
+		s.names = s.dataNames(sc.Labels, s.FeatureColumns)
 		if pr.model, err = s.modelFor(sc.Shape, sc.Classes, sc.Vocab); err != nil {
 			return pr, err
 		}
@@ -279,11 +280,28 @@ func (s *runSpec) prepare(ctx context.Context, seeded bool, dataDir string, log 
 		}
 	}
 	if pr.train != nil {
+		s.names = s.dataNames(pr.train.LabelNames, pr.train.FeatureNames)
 		n = int64(pr.train.Len())
 		tuneGC(log, dataBytes(pr.train, pr.eval.Data))
 	}
 	pr.cfg, err = s.runConfig(pr.model, n, schema, seeded, dataDir, log)
 	return pr, err
+}
+
+// dataNames are the names the run configuration records for the model's
+// users (coordinator.RunConfig.Names): the class names and feature columns
+// given (the training data's, or the run file's for node-local data) and
+// the spec's label and text columns; nil when there are none.
+func (s *runSpec) dataNames(classes, features []string) *coordinator.DataNames {
+	n := coordinator.DataNames{Classes: slices.Clone(classes), Features: slices.Clone(features),
+		TextColumn: s.TextColumn, TextPairColumn: s.TextPairColumn}
+	if n.Features != nil || n.TextColumn != "" {
+		n.LabelColumn = s.LabelColumn // a column of a file with a header
+	}
+	if n.Classes == nil && n.Features == nil && n.TextColumn == "" {
+		return nil
+	}
+	return &n
 }
 
 // readLocal reads a data file of a run whose nodes bring their own data

@@ -90,6 +90,9 @@ type runSpec struct {
 	// pretrained is set by modelFor for a run with InitFrom: the weights'
 	// hash and config.json the run configuration records.
 	pretrained *coordinator.Pretrained
+	// names is set by prepare from the data (dataNames): the class and
+	// column names the run configuration records for the model's users.
+	names *coordinator.DataNames
 	// Nodes, if set, are the run's node IDs, each bound to its shard:
 	// nodes[i] holds shard i of len(nodes) (coordinator.RunConfig.Nodes);
 	// a node then takes its --shard-index and --shard-count from the list.

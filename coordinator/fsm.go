@@ -378,7 +378,7 @@ func (f *FSM) applyConfig(body []byte) ApplyResult {
 	if f.cfg != nil {
 		// A second configuration entry (a leader re-proposing after a
 		// failover) must match, history included; it changes nothing.
-		if !sameConfig(*f.cfg, c) {
+		if !sameRun(*f.cfg, c) {
 			return ApplyResult{Err: fmt.Errorf("%w: run already configured as %q", ErrInvalidRunConfig, f.cfg.Run)}
 		}
 		if ce.History != f.history {
@@ -666,6 +666,17 @@ func (f *FSM) checkStep(s stepEntry) error {
 		return fmt.Errorf("coordinator: step %d: %w", s.Step, dpadam.ErrNonFinite)
 	}
 	return nil
+}
+
+// sameRun reports whether given is the run the log holds as logged:
+// sameConfig, except that a logged configuration without Names (written
+// before the field existed) matches given whatever names it carries, so
+// such a run resumes with a newer binary.
+func sameRun(logged, given RunConfig) bool {
+	if logged.Names == nil {
+		given.Names = nil
+	}
+	return sameConfig(logged, given)
 }
 
 func sameConfig(a, b RunConfig) bool {

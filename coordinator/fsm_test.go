@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -646,5 +647,35 @@ func TestSnapshotBuffersReused(t *testing.T) {
 	}
 	if bitsEqual(want1, want3) {
 		t.Fatal("the steps did not change θ: the test shows nothing")
+	}
+}
+
+// TestFSMNamesOfOldRuns: a configuration logged without names (as every
+// run's was before RunConfig.Names existed) accepts the same run given
+// with names, so such a run resumes; one logged with names refuses other
+// names, and none.
+func TestFSMNamesOfOldRuns(t *testing.T) {
+	c := testRunConfig()
+	named := c
+	named.Names = &DataNames{Classes: []string{"cat", "dog"}, Features: []string{"w", "h"}, LabelColumn: "species"}
+	f := newTestFSM(t, t.TempDir())
+	mustApply(t, f, logEntry(t, 1, entryConfig, c))
+	if res := mustApply(t, f, logEntry(t, 2, entryConfig, named)); res.Err != nil {
+		t.Errorf("a run logged without names, given with names: %v", res.Err)
+	}
+	if !sameRun(c, named) || sameRun(named, c) {
+		t.Errorf("sameRun(without, with) = %v, sameRun(with, without) = %v", sameRun(c, named), sameRun(named, c))
+	}
+	g := newTestFSM(t, t.TempDir())
+	mustApply(t, g, logEntry(t, 1, entryConfig, named))
+	other := named
+	other.Names = &DataNames{Classes: []string{"dog", "cat"}, Features: []string{"w", "h"}, LabelColumn: "species"}
+	for _, given := range []RunConfig{other, c} {
+		if res := mustApply(t, g, logEntry(t, 2, entryConfig, given)); res.Err == nil {
+			t.Errorf("a run logged with names %+v accepted names %+v", named.Names, given.Names)
+		}
+	}
+	if got, ok := g.Config(); !ok || !reflect.DeepEqual(got.Names, named.Names) {
+		t.Errorf("logged names %+v, want %+v", got.Names, named.Names)
 	}
 }

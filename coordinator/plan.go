@@ -95,6 +95,9 @@ type RunPlan struct {
 	// Pretrained names the checkpoint θ₀ is read from (RunConfig.Pretrained);
 	// nil: θ₀ is drawn from InitSeed.
 	Pretrained *Pretrained
+	// Names names the classes and columns (RunConfig.Names); not part of
+	// the calibration key, since σ does not depend on it.
+	Names *DataNames `json:"-"`
 }
 
 // RunConfig derives the replicated run configuration from the plan:
@@ -143,7 +146,7 @@ func (p RunPlan) RunConfig() (RunConfig, error) {
 		Run: p.Run, ModelSpec: p.ModelSpec, ModelHash: p.ModelHash, Dim: p.Dim, InitSeed: p.InitSeed,
 		TotalExamples: n, SampleRate: q, Optimizer: opt, TargetEpsilon: p.TargetEpsilon, Delta: p.Delta,
 		MaxSteps: p.MaxSteps, SeedPolicy: policy, NoiseMode: mode, Accountant: accountant, DataSchema: p.DataSchema,
-		Nodes: p.Nodes, Pretrained: p.Pretrained,
+		Nodes: p.Nodes, Pretrained: p.Pretrained, Names: p.Names,
 	}
 	if p.Sigma == 0 {
 		if c.Optimizer.NoiseMultiplier, err = p.calibrate(c); err != nil {

@@ -162,7 +162,7 @@ func (l *loop) onLeading(ctx context.Context, done opKind) {
 	case !ok:
 		l.fail(fmt.Errorf("coordinator: the run configuration was committed but is not applied"))
 		return
-	case !sameConfig(c, l.s.run):
+	case !sameRun(c, l.s.run):
 		l.fail(runMismatch(c, l.s.run))
 		return
 	}

@@ -102,6 +102,29 @@ type RunConfig struct {
 	// replica, and every tool that rebuilds θ from the log, must read the
 	// same bytes. Omitted when nil.
 	Pretrained *Pretrained `json:"pretrained,omitempty" msgpack:"pretrained,omitempty"`
+	// Names, if not nil, names the classes and the columns the model
+	// reads, so that the trained model can be used by name outside the
+	// run (export writes them into the model's metadata). Nothing
+	// replicated depends on it. Nil for a run that has no names (integer
+	// labels, unnamed features), and for configurations written before the
+	// field existed: omitted when nil, and a log whose configuration has
+	// none accepts the same run given with names (sameRun).
+	Names *DataNames `json:"names,omitempty" msgpack:"names,omitempty"`
+}
+
+// DataNames are the names of a run's classes and of the data columns its
+// model reads (RunConfig.Names): the data's format, as the class count
+// and input shape are, not its rows.
+type DataNames struct {
+	// Classes are the class names in class order (the model's outputs).
+	Classes []string `json:"classes,omitempty" msgpack:"classes,omitempty"`
+	// Features are the feature columns in the order the model reads them.
+	Features []string `json:"features,omitempty" msgpack:"features,omitempty"`
+	// LabelColumn, TextColumn and TextPairColumn are the columns of a
+	// data file with a header that held the label and the text.
+	LabelColumn    string `json:"label_column,omitempty" msgpack:"label_column,omitempty"`
+	TextColumn     string `json:"text_column,omitempty" msgpack:"text_column,omitempty"`
+	TextPairColumn string `json:"text_pair_column,omitempty" msgpack:"text_pair_column,omitempty"`
 }
 
 // Pretrained names the checkpoint a run starts from (RunConfig.Pretrained).

@@ -542,7 +542,7 @@ func (l *loop) onState() {
 		// the log's run must be the one this replica was given (a finished
 		// run restored from its last snapshot is stopped at once).
 		l.configChecked = true
-		if c, ok := l.rep.FSM().Config(); ok && !sameConfig(c, l.s.run) {
+		if c, ok := l.rep.FSM().Config(); ok && !sameRun(c, l.s.run) {
 			l.finishWith(st, runMismatch(c, l.s.run))
 			return
 		}

@@ -192,10 +192,11 @@ func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 		if spec.maxValues > 0 && len(d.X) > spec.maxValues-d.Dim {
 			return nil, &csvError{line: line, field: -1, msg: fmt.Sprintf("more than %d feature values", spec.maxValues)}
 		}
-		var y int32
-		if spec.deferLabels {
+		var y int32 // 0 without a label column (FileOptions.LabelOptional)
+		switch {
+		case layout.label >= 0 && spec.deferLabels:
 			y, err = spec.labels.deferName(rec[layout.label], line)
-		} else {
+		case layout.label >= 0:
 			y, err = spec.labels.fromText(rec[layout.label])
 		}
 		if err != nil {
@@ -229,7 +230,7 @@ func readCSV(r io.Reader, spec csvSpec) (*Dataset, error) {
 	if d.Len() == 0 {
 		return nil, &csvError{field: -1, msg: "no data rows"}
 	}
-	if spec.deferLabels {
+	if spec.deferLabels && layout.label >= 0 {
 		if line, err := spec.labels.resolve(d.Y, true); err != nil {
 			field := layout.label
 			if line == 0 {

@@ -63,6 +63,14 @@ type Dataset struct {
 	// distinct, non-empty entries. It is not part of ContentHash; see
 	// LabelSetHash.
 	LabelNames []string
+	// FeatureNames are the names of the features in feature order when
+	// they came from named columns (a CSV file with a header, a Parquet
+	// file; not for a text column); nil otherwise. When set, it has Dim
+	// entries. It is not part of ContentHash.
+	FeatureNames []string
+	// Unlabeled says the file had no label column (FileOptions.
+	// LabelOptional): every label is 0 and means nothing.
+	Unlabeled bool
 }
 
 // MaxTokenID is the largest vocabulary size a token dataset may use: ids must
@@ -111,6 +119,9 @@ func (d *Dataset) emptyLike(n int) *Dataset {
 		Classes:    d.Classes,
 		Vocab:      d.Vocab,
 		LabelNames: names,
+		// FeatureNames is never written through: sharing it is safe.
+		FeatureNames: d.FeatureNames,
+		Unlabeled:    d.Unlabeled,
 	}
 }
 
@@ -136,7 +147,8 @@ func (d *Dataset) Gather(dstX []float32, dstY []int32, idx []int) {
 
 // Validate checks the Dataset invariants: Dim ≥ 1, len(X) == Len()*Dim,
 // Shape (if set) has positive entries whose product is Dim, Classes ≥ 1,
-// LabelNames (if set) has Classes distinct non-empty entries, every label
+// LabelNames (if set) has Classes distinct non-empty entries, FeatureNames
+// (if set) has Dim entries, every label
 // in [0, Classes), and every feature finite. For token datasets (Vocab > 0)
 // it also requires Vocab ≤ MaxTokenID and every value to be an
 // integer in [-1, Vocab), with -1 meaning padding. Errors wrap ErrInvalid and
@@ -186,6 +198,9 @@ func (d *Dataset) Validate() error {
 			}
 			seen[name] = i
 		}
+	}
+	if d.FeatureNames != nil && len(d.FeatureNames) != d.Dim {
+		return fmt.Errorf("%w: %d feature names for %d features", ErrInvalid, len(d.FeatureNames), d.Dim)
 	}
 	for i, y := range d.Y {
 		if y < 0 || int(y) >= d.Classes {

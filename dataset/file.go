@@ -22,6 +22,10 @@ type FileOptions struct {
 	// first column (the legacy format, ReadCSV with DefaultCSVOptions),
 	// Parquet uses the column "label".
 	LabelColumn string
+	// LabelOptional lets a CSV file with a header lack LabelColumn (data to
+	// classify rather than to train on): every label is then 0 and the
+	// Dataset's Unlabeled is set.
+	LabelOptional bool
 	// FeatureColumns names the feature columns, in this order (CSV with
 	// header, Parquet); nil means every column except the label, in file
 	// order.

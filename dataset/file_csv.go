@@ -16,7 +16,8 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		labels:    newLabeler(o.Labels, o.Classes, "--classes"),
 		maxValues: maxReadValues,
 	}
-	var header []string
+	var header, names []string
+	var unlabeled bool
 	var textCols []string
 	var tok TextTokenizer
 	if o.Tokenizer != "" && o.TextColumn == "" {
@@ -60,10 +61,18 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		spec.deferLabels = o.Labels == nil
 		spec.layout = func(h []string, _, line int) (csvLayout, error) {
 			header = slices.Clone(h) // the reader reuses h
-			if textCols != nil {
-				return textLayout(header, o.LabelColumn, textCols, line)
+			label := o.LabelColumn
+			if o.LabelOptional && !slices.Contains(header, label) {
+				label, unlabeled = "", true
 			}
-			return namedLayout(header, o.LabelColumn, o.FeatureColumns, line)
+			if textCols != nil {
+				return textLayout(header, label, textCols, line)
+			}
+			l, err := namedLayout(header, label, o.FeatureColumns, line)
+			for _, j := range l.features {
+				names = append(names, header[j])
+			}
+			return l, err
 		}
 	}
 	f, _, err := openData(path)
@@ -92,7 +101,10 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 	}
 	if textCols != nil {
 		d.Shape, d.Vocab = []int{tok.Len()}, tok.VocabSize()
+	} else {
+		d.FeatureNames = names
 	}
+	d.Unlabeled = unlabeled
 	return d, nil
 }
 
@@ -136,10 +148,12 @@ func namedLayout(header []string, label string, features []string, line int) (cs
 		}
 		return j, nil
 	}
-	var l csvLayout
+	l := csvLayout{label: -1} // "": no label column
 	var err error
-	if l.label, err = find(label); err != nil {
-		return csvLayout{}, err
+	if label != "" {
+		if l.label, err = find(label); err != nil {
+			return csvLayout{}, err
+		}
 	}
 	for _, name := range header { // the first repeated name, in header order
 		if dup[name] {

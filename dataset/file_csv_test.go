@@ -159,3 +159,31 @@ func TestReadFileCSVInferredClasses(t *testing.T) {
 		})
 	}
 }
+
+// TestReadFileCSVFeatureNamesAndOptionalLabel: a header file's Dataset
+// names its features in feature order; with LabelOptional a file without
+// the label column reads unlabeled (every label 0), and a file with it
+// reads as usual.
+func TestReadFileCSVFeatureNamesAndOptionalLabel(t *testing.T) {
+	dir := t.TempDir()
+	path := writeFile(t, dir, "pets.csv", []byte("w,species,h\n1.5,dog,2\n3,cat,-4\n"))
+	d, err := ReadFile(path, FileOptions{LabelColumn: "species", FeatureColumns: []string{"h", "w"}})
+	if err != nil || !slices.Equal(d.FeatureNames, []string{"h", "w"}) || d.Unlabeled {
+		t.Fatalf("feature names %q, unlabeled %v (%v)", d.FeatureNames, d != nil && d.Unlabeled, err)
+	}
+	d, err = ReadFile(path, FileOptions{LabelColumn: "species", LabelOptional: true, Labels: []string{"cat", "dog"}})
+	checkRead(t, d, err, []float32{1.5, 2, 3, -4}, []int32{1, 0}, nil, 2, []string{"cat", "dog"})
+	if !slices.Equal(d.FeatureNames, []string{"w", "h"}) || d.Unlabeled {
+		t.Errorf("feature names %q, unlabeled %v", d.FeatureNames, d.Unlabeled)
+	}
+
+	path = writeFile(t, dir, "unlabeled.csv", []byte("h,w\n2,1.5\n-4,3\n"))
+	d, err = ReadFile(path, FileOptions{LabelColumn: "species", LabelOptional: true, FeatureColumns: []string{"w", "h"}, Classes: 2})
+	checkRead(t, d, err, []float32{1.5, 2, 3, -4}, []int32{0, 0}, nil, 2, nil)
+	if !d.Unlabeled || !slices.Equal(d.FeatureNames, []string{"w", "h"}) {
+		t.Errorf("unlabeled %v, feature names %q", d.Unlabeled, d.FeatureNames)
+	}
+	if _, err := ReadFile(path, FileOptions{LabelColumn: "species", Classes: 2}); err == nil || !strings.Contains(err.Error(), `no column "species"`) {
+		t.Errorf("without LabelOptional: %v", err)
+	}
+}

@@ -255,6 +255,10 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 	d := &Dataset{Dim: dim}
 	if tok != nil {
 		d.Shape, d.Vocab = []int{dim}, tok.VocabSize()
+	} else {
+		for _, c := range features {
+			d.FeatureNames = append(d.FeatureNames, c.name)
+		}
 	}
 	lab := newLabeler(o.Labels, o.Classes, "--classes")
 	deferNames := label.kind == parquet.ByteArray && o.Labels == nil

@@ -1,8 +1,9 @@
 // Package torchref runs the reference BERT and GPT-2 models written in
 // plain PyTorch (pretrained/testdata/torchref.py) for the tests that
-// compare the engine with them. It is test support: it needs Debian's
-// python3-torch, and skips (or, with DPCLUSTER_CI set, fails) a test
-// where that is missing.
+// compare the engine with them, and finds the python3 that the tests
+// running Python need. It is test support: it needs Debian's
+// python3-torch (or, for RequireNumpy, python3-numpy), and skips (or,
+// with DPCLUSTER_CI set, fails) a test where that is missing.
 package torchref
 
 import (
@@ -23,13 +24,24 @@ func Script() string {
 
 // Python returns a python3 that imports torch ($DPCLUSTER_PYTHON, Debian's
 // /usr/bin/python3, or the python3 on PATH), or "".
-func Python() string {
+func Python() string { return PythonWith("torch") }
+
+// PythonWith returns the first python3 of $DPCLUSTER_PYTHON, Debian's
+// /usr/bin/python3 and the python3 on PATH that imports every module (a
+// PATH python3 may be another installation without Debian's packages), or
+// "".
+func PythonWith(modules ...string) string {
 	for _, p := range []string{os.Getenv("DPCLUSTER_PYTHON"), "/usr/bin/python3", "python3"} {
-		if p != "" && exec.Command(p, "-c", "import torch").Run() == nil {
+		if p != "" && Imports(p, modules...) {
 			return p
 		}
 	}
 	return ""
+}
+
+// Imports reports whether the python3 py imports every module.
+func Imports(py string, modules ...string) bool {
+	return exec.Command(py, "-c", "import "+strings.Join(append([]string{"sys"}, modules...), ", ")).Run() == nil
 }
 
 // Require returns a python3 with torch, or skips the test without one;
@@ -37,11 +49,25 @@ func Python() string {
 // python3-torch) it fails instead.
 func Require(t testing.TB) string {
 	t.Helper()
-	py := Python()
+	return require(t, "torch", "python3-torch")
+}
+
+// RequireNumpy returns a python3 with numpy, or skips the test without
+// one (fails with DPCLUSTER_CI set, as Require does).
+func RequireNumpy(t testing.TB) string {
+	t.Helper()
+	return require(t, "numpy", "python3-numpy")
+}
+
+// require returns a python3 that imports module, or skips (fails in CI)
+// naming the Debian package that provides it.
+func require(t testing.TB, module, pkg string) string {
+	t.Helper()
+	py := PythonWith(module)
 	if py == "" {
-		const msg = "needs python3 with PyTorch (Debian: apt-get install python3-torch)"
+		msg := "needs python3 with " + module + " (Debian: apt-get install " + pkg + ")"
 		if os.Getenv("DPCLUSTER_CI") != "" {
-			t.Fatal("DPCLUSTER_CI is set but no python3 imports torch: " + msg)
+			t.Fatal("DPCLUSTER_CI is set but no python3 imports " + module + ": " + msg)
 		}
 		t.Skip(msg + "; never skipped in CI")
 	}

@@ -28,8 +28,10 @@ MAIN_JOB_PACKAGES=(dataset-fashion-mnist "${OPENBLAS_PACKAGES[@]}")
 # the CUDA headers (cuda.h, cublas_v2.h) and the link stubs in
 # /usr/lib/<multiarch>/stubs (libcuda.so) for compiling the -tags cuda build
 # (47 packages beyond a base system, 1.4 GB to download, 4.9 GB unpacked);
-# python3-numpy: examples/safetensors_classify.py, which
-# TestPythonExampleMatchesEvaluation runs; chromium: the headless browser
+# python3-numpy: the Python package in python/, which
+# TestPythonPackageMatchesEngine, TestPythonPackageUnitTests and
+# TestPythonPackageMatchesEvaluation run (with python3-torch, its torch
+# module too); chromium: the headless browser
 # in which TestDashboardInChromium renders the coordinator's dashboard;
 # fortunes (Debian main, 2.6 MB of text in /usr/share/games/fortunes): the
 # fortunes-seq next-token dataset, which TestFortunesPackage reads; g++
