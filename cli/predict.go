@@ -97,8 +97,13 @@ func loadTrainedModel(path, initFrom string) (trainedModel, error) {
 		return trainedModel{}, fmt.Errorf("model %s: %w", path, err)
 	}
 	if st.IsDir() {
-		c, err := coordinator.ReadCommitted(path, initFunc(initFrom, nil))
+		c, err := coordinator.ReadCommitted(path, initFunc(initFrom, nil, nil))
 		if err != nil {
+			return trainedModel{}, fmt.Errorf("model %s: %w", path, err)
+		}
+		// A run that trained part of its model: the whole model, its
+		// frozen layers read from the checkpoint (--init-from).
+		if c, _, err = mergeFrozen(c, initFrom, nil); err != nil {
 			return trainedModel{}, fmt.Errorf("model %s: %w", path, err)
 		}
 		spec, err := model.ParseSpec(c.Config.ModelSpec)
