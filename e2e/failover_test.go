@@ -103,6 +103,28 @@ func TestProcessFailover(t *testing.T) {
 	runFailover(t, plan)
 }
 
+// TestProcessFailoverLoRA is TestProcessFailover on a fine-tuning run
+// with LoRA adapters (runConfig.lora): the leader SIGKILLed twice and a
+// node once while the replicas and nodes each hold the checkpoint's
+// frozen weights and exchange only the adapters and the head. It must
+// train to the end with identical state and ledgers on every replica,
+// each ledger auditing clean.
+func TestProcessFailoverLoRA(t *testing.T) {
+	seed := envUint(t, "DPCLUSTER_E2E_SEED", 1)
+	rng := rand.New(rand.NewPCG(seed, 45))
+	between := func(lo, hi int) int { return lo + rng.IntN(hi-lo) }
+	plan := failoverPlan{
+		cfg: runConfig{run: "e2e-lora", maxSteps: 150, nodes: 3, roundTimeout: 2 * time.Second, lora: true},
+		faults: []fault{
+			{at: between(15, 35), kind: killLeader},
+			{at: between(50, 65), kind: killNode},
+			{at: between(80, 100), kind: killLeader},
+		},
+	}
+	t.Logf("seed %d: faults %v", seed, plan.faults)
+	runFailover(t, plan)
+}
+
 // TestProcessFailoverTLS is issue 12's integration test: the run of
 // TestProcessFailover with every connection over mutual TLS (certificates
 // from one CA: a replica certificate per replica, a node certificate per

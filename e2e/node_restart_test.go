@@ -36,7 +36,12 @@ type runConfig struct {
 	hidden []int
 	// minNodes is the run's min_nodes (0: all nodes).
 	minNodes int
-	file     string // the run file, once written
+	// lora, if set, fine-tunes the checkpoint package's tiny BERT with
+	// LoRA adapters (rank 2 on the query and value, the classifier
+	// trained) on two categories of generated fortunes (writeLoRAData)
+	// instead of the gaussian data.
+	lora bool
+	file string // the run file, once written
 }
 
 // writeRunFile writes the run definition to a YAML run file under the
@@ -57,11 +62,60 @@ func (c *runConfig) writeRunFile(h *Harness) {
 		}
 		modelLine = "model_spec: " + specFile
 	}
-	body := fmt.Sprintf("run: %s\ndataset: gaussian\n%s\nbatch_size: 100\nmax_steps: %d\n"+
-		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, modelLine, c.maxSteps, c.roundTimeout, cmp.Or(c.minNodes, c.nodes))
+	data := "dataset: gaussian\n" + modelLine
+	if c.lora {
+		ckpt, fortunes := writeLoRAData(h, dir)
+		data = fmt.Sprintf("dataset: fortunes-category\ndata: %s\ninit_from: %s\nseq_len: 8\n"+
+			"lora: {rank: 2, alpha: 4}\ntrainable: [classifier.*]", fortunes, ckpt)
+	}
+	body := fmt.Sprintf("run: %s\n%s\nbatch_size: 100\nmax_steps: %d\n"+
+		"round_timeout: %s\nmin_nodes: %d\neval_every: 0\n", c.run, data, c.maxSteps, c.roundTimeout, cmp.Or(c.minNodes, c.nodes))
 	if err := os.WriteFile(c.file, []byte(body), 0o644); err != nil {
 		h.t.Fatal(err)
 	}
+}
+
+// writeLoRAData writes, under dir, the checkpoint package's tiny BERT
+// (width 8, 2 blocks) with a WordPiece vocabulary of 24 tokens, and a
+// fortunes folder of two categories of 1500 fortunes each, each fortune
+// three of its category's four words; it returns both folders.
+func writeLoRAData(h *Harness, dir string) (ckpt, fortunes string) {
+	h.t.Helper()
+	ckpt, fortunes = filepath.Join(dir, "tiny-bert"), filepath.Join(dir, "fortunes")
+	for _, d := range []string{ckpt, fortunes} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		b, err := os.ReadFile(filepath.Join("..", "checkpoint", "testdata", "tiny-bert", f))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ckpt, f), b, 0o644); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	words := map[string][]string{"science": {"atom", "energy", "quark", "photon"}, "food": {"bread", "cheese", "apple", "soup"}}
+	vocab := []string{"[PAD]", "[UNK]", "[CLS]", "[SEP]"}
+	for _, cat := range []string{"science", "food"} {
+		vocab = append(vocab, words[cat]...)
+		var b strings.Builder
+		for i := range 1500 {
+			w := words[cat]
+			fmt.Fprintf(&b, "%s %s %s\n%%\n", w[i%4], w[(i+1)%4], w[(i+2)%4])
+		}
+		if err := os.WriteFile(filepath.Join(fortunes, cat), []byte(b.String()), 0o644); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	for len(vocab) < 24 {
+		vocab = append(vocab, fmt.Sprintf("filler%d", len(vocab)))
+	}
+	if err := os.WriteFile(filepath.Join(ckpt, "vocab.txt"), []byte(strings.Join(vocab, "\n")+"\n"), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	return ckpt, fortunes
 }
 
 // serveArgs are the arguments of `coordinator serve` for replica id,
