@@ -324,6 +324,9 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 			"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
 			"backend", m.Backend().Name())
 	}
+	// The run binds this node's ID to its data's content: a restart on
+	// other data of the same shape is refused, not trained on silently.
+	cfg.DataHash = shard.ContentHash()
 	cfg.Device = dev
 	if cmd.Flags().Changed("insecure-seed") {
 		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",
