@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -307,16 +308,36 @@ func runLocal(cmd *cobra.Command, spec runSpec, f localFlags) error {
 	if err != nil {
 		return err
 	}
-	sum, runErr := srv.server.Run(ctx)
+	// A node the coordinator refuses (its data is not what the run
+	// trained it on, say) ends the run: the rounds would wait for it
+	// forever. Its error is the command's.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var refused error
+	nodeDone := make(chan error, f.nodes)
+	go func() {
+		for range f.nodes {
+			err := <-nodeErrs
+			if errors.Is(err, node.ErrRefused) || errors.Is(err, node.ErrModelMismatch) {
+				refused = cmp.Or(refused, err)
+				stopRun()
+			}
+			nodeDone <- err
+		}
+	}()
+	sum, runErr := srv.server.Run(runCtx)
 	srv.progress.finish()
 	// Nodes stop on the Done status; give them a moment, then cancel.
 	wait := time.AfterFunc(3*time.Second, stopNodes)
 	for range f.nodes {
-		if err := <-nodeErrs; err != nil && !errors.Is(err, context.Canceled) && runErr == nil {
+		if err := <-nodeDone; err != nil && !errors.Is(err, context.Canceled) && runErr == nil {
 			log.Warn("node stopped with an error", "err", err)
 		}
 	}
 	wait.Stop()
+	if refused != nil { // written before the last nodeDone send: read after it
+		return refused
+	}
 	if runErr != nil && !interrupted(ctx, runErr) {
 		return runErr
 	}
@@ -494,6 +515,9 @@ func startLocalNodes(ctx context.Context, url string, files transport.TLSConfig,
 		ncfg.SampleRate, ncfg.ClipNorm = rc.SampleRate, rc.Optimizer.ClipNorm
 		ncfg.ShardIndex, ncfg.ShardCount, ncfg.ShardSeed = i, f.nodes, shardSeed
 		ncfg.Device = dev
+		// The run binds each node ID to its shard's content: a resume on
+		// another data file of the same shape is refused, naming both.
+		ncfg.DataHash = shard.Data.Subset(shard.Rows).ContentHash()
 		if rc.Pretrained != nil {
 			ncfg.Weights = rc.Pretrained.WeightsSHA256
 		}

@@ -100,7 +100,10 @@ With --tls-ca, --tls-cert and --tls-key the node dials NATS over mutual TLS, pre
 certificate (whose ID must be --id), and accepts only servers holding a replica certificate of
 the CA for the host it dials (docs/SECURITY.md).
 A node refuses to dial a NATS server off the loopback interface without --tls-ca, --tls-cert and
---tls-key; --insecure allows it, unprotected, and every log line then says transport=INSECURE.`,
+--tls-key; --insecure allows it, unprotected, and every log line then says transport=INSECURE.
+Every flag can also be given as an environment variable, DPC_ and the flag's name in capitals
+with - as _ (--label-column: DPC_LABEL_COLUMN; an empty value is a value): the command line wins
+over the environment, which wins over the run file.`,
 		Example: `  node --config run.yaml --nats nats://coord-1:4222,nats://coord-2:4222 \
       --shard-index 0 --shard-count 4
   node --config run.yaml --nats tls://coord-1:4222,tls://coord-2:4222 --id node-0 \
@@ -109,20 +112,41 @@ A node refuses to dial a NATS server off the loopback interface without --tls-ca
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			urls, err := f.validate()
+			urls, err := settleNode(cmd.Flags(), &spec, &f, os.Environ())
 			if err != nil {
-				return err
-			}
-			if err := loadRunSpec(&spec, f.config, cmd.Flags()); err != nil {
-				return err
-			}
-			if err := f.shardFromNodes(spec, cmd.Flags()); err != nil {
 				return err
 			}
 			return runNode(cmd, spec, &f, urls)
 		},
 	}
-	fl := cmd.Flags()
+	bindNodeFlags(cmd.Flags(), &spec, &f)
+	return cmd
+}
+
+// settleNode works out the node's settings from its flags fs (parsed),
+// the environment (DPC_ variables, applyEnv) and the run file, in that
+// order of precedence, and checks them: the NATS URLs, then spec and f
+// as the node runs with them.
+func settleNode(fs *pflag.FlagSet, spec *runSpec, f *nodeFlags, environ []string) ([]string, error) {
+	if err := applyEnv(fs, environ); err != nil {
+		return nil, err
+	}
+	urls, err := f.validate()
+	if err != nil {
+		return nil, err
+	}
+	if err := loadRunSpec(spec, f.config, fs); err != nil {
+		return nil, err
+	}
+	if err := f.shardFromNodes(*spec, fs); err != nil {
+		return nil, err
+	}
+	return urls, nil
+}
+
+// bindNodeFlags registers the node command's flags on fl: the run flags
+// (runSpec.bind) and the node's own.
+func bindNodeFlags(fl *pflag.FlagSet, spec *runSpec, f *nodeFlags) {
 	spec.bind(fl)
 	fl.StringVar(&f.config, "config", "", "the run file the coordinator replicas use (required); run flags override it")
 	fl.StringVar(&f.id, "id", f.id, "node ID, unique in the run (1-64 of [A-Za-z0-9_-])")
@@ -139,7 +163,6 @@ A node refuses to dial a NATS server off the loopback interface without --tls-ca
 	fl.StringVar(&f.logLevel, "log-level", f.logLevel, "log level: debug|info|warn|error")
 	bindTLSFlags(fl, &f.tlsCA, &f.tlsCert, &f.tlsKey, "this node's certificate (a node certificate for --id)")
 	fl.BoolVar(&f.insecure, "insecure", false, insecureFlagUsage)
-	return cmd
 }
 
 // nodeLogger builds the command's logger on w.
@@ -324,6 +347,9 @@ func runNode(cmd *cobra.Command, spec runSpec, f *nodeFlags, urls []string) erro
 			"clip", rc.Optimizer.ClipNorm, "model", m.Spec().Name, "model_hash", m.Hash(), "params", m.NumParams(),
 			"backend", m.Backend().Name())
 	}
+	// The run binds this node's ID to its data's content: a restart on
+	// other data of the same shape is refused, not trained on silently.
+	cfg.DataHash = shard.ContentHash()
 	cfg.Device = dev
 	if cmd.Flags().Changed("insecure-seed") {
 		log.Warn("INSECURE: --insecure-seed set; batch sampling is predictable and this node is NOT differentially private",

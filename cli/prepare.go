@@ -311,6 +311,10 @@ func (s *runSpec) dataNames(classes, features []string) *coordinator.DataNames {
 func (s *runSpec) readLocal(path string, sc dataset.Schema) (*dataset.Dataset, error) {
 	fo := s.fileOptions()
 	fo.Labels, fo.Classes, fo.Vocab = sc.Labels, sc.Classes, sc.Vocab
+	// Labels by name or by number alike: with the run's class names an
+	// integer label indexes them, and with only a class count a string
+	// label is a class number (dataset.FileOptions).
+	fo.IndexLabels = sc.Labels == nil
 	if f, _ := dataset.FormatOf(path); f != dataset.FormatImageFolder && f != dataset.FormatTextFolder {
 		// The data says its shape; the schema check compares it. Images
 		// are resized, and text cut, to the run's.

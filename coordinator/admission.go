@@ -56,6 +56,9 @@ const (
 	rejectSeedPolicy    = "seed_policy"
 	rejectDataSchema    = "data_schema"
 	rejectWeights       = "pretrained_weights"
+	// rejectDataHash: the node ID is bound to other training data (the
+	// content hash of its first admission, bindEntry) than it reports.
+	rejectDataHash = "training_data"
 	// rejectSeatTaken: another process (session) holds the node ID's
 	// seat and is live (registry.holder).
 	rejectSeatTaken = "seat_taken"
@@ -63,7 +66,7 @@ const (
 
 // refusalReasons are the reject* reasons, the label values of
 // dpcluster_coordinator_node_messages_refused_total.
-var refusalReasons = []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights, rejectSeatTaken}
+var refusalReasons = []string{rejectModelHash, rejectShardIdentity, rejectSeedPolicy, rejectDataSchema, rejectWeights, rejectDataHash, rejectSeatTaken}
 
 // nodeReport is what a node says about itself in Join and Heartbeat: all
 // public configuration.
@@ -73,6 +76,7 @@ type nodeReport struct {
 	shard         shardClaim
 	dataSchema    string // node-local data: its schema; "" for a shard
 	weights       string // the pretrained weights' hex SHA-256; "" for none
+	dataHash      string // its training data's content hash (transport.Join.DataHash); "" for none
 	session       string // the node process's session (transport.Join.Session)
 }
 
@@ -90,10 +94,10 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 	switch v := m.(type) {
 	case transport.Join:
 		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
-			session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
+			dataHash: v.DataHash, session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	case transport.Heartbeat:
 		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
-			session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
+			dataHash: v.DataHash, session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	}
 	return nodeReport{}, false
 }

@@ -23,6 +23,7 @@ const (
 	entryStop   entryType = 3 // stopEntry: end the run
 	entryCharge entryType = 4 // chargeEntry: the charge of a release, ahead of its g̃
 	entryGrad   entryType = 5 // gradEntry: the g̃ of a committed charge
+	entryBind   entryType = 6 // bindEntry: the training data a node ID trains on
 )
 
 const entryVersion = 1
@@ -236,6 +237,16 @@ type stopEntry struct {
 	Reason string `msgpack:"reason"`
 }
 
+// bindEntry binds node ID Node to the content hash of its training data
+// (transport.Join.DataHash), as the leader first admitted it: the state
+// machine keeps the first hash each ID is bound to, and the leader refuses
+// the ID with any other (rejectDataHash), also after a restart or a
+// failover, since the binding is in the log and the snapshots.
+type bindEntry struct {
+	Node string `msgpack:"node"`
+	Data string `msgpack:"data"`
+}
+
 func encodeEntry(t entryType, body any) ([]byte, error) {
 	b, err := msgpack.Marshal(body)
 	if err != nil {
@@ -252,7 +263,7 @@ func decodeEntry(data []byte) (entryType, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: version %d (this build reads %d)", ErrBadEntry, data[1], entryVersion)
 	}
 	switch t := entryType(data[0]); t {
-	case entryConfig, entryStep, entryStop, entryCharge, entryGrad:
+	case entryConfig, entryStep, entryStop, entryCharge, entryGrad, entryBind:
 		return t, data[2:], nil
 	default:
 		return 0, nil, fmt.Errorf("%w: unknown type %d", ErrBadEntry, data[0])

@@ -141,6 +141,9 @@ type FSM struct {
 	diag    dpadam.Diagnostics
 	stopped string // non-empty once the run stopped, with the reason
 	fatal   error
+	// bindings maps each node ID to the content hash of the training
+	// data it was first admitted with (bindEntry); nil until one.
+	bindings map[string]string
 
 	// Under tmu.
 	theta     []float32
@@ -339,6 +342,8 @@ func (f *FSM) apply(l *raft.Log) any {
 		return f.applyStep(l, body)
 	case entryCharge:
 		return f.applyCharge(l, body)
+	case entryBind:
+		return f.applyBind(body)
 	case entryStop:
 		var s stopEntry
 		if err := msgpack.Unmarshal(body, &s); err != nil {

@@ -9,6 +9,9 @@ import (
 	"github.com/dpcluster/dpcluster/transport"
 )
 
+// maxNodeID is the longest node ID a replica registers or binds.
+const maxNodeID = 64
+
 // This file is the loop's side of the nodes: the registry of live nodes,
 // kept on every replica (so a new leader knows the nodes at once), and
 // the parameters the leader publishes to them.
@@ -37,7 +40,7 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		return
 	}
 	id, c := n.id, n.shard
-	if id == "" || len(id) > 64 || c.size < 0 || len(n.session) > transport.MaxSession {
+	if id == "" || len(id) > maxNodeID || c.size < 0 || len(n.session) > transport.MaxSession {
 		l.log.Debug("ignoring node message with a bad node id, shard size or session", "type", m.Type().String())
 		return
 	}
@@ -55,30 +58,17 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		}
 		return
 	}
-	if reason := admitNode(l.s.run, n); reason != "" {
-		l.nodes.forget([]string{id})
-		l.s.metrics.nodeRefused(reason)
-		if l.lead != nil && l.nodes.shouldWarn(id, now) {
-			l.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
-				"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count,
-				"data_schema", n.dataSchema, "run_data_schema", l.s.run.DataSchema,
-				"weights", n.weights, "run_weights", l.s.run.pretrainedWeights())
-			detail := reason
-			switch reason {
-			case rejectDataSchema:
-				// The node is told what the run's data looks like (public:
-				// the run file says it).
-				detail += ": " + l.s.run.DataSchema
-			case rejectWeights:
-				// The node is told which weights the run starts from
-				// (public inputs: the run file names them), "" for none.
-				detail += ": " + l.s.run.pretrainedWeights()
-			}
-			l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
-				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: detail,
-			})
-		}
+	bound, isBound := l.rep.FSM().DataBinding(id)
+	reason := admitNode(l.s.run, n)
+	if reason == "" {
+		reason = checkBinding(bound, isBound, n)
+	}
+	if reason != "" {
+		l.refuseNode(ctx, n, reason, bound, now)
 		return
+	}
+	if !isBound && n.dataHash != "" {
+		l.bindData(id, n.dataHash)
 	}
 	isNew := l.nodes.seen(id, n.session, c, now)
 	if _, join := m.(transport.Join); join || isNew {
@@ -95,6 +85,58 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 	if ls := l.lead; ls != nil && ls.phase == phaseIdle {
 		ls.retryAt = time.Time{} // a new node may make a round possible
 	}
+}
+
+// refuseNode drops node n, which run admission refused for reason (bound:
+// the data hash its ID is bound to, for rejectDataHash), counts the
+// refusal and, as the leader (at most every 5 s per node), logs it and
+// tells the node why.
+func (l *loop) refuseNode(ctx context.Context, n nodeReport, reason, bound string, now time.Time) {
+	id, c := n.id, n.shard
+	l.nodes.forget([]string{id})
+	l.s.metrics.nodeRefused(reason)
+	if l.lead == nil || !l.nodes.shouldWarn(id, now) {
+		return
+	}
+	l.log.Warn("refusing node", "node", id, "reason", reason, "seed_policy", n.seedPolicy,
+		"run_seed_policy", l.s.run.SeedPolicy, "shard_index", c.index, "shard_count", c.count,
+		"data_schema", n.dataSchema, "run_data_schema", l.s.run.DataSchema,
+		"weights", n.weights, "run_weights", l.s.run.pretrainedWeights())
+	detail := reason
+	switch reason {
+	case rejectDataSchema:
+		// The node is told what the run's data looks like (public:
+		// the run file says it).
+		detail += ": " + l.s.run.DataSchema
+	case rejectWeights:
+		// The node is told which weights the run starts from
+		// (public inputs: the run file names them), "" for none.
+		detail += ": " + l.s.run.pretrainedWeights()
+	case rejectDataHash:
+		// The node is told the hash its ID is bound to (a hash of its
+		// own data, which it sent), to name both.
+		detail += ": " + bound
+		l.log.Warn("refusing node: its ID trained on other data in this run", "node", id, "data_hash", n.dataHash,
+			"bound_data_hash", bound, "fix", "give the node the data it trained on (content hash "+bound+
+				"), or train on the new data in a new run (another --data-dir, or run name)")
+	}
+	l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
+		Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected, Detail: detail,
+	})
+}
+
+// bindData binds node ID id, admitted unbound, to its data's content hash:
+// the leader proposes a bind entry (once at a time per ID), so that every
+// replica, and this one after a restart, refuses the ID's other data
+// (checkBinding). Followers leave it to the leader.
+func (l *loop) bindData(id, hash string) {
+	if l.lead == nil || l.binding[id] {
+		return
+	}
+	l.binding[id] = true
+	l.start(opBind, l.lead.term, func(ctx context.Context) opResult {
+		return opResult{node: id, err: l.rep.ProposeBind(ctx, id, hash)}
+	})
 }
 
 // onNeedParams answers a node's request for parameters it lacks (leader

@@ -541,6 +541,22 @@ func (r *Replica) ProposeStop(ctx context.Context, reason string) error {
 	return err
 }
 
+// ProposeBind proposes binding node ID node to the content hash of its
+// training data (bindEntry) and waits until it is applied here. The state
+// machine keeps the first binding of an ID: read it back with
+// FSM.DataBinding.
+func (r *Replica) ProposeBind(ctx context.Context, node, dataHash string) error {
+	data, err := encodeEntry(entryBind, bindEntry{Node: node, Data: dataHash})
+	if err != nil {
+		return err
+	}
+	res, err := r.propose(ctx, data)
+	if err == nil {
+		err = res.Err
+	}
+	return err
+}
+
 // Snapshot asks Raft for a snapshot now.
 func (r *Replica) Snapshot() error { return r.raft.Snapshot().Error() }
 

@@ -98,6 +98,7 @@ type Consensus interface {
 	ProposeCharge(ctx context.Context, step int64, event accounting.Event, round string) (ApplyResult, error)
 	ProposeGrad(ctx context.Context, step int64, charge uint64, noisyGrad []float32) (wait func() (ApplyResult, error), err error)
 	ProposeStop(ctx context.Context, reason string) error
+	ProposeBind(ctx context.Context, node, dataHash string) error
 	AddVoter(ctx context.Context, id, addr string) error
 	RemoveVoter(ctx context.Context, id string) error
 }
@@ -305,6 +306,7 @@ const (
 	opGrad   // a step's grad entry, after its charge
 	opStop
 	opMembership
+	opBind // a node's data binding
 )
 
 // opResult is what an operation reports back to the loop.
@@ -320,6 +322,8 @@ type opResult struct {
 	step stepInFlight
 	// control is an opMembership's request.
 	control transport.Control
+	// node is an opBind's node ID.
+	node string
 }
 
 // loop is the state of one Run, owned by the loop goroutine (the one that
@@ -345,6 +349,9 @@ type loop struct {
 	foreign    map[string]bool
 	lastResent map[uint64]time.Time // NeedParams rate limit, by version
 	memberBusy bool                 // a membership operation is running
+	// binding holds the node IDs whose data binding this leader is
+	// proposing (opBind), so that each is proposed once at a time.
+	binding map[string]bool
 
 	lead *leading // non-nil while this replica leads and knows it
 	last Progress // the leader's last evaluation
@@ -430,6 +437,7 @@ func newLoop(s *Server, in *inbox) *loop {
 		peerSeen:    make(map[string]time.Time),
 		foreign:     make(map[string]bool),
 		lastResent:  make(map[uint64]time.Time),
+		binding:     make(map[string]bool),
 	}
 }
 
@@ -617,6 +625,12 @@ func (l *loop) onResult(ctx context.Context, r opResult) {
 	switch r.kind {
 	case opGrad:
 		l.putGrad(r.g)
+	case opBind:
+		delete(l.binding, r.node)
+		if r.err != nil && ctx.Err() == nil {
+			l.log.Warn("binding a node to its training data failed; retried at its next message", "node", r.node, "err", r.err)
+		}
+		return
 	case opMembership:
 		l.memberBusy = false
 		if r.err != nil && ctx.Err() == nil {

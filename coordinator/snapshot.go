@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"os"
 
 	"github.com/hashicorp/raft"
@@ -53,6 +54,10 @@ type snapshotBody struct {
 	// from it applies that grad entry as the others do. Absent in
 	// snapshots written before the charge-ahead path.
 	Pending *pendingCharge `msgpack:"pending,omitempty"`
+	// Bindings are the nodes' data bindings (bindEntry): node ID to the
+	// content hash of its training data. Absent in snapshots written
+	// before bindings, and when no node is bound.
+	Bindings map[string]string `msgpack:"bindings,omitempty"`
 }
 
 type fsmSnapshot struct {
@@ -88,7 +93,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	head, seq := f.ledger.Head()
 	f.sinceSnap = 0
 	s := &fsmSnapshot{ledgerPath: f.ledgerPath, body: snapshotBody{
-		Applied: f.applied, Stopped: f.stopped, Pending: f.pending,
+		Applied: f.applied, Stopped: f.stopped, Pending: f.pending, Bindings: maps.Clone(f.bindings),
 		LedgerSize: f.ledger.Size(), LedgerHead: head.Hash, LedgerSeq: seq,
 	}}
 	cfg, history := f.cfg, f.history
@@ -231,6 +236,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	b := snap.Body
 	f.cfg, f.history, f.theta, f.opt, f.grad = nil, "", nil, nil, nil
 	f.applied, f.thetaStep, f.stopped, f.diag, f.pending = b.Applied, b.Applied, b.Stopped, dpadam.Diagnostics{}, b.Pending
+	f.bindings = b.Bindings
 	if b.Configured {
 		c := b.Config
 		theta := make([]float32, c.Dim)

@@ -30,19 +30,33 @@ type FileOptions struct {
 	// header, Parquet); nil means every column except the label, in file
 	// order.
 	FeatureColumns []string
-	// Labels, if not nil, are the class names in class order: a label value
-	// (a string, or an integer written as text) is mapped to its index in
-	// Labels; a value not in the list is an error naming the file, row and
-	// column. If nil: labels must be non-negative integers (class = the
-	// integer), except for an image folder (class = index of the
-	// sub-folder name in sorted order) and for CSV/Parquet string label
-	// columns (class = index in the sorted distinct values).
+	// Labels, if not nil, are the class names in class order: a label
+	// written as text that is one of them is mapped to its index in
+	// Labels. An integer label (NPY, NPZ, a Parquet number, or a CSV cell
+	// that is a decimal integer and no name) is itself that index, 0 for
+	// Labels[0], and must be below len(Labels), so that a site storing
+	// the label as a number and one storing its name agree; except when
+	// some name is itself a decimal integer ("0", "7"): then an integer
+	// label is read as the name written so. Any other value is an error
+	// naming the file, row and column. If nil: labels must be
+	// non-negative integers (class = the integer), except for an image
+	// folder (class = index of the sub-folder name in sorted order) and,
+	// unless IndexLabels, for CSV/Parquet string label columns (class =
+	// index in the sorted distinct values).
 	Labels []string
 	// Classes, if > 0, is the number of classes: every integer label must
 	// be below it (names without Labels: as many distinct names as it; with
 	// Labels: len(Labels)). 0 infers max+1 (or len(Labels), or the number
 	// of distinct names).
 	Classes int
+	// IndexLabels, without Labels, reads every label as a class number,
+	// also the strings of a CSV or Parquet label column (which must then
+	// be the decimal integers 0..Classes-1), instead of taking string
+	// labels as class names: the data of a run that gives only its class
+	// count (a node-local run file with classes and no labels), where a
+	// site holding the labels "0" and "2" has classes 0 and 2, not two
+	// names. A name is refused, naming the fix: the run's class names.
+	IndexLabels bool
 	// InputShape is the per-example shape: required for an image folder
 	// ([C,H,W], C = 1 for grayscale or 3 for RGB; images are resized to
 	// H×W with bilinear interpolation and scaled to [0,1]); for other
@@ -290,25 +304,25 @@ func ReadFile(path string, o FileOptions) (*Dataset, error) {
 // check validates the options that do not depend on the file.
 func (o FileOptions) check(path string) error {
 	if o.Classes < 0 {
-		return optionsErr(path, "Classes %d < 0", o.Classes)
+		return optionsErr(path, "--classes %d: the number of classes must be ≥ 0 (0: from the labels)", o.Classes)
 	}
 	if o.Labels != nil {
 		if len(o.Labels) == 0 {
-			return optionsErr(path, "Labels is empty")
+			return optionsErr(path, "--labels is empty: give the class names in class order, or leave it out")
 		}
 		if o.Classes > 0 && o.Classes != len(o.Labels) {
-			return optionsErr(path, "Classes %d but %d Labels", o.Classes, len(o.Labels))
+			return optionsErr(path, "--classes %d but %d class names (--labels, labels: in the run file): give the names, or their number, or both agreeing", o.Classes, len(o.Labels))
 		}
 		if len(o.Labels) > maxInferredClasses {
-			return optionsErr(path, "%d Labels, more than %d", len(o.Labels), maxInferredClasses)
+			return optionsErr(path, "%d class names (--labels), more than %d", len(o.Labels), maxInferredClasses)
 		}
 		seen := make(map[string]bool, len(o.Labels))
 		for _, l := range o.Labels {
 			if l == "" || strings.ContainsRune(l, 0) {
-				return optionsErr(path, "label name %q is empty or contains a NUL byte", l)
+				return optionsErr(path, "class name %q in --labels is empty or contains a NUL byte", l)
 			}
 			if seen[l] {
-				return optionsErr(path, "label %q appears twice in Labels", l)
+				return optionsErr(path, "class name %q appears twice in --labels", l)
 			}
 			seen[l] = true
 		}

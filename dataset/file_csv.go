@@ -13,7 +13,7 @@ import (
 func readCSVData(path string, o FileOptions) (*Dataset, error) {
 	spec := csvSpec{
 		comma:     ',',
-		labels:    newLabeler(o.Labels, o.Classes, "--classes"),
+		labels:    fileLabeler(o),
 		maxValues: maxReadValues,
 	}
 	var header, names []string
@@ -58,7 +58,7 @@ func readCSVData(path string, o FileOptions) (*Dataset, error) {
 		}
 	} else {
 		spec.header = true
-		spec.deferLabels = o.Labels == nil
+		spec.deferLabels = spec.labels.defers()
 		spec.layout = func(h []string, _, line int) (csvLayout, error) {
 			header = slices.Clone(h) // the reader reuses h
 			label := o.LabelColumn

@@ -88,10 +88,10 @@ func classFolders(dir string, o FileOptions, want string) ([]string, []int32, *l
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	lab := newLabeler(o.Labels, o.Classes, "--classes")
+	lab := fileLabeler(o)
 	classes := make([]int32, len(names))
 	for i, name := range names {
-		if o.Labels != nil {
+		if !lab.defers() {
 			classes[i], err = lab.fromText(name)
 		} else {
 			classes[i], err = lab.deferName(name, 0)

@@ -242,7 +242,7 @@ func readNPYFile(path string, o FileOptions) (*Dataset, error) {
 		return nil, formatErr(path, nil, "no rows")
 	}
 	d := &Dataset{Dim: cols - 1, X: make([]float32, 0, rows*(cols-1)), Y: make([]int32, rows)}
-	lab := newLabeler(o.Labels, o.Classes, "--classes")
+	lab := fileLabeler(o)
 	for i := range rows {
 		if d.Y[i], err = lab.fromFloat(arr.at(i * cols)); err != nil {
 			return nil, formatErr(path, nil, "%s: %v", npyIndex("", arr.shape, i*cols), err)
@@ -324,7 +324,7 @@ func readNPZFile(path string, o FileOptions) (*Dataset, error) {
 	if len(x.shape) > 2 {
 		d.Shape = append([]int(nil), x.shape[1:]...)
 	}
-	lab := newLabeler(o.Labels, o.Classes, "--classes")
+	lab := fileLabeler(o)
 	for i := range rows {
 		if d.Y[i], err = lab.fromFloat(y.at(i)); err != nil {
 			return nil, formatErr(path, nil, "%s: %v", npyIndex(yn, y.shape, i), err)

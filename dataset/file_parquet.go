@@ -260,8 +260,8 @@ func readParquetRows(pf *parquet.File, path string, size int64, o FileOptions, l
 			d.FeatureNames = append(d.FeatureNames, c.name)
 		}
 	}
-	lab := newLabeler(o.Labels, o.Classes, "--classes")
-	deferNames := label.kind == parquet.ByteArray && o.Labels == nil
+	lab := fileLabeler(o)
+	deferNames := label.kind == parquet.ByteArray && lab.defers()
 	cols := make([][]float32, len(features))
 	var first int64 // index of the row group's first row
 	for g, rg := range groups {

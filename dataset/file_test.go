@@ -100,11 +100,11 @@ func TestReadFileOptions(t *testing.T) {
 		o    FileOptions
 		want string
 	}{
-		{FileOptions{Classes: -1}, "Classes -1"},
-		{FileOptions{Labels: []string{}}, "Labels is empty"},
+		{FileOptions{Classes: -1}, "--classes -1"},
+		{FileOptions{Labels: []string{}}, "--labels is empty"},
 		{FileOptions{Labels: []string{"a", "b", "a"}}, `"a" appears twice`},
 		{FileOptions{Labels: []string{"a\x00"}}, "NUL"},
-		{FileOptions{Labels: []string{"a", "b"}, Classes: 3}, "Classes 3 but 2 Labels"},
+		{FileOptions{Labels: []string{"a", "b"}, Classes: 3}, "--classes 3 but 2 class names (--labels"},
 		{FileOptions{InputShape: []int{}}, "InputShape is empty"},
 		{FileOptions{InputShape: []int{2, 0}}, "non-positive"},
 		{FileOptions{InputShape: []int{1 << 20, 1 << 20}}, "InputShape"},

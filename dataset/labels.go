@@ -17,8 +17,10 @@ import (
 // deferred: Y holds provisional ids (distinct names in first-seen order)
 // until resolve sorts the names and rewrites Y with the final classes.
 type labeler struct {
-	names      []string         // FileOptions.Labels; nil if none
+	names      []string         // the class names (FileOptions.Labels); nil if none
 	index      map[string]int32 // names → class
+	byIndex    bool             // integer labels index names (no name is an integer)
+	numbers    bool             // without names, strings are class numbers too (FileOptions.IndexLabels)
 	classes    int              // the class count to enforce; 0 infers it
 	classesOpt string           // the option that sets classes, for messages
 	maxInt     int64            // largest integer label so far; -1 if none
@@ -35,27 +37,60 @@ func newLabeler(names []string, classes int, classesOpt string) *labeler {
 	l := &labeler{names: names, classes: classes, classesOpt: classesOpt, maxInt: -1}
 	if names != nil {
 		l.index = make(map[string]int32, len(names))
+		l.byIndex = true
 		for i, n := range names {
 			l.index[n] = int32(i)
+			if _, err := strconv.ParseInt(n, 10, 64); err == nil {
+				// A name such as "7" would make the integer 7 mean two
+				// classes; such names keep meaning themselves.
+				l.byIndex = false
+			}
 		}
 	}
 	return l
 }
 
-// lookup returns the class of the name s in the given list.
+// fileLabeler returns the labeler of a data file read with o.
+func fileLabeler(o FileOptions) *labeler {
+	l := newLabeler(o.Labels, o.Classes, "--classes")
+	l.numbers = o.IndexLabels && o.Labels == nil
+	return l
+}
+
+// defers says whether string labels are names whose classes are known
+// only once every label is read (labeler.deferName): no class names are
+// given, and strings are not class numbers.
+func (l *labeler) defers() bool { return l.names == nil && !l.numbers }
+
+// lookup returns the class of the name s in the given list, or, when
+// integer labels index the names, of s read as such an integer.
 func (l *labeler) lookup(s string) (int32, error) {
 	c, ok := l.index[s]
-	if !ok {
-		return 0, fmt.Errorf("label %q is not one of the class names %s", s, quoteList(l.names, 8))
+	if ok {
+		return c, nil
 	}
-	return c, nil
+	if l.byIndex {
+		if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return l.fromInt(v)
+		}
+		return 0, fmt.Errorf("label %q is not one of the class names %s (nor a class number 0..%d)", s, quoteList(l.names, 8), len(l.names)-1)
+	}
+	return 0, fmt.Errorf("label %q is not one of the class names %s", s, quoteList(l.names, 8))
 }
 
 // fromInt returns the class of the integer label v: v itself, or with
-// Labels the index of v written in decimal.
+// Labels the index v into them (byIndex), or the name v written in
+// decimal.
 func (l *labeler) fromInt(v int64) (int32, error) {
 	if l.names != nil {
-		return l.lookup(strconv.FormatInt(v, 10))
+		if !l.byIndex {
+			return l.lookup(strconv.FormatInt(v, 10))
+		}
+		if v < 0 || v >= int64(len(l.names)) {
+			return 0, fmt.Errorf("label %d is not a class number 0..%d of the class names %s (an integer label indexes them: 0 is %q)",
+				v, len(l.names)-1, quoteList(l.names, 8), l.names[0])
+		}
+		return int32(v), nil
 	}
 	switch {
 	case v < 0:
@@ -85,6 +120,10 @@ func (l *labeler) fromText(s string) (int32, error) {
 		return l.lookup(s)
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil && l.numbers && l.classes > 0 {
+		return 0, fmt.Errorf("label %q is not a class number 0..%d: the run gives only the number of classes, so labels must be those numbers; "+
+			"to train on named labels, give the class names in class order (labels: in the run file, or --labels)", s, l.classes-1)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("label %q is not a non-negative integer", s)
 	}

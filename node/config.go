@@ -67,6 +67,11 @@ const (
 	// "pretrained_weights: " followed by the run's weights hash ("" for
 	// none).
 	RejectWeights = "pretrained_weights"
+	// RejectDataHash: the node's ID is bound, in the run's replicated
+	// state, to other training data (Config.DataHash) than the node
+	// reports: the run trained this ID on data of another content. The
+	// Status.Detail is "training_data: " followed by the bound hash.
+	RejectDataHash = "training_data"
 	// RejectSeatTaken: another process presenting this node's ID holds
 	// the ID's seat and is live: two processes were started with one ID.
 	// The Status.Detail is "seat_taken: " followed by a public sentence
@@ -116,6 +121,12 @@ type Config struct {
 	// It is reported in Join and Heartbeat; the leader refuses a node
 	// whose weights are not the run's (RejectWeights). Default "".
 	Weights string
+	// DataHash is the content hash of the examples the node trains on
+	// (dataset.Dataset.ContentHash of its shard or its own data: 64
+	// lowercase hex digits), or "" for none. It is reported in Join and Heartbeat; the run binds the
+	// node's ID to the first it admits, and refuses the ID with other
+	// data later, also after a restart (RejectDataHash).
+	DataHash string
 	// HeartbeatEvery is the period of Heartbeat messages. Default 1 s.
 	HeartbeatEvery time.Duration
 	// MaxBatch is the compute engine's capacity in examples, allocated by
@@ -212,6 +223,9 @@ func (c Config) Validate() error {
 		bad("ShardCount %d must be ≥ 1", c.ShardCount)
 	} else if c.ShardIndex < 0 || c.ShardIndex >= c.ShardCount {
 		bad("ShardIndex %d must be in [0, ShardCount %d)", c.ShardIndex, c.ShardCount)
+	}
+	if !transport.ValidWeights(c.DataHash) {
+		bad("DataHash %q must be a SHA-256 as 64 lowercase hex digits, or empty", c.DataHash)
 	}
 	if !transport.ValidWeights(c.Weights) {
 		bad("Weights %q must be a SHA-256 as 64 lowercase hex digits, or empty", c.Weights)

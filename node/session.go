@@ -387,6 +387,10 @@ func (s *session) apply(st transport.Status) {
 					ErrRefused, weightsName(w.cfg.Weights), weightsName(run), fix)}
 			return
 		}
+		if bound, ok := strings.CutPrefix(st.Detail, RejectDataHash+": "); ok {
+			s.end = w.otherData(bound, st.From)
+			return
+		}
 		if held, ok := strings.CutPrefix(st.Detail, RejectSeatTaken+": "); ok {
 			// Either this process restarted after one with its ID died
 			// without leaving, whose seat lapses when its heartbeats are
@@ -435,6 +439,17 @@ func (s *session) apply(st transport.Status) {
 
 // weightsName is a pretrained weights hash as an error names it: "none"
 // for a model initialized from a seed.
+// otherData is the end of a node whose ID the run trained on other data,
+// of content hash bound (RejectDataHash), as replica from says.
+func (w *Worker) otherData(bound, from string) *ending {
+	w.log.Error("node: the coordinator refuses this node: the run trained this node ID on other data",
+		"data_hash", w.cfg.DataHash, "bound_data_hash", bound, "from", from)
+	return &ending{reason: "refused",
+		err: fmt.Errorf("%w: node %s trained this run on data with content hash %s, and now reads data with content hash %s: "+
+			"give it the data it trained on, or train on the new data in a new run (another --data-dir or run name)",
+			ErrRefused, w.cfg.ID, weightsName(bound), weightsName(w.cfg.DataHash))}
+}
+
 func weightsName(hash string) string {
 	if hash == "" {
 		return "none"

@@ -378,7 +378,7 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 			err := w.conn.Publish(ctx, transport.Heartbeat{Run: c.Run, NodeID: c.ID,
 				ShardSize: w.shardClaim(), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
 				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
-				DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session})
+				DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session, DataHash: c.DataHash})
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, transport.ErrClosed):
@@ -419,7 +419,7 @@ func (w *Worker) join(ctx context.Context) error {
 	err := w.conn.Publish(ctx, transport.Join{Run: c.Run, NodeID: c.ID,
 		ShardSize: w.shardClaim(), ModelHash: w.m.Hash(),
 		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
-		DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session})
+		DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session, DataHash: c.DataHash})
 	if err != nil && !errors.Is(err, transport.ErrClosed) && ctx.Err() == nil {
 		w.log.Warn("node: join not sent (heartbeats will register the node)", "err", err)
 		return nil

@@ -25,6 +25,8 @@ func samples() []Message {
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto},
 		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Session: "9b2f0c4e7a11d3a8"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Session: "9b2f0c4e7a11d3a8"},
+		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Session: "9b2f0c4e7a11d3a8", DataHash: strings.Repeat("ab", 32)},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, Session: "9b2f0c4e7a11d3a8", DataHash: strings.Repeat("ab", 32)},
 		RoundStart{Run: "r", Step: 3, RoundID: math.MaxUint64, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: -5, SampleRate: 0.01, ClipNorm: 1},
 		RoundStart{Run: "r", Step: 3, RoundID: 1, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: 5, SampleRate: 1.0 / 3, ClipNorm: 0.1, ModelHash: "h"},
 		RoundStart{Run: "r", Step: 3, Params: v},
@@ -53,6 +55,8 @@ func TestOptionalFields(t *testing.T) {
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, Session: "s1"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, Session: "s1"},
 		Leave{Run: "r", NodeID: "n", Reason: "bye", Session: "s1"},
+		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, DataHash: strings.Repeat("ab", 32)},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, DataHash: strings.Repeat("ab", 32)},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
 		Control{Run: "r", From: "x", Code: ControlReplica, Insecure: true, Step: 4, Charged: 5},
 	} {
@@ -77,10 +81,10 @@ func TestOptionalFields(t *testing.T) {
 		}
 		return m
 	}
-	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" || j.Session != "" {
+	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" || j.Session != "" || j.DataHash != "" {
 		t.Errorf("old Join decoded as %+v", j)
 	}
-	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" || h.Session != "" {
+	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" || h.Session != "" || h.DataHash != "" {
 		t.Errorf("old Heartbeat decoded as %+v", h)
 	}
 	if l := old(TypeLeave, map[string]any{"run": "r", "node": "n", "reason": "bye"}).(Leave); l.Session != "" || l.Reason != "bye" {
@@ -95,8 +99,9 @@ func TestOptionalFields(t *testing.T) {
 }
 
 // TestOptionalKeys: Join and Heartbeat carry a node's pretrained weights
-// hash under the key "weights", and Join, Heartbeat and Leave the node
-// process's session under "session" (docs/PROTOCOL.md); an empty value
+// hash under the key "weights" and its training data's content hash under
+// "data_hash", and Join, Heartbeat and Leave the node process's session
+// under "session" (docs/PROTOCOL.md); an empty value
 // sends no key, so a node with no checkpoint, or without sessions, sends
 // the messages of a node that predates the field.
 func TestOptionalKeys(t *testing.T) {
@@ -116,6 +121,10 @@ func TestOptionalKeys(t *testing.T) {
 		{Join{Run: "r", NodeID: "n"}, "session", nil},
 		{Heartbeat{Run: "r", NodeID: "n"}, "session", nil},
 		{Leave{Run: "r", NodeID: "n"}, "session", nil},
+		{Join{Run: "r", NodeID: "n", DataHash: hash}, "data_hash", hash},
+		{Heartbeat{Run: "r", NodeID: "n", DataHash: hash}, "data_hash", hash},
+		{Join{Run: "r", NodeID: "n"}, "data_hash", nil},
+		{Heartbeat{Run: "r", NodeID: "n"}, "data_hash", nil},
 	} {
 		b, err := Encode(tc.m)
 		if err != nil {

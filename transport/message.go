@@ -148,6 +148,15 @@ type Message interface {
 // not ValidWeights is never the run's, so the leader refuses it too.
 // Omitted when empty.
 //
+// DataHash is the content hash of the examples the node trains on
+// (dataset.Dataset.ContentHash, 64 lowercase hex digits): its own file in
+// a run whose nodes bring their own data, else its shard of the run's
+// training set. The leader binds a node ID to the first DataHash it
+// admits it with, in the replicated state, and refuses the ID with any
+// other later ("training_data"), so that a run resumed on other data of
+// the same shape does not continue silently. Omitted when empty (older
+// nodes, which are bound to nothing).
+//
 // Session tells apart two processes that present the same NodeID: a
 // random string the node draws once at start (from crypto/rand) and
 // sends in its Join, Heartbeats and Leave. The coordinator gives a node
@@ -169,6 +178,7 @@ type Join struct {
 	DataSchema string      `msgpack:"data_schema,omitempty"`
 	Weights    string      `msgpack:"weights,omitempty"`
 	Session    string      `msgpack:"session,omitempty"`
+	DataHash   string      `msgpack:"data_hash,omitempty"`
 }
 
 // Leave announces that a node stops taking part. Reason is free text for
@@ -200,6 +210,7 @@ type Heartbeat struct {
 	DataSchema string      `msgpack:"data_schema,omitempty"`
 	Weights    string      `msgpack:"weights,omitempty"`
 	Session    string      `msgpack:"session,omitempty"`
+	DataHash   string      `msgpack:"data_hash,omitempty"`
 }
 
 // MaxSession is the longest Session a coordinator accepts.
