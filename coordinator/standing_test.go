@@ -131,10 +131,10 @@ func TestSilentMemberDoesNotHoldUpRounds(t *testing.T) {
 		}
 	}
 	checkStandingShown(t, res, "other", standingMissed)
-	if n := counterValue(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedDeadline); n > 4 {
+	if n := labelled(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedDeadline); n > 4 {
 		t.Errorf("%v rounds closed at their deadline, want at most 4 (the first miss and the member's chances back)", n)
 	}
-	if n := counterValue(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedStandingAnswered); n < 10 {
+	if n := labelled(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedStandingAnswered); n < 10 {
 		t.Errorf("%v rounds closed once the members in good standing answered, want most of the 20", n)
 	}
 }
@@ -178,7 +178,7 @@ func TestRefusedMemberDoesNotHoldUpRounds(t *testing.T) {
 					t.Errorf("step %d accepted %d contributions, want 1 (the good node)", p.Step, p.Participants)
 				}
 			}
-			if n := counterValue(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedDeadline); n > 1 {
+			if n := labelled(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedDeadline); n > 1 {
 				t.Errorf("%v rounds closed at their deadline, want at most 1 (a refusal stops the wait at once)", n)
 			}
 			checkStandingShown(t, res, "other", standingRefused)
@@ -230,10 +230,10 @@ func TestMemberRegainsGoodStanding(t *testing.T) {
 		t.Errorf("the last step accepted %d contributions, want 2: the recovered member's included again", last.Participants)
 	}
 	checkStandingShown(t, res, "other", standingGood)
-	if v := labelledGauge(t, res.reg, "dpcluster_coordinator_nodes_out_of_standing", "reason", standingMissed); v != 0 {
+	if v := labelled(t, res.reg, "dpcluster_coordinator_nodes_out_of_standing", "reason", standingMissed); v != 0 {
 		t.Errorf("nodes_out_of_standing{reason=missed} = %v at the end, want 0", v)
 	}
-	if n := counterValue(t, res.reg, "dpcluster_coordinator_node_standing_changes_total", "change", "regained"); n < 1 {
+	if n := labelled(t, res.reg, "dpcluster_coordinator_node_standing_changes_total", "change", "regained"); n < 1 {
 		t.Errorf("node_standing_changes_total{change=regained} = %v, want at least 1", n)
 	}
 	logs := res.logs.String()
@@ -267,44 +267,12 @@ func checkStandingShown(t *testing.T, res standingRun, id, want string) {
 	if want == standingGood {
 		return
 	}
-	if v := labelledGauge(t, res.reg, "dpcluster_coordinator_nodes_out_of_standing", "reason", want); v != 1 {
+	if v := labelled(t, res.reg, "dpcluster_coordinator_nodes_out_of_standing", "reason", want); v != 1 {
 		t.Errorf("nodes_out_of_standing{reason=%s} = %v, want 1", want, v)
 	}
 	if len(res.status.OutOfStanding) == 0 {
 		t.Errorf("status out_of_standing is empty, want node %s", id)
 	}
-}
-
-// labelledGauge returns the value of the metric name whose label is
-// value (a gauge or a counter).
-func labelledGauge(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					if g := m.GetGauge(); g != nil {
-						return g.GetValue()
-					}
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no metric %s{%s=%q}", name, label, value)
-	return 0
-}
-
-func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	return labelledGauge(t, reg, name, label, value)
 }
 
 // TestStandingRules: the rules of standing.go on the registry alone. A
