@@ -17,6 +17,7 @@ import (
 
 	"github.com/dpcluster/dpcluster/aggregation"
 	"github.com/dpcluster/dpcluster/mechanism"
+	"github.com/dpcluster/dpcluster/transport"
 )
 
 // standingRun is a one-replica run over real NATS and Raft with two
@@ -31,6 +32,10 @@ type standingRun struct {
 	reg      *prometheus.Registry
 	server   *Server
 	logs     *syncBuffer
+	// reported are the non-empty Standing fields of the replica's
+	// reports on the control subject (what coordinator status prints).
+	mu       sync.Mutex
+	reported []string
 }
 
 // syncBuffer is a bytes.Buffer safe for the loop's logger and the test.
@@ -51,7 +56,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func runWithMember(t *testing.T, c RunConfig, roundTimeout time.Duration, otherFor func(uint64) (int64, []float32), watch func(*Server)) standingRun {
+func runWithMember(t *testing.T, c RunConfig, roundTimeout time.Duration, otherFor func(uint64) (int64, []float32), watch func(*Server)) *standingRun {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
@@ -61,6 +66,16 @@ func runWithMember(t *testing.T, c RunConfig, roundTimeout time.Duration, otherF
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
 	})
 	startScriptNode(t, ctx, dial("other"), "other", c.ModelHash, shardOf(1), otherFor)
+	out := &standingRun{logs: &syncBuffer{}}
+	if _, err := dial("watch").Subscribe(transport.TopicControl, func(m transport.Message) {
+		if v, ok := m.(transport.Control); ok && v.Code == transport.ControlReplica && v.Standing != "" {
+			out.mu.Lock()
+			out.reported = append(out.reported, v.Standing)
+			out.mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	r := openReplicaForServer(t, dir)
 	waitLeader(t, r)
 	reg := prometheus.NewRegistry()
@@ -73,12 +88,12 @@ func runWithMember(t *testing.T, c RunConfig, roundTimeout time.Duration, otherF
 	scfg.RoundTimeout = roundTimeout
 	scfg.Noise = mechanism.NewSeededNoiseSource(1)
 	scfg.Metrics = m
-	out := standingRun{reg: reg, logs: &syncBuffer{}}
-	var mu sync.Mutex
+	out.reg = reg
+	scfg.AnnounceEvery = 100 * time.Millisecond // the replica reports, which coordinator status reads
 	scfg.OnStep = func(p Progress) {
-		mu.Lock()
+		out.mu.Lock()
 		out.progress = append(out.progress, p)
-		mu.Unlock()
+		out.mu.Unlock()
 	}
 	s, err := NewServer(r, coordConn, c, scfg, slog.New(slog.NewTextHandler(out.logs, nil)))
 	if err != nil {
@@ -131,6 +146,11 @@ func TestSilentMemberDoesNotHoldUpRounds(t *testing.T) {
 		}
 	}
 	checkStandingShown(t, res, "other", standingMissed)
+	res.mu.Lock()
+	if !slices.ContainsFunc(res.reported, func(r string) bool { return strings.Contains(r, "other (missed at step 1)") }) {
+		t.Errorf("no replica report named the silent member out of good standing: %q", res.reported)
+	}
+	res.mu.Unlock()
 	if n := labelled(t, res.reg, "dpcluster_coordinator_rounds_closed_total", "cause", closedDeadline); n > 4 {
 		t.Errorf("%v rounds closed at their deadline, want at most 4 (the first miss and the member's chances back)", n)
 	}
@@ -250,7 +270,7 @@ func TestMemberRegainsGoodStanding(t *testing.T) {
 // checkStandingShown checks that the last status lists node id with
 // standing want, and that the gauge of members out of standing counts it
 // under its reason (or under none, for good standing).
-func checkStandingShown(t *testing.T, res standingRun, id, want string) {
+func checkStandingShown(t *testing.T, res *standingRun, id, want string) {
 	t.Helper()
 	found := false
 	for _, n := range res.status.Nodes {
