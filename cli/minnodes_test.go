@@ -96,3 +96,15 @@ func TestPrintStatusWaiting(t *testing.T) {
 		t.Errorf("status text:\n%s\nwant the line %q", b.String(), want)
 	}
 }
+
+// TestPrintStatusStanding: `coordinator status` shows the nodes a leader's
+// rounds do not wait for, as its replica report gives them, on a line of
+// their own.
+func TestPrintStatusStanding(t *testing.T) {
+	var b strings.Builder
+	printStatus(&b, statusReport{Run: "clinics", Leader: "r1", Replicas: []replicaStatus{
+		{ID: "r1", Role: "leader", Standing: "not waited for: site-b (missed at step 3)"}, {ID: "r2", Role: "follower"}}})
+	if want := "NODES OUT OF GOOD STANDING at leader r1: not waited for: site-b (missed at step 3)\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("status text:\n%s\nwant the line %q", b.String(), want)
+	}
+}

@@ -61,6 +61,10 @@ type replicaStatus struct {
 	// nodes: how many it has of how many it needs, and the run's named
 	// nodes missing (empty: it does not wait).
 	Waiting string `json:"waiting,omitempty"`
+	// Standing lists the live nodes this replica, leading, does not wait
+	// for in its rounds, being out of good standing, each with why and
+	// since which step (empty: none).
+	Standing string `json:"standing,omitempty"`
 	// Insecure says the replica runs without TLS (started with
 	// --insecure): the run's transport is not protected.
 	Insecure bool `json:"insecure,omitempty"`
@@ -165,7 +169,7 @@ func collectStatus(ctx context.Context, urls []string, files transport.TLSConfig
 			if c := m.(transport.Control); c.Code == transport.ControlReplica {
 				mu.Lock()
 				replicas[c.From] = replicaStatus{ID: c.From, Role: c.Role, Term: c.Term, Applied: c.Step, Charged: c.Charged,
-					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked, Waiting: c.Waiting, Insecure: c.Insecure}
+					Epsilon: c.Epsilon, Nodes: c.Nodes, Leader: c.Leader, Blocked: c.Blocked, Waiting: c.Waiting, Standing: c.Standing, Insecure: c.Insecure}
 				mu.Unlock()
 			}
 		},
@@ -242,6 +246,9 @@ func printStatus(w interface{ Write([]byte) (int, error) }, rep statusReport) {
 		}
 		if r.Waiting != "" {
 			fmt.Fprintf(w, "NO ROUND YET: leader %s is %s\n", r.ID, r.Waiting)
+		}
+		if r.Standing != "" {
+			fmt.Fprintf(w, "NODES OUT OF GOOD STANDING at leader %s: %s\n", r.ID, r.Standing)
 		}
 	}
 	for _, r := range rep.Replicas {

@@ -18,7 +18,8 @@ import (
 // while it leads.
 type ServerConfig struct {
 	// RoundTimeout is how long a round waits for contributions before it
-	// closes with whoever answered.
+	// closes with whoever answered. It is also the wait before a member
+	// that lost good standing is first waited for again (standing.go).
 	RoundTimeout time.Duration
 	// MinNodes is how many live registered nodes a round needs before it
 	// opens. A round never opens with none: a step over no data would

@@ -50,6 +50,11 @@ type Metrics struct {
 	blocked      *prometheus.GaugeVec
 	refused      *prometheus.CounterVec
 	ctlRefused   *prometheus.CounterVec
+	// outStanding, standingChanges and roundsClosed are the rounds' good
+	// standing (standing.go).
+	outStanding     *prometheus.GaugeVec
+	standingChanges *prometheus.CounterVec
+	roundsClosed    *prometheus.CounterVec
 	// evalAccuracy and evalLoss, by EvalData.Key: vectors without
 	// labels, so a metric is exported only once an evaluation on its data
 	// happened.
@@ -67,6 +72,7 @@ func NewMetrics(reg prometheus.Registerer, run, replica string) (*Metrics, error
 	for _, c := range append([]prometheus.Collector{
 		m.step, m.epsilon, m.chargedStep, m.target, m.charges, m.stopped, m.roundSeconds, m.phaseSeconds, m.participants,
 		m.acceptedN, m.rejectedN, m.raftState, m.term, m.leaderExit, m.restores, m.nodes, m.blocked, m.refused, m.ctlRefused,
+		m.outStanding, m.standingChanges, m.roundsClosed,
 	}, evals...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -146,6 +152,22 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "control_messages_ignored_total",
 			Help: "Replica control messages ignored, by reason (foreign_group: another replica group under this run's name).", ConstLabels: labels,
 		}, []string{"reason"}),
+		outStanding: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "nodes_out_of_standing",
+			Help: "Live registered nodes out of good standing, which the leader's rounds do not wait for, by reason: missed (a round " +
+				"that waited for the node closed at its deadline without it), refused (a contribution of its was refused for its values). " +
+				"The leader's view; 0 on a follower.", ConstLabels: labels,
+		}, []string{"reason"}),
+		standingChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "node_standing_changes_total",
+			Help: "Nodes that lost or regained good standing in the rounds this replica led, by change (lost, regained).", ConstLabels: labels,
+		}, []string{"change"}),
+		roundsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dpcluster", Subsystem: "coordinator", Name: "rounds_closed_total",
+			Help: "Rounds this replica led that closed, by cause: all_answered (every member accepted), standing_answered (every " +
+				"member the round waited for accepted or refused, before the deadline, without some out of good standing), deadline.",
+			ConstLabels: labels,
+		}, []string{"cause"}),
 	}
 	m.addLedgerGauges(labels)
 	return m
@@ -218,6 +240,15 @@ func (m *Metrics) touchLabels() {
 		m.refused.WithLabelValues(r)
 	}
 	m.ctlRefused.WithLabelValues(refusedForeignGroup)
+	for _, r := range standingReasons {
+		m.outStanding.WithLabelValues(r)
+	}
+	for _, c := range []string{"lost", "regained"} {
+		m.standingChanges.WithLabelValues(c)
+	}
+	for _, c := range closeCauses {
+		m.roundsClosed.WithLabelValues(c)
+	}
 }
 
 // observe records the replica's state, its Raft role and term.
@@ -293,12 +324,34 @@ func (m *Metrics) nodeRefused(reason string) {
 	}
 }
 
-func (m *Metrics) roundClosed(res aggregation.Result, d time.Duration) {
+func (m *Metrics) roundClosed(res aggregation.Result, d time.Duration, cause string) {
 	if m == nil {
 		return
 	}
 	m.roundSeconds.Observe(d.Seconds())
 	m.participants.Set(float64(len(res.Accepted)))
+	m.roundsClosed.WithLabelValues(cause).Inc()
+}
+
+// outOfStanding sets nodes_out_of_standing{reason} from by (absent: 0).
+func (m *Metrics) outOfStanding(by map[string]int) {
+	if m == nil {
+		return
+	}
+	for _, r := range standingReasons {
+		m.outStanding.WithLabelValues(r).Set(float64(by[r]))
+	}
+}
+
+func (m *Metrics) standingChanged(lost bool) {
+	if m == nil {
+		return
+	}
+	change := "regained"
+	if lost {
+		change = "lost"
+	}
+	m.standingChanges.WithLabelValues(change).Inc()
 }
 
 // The phases of step_phase_seconds.

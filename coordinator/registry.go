@@ -204,6 +204,8 @@ type nodeInfo struct {
 	// answered and skipped count the rounds led here since the node
 	// registered that accepted a contribution from it, or did not.
 	answered, skipped int64
+	// standing is its good standing in the rounds led here (standing.go).
+	standing standing
 }
 
 // seen records a message from id, an admitted node, sent by session,
@@ -215,6 +217,9 @@ func (r *registry) seen(id, session string, shard shardClaim, now time.Time) boo
 	isNew := !known || n.session != session
 	if isNew || n.shard != shard {
 		n.since = now // a new claim is a new node's, however long it has been registered
+	}
+	if isNew {
+		n.standing = standing{} // a restarted process starts in good standing
 	}
 	n.shard, n.session, n.seen = shard, session, now
 	r.nodes[id] = n

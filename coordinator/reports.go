@@ -35,7 +35,8 @@ func (l *loop) publishReplicaStatus(ctx context.Context) {
 		Run: l.s.run.Run, From: l.rep.ID(), Step: uint64(st.Applied), Charged: uint64(st.ChargedStep), Code: transport.ControlReplica,
 		Term: l.rep.Term(), Role: string(l.rep.Role()), Leader: l.rep.Leader(),
 		Epsilon: st.Epsilon, Nodes: l.nodes.count(), Blocked: l.blocked.String(), Waiting: l.waiting.String(), Insecure: l.s.cfg.Insecure,
-		History: st.History,
+		Standing: l.nodes.standingSummary(),
+		History:  st.History,
 	})
 }
 

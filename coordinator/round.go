@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -82,6 +83,15 @@ type openRound struct {
 	id      uint64
 	step    int64
 	started time.Time
+	// awaited are the members the round waits for (standing.go), fixed
+	// as it opens; awaiting those of them not yet accepted nor refused:
+	// the loop closes the round when it empties (closedByStanding), before
+	// the deadline, unless every member was awaited (then the round
+	// closes itself, aggregation.CauseAllAnswered). refused is each
+	// member's last refusal for its values.
+	awaited, awaiting map[string]bool
+	refused           map[string]aggregation.Reason
+	closedByStanding  bool
 }
 
 // stepInFlight is what the loop keeps of a step while its proposal runs.
@@ -257,6 +267,7 @@ func (l *loop) advance(ctx context.Context) {
 		return
 	}
 	order, claims := l.nodes.live(time.Now(), l.s.cfg.NodeTimeout)
+	l.standingMetrics() // live dropped the nodes gone silent
 	// The next round's members are the live nodes whose shards are
 	// disjoint; a node whose claim conflicts with an older one is left
 	// out (admission.go).
@@ -432,7 +443,9 @@ func (l *loop) openRound(ctx context.Context, t int64, nodes []string, shards ma
 	// previous step's proposal (closeRound); after a new leadership or an
 	// empty round it is drawn from here, while the nodes compute.
 	l.startNoise()
-	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started}
+	awaited := l.nodes.awaited(nodes, started)
+	ls.phase, ls.round = phaseRound, &openRound{r: r, id: id, step: t, started: started,
+		awaited: awaited, awaiting: maps.Clone(awaited), refused: make(map[string]aggregation.Reason)}
 }
 
 // onContribution hands a contribution to the open round (step 3), if any.
@@ -444,23 +457,64 @@ func (l *loop) onContribution(ctx context.Context, c transport.Contribution) {
 		}
 		return // followers do not aggregate
 	}
-	err := ls.round.r.Add(aggregation.Contribution{
+	or := ls.round
+	err := or.r.Add(aggregation.Contribution{
 		NodeID: c.NodeID, Step: c.Step, RoundID: c.RoundID, Count: c.Count, Sum: c.Sum,
 	})
 	if err == nil {
 		l.s.metrics.accepted()
+		delete(or.refused, c.NodeID) // a corrected answer stands
+		l.stopAwaiting(ctx, or, c.NodeID)
 		return
 	}
 	reason := aggregation.ReasonOf(err)
 	l.s.metrics.rejected(reason)
-	// The reason is public; the values are not, and are never logged.
-	l.log.Info("contribution rejected", "node", c.NodeID, "step", c.Step, "reason", reason.String())
+	// The reason is public; the values are not, and are never logged. A
+	// contribution for another step, round or after the close is usually
+	// an answer that came late (from a member out of good standing that
+	// the round did not wait for, or for an earlier leader's round): not
+	// worth a line each.
+	lvl := slog.LevelInfo
+	if reason == aggregation.ReasonWrongStep || reason == aggregation.ReasonWrongRound || reason == aggregation.ReasonLate {
+		lvl = slog.LevelDebug
+	}
+	l.log.Log(ctx, lvl, "contribution rejected", "node", c.NodeID, "step", c.Step, "reason", reason.String())
 	if reason != aggregation.ReasonWrongStep && reason != aggregation.ReasonWrongRound {
 		l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
 			Run: l.s.run.Run, From: l.rep.ID(), Node: c.NodeID, Step: c.Step,
 			Code: transport.StatusRejected, Detail: reason.String(),
 		})
 	}
+	if valueRefusal(reason) {
+		// Refused for its values: the member loses good standing when the
+		// round closes (unless a corrected answer is accepted first), and
+		// the round stops waiting for it now.
+		or.refused[c.NodeID] = reason
+		l.stopAwaiting(ctx, or, c.NodeID)
+	}
+}
+
+// stopAwaiting takes id off the members the open round or waits for and,
+// once none is left, closes it: the members in good standing (and those
+// given a chance) have answered or been refused. A round that waits for
+// every member closes itself once all are accepted (aggregation.Round),
+// so the loop closes it only when some member was not waited for or was
+// refused.
+func (l *loop) stopAwaiting(ctx context.Context, or *openRound, id string) {
+	if !or.awaiting[id] {
+		return
+	}
+	delete(or.awaiting, id)
+	if len(or.awaiting) > 0 {
+		return
+	}
+	select {
+	case <-or.r.Done():
+		return // every member accepted: the round closed itself (the loop sees Done next)
+	default:
+	}
+	or.closedByStanding = true
+	l.closeRound(ctx)
 }
 
 // closeRound closes the round (every node answered, or the deadline
@@ -471,8 +525,9 @@ func (l *loop) closeRound(ctx context.Context) {
 	res := or.r.Close()
 	ls.round, ls.phase = nil, phaseIdle
 	t := or.step
-	l.s.metrics.roundClosed(res, time.Since(or.started))
+	l.s.metrics.roundClosed(res, time.Since(or.started), closeCause(or, res))
 	l.nodes.counted(res.Accepted, res.Missing)
+	l.onStandingChanges(l.nodes.settleStanding(or, res, time.Now(), l.s.cfg.RoundTimeout))
 	if len(res.Accepted) == 0 {
 		// Nobody answered (all nodes died, or the deadline was too
 		// short): releasing noise over an empty sum would spend budget

@@ -125,7 +125,9 @@ var _ Consensus = (*Replica)(nil)
 //     the ledger's fsync run while θ goes out and the nodes compute. A
 //     round that closes empty keeps the charge for its retry.
 //  3. Collect contributions into an aggregation.Round (which validates
-//     them) until every node answered or the deadline passed.
+//     them) until every member the round waits for (those in good
+//     standing, standing.go) was accepted or refused, or the deadline
+//     passed.
 //  4. Privatize S with the run's noise mode (privatize): by default snap
 //     it to the grid Λℤ^d and add exact discrete Gaussian noise,
 //     g̃ = Λ(round(S/Λ) + z)/B, z ~ N_Z(0, ⌈σC/Λ⌉²I) from the CSPRNG,

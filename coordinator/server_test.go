@@ -61,7 +61,7 @@ func shardOf(i int) identity {
 
 // scriptNode is a test node: it joins, heartbeats (reporting id), and
 // answers every round it sees once with a fixed contribution (count, sum)
-// from sumFor.
+// from sumFor, or not at all where sumFor returns a nil sum.
 type scriptNode struct {
 	id     string
 	conn   *transport.Client
@@ -102,6 +102,9 @@ func startReportingNode(t *testing.T, ctx context.Context, conn *transport.Clien
 	if _, err := conn.Subscribe(transport.TopicRounds, func(m transport.Message) {
 		rs := m.(transport.RoundStart)
 		count, sum := n.sumFor(rs.Step)
+		if sum == nil {
+			return // a silent member: it heartbeats but does not answer
+		}
 		n.mu.Lock()
 		n.answered[rs.Step]++
 		n.mu.Unlock()

@@ -64,6 +64,10 @@ type Status struct {
 	// them, by ID.
 	WaitingForNodes int      `json:"waiting_for_nodes"`
 	MissingNodes    []string `json:"missing_nodes,omitempty"`
+	// OutOfStanding lists the registered nodes out of good standing, by
+	// ID: the leader's rounds do not wait for them (NodeStatus.Standing
+	// says why). Empty on a follower, which leads no rounds.
+	OutOfStanding []string `json:"out_of_standing,omitempty"`
 	// Eval is the last evaluation of θ (nil: none yet; leader only).
 	Eval *EvalPoint `json:"eval"`
 	// Nodes are the registered nodes, by ID; Replicas the replicas this
@@ -78,14 +82,24 @@ type Status struct {
 // Skipped count the rounds, led by this replica since the node
 // registered, whose close accepted a contribution from it, or did not
 // (missing or rejected); a follower leads none, so both stay 0 there.
+// Standing is the node's good standing in the rounds this replica leads
+// (standing.go): "good" (the rounds wait for it; always, on a follower),
+// "missed" (a round that waited for it closed at its deadline without
+// it) or "refused" (a contribution of its was refused for its values:
+// StandingDetail names the reason, "nan", "count_too_large"...; for
+// missed it is "deadline"); OutSinceStep is the step whose round it
+// lost good standing in (0 in good standing).
 type NodeStatus struct {
-	ID         string    `json:"id"`
-	ShardIndex int       `json:"shard_index"`
-	ShardCount int       `json:"shard_count"`
-	ShardSize  int64     `json:"shard_size"`
-	LastSeen   time.Time `json:"last_seen"`
-	Answered   int64     `json:"answered"`
-	Skipped    int64     `json:"skipped"`
+	ID             string    `json:"id"`
+	ShardIndex     int       `json:"shard_index"`
+	ShardCount     int       `json:"shard_count"`
+	ShardSize      int64     `json:"shard_size"`
+	LastSeen       time.Time `json:"last_seen"`
+	Answered       int64     `json:"answered"`
+	Skipped        int64     `json:"skipped"`
+	Standing       string    `json:"standing"`
+	StandingDetail string    `json:"standing_detail,omitempty"`
+	OutSinceStep   int64     `json:"out_since_step,omitempty"`
 }
 
 // ReplicaStatus is a replica's last report (ControlReplica), or this
@@ -339,11 +353,16 @@ func (l *loop) publishStatus(final bool) {
 		out.Eval = &e
 	}
 	for id, n := range l.nodes.nodes {
-		out.Nodes = append(out.Nodes, NodeStatus{
+		ns := NodeStatus{
 			ID: id, ShardIndex: n.shard.index, ShardCount: n.shard.count, ShardSize: n.shard.size,
-			LastSeen: n.seen, Answered: n.answered, Skipped: n.skipped,
-		})
+			LastSeen: n.seen, Answered: n.answered, Skipped: n.skipped, Standing: standingGood,
+		}
+		if s := n.standing; s.out != "" {
+			ns.Standing, ns.StandingDetail, ns.OutSinceStep = s.out, s.detail, s.step
+		}
+		out.Nodes = append(out.Nodes, ns)
 	}
+	_, out.OutOfStanding = l.nodes.outOfStanding()
 	slices.SortFunc(out.Nodes, func(a, b NodeStatus) int { return cmp.Compare(a.ID, b.ID) })
 	out.Replicas = append(out.Replicas, ReplicaStatus{ID: l.rep.ID(), Role: out.Role, Term: out.Term,
 		Step: st.Applied, Leader: out.Leader, Self: true, Reported: now})

@@ -36,6 +36,7 @@ func samples() []Message {
 		Status{Run: "r", From: "x", Node: "n", Step: 1, Code: StatusStopped, Detail: "budget"},
 		Control{Run: "r", From: "x", Step: 4, Code: ControlReplica, Term: 2, Role: "leader", Nodes: 2, Blocked: "shard_overlap: n0 and n1"},
 		Control{Run: "r", From: "x", Code: ControlReplica, Role: "leader", Nodes: 1, Waiting: "waiting for nodes: 1 of 2, missing b"},
+		Control{Run: "r", From: "x", Code: ControlReplica, Role: "leader", Nodes: 2, Standing: "not waited for: b (missed at step 3)"},
 		Control{Run: "r", From: "r4", Code: ControlJoin, Addr: "10.0.0.4:7000"},
 		Control{Run: "r", From: "r1", Code: ControlRemove, Replica: "r2"},
 		NeedParams{Run: "r", NodeID: "n", Version: 7},

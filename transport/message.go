@@ -393,6 +393,12 @@ type Control struct {
 	// nodes: 1 of 2, missing b"). Empty when it does not wait; absent
 	// from older senders.
 	Waiting string `msgpack:"waiting,omitempty"`
+	// Standing (ControlReplica only; optional, envelope version 1) lists
+	// the live nodes out of good standing, which the leader's rounds do
+	// not wait for, each with why and since which step ("not waited for:
+	// b (missed at step 3), c (refused at step 5: nan)"). Empty when there
+	// are none, on a replica that does not lead, and from older senders.
+	Standing string `msgpack:"standing,omitempty"`
 	// Insecure (ControlReplica only; optional, envelope version 1) says the
 	// replica runs without TLS, started with --insecure: the run's
 	// transport is not protected. Absent (false) from older senders.

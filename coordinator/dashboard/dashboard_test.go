@@ -31,8 +31,9 @@ func fullSource() source {
 		st: coordinator.Status{
 			Run: "r", Replica: "r1", Role: coordinator.RoleLeader, Term: 3, Leader: "r1", Step: 40, MaxSteps: 100,
 			Epsilon: 0.9, TargetEpsilon: 2, Delta: 1e-5, Accountant: "rdp", NoiseMode: "discrete", Private: true,
-			Stopped: "x", Blocked: "y", Eval: ev, WaitingForNodes: 1, MissingNodes: []string{"n1"},
-			Nodes:    []coordinator.NodeStatus{{ID: "n0", ShardIndex: 0, ShardCount: 2, ShardSize: 500, LastSeen: now, Answered: 39, Skipped: 1}},
+			Stopped: "x", Blocked: "y", Eval: ev, WaitingForNodes: 1, MissingNodes: []string{"n1"}, OutOfStanding: []string{"n0"},
+			Nodes: []coordinator.NodeStatus{{ID: "n0", ShardIndex: 0, ShardCount: 2, ShardSize: 500, LastSeen: now, Answered: 39, Skipped: 1,
+				Standing: "refused", StandingDetail: "nan", OutSinceStep: 38}},
 			Replicas: []coordinator.ReplicaStatus{{ID: "r1", Role: coordinator.RoleLeader, Term: 3, Step: 40, Leader: "r1", Self: true, Reported: now}},
 			Updated:  now,
 		},
@@ -92,9 +93,9 @@ func TestJSONShape(t *testing.T) {
 	want := map[string][]string{
 		"status": {"run", "replica", "role", "term", "leader", "step", "applied_step", "charged_step", "charges", "max_steps",
 			"epsilon", "target_epsilon", "delta",
-			"accountant", "noise_mode", "private", "stopped", "blocked", "waiting_for_nodes", "missing_nodes", "eval", "nodes", "replicas", "updated"},
+			"accountant", "noise_mode", "private", "stopped", "blocked", "waiting_for_nodes", "missing_nodes", "out_of_standing", "eval", "nodes", "replicas", "updated"},
 		"status.eval":     {"step", "epsilon", "accuracy", "loss", "n", "data", "label", "private"},
-		"status.nodes":    {"id", "shard_index", "shard_count", "shard_size", "last_seen", "answered", "skipped"},
+		"status.nodes":    {"id", "shard_index", "shard_count", "shard_size", "last_seen", "answered", "skipped", "standing", "standing_detail", "out_since_step"},
 		"status.replicas": {"id", "role", "term", "step", "leader", "self", "reported"},
 		"history":         {"steps", "evals", "stride"},
 		"history.steps":   {"step", "epsilon", "round_seconds", "participants"},

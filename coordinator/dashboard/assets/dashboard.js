@@ -64,6 +64,8 @@ function renderStatus(st) {
   fillTable("nodes", st.nodes || [], (n) => [
     n.id, n.shard_count > 0 ? n.shard_index + " of " + n.shard_count : "–", n.shard_size,
     ago(n.last_seen, now), n.answered, n.skipped,
+    n.standing === "good" || !n.standing ? n.standing || "–"
+      : n.standing + (n.standing_detail ? " (" + n.standing_detail + ")" : "") + " since step " + n.out_since_step,
   ], (n) => now - Date.parse(n.last_seen) > 5000);
   set("node-count", "(" + (st.nodes || []).length + ")");
   fillTable("replicas", st.replicas || [], (r) => [
