@@ -9,12 +9,15 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/dpcluster/dpcluster/coordinator"
 )
 
 // progress reports a run's progress: a one-line bar redrawn in place on a
-// terminal, or a structured log line every logEvery steps and at every
-// evaluation otherwise. It shows only public values (step, ε, accuracy on
+// terminal (steps, ε, the last evaluation, steps/s and the time left),
+// with log lines printed above it, or a structured log line every
+// logEvery steps and at every evaluation otherwise. It shows only public values (step, ε, accuracy on
 // public data) and an accuracy on rows held out of the training data only
 // under its NON-PRIVATE label (coordinator.EvalData.Label).
 type progress struct {
@@ -49,13 +52,15 @@ func newProgress(w io.Writer, mode string, log *slog.Logger) (*progress, error) 
 	return p, nil
 }
 
+// isTerminal reports whether w writes to a terminal: a file (unwrapped
+// from stderr's lockedWriter) whose descriptor the terminal ioctl
+// accepts. A character device that is not a terminal (/dev/null) is not.
 func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
+	if lw, ok := w.(*lockedWriter); ok {
+		w = lw.w
 	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // update records a step; it is the Server's OnStep and does not block.
@@ -115,12 +120,42 @@ func (p *progress) line(now time.Time) string {
 	if p.eval.EvalStep > 0 {
 		fmt.Fprintf(&b, "  %s acc %.1f%% (step %d)", p.eval.EvalData.Label(), 100*p.eval.Eval.Accuracy, p.eval.EvalStep)
 	}
-	fmt.Fprintf(&b, "  %.1f steps/s", p.rate(now))
+	rate := p.rate(now)
+	fmt.Fprintf(&b, "  %.1f steps/s", rate)
+	if left, ok := p.left(rate); ok {
+		fmt.Fprintf(&b, "  ETA %s", left)
+	}
 	return b.String()
 }
 
+// left estimates the time to the end of the run at the current rate: to
+// MaxSteps, or, without a step limit, to the target ε at the rate ε has
+// grown so far (ε grows more slowly than the steps, so that estimate is
+// high). false when there is nothing to estimate from yet.
+func (p *progress) left(rate float64) (time.Duration, bool) {
+	pr := p.last
+	steps := pr.Step - p.startStep
+	if rate <= 0 || steps <= 0 {
+		return 0, false
+	}
+	var todo float64
+	switch {
+	case pr.MaxSteps > 0:
+		todo = float64(pr.MaxSteps - pr.Step)
+	case pr.TargetEpsilon > 0 && pr.Epsilon > 0:
+		todo = float64(steps) * (pr.TargetEpsilon - pr.Epsilon) / pr.Epsilon
+	default:
+		return 0, false
+	}
+	return (time.Duration(max(todo, 0)/rate*1e9) + time.Second/2).Truncate(time.Second), true
+}
+
 func (p *progress) draw(now time.Time) {
-	fmt.Fprintf(p.w, "\r\x1b[K%s", p.line(now))
+	if lw, ok := p.w.(*lockedWriter); ok {
+		lw.setBar(p.line(now))
+	} else {
+		fmt.Fprintf(p.w, "%s%s", clearLine, p.line(now))
+	}
 	p.drawn, p.dirty = now, false
 }
 
@@ -132,5 +167,9 @@ func (p *progress) finish() {
 		return
 	}
 	p.draw(p.now())
-	fmt.Fprintln(p.w)
+	if lw, ok := p.w.(*lockedWriter); ok {
+		lw.endBar()
+	} else {
+		fmt.Fprintln(p.w)
+	}
 }

@@ -559,16 +559,56 @@ func stderr(cmd *cobra.Command) io.Writer {
 	return w
 }
 
-// lockedWriter serializes the writes to w.
+// lockedWriter serializes the writes to w. While a progress bar is on
+// screen (setBar), every other write goes above it: the bar's line is
+// cleared, the write made, and the bar drawn again below it, so log lines
+// never land inside the bar.
 type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu  sync.Mutex
+	w   io.Writer
+	bar string // the bar's line on screen; "" when there is none
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	if l.bar == "" {
+		return l.w.Write(p)
+	}
+	if _, err := io.WriteString(l.w, clearLine); err != nil {
+		return 0, err
+	}
+	n, err := l.w.Write(p)
+	if err != nil {
+		return n, err
+	}
+	if len(p) > 0 && p[len(p)-1] != '\n' {
+		io.WriteString(l.w, "\n")
+	}
+	_, err = io.WriteString(l.w, l.bar)
+	return n, err
+}
+
+// clearLine returns the cursor to the line's start and erases the line
+// (a carriage return and ANSI "erase in line").
+const clearLine = "\r\x1b[K"
+
+// setBar draws line as the bar, replacing the one on screen.
+func (l *lockedWriter) setBar(line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	io.WriteString(l.w, clearLine+line)
+	l.bar = line
+}
+
+// endBar ends the bar's line: later writes go below it.
+func (l *lockedWriter) endBar() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bar != "" {
+		io.WriteString(l.w, "\n")
+	}
+	l.bar = ""
 }
 
 // newLogger returns the command's slog logger on stderr.
