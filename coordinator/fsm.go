@@ -673,23 +673,6 @@ func (f *FSM) checkStep(s stepEntry) error {
 	return nil
 }
 
-// sameRun reports whether given is the run the log holds as logged:
-// sameConfig, except that a logged configuration without Names (written
-// before the field existed) matches given whatever names it carries, so
-// such a run resumes with a newer binary.
-func sameRun(logged, given RunConfig) bool {
-	if logged.Names == nil {
-		given.Names = nil
-	}
-	return sameConfig(logged, given)
-}
-
-func sameConfig(a, b RunConfig) bool {
-	ab, err1 := msgpack.Marshal(a)
-	bb, err2 := msgpack.Marshal(b)
-	return err1 == nil && err2 == nil && string(ab) == string(bb)
-}
-
 // Close closes the ledger.
 func (f *FSM) Close() error {
 	f.mu.Lock()

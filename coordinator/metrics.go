@@ -152,25 +152,31 @@ func newMetrics(labels prometheus.Labels) *Metrics {
 			Namespace: "dpcluster", Subsystem: "coordinator", Name: "control_messages_ignored_total",
 			Help: "Replica control messages ignored, by reason (foreign_group: another replica group under this run's name).", ConstLabels: labels,
 		}, []string{"reason"}),
-		outStanding: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "dpcluster", Subsystem: "coordinator", Name: "nodes_out_of_standing",
-			Help: "Live registered nodes out of good standing, which the leader's rounds do not wait for, by reason: missed (a round " +
-				"that waited for the node closed at its deadline without it), refused (a contribution of its was refused for its values). " +
-				"The leader's view; 0 on a follower.", ConstLabels: labels,
-		}, []string{"reason"}),
-		standingChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "dpcluster", Subsystem: "coordinator", Name: "node_standing_changes_total",
-			Help: "Nodes that lost or regained good standing in the rounds this replica led, by change (lost, regained).", ConstLabels: labels,
-		}, []string{"change"}),
-		roundsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "dpcluster", Subsystem: "coordinator", Name: "rounds_closed_total",
-			Help: "Rounds this replica led that closed, by cause: all_answered (every member accepted), standing_answered (every " +
-				"member the round waited for accepted or refused, before the deadline, without some out of good standing), deadline.",
-			ConstLabels: labels,
-		}, []string{"cause"}),
 	}
 	m.addLedgerGauges(labels)
+	m.addStandingMetrics(labels)
 	return m
+}
+
+// addStandingMetrics creates the metrics of the members the leader's
+// rounds wait for (standing.go) and of how its rounds close.
+func (m *Metrics) addStandingMetrics(labels prometheus.Labels) {
+	m.outStanding = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "dpcluster", Subsystem: "coordinator", Name: "nodes_out_of_standing",
+		Help: "Live registered nodes out of good standing, which the leader's rounds do not wait for, by reason: missed (a round " +
+			"that waited for the node closed at its deadline without it), refused (a contribution of its was refused for its values). " +
+			"The leader's view; 0 on a follower.", ConstLabels: labels,
+	}, []string{"reason"})
+	m.standingChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "dpcluster", Subsystem: "coordinator", Name: "node_standing_changes_total",
+		Help: "Nodes that lost or regained good standing in the rounds this replica led, by change (lost, regained).", ConstLabels: labels,
+	}, []string{"change"})
+	m.roundsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "dpcluster", Subsystem: "coordinator", Name: "rounds_closed_total",
+		Help: "Rounds this replica led that closed, by cause: all_answered (every member accepted), standing_answered (every " +
+			"member the round waited for accepted or refused, before the deadline, without some out of good standing), deadline.",
+		ConstLabels: labels,
+	}, []string{"cause"})
 }
 
 // addLedgerGauges creates the gauges read from the state machine when

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/dpcluster/dpcluster/accounting"
 	"github.com/dpcluster/dpcluster/dpadam"
 	"github.com/dpcluster/dpcluster/ledger"
@@ -319,4 +321,21 @@ func ConfigDiff(logged, given RunConfig) []string {
 	}
 	walk("", reflect.ValueOf(logged), reflect.ValueOf(given))
 	return out
+}
+
+// sameRun reports whether given is the run the log holds as logged:
+// sameConfig, except that a logged configuration without Names (written
+// before the field existed) matches given whatever names it carries, so
+// such a run resumes with a newer binary.
+func sameRun(logged, given RunConfig) bool {
+	if logged.Names == nil {
+		given.Names = nil
+	}
+	return sameConfig(logged, given)
+}
+
+func sameConfig(a, b RunConfig) bool {
+	ab, err1 := msgpack.Marshal(a)
+	bb, err2 := msgpack.Marshal(b)
+	return err1 == nil && err2 == nil && string(ab) == string(bb)
 }
