@@ -173,7 +173,7 @@ func main() {
 	flag.StringVar(&f.trainable, "trainable", settingFull, "BERT-shaped encoders: what trains, settings separated by ';', each full, last-block (layer.<L-1>.*, pooler.*, classifier.*) or comma-separated patterns over the parameters' names (layer.11.*,pooler.*,classifier.*); other models train in full")
 	flag.IntVar(&f.seqLen, "seq-len", 128, "BERT-shaped encoders: tokens per example")
 	flag.StringVar(&f.fixture, "bert-fixture", "", "a BERT-shaped encoder's checkpoint and text written by the parent (empty: write them in the child's temporary directory)")
-	flag.DurationVar(&f.roundTimeout, "round-timeout", 30*time.Minute, "local's --round-timeout (a BERT-base step takes seconds on a CPU)")
+	flag.DurationVar(&f.roundTimeout, "round-timeout", 30*time.Minute, "local's --round-timeout (a BERT-base step takes tens of seconds on 2 cores)")
 	flag.StringVar(&f.nodes, "nodes", "1,3", "in-process node counts, comma-separated")
 	flag.IntVar(&f.steps, "steps", 40, "measured steps per configuration")
 	flag.IntVar(&f.warmup, "warmup", 5, "steps run before measuring")

@@ -98,9 +98,12 @@ func TestRunChild(t *testing.T) {
 // weights, the frozen layers held once in the process's one model and
 // shared by its nodes) in each setting, and checks what it reports
 // against the model: the trainable parameters are the setting's, and
-// the bytes per step are θ to every node and every node's sum back
-// (4 bytes a value, k times each way), plus at most the transport's
-// framing and the round's small messages.
+// the bytes per step are at least θ to every node and every node's sum
+// back (4 bytes a value, k times each way), and less than half as much
+// again (the transport's framing, the round's small messages, and on a
+// loaded machine a retransmitted chunk or a transfer that straddles the
+// measured steps' ends) — far below what one copy of the whole model
+// would add in the last-block setting.
 func TestRunChildBERT(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a BERT-shaped run takes seconds")
@@ -130,7 +133,7 @@ func TestRunChildBERT(t *testing.T) {
 			}
 			k := float64(r.Nodes)
 			vectors := 2 * k * 4 * float64(c.trainable)
-			if !(r.BytesPerStep >= vectors && r.BytesPerStep <= 1.01*vectors+64<<10) {
+			if !(r.BytesPerStep >= vectors && r.BytesPerStep < 1.5*vectors+64<<10) {
 				t.Fatalf("%.0f bytes per step; θ to %v nodes and their sums back are %.0f", r.BytesPerStep, k, vectors)
 			}
 			for name, v := range map[string]float64{"step": r.StepMean, "compute": r.ComputeMax, "engine": r.EngineDP, "floor": r.FloorMS} {
