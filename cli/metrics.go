@@ -139,11 +139,11 @@ type slogPromLogger struct{ log *slog.Logger }
 
 func (l slogPromLogger) Println(v ...any) { l.log.Warn("metrics: " + fmt.Sprint(v...)) }
 
-// registerTransport exports conn's counters of what it and its embedded
-// NATS server refused (transport.Stats), labelled with the run: frames
+// registerTransport exports conn's counters (transport.Stats), labelled
+// with the run: what it and its embedded NATS server refused (frames
 // rejected, messages in another node's name, transfers larger than their
-// sender may send, refused TLS handshakes and permissions violations
-// (issue 27: they were neither logged at the default level nor counted).
+// sender may send, refused TLS handshakes and permissions violations),
+// and what that server delivered to its clients, in messages and bytes.
 func registerTransport(reg prometheus.Registerer, conn *transport.Client, run string) error {
 	labels := prometheus.Labels{"run": run}
 	for _, c := range []struct {
@@ -155,6 +155,8 @@ func registerTransport(reg prometheus.Registerer, conn *transport.Client, run st
 		{"too_large_total", "Chunked transfers refused for announcing more than their sender may send.", func(s transport.Stats) uint64 { return s.TooLarge }},
 		{"tls_refused_total", "Client TLS handshakes the embedded NATS server refused.", func(s transport.Stats) uint64 { return s.TLSRefused }},
 		{"permission_refused_total", "Publishes and subscriptions the embedded NATS server refused by its permissions.", func(s transport.Stats) uint64 { return s.PermissionRefused }},
+		{"delivered_messages_total", "Messages the embedded NATS server delivered to its clients (every subscriber's copy; 0 without an embedded server).", func(s transport.Stats) uint64 { return s.DeliveredMsgs }},
+		{"delivered_bytes_total", "Bytes the embedded NATS server delivered to its clients: every subscriber's copy of every message as encoded on the wire (0 without an embedded server).", func(s transport.Stats) uint64 { return s.DeliveredBytes }},
 	} {
 		value := c.value
 		f := prometheus.NewCounterFunc(prometheus.CounterOpts{

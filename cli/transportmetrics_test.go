@@ -7,9 +7,8 @@ import (
 	"github.com/dpcluster/dpcluster/transport"
 )
 
-// TestTransportMetrics: what the transport and its embedded server refuse
-// is exported, per run, as counters (issue 27: it was neither logged at
-// the default level nor counted).
+// TestTransportMetrics: what the transport and its embedded server refuse,
+// and what the server delivers, is exported, per run, as counters.
 func TestTransportMetrics(t *testing.T) {
 	cfg := transport.DefaultConfig()
 	cfg.Run = "t-metrics"
@@ -30,7 +29,8 @@ func TestTransportMetrics(t *testing.T) {
 	want := map[string]bool{
 		"dpcluster_transport_frames_rejected_total": false, "dpcluster_transport_wrong_sender_total": false,
 		"dpcluster_transport_too_large_total": false, "dpcluster_transport_tls_refused_total": false,
-		"dpcluster_transport_permission_refused_total": false,
+		"dpcluster_transport_permission_refused_total": false, "dpcluster_transport_delivered_messages_total": false,
+		"dpcluster_transport_delivered_bytes_total": false,
 	}
 	for _, mf := range mfs {
 		if _, ok := want[mf.GetName()]; !ok {

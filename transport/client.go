@@ -83,6 +83,12 @@ type Stats struct {
 	// client owns (if any) refused: client TLS handshakes, and publishes
 	// or subscriptions its permissions do not allow.
 	TLSRefused, PermissionRefused uint64
+	// DeliveredMsgs and DeliveredBytes count what the embedded server
+	// this client owns (if any) has delivered to its clients: every
+	// subscriber's copy of every message, in bytes as encoded on the wire
+	// (Server.Delivered). They are the traffic of the whole run through
+	// that server, every client's.
+	DeliveredMsgs, DeliveredBytes uint64
 	// Retained and RetainedBytes are the sent chunked messages kept for
 	// retransmission now, and their bytes (ClientConfig.RetainPerSubject).
 	Retained      int
@@ -219,6 +225,7 @@ func (c *Client) Stats() Stats {
 	}
 	if c.server != nil {
 		st.TLSRefused, st.PermissionRefused = c.server.Refused()
+		st.DeliveredMsgs, st.DeliveredBytes = c.server.Delivered()
 	}
 	return st
 }

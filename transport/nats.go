@@ -74,6 +74,21 @@ func (s *Server) Refused() (tlsHandshakes, permissions uint64) {
 	return s.log.tls.Load(), s.log.perm.Load()
 }
 
+// Delivered returns how many messages the server has delivered to its
+// clients since it started, and their bytes: every subscriber's copy
+// counts, each the message's payload (the transport's encoded frame) and
+// NATS headers, without the protocol line (the server's own out_msgs and
+// out_bytes, as its /varz monitoring endpoint reports them). A message
+// published to k subscribers counts k times; routes to other cluster
+// members count too.
+func (s *Server) Delivered() (msgs, bytes uint64) {
+	v, err := s.ns.Varz(nil)
+	if err != nil {
+		return 0, 0
+	}
+	return uint64(v.OutMsgs), uint64(v.OutBytes)
+}
+
 // StartServer starts an embedded NATS server and waits until it accepts
 // connections. With cfg.TLS it requires mutual TLS and maps every client
 // certificate to a user with its role's permissions (see EmbeddedServerConfig.TLS);

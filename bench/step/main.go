@@ -33,17 +33,36 @@
 // the system's alone; it is selectable here only, never in a product
 // binary. -device cuda:N runs the nodes on a GPU (a binary built with
 // -tags cuda). -json FILE writes the results as a list of objects (model,
-// params, nodes, engine, step_ms, compute_ms, floor_ms, phase_ms,
-// peak_rss_bytes, data_dir_bytes, and more).
+// setting, params, trainable_params, bytes_per_step, nodes, engine,
+// step_ms, compute_ms, floor_ms, phase_ms, peak_rss_bytes,
+// data_dir_bytes, and more).
 //
 // Usage (docs/BENCHMARKS.md, "The distributed step"):
 //
 //	go run ./bench/step -models mlp,784-2048-1024-10 -nodes 1,3 -steps 40
 //	go run -tags openblas ./bench/step ...   (the OpenBLAS back end)
 //	go run ./bench/step -engine null -models 784-4096-4096-10 -nodes 1 -json step.json
+//	go run ./bench/step -models bert-small -trainable 'full;last-block' -nodes 1,3 -batch 8 -steps 3 -warmup 1
 //
-// A model is a preset name (mlp, cnn, ...) or an MLP written as its layer
-// widths, 784-H1-...-10, passed to local as a --model-spec file.
+// A model is a preset name (mlp, cnn, ...), an MLP written as its layer
+// widths, 784-H1-...-10, passed to local as a --model-spec file, or a
+// BERT-shaped encoder with random weights, bert-base (BERT-base: 12
+// layers, hidden 768, 12 heads, intermediate 3072, vocabulary 30522, 512
+// positions, 2 token types) or bert-small (4 layers, 256 wide, 4 heads,
+// intermediate 1024), over -seq-len tokens (128). An encoder runs as a
+// fine-tuning run does (bert.go: local --init-from a checkpoint folder of
+// random weights the parent writes once, on made-up text that fills every
+// token), in each of the -trainable settings: full, last-block (the last
+// block and the head, layer.<L-1>.*, pooler.*, classifier.*) or patterns.
+// A setting that freezes layers holds their values once in the child's
+// process, in the one model its in-process nodes share; θ, the sums, the
+// noise, the optimizer and the log hold the trainable parameters only.
+//
+// Every configuration reports its parameters, those that train
+// (trainable_params) and the bytes that crossed the network per measured
+// step (bytes_per_step, measured: what the run's embedded NATS server
+// delivered to its clients, θ to every node and every node's sum back as
+// the transport encoded them, with the round's small messages).
 // -cpuprofile DIR writes one CPU profile per configuration, covering the
 // measured steps only; -memprofile DIR one heap profile per configuration,
 // at the last step after a collection.
@@ -62,18 +81,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/metrics"
-	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpcluster/dpcluster/cli"
-	"github.com/dpcluster/dpcluster/coordinator"
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/internal/procstat"
 	"github.com/dpcluster/dpcluster/model"
@@ -81,21 +95,34 @@ import (
 
 // result is what one child reports to the parent, as one JSON line.
 type result struct {
-	Model      string  `json:"model"`
-	Params     int     `json:"params"`
-	Nodes      int     `json:"nodes"`
-	Backend    string  `json:"backend"`
-	Noise      string  `json:"noise"`
-	Steps      int     `json:"steps"` // measured steps
-	StepMean   float64 `json:"step_ms"`
-	StepP50    float64 `json:"step_p50_ms"`
-	ComputeAvg float64 `json:"compute_ms"`     // mean over nodes and steps
-	ComputeMax float64 `json:"compute_max_ms"` // the slowest node's mean
-	EngineDP   float64 `json:"engine_dp_ms"`
-	Engine     string  `json:"engine"`   // "null", or the device's ID and name
-	Device     string  `json:"device"`   // --device
-	FloorMS    float64 `json:"floor_ms"` // measureFloor
-	DataDir    int64   `json:"data_dir_bytes"`
+	Model string `json:"model"`
+	// Setting is what trains: "full", or a BERT-shaped encoder's
+	// -trainable setting.
+	Setting string `json:"setting"`
+	// Params is the model's parameters, frozen ones included;
+	// TrainableParams those that train (θ's length: what every step
+	// sends, sums, noises and logs).
+	Params          int `json:"params"`
+	TrainableParams int `json:"trainable_params"`
+	// BytesPerStep is what crossed the network per measured step: the
+	// bytes the run's embedded NATS server delivered to its clients (θ to
+	// every node, every node's sum to the leader, and the small messages
+	// of the round), as the transport encoded them
+	// (dpcluster_transport_delivered_bytes_total), over the measured steps.
+	BytesPerStep float64 `json:"bytes_per_step"`
+	Nodes        int     `json:"nodes"`
+	Backend      string  `json:"backend"`
+	Noise        string  `json:"noise"`
+	Steps        int     `json:"steps"` // measured steps
+	StepMean     float64 `json:"step_ms"`
+	StepP50      float64 `json:"step_p50_ms"`
+	ComputeAvg   float64 `json:"compute_ms"`     // mean over nodes and steps
+	ComputeMax   float64 `json:"compute_max_ms"` // the slowest node's mean
+	EngineDP     float64 `json:"engine_dp_ms"`
+	Engine       string  `json:"engine"`   // "null", or the device's ID and name
+	Device       string  `json:"device"`   // --device
+	FloorMS      float64 `json:"floor_ms"` // measureFloor
+	DataDir      int64   `json:"data_dir_bytes"`
 	// The leader's links, mean ms per measured step: the round (RoundStart
 	// to close: the nodes' work and both transfers), then the
 	// step_phase_seconds phases.
@@ -119,6 +146,10 @@ const resultPrefix = "RESULT "
 
 type flags struct {
 	models, nodes string
+	trainable     string // BERT-shaped encoders' settings (parseSettings)
+	seqLen        int    // BERT-shaped encoders' tokens per example
+	fixture       string // a BERT-shaped encoder's fixture (writeBERTFixture): the parent's, passed to its children
+	roundTimeout  time.Duration
 	engine        string
 	device        string
 	dataset       string
@@ -138,7 +169,11 @@ type flags struct {
 
 func main() {
 	var f flags
-	flag.StringVar(&f.models, "models", "mlp,784-2048-1024-10", "models: presets or MLP widths 784-H1-...-10, comma-separated")
+	flag.StringVar(&f.models, "models", "mlp,784-2048-1024-10", "models: presets, MLP widths 784-H1-...-10, or BERT-shaped encoders bert-base and bert-small, comma-separated")
+	flag.StringVar(&f.trainable, "trainable", settingFull, "BERT-shaped encoders: what trains, settings separated by ';', each full, last-block (layer.<L-1>.*, pooler.*, classifier.*) or comma-separated patterns over the parameters' names (layer.11.*,pooler.*,classifier.*); other models train in full")
+	flag.IntVar(&f.seqLen, "seq-len", 128, "BERT-shaped encoders: tokens per example")
+	flag.StringVar(&f.fixture, "bert-fixture", "", "a BERT-shaped encoder's checkpoint and text written by the parent (empty: write them in the child's temporary directory)")
+	flag.DurationVar(&f.roundTimeout, "round-timeout", 30*time.Minute, "local's --round-timeout (a BERT-base step takes tens of seconds on 2 cores)")
 	flag.StringVar(&f.nodes, "nodes", "1,3", "in-process node counts, comma-separated")
 	flag.IntVar(&f.steps, "steps", 40, "measured steps per configuration")
 	flag.IntVar(&f.warmup, "warmup", 5, "steps run before measuring")
@@ -183,26 +218,33 @@ func parent(f flags) error {
 			return err
 		}
 	}
+	settings, err := parseSettings(f.trainable)
+	if err != nil {
+		return err
+	}
+	fixtures, err := os.MkdirTemp("", "dpcluster-bench-bert-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(fixtures)
 	var results []result
 	for _, m := range strings.Split(f.models, ",") {
-		for _, k := range strings.Split(f.nodes, ",") {
-			args := []string{"-child", "-models", m, "-nodes", k, "-engine", f.engine, "-device", f.device,
-				"-dataset", f.dataset, "-data", f.data, "-floor-reps", strconv.Itoa(f.floorReps),
-				"-steps", strconv.Itoa(f.steps), "-warmup", strconv.Itoa(f.warmup), "-batch", strconv.Itoa(f.batch),
-				"-noise", f.noise, "-eval-every", strconv.Itoa(f.evalEvery), "-engine-iters", strconv.Itoa(f.engineIters),
-				"-cpuprofile", f.cpuprofile, "-memprofile", f.memprofile, "-v=" + strconv.FormatBool(f.verbose)}
-			cmd := exec.Command(self, args...)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, os.Stderr
-			if err := cmd.Run(); err != nil {
-				return fmt.Errorf("%s, %s nodes: %w\n%s", m, k, err, out.String())
+		sets, fixture := []string{settingFull}, ""
+		if shape, ok := bertShapes[m]; ok {
+			sets, fixture = settings, filepath.Join(fixtures, m)
+			if err := writeBERTFixture(fixture, shape, f.seqLen); err != nil {
+				return fmt.Errorf("%s: %w", m, err)
 			}
-			r, err := parseResult(out.String())
-			if err != nil {
-				return fmt.Errorf("%s, %s nodes: %w", m, k, err)
+		}
+		for _, st := range sets {
+			for _, k := range strings.Split(f.nodes, ",") {
+				r, err := runOne(self, f, m, st, fixture, k)
+				if err != nil {
+					return err
+				}
+				results = append(results, r)
+				fmt.Fprintf(os.Stderr, "done: %s %s k=%d\n", r.Model, r.Setting, r.Nodes)
 			}
-			results = append(results, r)
-			fmt.Fprintf(os.Stderr, "done: %s k=%d\n", r.Model, r.Nodes)
 		}
 	}
 	printTable(os.Stdout, results)
@@ -212,10 +254,35 @@ func parent(f flags) error {
 	return nil
 }
 
+// runOne runs model m in setting st with k nodes in a child process.
+func runOne(self string, f flags, m, st, fixture, k string) (result, error) {
+	args := []string{"-child", "-models", m, "-nodes", k, "-engine", f.engine, "-device", f.device,
+		"-trainable", st, "-seq-len", strconv.Itoa(f.seqLen), "-bert-fixture", fixture,
+		"-round-timeout", f.roundTimeout.String(),
+		"-dataset", f.dataset, "-data", f.data, "-floor-reps", strconv.Itoa(f.floorReps),
+		"-steps", strconv.Itoa(f.steps), "-warmup", strconv.Itoa(f.warmup), "-batch", strconv.Itoa(f.batch),
+		"-noise", f.noise, "-eval-every", strconv.Itoa(f.evalEvery), "-engine-iters", strconv.Itoa(f.engineIters),
+		"-cpuprofile", f.cpuprofile, "-memprofile", f.memprofile, "-v=" + strconv.FormatBool(f.verbose)}
+	cmd := exec.Command(self, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return result{}, fmt.Errorf("%s %s, %s nodes: %w\n%s", m, st, k, err, out.String())
+	}
+	r, err := parseResult(out.String())
+	if err != nil {
+		return result{}, fmt.Errorf("%s %s, %s nodes: %w", m, st, k, err)
+	}
+	return r, nil
+}
+
 // jsonResult is one configuration in -json's list.
 type jsonResult struct {
 	Model        string             `json:"model"`
+	Setting      string             `json:"setting"`
 	Params       int                `json:"params"`
+	Trainable    int                `json:"trainable_params"`
+	BytesPerStep float64            `json:"bytes_per_step"`
 	Nodes        int                `json:"nodes"`
 	Engine       string             `json:"engine"`
 	Device       string             `json:"device"`
@@ -237,7 +304,8 @@ type jsonResult struct {
 func writeJSON(path string, rs []result) error {
 	out := make([]jsonResult, len(rs))
 	for i, r := range rs {
-		out[i] = jsonResult{Model: r.Model, Params: r.Params, Nodes: r.Nodes, Engine: r.Engine, Device: r.Device,
+		out[i] = jsonResult{Model: r.Model, Setting: r.Setting, Params: r.Params, Trainable: r.TrainableParams,
+			BytesPerStep: r.BytesPerStep, Nodes: r.Nodes, Engine: r.Engine, Device: r.Device,
 			Backend: r.Backend, Steps: r.Steps, StepMS: r.StepMean, StepP50MS: r.StepP50, ComputeMS: r.ComputeAvg,
 			ComputeMaxMS: r.ComputeMax, FloorMS: r.FloorMS, EngineDPMS: r.EngineDP, PeakRSS: r.PeakRSS,
 			PeakHeap: r.PeakHeap, DataDir: r.DataDir,
@@ -267,21 +335,21 @@ func printTable(w io.Writer, rs []result) {
 		fmt.Fprintf(w, "back end %s, engine %s on %s, noise %s, %d measured steps after %s, GOMAXPROCS %d\n\n",
 			rs[0].Backend, rs[0].Engine, rs[0].Device, rs[0].Noise, rs[0].Steps, "warm-up", runtime.GOMAXPROCS(0))
 	}
-	fmt.Fprintln(w, "| model | params | k | step ms (p50) | node compute ms (slowest) | step / compute | engine DP ms | step / engine | floor ms | step / floor | peak RSS MB | peak live heap MB | data dir MB |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| model | setting | params | trainable | k | step ms (p50) | node compute ms (slowest) | step / compute | engine DP ms | step / engine | floor ms | step / floor | MB per step | peak RSS MB | peak live heap MB | data dir MB |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %s | %d | %d | %.1f (%.1f) | %.2f (%.2f) | %.2f | %.2f | %.2f | %.1f | %.2f | %.0f | %.0f | %.0f |\n",
-			r.Model, r.Params, r.Nodes, r.StepMean, r.StepP50, r.ComputeAvg, r.ComputeMax,
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %.1f (%.1f) | %.2f (%.2f) | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f | %.0f | %.0f |\n",
+			r.Model, r.Setting, r.Params, r.TrainableParams, r.Nodes, r.StepMean, r.StepP50, r.ComputeAvg, r.ComputeMax,
 			r.StepMean/r.ComputeMax, r.EngineDP, r.StepMean/r.EngineDP, r.FloorMS, r.StepMean/r.FloorMS,
-			float64(r.PeakRSS)/(1<<20), float64(r.PeakHeap)/(1<<20), float64(r.DataDir)/(1<<20))
+			r.BytesPerStep/1e6, float64(r.PeakRSS)/(1<<20), float64(r.PeakHeap)/(1<<20), float64(r.DataDir)/(1<<20))
 	}
 	fmt.Fprintln(w, "\nWhere a step goes (leader's metrics, mean ms per step):")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| model | k | step | round (RoundStart to close) | of which node compute (slowest) | privatize | commit | release | rest | charge (off the chain) |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| model | setting | k | step | round (RoundStart to close) | of which node compute (slowest) | privatize | commit | release | rest | charge (off the chain) |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-			r.Model, r.Nodes, r.StepMean, r.Collect, r.ComputeMax, r.Privatize, r.Commit, r.Release,
+		fmt.Fprintf(w, "| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+			r.Model, r.Setting, r.Nodes, r.StepMean, r.Collect, r.ComputeMax, r.Privatize, r.Commit, r.Release,
 			r.StepMean-r.Collect-r.Privatize-r.Commit-r.Release, r.Charge)
 	}
 }
@@ -315,30 +383,63 @@ func runChild(f flags) (result, error) {
 		return result{}, err
 	}
 	defer os.RemoveAll(dir)
-	spec, modelArgs, err := modelFlags(f.models, dir)
-	if err != nil {
-		return result{}, err
+	if f.trainable == "" {
+		f.trainable = settingFull
 	}
-	m, err := model.New(spec)
-	if err != nil {
-		return result{}, err
+	var (
+		m         *model.Model
+		modelArgs []string
+		bert      bertRun
+		setting   = settingFull
+	)
+	if _, ok := bertShapes[f.models]; ok {
+		fixture := f.fixture
+		if fixture == "" {
+			fixture = filepath.Join(dir, "bert")
+		}
+		if bert, err = prepareBERT(f.models, f.trainable, fixture, f.seqLen); err != nil {
+			return result{}, err
+		}
+		m, modelArgs, setting = bert.model, bert.args, f.trainable
+	} else {
+		if f.trainable != settingFull {
+			return result{}, fmt.Errorf("-trainable %s: %s trains in full (-trainable chooses the layers of a BERT-shaped encoder)", f.trainable, f.models)
+		}
+		spec, args, err := modelFlags(f.models, dir)
+		if err != nil {
+			return result{}, err
+		}
+		if m, err = model.New(spec); err != nil {
+			return result{}, err
+		}
+		modelArgs = args
+	}
+	name := f.models
+	if setting != settingFull {
+		name += "-" + strings.NewReplacer("*", "", ",", "_", "/", "_").Replace(setting)
 	}
 	reg := prometheus.NewRegistry()
 	total := f.warmup + f.steps
 	rec := &recorder{warmup: int64(f.warmup), total: int64(total), reg: reg}
 	if f.cpuprofile != "" {
-		rec.profile = filepath.Join(f.cpuprofile, fmt.Sprintf("%s-k%d.pprof", spec.Name, k))
+		rec.profile = filepath.Join(f.cpuprofile, fmt.Sprintf("%s-k%d.pprof", name, k))
 	}
 	if f.memprofile != "" {
-		rec.heapProfile = filepath.Join(f.memprofile, fmt.Sprintf("%s-k%d.heap.pprof", spec.Name, k))
+		rec.heapProfile = filepath.Join(f.memprofile, fmt.Sprintf("%s-k%d.heap.pprof", name, k))
 	}
 	dataDir := filepath.Join(dir, "data")
 	args := append(modelArgs, "--data-dir", dataDir, "--nodes", strconv.Itoa(k),
 		"--max-steps", strconv.Itoa(total), "--batch-size", strconv.Itoa(f.batch), "--noise", f.noise,
 		"--eval-every", strconv.Itoa(f.evalEvery), "--progress", "off", "--run", "bench-step",
-		"--device", f.device, "--dataset", f.dataset)
-	if f.data != "" {
-		args = append(args, "--data", f.data)
+		"--device", f.device)
+	if f.roundTimeout > 0 {
+		args = append(args, "--round-timeout", f.roundTimeout.String())
+	}
+	if bert.model == nil {
+		args = append(args, "--dataset", f.dataset)
+		if f.data != "" {
+			args = append(args, "--data", f.data)
+		}
 	}
 	hooks := cli.LocalHooks{Registry: reg, OnStep: rec.onStep}
 	var dev model.Device
@@ -383,10 +484,19 @@ func runChild(f flags) (result, error) {
 	if r.DataDir, err = dirBytes(dataDir); err != nil {
 		return r, err
 	}
-	r.Model, r.Params, r.Nodes, r.Backend, r.Noise, r.Profile = spec.Name, m.NumParams(), k, model.DefaultBackend().Name(), f.noise, rec.profile
+	r.Model, r.Setting, r.Params, r.TrainableParams = m.Spec().Name, setting, m.NumFullParams(), m.NumParams()
+	if bert.model != nil {
+		r.Model = f.models
+	}
+	r.Nodes, r.Backend, r.Noise, r.Profile = k, model.DefaultBackend().Name(), f.noise, rec.profile
 	r.Engine, r.Device = f.engine, f.device
 	if f.engine == "device" {
 		r.Engine = dev.Info().ID + " (" + dev.Info().Name + ")"
+	}
+	if bert.model != nil {
+		if m, err = bert.engineModel(); err != nil {
+			return r, err
+		}
 	}
 	runtime.GC() // the run's garbage, not the engine, should pay for its collection
 	if r.EngineDP, err = engineStep(dev, m, f.batch, f.engineIters); err != nil {
@@ -446,208 +556,6 @@ func modelFlags(name, dir string) (model.Spec, []string, error) {
 	return spec, []string{"--model-spec", path}, nil
 }
 
-// recorder is called on the leader's loop after every applied step: it
-// notes when each step was first applied and samples the live heap; at
-// the warm-up's last step it snapshots the nodes' compute histograms and
-// starts the profile, which stops at the last step (before the final
-// evaluation and the model's export).
-type recorder struct {
-	warmup      int64
-	total       int64 // the last step: the profile stops there
-	reg         *prometheus.Registry
-	profile     string
-	heapProfile string
-
-	mu          sync.Mutex
-	times       map[int64]time.Time
-	last        int64
-	before      map[string][2]float64 // node → compute (sum s, count) at the warm-up's end
-	linksBefore map[string][2]float64 // the leader's links (linkSeconds) at the warm-up's end
-	peakHeap    uint64
-	profiling   bool
-	err         error
-}
-
-var liveHeap = []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-
-func (r *recorder) onStep(p coordinator.Progress) {
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.times == nil {
-		r.times = map[int64]time.Time{}
-	}
-	if _, seen := r.times[p.Step]; seen {
-		return // an evaluation's callback
-	}
-	r.times[p.Step] = now
-	r.last = max(r.last, p.Step)
-	metrics.Read(liveHeap)
-	if v := liveHeap[0].Value; v.Kind() == metrics.KindUint64 {
-		r.peakHeap = max(r.peakHeap, v.Uint64())
-	}
-	if p.Step == r.total && r.profiling {
-		pprof.StopCPUProfile()
-		r.profiling = false
-	}
-	if p.Step == r.total && r.heapProfile != "" {
-		r.err = writeHeapProfile(r.heapProfile)
-	}
-	if p.Step != r.warmup {
-		return
-	}
-	if r.before, r.err = computeSeconds(r.reg); r.err != nil {
-		return
-	}
-	if r.linksBefore, r.err = linkSeconds(r.reg); r.err != nil {
-		return
-	}
-	if r.profile != "" {
-		f, err := os.Create(r.profile)
-		if err != nil {
-			r.err = err
-			return
-		}
-		if r.err = pprof.StartCPUProfile(f); r.err == nil {
-			r.profiling = true
-		}
-	}
-}
-
-func (r *recorder) stopProfile() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.profiling {
-		pprof.StopCPUProfile()
-		r.profiling = false
-	}
-}
-
-// result computes the step times and the nodes' compute times over the
-// steps after the warm-up.
-func (r *recorder) result() (result, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var res result
-	if r.err != nil {
-		return res, r.err
-	}
-	if r.before == nil {
-		return res, fmt.Errorf("the run stopped before step %d", r.warmup)
-	}
-	after, err := computeSeconds(r.reg)
-	if err != nil {
-		return res, err
-	}
-	t0, ok := r.times[r.warmup]
-	if !ok {
-		return res, errors.New("no time for the warm-up's last step")
-	}
-	var deltas []float64
-	for s := r.warmup + 1; s <= r.last; s++ {
-		a, okA := r.times[s-1]
-		b, okB := r.times[s]
-		if okA && okB {
-			deltas = append(deltas, b.Sub(a).Seconds()*1e3)
-		}
-	}
-	n := r.last - r.warmup
-	res.Steps = int(n)
-	res.StepMean = r.times[r.last].Sub(t0).Seconds() * 1e3 / float64(n)
-	slices.Sort(deltas)
-	if len(deltas) > 0 {
-		res.StepP50 = deltas[len(deltas)/2]
-	}
-	var sum float64
-	for node, a := range after {
-		b := r.before[node]
-		if a[1]-b[1] <= 0 {
-			return res, fmt.Errorf("node %s computed nothing after the warm-up", node)
-		}
-		ms := (a[0] - b[0]) / (a[1] - b[1]) * 1e3
-		sum += ms
-		res.ComputeMax = max(res.ComputeMax, ms)
-	}
-	res.ComputeAvg = sum / float64(len(after))
-	res.PeakHeap = r.peakHeap
-	links, err := linkSeconds(r.reg)
-	if err != nil {
-		return res, err
-	}
-	mean := func(k string) float64 {
-		a, b := links[k], r.linksBefore[k]
-		return (a[0] - b[0]) * 1e3 / float64(n)
-	}
-	res.Collect, res.Privatize, res.Commit, res.Release = mean("round"), mean("privatize"), mean("commit"), mean("release")
-	res.Log, res.Charge = mean("log"), mean("charge")
-	return res, nil
-}
-
-// writeHeapProfile collects garbage and writes the heap profile to path.
-func writeHeapProfile(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	runtime.GC()
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// computeSeconds reads every node's dpcluster_node_compute_seconds
-// histogram: its sum and count, by node.
-func computeSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
-	return histograms(g, "dpcluster_node_compute_seconds", "node")
-}
-
-// linkSeconds reads the leader's dpcluster_coordinator_round_seconds (as
-// "round") and step_phase_seconds (by phase): sum and count. Builds
-// before step_phase_seconds existed report only the round.
-func linkSeconds(g prometheus.Gatherer) (map[string][2]float64, error) {
-	out, err := histograms(g, "dpcluster_coordinator_step_phase_seconds", "phase")
-	if err != nil {
-		out = map[string][2]float64{}
-	}
-	round, err := histograms(g, "dpcluster_coordinator_round_seconds", "")
-	if err != nil {
-		return nil, err
-	}
-	out["round"] = round[""]
-	return out, nil
-}
-
-// histograms reads the histograms named name: sum and count, by the value
-// of label ("" for a histogram without it).
-func histograms(g prometheus.Gatherer, name, label string) (map[string][2]float64, error) {
-	mfs, err := g.Gather()
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][2]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			key := ""
-			for _, l := range m.GetLabel() {
-				if label != "" && l.GetName() == label {
-					key = l.GetValue()
-				}
-			}
-			h := m.GetHistogram()
-			out[key] = [2]float64{h.GetSampleSum(), float64(h.GetSampleCount())}
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no %s in the registry", name)
-	}
-	return out, nil
-}
-
 // engineStep times the engine's own DP step on dev (ClippedSumIndexed on
 // B random rows, as a node calls it): the mean of iters steps after one
 // warm-up step, in ms.
@@ -664,8 +572,16 @@ func engineStep(dev model.Device, m *model.Model, B, iters int) (float64, error)
 	rng := rand.New(rand.NewPCG(1, 2))
 	d := &dataset.Dataset{Name: "engine-step", Dim: m.InputSize(), Shape: m.InputShape(), Classes: m.Classes(),
 		X: make([]float32, B*m.InputSize()), Y: make([]int32, B)}
+	vocab := 0
+	if ls := m.Spec().Layers; len(ls) > 0 && ls[0].Type == model.Embedding {
+		vocab = ls[0].Vocab // token ids: made-up words, past BERT's special tokens
+	}
+	d.Vocab = vocab
 	for i := range d.X {
 		d.X[i] = rng.Float32()
+		if vocab > 0 {
+			d.X[i] = float32(5 + rng.IntN(vocab-5))
+		}
 	}
 	for i := range d.Y {
 		d.Y[i] = int32(rng.IntN(m.Classes()))

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dpcluster/dpcluster/dataset"
 	"github.com/dpcluster/dpcluster/model"
@@ -87,6 +88,58 @@ func TestRunChild(t *testing.T) {
 			// The data dir holds at least the Raft log's step entries (4·d bytes each).
 			if r.DataDir < 4*int64(r.Params) {
 				t.Errorf("data dir %d bytes, less than one step entry", r.DataDir)
+			}
+		})
+	}
+}
+
+// TestRunChildBERT runs the small BERT-shaped encoder through the real
+// path of a fine-tuning run (local --init-from a checkpoint of random
+// weights, the frozen layers held once in the process's one model and
+// shared by its nodes) in each setting, and checks what it reports
+// against the model: the trainable parameters are the setting's, and
+// the bytes per step are at least θ to every node and every node's sum
+// back (4 bytes a value, k times each way), and less than half as much
+// again (the transport's framing, the round's small messages, and on a
+// loaded machine a retransmitted chunk or a transfer that straddles the
+// measured steps' ends) — far below what one copy of the whole model
+// would add in the last-block setting.
+func TestRunChildBERT(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a BERT-shaped run takes seconds")
+	}
+	fixture := t.TempDir()
+	const seqLen = 16
+	shape := bertShapes["bert-small"]
+	h, v, ff, L := shape.Hidden, shape.Vocab, shape.Intermediate, shape.Layers
+	block := 4*h*h + 4*h + 2*h*ff + ff + h + 4*h // attention (qkv, output), FFN, two layer norms
+	head := h*h + h + h*bertClasses + bertClasses
+	full := (v+shape.Positions+shape.Types)*h + 2*h + L*block + head
+	for _, c := range []struct {
+		setting   string
+		nodes     string
+		trainable int
+	}{{"full", "1", full}, {"last-block", "3", block + head}} {
+		t.Run(c.setting, func(t *testing.T) {
+			f := flags{models: "bert-small", nodes: c.nodes, trainable: c.setting, seqLen: seqLen, fixture: fixture,
+				roundTimeout: time.Minute, engine: "device", device: "cpu", steps: 2, warmup: 1, batch: 4,
+				noise: "discrete", engineIters: 1, floorReps: 1}
+			r, err := runChild(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Model != "bert-small" || r.Setting != c.setting || r.Params != full || r.TrainableParams != c.trainable {
+				t.Fatalf("%s %s: %d of %d parameters train; want %d of %d", r.Model, r.Setting, r.TrainableParams, r.Params, c.trainable, full)
+			}
+			k := float64(r.Nodes)
+			vectors := 2 * k * 4 * float64(c.trainable)
+			if !(r.BytesPerStep >= vectors && r.BytesPerStep < 1.5*vectors+64<<10) {
+				t.Fatalf("%.0f bytes per step; θ to %v nodes and their sums back are %.0f", r.BytesPerStep, k, vectors)
+			}
+			for name, v := range map[string]float64{"step": r.StepMean, "compute": r.ComputeMax, "engine": r.EngineDP, "floor": r.FloorMS} {
+				if !(v > 0) {
+					t.Errorf("%s = %v, want > 0", name, v)
+				}
 			}
 		})
 	}
