@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/dpcluster/dpcluster/model"
@@ -133,18 +134,23 @@ func writeBERTFixture(dir string, shape bertShape, seqLen int) error {
 type setting struct {
 	name      string
 	trainable []string
+	loraRank  int // LoRA adapters of this rank on the query and value; 0: none
 }
 
 // Setting names -trainable takes besides patterns.
 const (
 	settingFull      = "full"
 	settingLastBlock = "last-block"
+	// settingLoRA is "lora-r<R>": LoRA adapters of rank R on the query
+	// and value (PEFT's default targets), with the classifier trained.
+	settingLoRA = "lora-r"
 )
 
 // parseSettings reads -trainable: settings separated by ";", each full
 // (everything trains), last-block (the last encoder block and the head:
-// layer.<L−1>.*, pooler.*, classifier.*) or comma-separated patterns over
-// the parameters' names.
+// layer.<L−1>.*, pooler.*, classifier.*), lora-r<R> (LoRA adapters of
+// rank R on the query and value, and the classifier) or comma-separated
+// patterns over the parameters' names.
 func parseSettings(s string) ([]string, error) {
 	var out []string
 	for _, one := range strings.Split(s, ";") {
@@ -165,21 +171,35 @@ func settingFor(s string, shape bertShape) setting {
 	case settingLastBlock:
 		return setting{name: s, trainable: []string{fmt.Sprintf("layer.%d.*", shape.Layers-1), "pooler.*", "classifier.*"}}
 	}
+	if r, err := strconv.Atoi(strings.TrimPrefix(s, settingLoRA)); strings.HasPrefix(s, settingLoRA) && err == nil && r > 0 {
+		return setting{name: s, trainable: []string{"classifier.*"}, loraRank: r}
+	}
 	return setting{name: s, trainable: strings.Split(s, ",")}
 }
 
 // args are local's flags for the setting.
 func (s setting) args() []string {
-	if len(s.trainable) == 0 {
-		return nil
+	var out []string
+	if s.loraRank > 0 {
+		out = append(out, "--lora-rank", strconv.Itoa(s.loraRank))
 	}
-	return []string{"--trainable", strings.Join(s.trainable, ",")}
+	if len(s.trainable) > 0 {
+		out = append(out, "--trainable", strings.Join(s.trainable, ","))
+	}
+	return out
 }
 
-// spec is base as the setting trains it.
-func (s setting) spec(base model.Spec) model.Spec {
+// spec is the checkpoint's model as the setting trains it.
+func (s setting) spec(c *pretrained.Checkpoint) (model.Spec, error) {
+	base := c.Spec()
+	if s.loraRank > 0 {
+		var err error
+		if base, err = pretrained.WithLoRA(base, c.Config, s.loraRank, 0, nil); err != nil {
+			return base, err
+		}
+	}
 	base.Trainable = s.trainable
-	return base
+	return base, nil
 }
 
 // bertRun is a BERT-shaped encoder's run in a child: local's flags, the
@@ -207,7 +227,11 @@ func prepareBERT(name string, st string, dir string, seqLen int) (bertRun, error
 	}
 	defer c.Close()
 	set := settingFor(st, shape)
-	m, err := model.New(set.spec(c.Spec()))
+	spec, err := set.spec(c)
+	if err != nil {
+		return bertRun{}, fmt.Errorf("-trainable %s: %w", st, err)
+	}
+	m, err := model.New(spec)
 	if err != nil {
 		return bertRun{}, fmt.Errorf("-trainable %s: %w", st, err)
 	}
@@ -229,7 +253,7 @@ func (r bertRun) engineModel() (*model.Model, error) {
 	}
 	defer c.Close()
 	full := make([]float32, r.model.NumFullParams())
-	if err := c.Init(full, fixtureSeed); err != nil {
+	if err := c.InitFull(r.model, full, fixtureSeed); err != nil {
 		return nil, err
 	}
 	return r.model.WithFrozen(full)

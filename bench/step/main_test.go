@@ -115,11 +115,14 @@ func TestRunChildBERT(t *testing.T) {
 	block := 4*h*h + 4*h + 2*h*ff + ff + h + 4*h // attention (qkv, output), FFN, two layer norms
 	head := h*h + h + h*bertClasses + bertClasses
 	full := (v+shape.Positions+shape.Types)*h + 2*h + L*block + head
+	const r = 2
+	adapters := L * 2 * (r*h + h*r) // query and value in every block
 	for _, c := range []struct {
-		setting   string
-		nodes     string
-		trainable int
-	}{{"full", "1", full}, {"last-block", "3", block + head}} {
+		setting           string
+		nodes             string
+		trainable, params int
+	}{{"full", "1", full, full}, {"last-block", "3", block + head, full},
+		{"lora-r2", "3", adapters + h*bertClasses + bertClasses, full + adapters}} {
 		t.Run(c.setting, func(t *testing.T) {
 			f := flags{models: "bert-small", nodes: c.nodes, trainable: c.setting, seqLen: seqLen, fixture: fixture,
 				roundTimeout: time.Minute, engine: "device", device: "cpu", steps: 2, warmup: 1, batch: 4,
@@ -128,8 +131,8 @@ func TestRunChildBERT(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.Model != "bert-small" || r.Setting != c.setting || r.Params != full || r.TrainableParams != c.trainable {
-				t.Fatalf("%s %s: %d of %d parameters train; want %d of %d", r.Model, r.Setting, r.TrainableParams, r.Params, c.trainable, full)
+			if r.Model != "bert-small" || r.Setting != c.setting || r.Params != c.params || r.TrainableParams != c.trainable {
+				t.Fatalf("%s %s: %d of %d parameters train; want %d of %d", r.Model, r.Setting, r.TrainableParams, r.Params, c.trainable, c.params)
 			}
 			k := float64(r.Nodes)
 			vectors := 2 * k * 4 * float64(c.trainable)
