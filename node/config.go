@@ -132,9 +132,14 @@ type Config struct {
 	// MaxBatch is the compute engine's capacity in examples, allocated by
 	// NewWorker (on the CPU or on Device). A Poisson batch
 	// larger than this is processed in chunks (no example is dropped). 0
-	// sizes it to min(shard size, ⌈1.25·q·shard size⌉ + 16) (EngineBatch).
-	// Default 0.
+	// sizes it to min(shard size, ⌈1.25·q·shard size⌉ + 16), and to at
+	// most EngineMemory's worth of examples (EngineBatch). Default 0.
 	MaxBatch int
+	// EngineMemory bounds, in bytes, the buffers the engine allocates per
+	// example of its capacity (model.Model.ExampleBytes) when MaxBatch is
+	// 0: a large model's batch is then computed in micro-batches that fit
+	// it. 0 means DefaultEngineMemory.
+	EngineMemory int64
 	// CoordinatorTimeout ends the node (Run returns ErrCoordinatorGone)
 	// when, after it has heard a coordinator replica, it hears nothing
 	// from any (the leader announces itself every second) for this long:

@@ -87,7 +87,7 @@ func TestCPUDeviceAnswersRounds(t *testing.T) {
 // rs (count and sum, bit for bit) from a node with cfg's seeded sampling.
 func answersReference(t *testing.T, fx fixture, cfg Config, rs transport.RoundStart, c transport.Contribution) {
 	t.Helper()
-	want, wantN := reference(t, fx, rs, cfg.SamplingSeed, EngineBatch(cfg, fx.shard.Len()))
+	want, wantN := reference(t, fx, rs, cfg.SamplingSeed, EngineBatch(cfg, fx.shard.Len(), fx.m.ExampleBytes()))
 	if int(c.Count) != wantN {
 		t.Fatalf("step %d: count = %d, reference %d", rs.Step, c.Count, wantN)
 	}
@@ -176,7 +176,7 @@ func TestEngineLifetime(t *testing.T) {
 	cfg := testConfig()
 	cfg.Device = dev
 	r := start(t, cfg, fx, nc)
-	if got, want := dev.maxBatch.Load(), int64(EngineBatch(cfg, fx.shard.Len())); got != want || dev.engines.Load() != 1 {
+	if got, want := dev.maxBatch.Load(), int64(EngineBatch(cfg, fx.shard.Len(), fx.m.ExampleBytes())); got != want || dev.engines.Load() != 1 {
 		t.Fatalf("NewEngine: %d engines, last of %d examples; want 1 of %d", dev.engines.Load(), got, want)
 	}
 	recv(t, l.joins, "join")
@@ -225,21 +225,27 @@ func TestEngineLifetime(t *testing.T) {
 
 func TestEngineBatch(t *testing.T) {
 	for _, tc := range []struct {
-		maxBatch, n int
-		q           float64
-		want        int
+		maxBatch, n  int
+		q            float64
+		memory, each int64
+		want         int
 	}{
-		{0, 400, 0.25, 141},   // ⌈1.25·100⌉ + 16
-		{0, 10000, 0.01, 141}, // the same mean batch from another shard
-		{0, 10, 1, 10},        // never more than the shard
-		{0, 1, 1e-9, 1},       // at least one example
-		{0, 1000, 0.001, 18},  // ⌈1.25⌉ + 16
-		{32, 400, 0.25, 32},   // MaxBatch set: as given
+		{0, 400, 0.25, 0, 0, 141},              // ⌈1.25·100⌉ + 16
+		{0, 10000, 0.01, 0, 0, 141},            // the same mean batch from another shard
+		{0, 10, 1, 0, 0, 10},                   // never more than the shard
+		{0, 1, 1e-9, 0, 0, 1},                  // at least one example
+		{0, 1000, 0.001, 0, 0, 18},             // ⌈1.25⌉ + 16
+		{32, 400, 0.25, 0, 1 << 40, 32},        // MaxBatch set: as given
+		{0, 400, 0.25, 0, 100 << 20, 20},       // 2 GiB of 100 MB examples
+		{0, 400, 0.25, 1 << 30, 100 << 20, 10}, // 1 GiB of them
+		{0, 400, 0.25, 1 << 20, 100 << 20, 1},  // not even one fits: one
+		{0, 400, 0.25, 0, 1 << 10, 141},        // small examples: the batch bound
 	} {
 		cfg := testConfig()
-		cfg.MaxBatch, cfg.SampleRate = tc.maxBatch, tc.q
-		if got := EngineBatch(cfg, tc.n); got != tc.want {
-			t.Errorf("EngineBatch(MaxBatch %d, q %v, n %d) = %d, want %d", tc.maxBatch, tc.q, tc.n, got, tc.want)
+		cfg.MaxBatch, cfg.SampleRate, cfg.EngineMemory = tc.maxBatch, tc.q, tc.memory
+		if got := EngineBatch(cfg, tc.n, tc.each); got != tc.want {
+			t.Errorf("EngineBatch(MaxBatch %d, q %v, n %d, memory %d, %d bytes an example) = %d, want %d",
+				tc.maxBatch, tc.q, tc.n, tc.memory, tc.each, got, tc.want)
 		}
 	}
 }

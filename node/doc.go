@@ -98,7 +98,7 @@
 //	cfg.Device = dev
 //	w, err := node.NewWorker(cfg, m, shard, conn, log)
 //
-// NewWorker allocates the engine for EngineBatch(cfg, shard.Len())
+// NewWorker allocates the engine for EngineBatch(cfg, shard.Len(), m.ExampleBytes())
 // examples, so a device without kernels for a layer
 // (model.ErrUnsupportedLayer) or without the memory fails there (ErrEngine),
 // never in a round. Run releases the engine when it returns; Close releases

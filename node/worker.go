@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -194,7 +195,7 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 		}
 	}
 	w.dev = dev.Info()
-	w.maxBatch = EngineBatch(cfg, shard.Len())
+	w.maxBatch = EngineBatch(cfg, shard.Len(), m.ExampleBytes())
 	if w.eng, err = dev.NewEngine(m, w.maxBatch); err != nil {
 		return nil, fmt.Errorf("%w: on device %s (%s), batch capacity %d: %w", ErrEngine, w.dev.ID, w.dev.Name, w.maxBatch, err)
 	}
@@ -235,19 +236,32 @@ func (w *Worker) vector() []float32 {
 	return make([]float32, n)
 }
 
+// DefaultEngineMemory is Config.EngineMemory's default: 2 GiB of
+// per-example buffers (a BERT-base-sized encoder over 128 tokens needs
+// several hundred MB an example in full fine-tuning).
+const DefaultEngineMemory = 2 << 30
+
 // EngineBatch is the number of examples the Worker's engine computes in one
-// pass, for a shard of n ≥ 1 examples and the run's q: cfg.MaxBatch if set,
-// else min(n, ⌈1.25·q·n⌉ + 16). A Poisson batch has mean q·n and standard
-// deviation below √(q·n); the margin 0.25·q·n + 16 is at least 4 standard
-// deviations for every q·n (it is smallest, 4, at q·n = 64), so a batch
-// rarely needs a second pass. A larger batch is computed in chunks (no
-// example is dropped); the bound affects speed and memory, never results
-// beyond float32 rounding.
-func EngineBatch(cfg Config, n int) int {
+// pass, for a shard of n ≥ 1 examples and the run's q, with exampleBytes
+// the engine's buffers per example (model.Model.ExampleBytes; 0: not
+// bounded): cfg.MaxBatch if set, else min(n, ⌈1.25·q·n⌉ + 16), and at
+// most as many examples as cfg.EngineMemory holds (at least one). A
+// Poisson batch has mean q·n and standard deviation below √(q·n); the
+// margin 0.25·q·n + 16 is at least 4 standard deviations for every q·n
+// (it is smallest, 4, at q·n = 64), so a batch rarely needs a second
+// pass unless memory bounds it. A larger batch is computed in chunks
+// (no example is dropped); the bound affects speed and memory, never
+// results beyond float32 rounding.
+func EngineBatch(cfg Config, n int, exampleBytes int64) int {
 	if cfg.MaxBatch > 0 {
 		return cfg.MaxBatch
 	}
-	return max(1, min(n, int(math.Ceil(1.25*cfg.SampleRate*float64(n)))+16))
+	b := max(1, min(n, int(math.Ceil(1.25*cfg.SampleRate*float64(n)))+16))
+	if exampleBytes > 0 {
+		budget := cmp.Or(cfg.EngineMemory, DefaultEngineMemory)
+		b = min(b, int(max(1, budget/exampleBytes)))
+	}
+	return b
 }
 
 // Device describes the device the Worker computes on.
