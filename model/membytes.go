@@ -17,16 +17,21 @@ func (m *Model) ExampleBytes() int64 {
 	n := int64(m.inSize)
 	paramBelow := false // as NewWorkspace decides which layers write their input's gradient
 	for l, ly := range m.layers {
-		n += exampleFloats(ly, paramBelow)
+		out := int64(shapeSize(ly.outShape()))
+		n += out + exampleFloats(ly, paramBelow)
+		if paramBelow || m.tauSize[l] > 0 {
+			n += out // the gradient w.r.t. its output: only where a backward pass runs
+		}
 		paramBelow = paramBelow || m.tauSize[l] > 0
 	}
 	return 4 * n
 }
 
-// exampleFloats is ExampleBytes/4 for one layer; needDin says whether it
-// writes the gradient with respect to its input.
+// exampleFloats is ExampleBytes/4 for one layer, its output and the
+// gradient with respect to it left out; needDin says whether it writes
+// the gradient with respect to its input.
 func exampleFloats(ly layer, needDin bool) int64 {
-	n := 2 * int64(shapeSize(ly.outShape())) // its output and the gradient w.r.t. it
+	var n int64
 	unfolded := func(c *conv) int64 {
 		k := int64(c.T) * int64(c.K) // cols
 		if needDin {
@@ -43,7 +48,7 @@ func exampleFloats(ly layer, needDin bool) int64 {
 			n += int64(shapeSize(ly.shape)) // the gradient w.r.t. its nested layers' input
 		}
 		for j, nl := range ly.layers {
-			n += exampleFloats(nl, j > 0 || needDin)
+			n += 2*int64(shapeSize(nl.outShape())) + exampleFloats(nl, j > 0 || needDin)
 		}
 	case *conv:
 		n += unfolded(ly)

@@ -87,7 +87,11 @@ func (m *Model) NewWorkspace(maxBatch int) (*Workspace, error) {
 		}
 		n := maxBatch * shapeSize(ly.outShape())
 		w.act[l+1] = make([]float32, n)
-		w.grad[l+1] = make([]float32, n)
+		if w.needDin[l] || m.tauSize[l] > 0 {
+			// Its output's gradient: below the lowest trainable layer no
+			// backward pass runs (backward), and none is needed.
+			w.grad[l+1] = make([]float32, n)
+		}
 		w.states[l] = ly.newState(maxBatch, workers, w.needDin[l])
 		if rs, ok := w.states[l].(*resState); ok {
 			rs.place(m, l)
