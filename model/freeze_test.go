@@ -2,7 +2,6 @@ package model
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -332,16 +331,18 @@ func TestFrozenRefusals(t *testing.T) {
 	}
 }
 
-// TestFrozenSkipsLowerLayers: a model that trains only its head runs no
-// backward pass below it, so the gradient buffers of the lower layers
-// are never written.
+// TestFrozenSkipsLowerLayers: a model that trains only its head has no
+// gradient buffers below it (no backward pass runs there: one that did
+// would write into a nil buffer and panic), and its clipped sum is the
+// head's.
 func TestFrozenSkipsLowerLayers(t *testing.T) {
 	c := frozenCase{"bert/head", pretrainedCases()[0], []string{"13.*"}, nil}
 	_, fm, _ := c.build(t)
 	ws, _ := fm.NewWorkspace(4)
-	for l := range ws.grad[:len(ws.grad)-2] {
-		for i := range ws.grad[l] {
-			ws.grad[l][i] = float32(math.NaN())
+	L := len(ws.grad) - 1
+	for l := 1; l < L; l++ {
+		if ws.grad[l] != nil {
+			t.Fatalf("the gradient w.r.t. layer %d's input is allocated; only layer %d trains", l, L-1)
 		}
 	}
 	theta := trainedTheta(t, fm, 1)
@@ -350,12 +351,7 @@ func TestFrozenSkipsLowerLayers(t *testing.T) {
 	if _, err := ws.ClippedSum(sum, theta, x, y, 1); err != nil {
 		t.Fatal(err)
 	}
-	for l := 1; l < len(ws.grad)-2; l++ {
-		if g := ws.grad[l]; len(g) > 0 && !math.IsNaN(float64(g[0])) {
-			t.Fatalf("layer %d's input gradient was computed (%v)", l, g[0])
-		}
-	}
-	if !allFinite(sum) || fmt.Sprint(sumSq(sum)) == "0" {
+	if !allFinite(sum) || sumSq(sum) == 0 {
 		t.Fatalf("head's clipped sum %v", sum[:4])
 	}
 }
