@@ -159,6 +159,7 @@ func TestAuditRunConfig(t *testing.T) {
 // (issue 31), it claimed n and the leader's count bound for n, about
 // q·n + 232, refused nearly every honest contribution.
 func TestAuditWithAsManyCanariesAsExamples(t *testing.T) {
+	skipUnderRace(t)
 	dir := filepath.Join(t.TempDir(), "audit")
 	args := auditArgs(dir, "--nodes", "1", "--batch-size", "400", "--max-steps", "20", "--canaries", "20000", "--canary-support", "4",
 		"--input-canaries", "0", "--reach-reps", "0")

@@ -472,6 +472,7 @@ func TestLocalFortunesCategory(t *testing.T) {
 // way; a text column that does not exist is a one-line error before
 // anything trains.
 func TestLocalCSVTextColumn(t *testing.T) {
+	skipUnderRace(t)
 	dir := t.TempDir()
 	// Training rows hold three of a topic's words, evaluation rows all
 	// four: no evaluation row is a training row.

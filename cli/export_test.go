@@ -191,6 +191,7 @@ func inCI() bool { return os.Getenv("DPCLUSTER_CI") != "" }
 // logits are within rounding error of each other may flip: the counts may
 // differ by at most one example (in practice they are equal).
 func TestPythonPackageMatchesEvaluation(t *testing.T) {
+	skipUnderRace(t)
 	py := torchref.PythonWith("numpy")
 	if _, err := os.Stat(filepath.Join(dataset.DebianFashionMNISTDir, "t10k-images-idx3-ubyte.gz")); err != nil || py == "" {
 		if inCI() {

@@ -39,6 +39,7 @@ import (
 // it the retransmission cache (up to 1 GiB for 30 s per client); with the
 // bound it stayed at 97.0 MB at step 500 and 95.6 MB at step 2000.
 func TestLocalMemoryDoesNotGrowWithSteps(t *testing.T) {
+	skipUnderRace(t)
 	if testing.Short() {
 		t.Skip("long runs; -short skips them")
 	}

@@ -105,6 +105,7 @@ func TestRunChild(t *testing.T) {
 // measured steps' ends) — far below what one copy of the whole model
 // would add in the last-block setting.
 func TestRunChildBERT(t *testing.T) {
+	skipUnderRace(t)
 	if testing.Short() {
 		t.Skip("a BERT-shaped run takes seconds")
 	}
@@ -122,7 +123,7 @@ func TestRunChildBERT(t *testing.T) {
 		nodes             string
 		trainable, params int
 	}{{"full", "1", full, full}, {"last-block", "3", block + head, full},
-		{"lora-r2", "3", adapters + h*bertClasses + bertClasses, full + adapters}} {
+		{"lora-r2", "1", adapters + h*bertClasses + bertClasses, full + adapters}} {
 		t.Run(c.setting, func(t *testing.T) {
 			f := flags{models: "bert-small", nodes: c.nodes, trainable: c.setting, seqLen: seqLen, fixture: fixture,
 				roundTimeout: time.Minute, engine: "device", device: "cpu", steps: 2, warmup: 1, batch: 4,

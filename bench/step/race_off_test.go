@@ -1,0 +1,6 @@
+//go:build !race
+
+package main
+
+// raceEnabled is false without -race (skipUnderRace).
+const raceEnabled = false
