@@ -255,15 +255,15 @@ func TestNodeEndToEnd(t *testing.T) {
 
 	j := recvWithin(t, h.joins, "join")
 	// 12000 gaussian rows, 2000 held out, 10000 in two shards.
-	if j.Session == "" {
-		t.Errorf("join has no session")
+	if j.Incarnation == "" {
+		t.Errorf("join has no incarnation")
 	}
 	// The content hash of its shard, which the run binds its ID to.
 	if j.DataHash == "" || !transport.ValidWeights(j.DataHash) {
 		t.Errorf("join's data hash %q: want the shard's SHA-256", j.DataHash)
 	}
 	want := transport.Join{Run: run, NodeID: "n1", ShardSize: 5000, ModelHash: m.Hash(),
-		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: seed.Seeded, Session: j.Session, DataHash: j.DataHash}
+		ShardIndex: 1, ShardCount: 2, ShardSeed: 1, SeedPolicy: seed.Seeded, Incarnation: j.Incarnation, DataHash: j.DataHash}
 	if j != want {
 		t.Fatalf("join = %+v, want %+v", j, want)
 	}

@@ -13,7 +13,7 @@ import (
 // one function:
 //
 //   - registry.holder, per node ID, when a Join or Heartbeat arrives: an
-//     ID has one seat, held by one process (its session). Another session
+//     ID has one seat, held by one process (its incarnation). Another incarnation
 //     presenting the ID while the holder is live (heard from within the
 //     node timeout) is refused and told why; its messages change nothing
 //     about the holder's registration. The seat is free again once the
@@ -59,7 +59,7 @@ const (
 	// rejectDataHash: the node ID is bound to other training data (the
 	// content hash of its first admission, bindEntry) than it reports.
 	rejectDataHash = "training_data"
-	// rejectSeatTaken: another process (session) holds the node ID's
+	// rejectSeatTaken: another process (incarnation) holds the node ID's
 	// seat and is live (registry.holder).
 	rejectSeatTaken = "seat_taken"
 )
@@ -77,7 +77,7 @@ type nodeReport struct {
 	dataSchema    string // node-local data: its schema; "" for a shard
 	weights       string // the pretrained weights' hex SHA-256; "" for none
 	dataHash      string // its training data's content hash (transport.Join.DataHash); "" for none
-	session       string // the node process's session (transport.Join.Session)
+	incarnation   string // the node process's incarnation (transport.Join.Incarnation)
 }
 
 // shardClaim is the shard a node says it holds: part index of count IID
@@ -94,10 +94,10 @@ func reportOf(m transport.Message) (nodeReport, bool) {
 	switch v := m.(type) {
 	case transport.Join:
 		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
-			dataHash: v.DataHash, session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
+			dataHash: v.DataHash, incarnation: v.Incarnation, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	case transport.Heartbeat:
 		return nodeReport{id: v.NodeID, modelHash: v.ModelHash, seedPolicy: v.SeedPolicy, dataSchema: v.DataSchema, weights: v.Weights,
-			dataHash: v.DataHash, session: v.Session, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
+			dataHash: v.DataHash, incarnation: v.Incarnation, shard: shardClaim{index: v.ShardIndex, count: v.ShardCount, seed: v.ShardSeed, size: v.ShardSize}}, true
 	}
 	return nodeReport{}, false
 }

@@ -219,8 +219,8 @@ func TestRegistryOrdersClaimsByAge(t *testing.T) {
 	}
 }
 
-// TestRegistrySeats: a node ID's seat is held by one session while it is
-// live; a Leave from another session does not free it, the holder's does,
+// TestRegistrySeats: a node ID's seat is held by one incarnation while it is
+// live; a Leave from another incarnation does not free it, the holder's does,
 // and a lapsed holder's seat is free.
 func TestRegistrySeats(t *testing.T) {
 	const timeout = 5 * time.Second
@@ -233,27 +233,27 @@ func TestRegistrySeats(t *testing.T) {
 	}
 	r.seen("a", "s1", claim, t0)
 	if _, taken := r.holder("a", "s1", t0.Add(timeout), timeout); taken {
-		t.Error("the holder's own session refused its seat")
+		t.Error("the holder's own incarnation refused its seat")
 	}
 	if h, taken := r.holder("a", "s2", t0.Add(timeout), timeout); !taken || h != "s1" {
-		t.Errorf("another session within the timeout: holder %q, taken %v; want s1, true", h, taken)
+		t.Errorf("another incarnation within the timeout: holder %q, taken %v; want s1, true", h, taken)
 	}
 	if h, taken := r.holder("a", "", t0, timeout); !taken || h != "s1" {
-		t.Errorf("a session-less (older) node: holder %q, taken %v; want s1, true", h, taken)
+		t.Errorf("an incarnation-less (older) node: holder %q, taken %v; want s1, true", h, taken)
 	}
 	if r.leave("a", "s2") || r.count() != 1 {
-		t.Error("another session's Leave freed the seat")
+		t.Error("another incarnation's Leave freed the seat")
 	}
 	if _, taken := r.holder("a", "s2", t0.Add(timeout+time.Nanosecond), timeout); taken {
 		t.Error("a lapsed holder's seat is still taken")
 	}
-	// A new session is a new claim: it is the newest, whatever the ID's age.
+	// A new incarnation is a new claim: it is the newest, whatever the ID's age.
 	r.seen("b", "sb", claim, t0.Add(time.Second))
 	if !r.seen("a", "s3", claim, t0.Add(2*time.Second)) {
-		t.Error("a new session's message not reported new")
+		t.Error("a new incarnation's message not reported new")
 	}
 	if order, _ := r.live(t0.Add(2*time.Second), timeout); !slices.Equal(order, []string{"b", "a"}) {
-		t.Errorf("order %v, want b, then a's new session", order)
+		t.Errorf("order %v, want b, then a's new incarnation", order)
 	}
 	if !r.leave("a", "s3") || r.count() != 1 {
 		t.Error("the holder's Leave did not free its seat")
@@ -839,9 +839,9 @@ func TestAdmitNodeBoundToRunFileNodes(t *testing.T) {
 }
 
 // TestServerSeatTaken: a node ID has one seat, held by one process (its
-// session). A second process presenting the ID of a live node, here with
+// incarnation). A second process presenting the ID of a live node, here with
 // another shard that overlaps node b's, is refused (seat_taken, counted
-// and warned with both sessions) and never becomes a round member: every
+// and warned with both incarnations) and never becomes a round member: every
 // round keeps a and b (the intruder's claim would have left a out for
 // overlapping b). Once the holder and the intruder stop, a restarted
 // process with the ID is admitted after the holder's seat lapses.
@@ -856,9 +856,9 @@ func TestServerSeatTaken(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // rounds at most ~200/s
 		return 10, sentinelSum(0, step, c.Dim, 10, c.Optimizer.ClipNorm)
 	}
-	report := func(id, session string, shard identity) transport.Heartbeat {
+	report := func(id, incarnation string, shard identity) transport.Heartbeat {
 		return transport.Heartbeat{Run: c.Run, NodeID: id, ShardSize: shard.size, ModelHash: c.ModelHash,
-			ShardIndex: shard.index, ShardCount: shard.count, ShardSeed: shard.seed, SeedPolicy: shard.policy, Session: session}
+			ShardIndex: shard.index, ShardCount: shard.count, ShardSeed: shard.seed, SeedPolicy: shard.policy, Incarnation: incarnation}
 	}
 	holderConn := dial("a-s1")
 	holder := startReportingNode(t, ctx, holderConn, report("a", "s1", shardOf(0)), sum)
@@ -926,18 +926,18 @@ func TestServerSeatTaken(t *testing.T) {
 	var warned bool
 	for line := range strings.Lines(logs.String()) {
 		if strings.Contains(line, "refusing node") && strings.Contains(line, "reason="+rejectSeatTaken) {
-			warned = strings.Contains(line, "session=s2") && strings.Contains(line, "holder_session=s1")
+			warned = strings.Contains(line, "incarnation=s2") && strings.Contains(line, "holder_incarnation=s1")
 			break
 		}
 	}
 	if !warned {
-		t.Errorf("no warning about the refused session naming session=s2 and holder_session=s1 in:\n%s", logs.String())
+		t.Errorf("no warning about the refused incarnation naming incarnation=s2 and holder_incarnation=s1 in:\n%s", logs.String())
 	}
 
 	// The intruder's Leave, sent as it ends, does not free the seat.
 	intruder.stopHeartbeats()
 	<-intruder.heartbeatsDone
-	if err := intruderConn.Publish(ctx, transport.Leave{Run: c.Run, NodeID: "a", Reason: "refused", Session: "s2"}); err != nil {
+	if err := intruderConn.Publish(ctx, transport.Leave{Run: c.Run, NodeID: "a", Reason: "refused", Incarnation: "s2"}); err != nil {
 		t.Fatal(err)
 	}
 	intruderConn.Close()
@@ -949,7 +949,7 @@ func TestServerSeatTaken(t *testing.T) {
 	startReportingNode(t, ctx, dial("a-s3"), report("a", "s3", shardOf(0)), sum)
 	waitFor(t, ctx, "the restarted process admitted", func() bool {
 		for line := range strings.Lines(logs.String()) {
-			if strings.Contains(line, `msg="node joined" node=a `) && strings.Contains(line, "session=s3") {
+			if strings.Contains(line, `msg="node joined" node=a `) && strings.Contains(line, "incarnation=s3") {
 				return true
 			}
 		}

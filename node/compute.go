@@ -16,7 +16,7 @@ import (
 // are private: they appear in no log, metric or error. No record changes
 // whether the round is answered: ClippedSum zeroes an example whose
 // gradient is not finite instead of failing.
-func (s *session) answer(ctx context.Context, rs transport.RoundStart, deadline time.Time, theta transport.Vector) {
+func (s *runLoop) answer(ctx context.Context, rs transport.RoundStart, deadline time.Time, theta transport.Vector) {
 	w := s.w
 	start := time.Now()
 	count, err := w.compute(rs, theta)

@@ -65,7 +65,7 @@
 //     or "data_schema: " or "pretrained_weights: " and the run's schema or
 //     weights hash, the leader refuses this node and Run returns
 //     ErrRefused (logged at error). "seat_taken: " (another live process
-//     holds this node's ID: Join, Heartbeat and Leave carry a session
+//     holds this node's ID: Join, Heartbeat and Leave carry an incarnation
 //     drawn at start, which tells the processes apart) is logged once at
 //     error and the node keeps heartbeating: a process restarted after
 //     one that died without leaving gets the seat when the old one's

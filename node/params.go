@@ -15,7 +15,7 @@ import (
 // model-sized vector (80 MB at 20M parameters), held for the whole run.
 const maxParamsKept = 2
 
-func (s *session) askParams(ctx context.Context) {
+func (s *runLoop) askParams(ctx context.Context) {
 	w, p := s.w, s.pending
 	p.nextAsk = time.Now().Add(w.cfg.ParamsRetry)
 	err := w.conn.Publish(ctx, transport.NeedParams{Run: w.cfg.Run, NodeID: w.cfg.ID, Version: p.rs.ParamsVersion})
@@ -34,7 +34,7 @@ func (s *session) askParams(ctx context.Context) {
 // only if needed (a round waits for it: it evicts the lowest held one);
 // otherwise it is dropped. It reports whether v is new: a version not
 // held, or held from an older term (replaced).
-func (s *session) store(version, term uint64, v transport.Vector, needed bool) bool {
+func (s *runLoop) store(version, term uint64, v transport.Vector, needed bool) bool {
 	if old, ok := s.params[version]; ok {
 		if s.paramsTerm[version] >= term {
 			return false
@@ -79,7 +79,7 @@ func (s *session) store(version, term uint64, v transport.Vector, needed bool) b
 	return true
 }
 
-func (s *session) onParams(ctx context.Context, p transport.Params) {
+func (s *runLoop) onParams(ctx context.Context, p transport.Params) {
 	w := s.w
 	if p.Term < s.term {
 		w.update(func(st *Stats) { st.ParamsRejected++ })

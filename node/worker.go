@@ -115,7 +115,7 @@ type Worker struct {
 	eng      model.Engine
 	maxBatch int
 	// Owned by the Run loop goroutine. sum, like every θ version the
-	// session holds, comes from vector: it may be the engine's memory,
+	// run loop holds, comes from vector: it may be the engine's memory,
 	// released with the engine.
 	batch      []int
 	sum        []float32
@@ -123,10 +123,11 @@ type Worker struct {
 	// canaries are the audit's gradient canaries (Config.Canaries), nil
 	// in any other run; read-only after NewWorker.
 	canaries *canaryVectors
-	// session tells this Worker apart from any other process given the
-	// same node ID (transport.Join.Session): drawn from crypto/rand by
-	// NewWorker, sent in Join, Heartbeat and Leave; read-only.
-	session string
+	// incarnation tells this Worker apart from any other process given
+	// the same node ID (transport.Join.Incarnation): drawn from
+	// crypto/rand by NewWorker, sent in Join, Heartbeat and Leave;
+	// read-only.
+	incarnation string
 }
 
 // NewWorker returns a Worker for the node cfg.ID, computing gradients of m
@@ -181,7 +182,7 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Worker{cfg: cfg, m: m, shard: shard, conn: conn, session: rand.Text(),
+	w := &Worker{cfg: cfg, m: m, shard: shard, conn: conn, incarnation: rand.Text(),
 		log: log.With("node", cfg.ID, "run", cfg.Run)}
 	met, err := newMetrics(cfg.Registerer, cfg.Run, cfg.ID)
 	if err != nil {
@@ -219,7 +220,7 @@ func NewWorkerView(cfg Config, m *model.Model, shard dataset.View, conn transpor
 // engine's own host memory if it has some (model.HostAllocator: a GPU
 // engine's page-locked memory, which crosses the link with no staging
 // copy), else Go memory. The engine's memory is released with the engine,
-// so such a buffer must not outlive it: the session's buffers do not
+// so such a buffer must not outlive it: the run loop's buffers do not
 // outlive Run, and Run closes the engine last. Called by NewWorker and the
 // Run loop goroutine only.
 func (w *Worker) vector() []float32 {
@@ -353,7 +354,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		"shard", w.shard.Len(), "shard_index", w.cfg.ShardIndex, "shard_count", w.cfg.ShardCount,
 		"shard_seed", w.cfg.ShardSeed, "q", w.cfg.SampleRate, "clip", w.cfg.ClipNorm, "seed_policy", w.seedPolicy(),
 		"device", w.dev.ID, "device_name", w.dev.Name, "device_memory_bytes", w.dev.MemoryBytes,
-		"compute_capability", w.dev.ComputeCapability, "engine_batch", w.maxBatch, "session", w.session)
+		"compute_capability", w.dev.ComputeCapability, "engine_batch", w.maxBatch, "incarnation", w.incarnation)
 	fatal := make(chan error, 1)
 	hbCtx, hbStop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -363,7 +364,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.heartbeat(hbCtx, fatal)
 	}()
 
-	s := newSession(w)
+	s := newRunLoop(w)
 	reason, err := s.loop(ctx, in, fatal)
 
 	// Stop in order: no heartbeat may follow the Leave, and no handler of
@@ -392,7 +393,7 @@ func (w *Worker) heartbeat(ctx context.Context, fatal chan<- error) {
 			err := w.conn.Publish(ctx, transport.Heartbeat{Run: c.Run, NodeID: c.ID,
 				ShardSize: w.shardClaim(), ModelHash: w.m.Hash(), Step: w.lastStep.Load(),
 				ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
-				DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session, DataHash: c.DataHash})
+				DataSchema: c.DataSchema, Weights: c.Weights, Incarnation: w.incarnation, DataHash: c.DataHash})
 			switch {
 			case err == nil, ctx.Err() != nil:
 			case errors.Is(err, transport.ErrClosed):
@@ -433,7 +434,7 @@ func (w *Worker) join(ctx context.Context) error {
 	err := w.conn.Publish(ctx, transport.Join{Run: c.Run, NodeID: c.ID,
 		ShardSize: w.shardClaim(), ModelHash: w.m.Hash(),
 		ShardIndex: c.ShardIndex, ShardCount: c.ShardCount, ShardSeed: c.ShardSeed, SeedPolicy: w.seedPolicy(),
-		DataSchema: c.DataSchema, Weights: c.Weights, Session: w.session, DataHash: c.DataHash})
+		DataSchema: c.DataSchema, Weights: c.Weights, Incarnation: w.incarnation, DataHash: c.DataHash})
 	if err != nil && !errors.Is(err, transport.ErrClosed) && ctx.Err() == nil {
 		w.log.Warn("node: join not sent (heartbeats will register the node)", "err", err)
 		return nil
@@ -445,7 +446,7 @@ func (w *Worker) join(ctx context.Context) error {
 func (w *Worker) leave(ctx context.Context, reason string) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaveTimeout)
 	defer cancel()
-	if err := w.conn.Publish(lctx, transport.Leave{Run: w.cfg.Run, NodeID: w.cfg.ID, Reason: reason, Session: w.session}); err != nil {
+	if err := w.conn.Publish(lctx, transport.Leave{Run: w.cfg.Run, NodeID: w.cfg.ID, Reason: reason, Incarnation: w.incarnation}); err != nil {
 		w.log.Warn("node: leave not sent", "err", err)
 	}
 }

@@ -30,14 +30,14 @@ func TestJoinAndHeartbeat(t *testing.T) {
 
 	j := recv(t, l.joins, "join")
 	want := transport.Join{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
-		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto, Session: r.w.session}
+		ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto, Incarnation: r.w.incarnation}
 	if j != want {
 		t.Errorf("join = %+v, want %+v", j, want)
 	}
 	for range 3 {
 		h := recv(t, l.heartbeats, "heartbeat")
 		wantH := transport.Heartbeat{Run: testRun, NodeID: testNode, ShardSize: int64(fx.shard.Len()), ModelHash: fx.m.Hash(),
-			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto, Session: r.w.session}
+			ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto, Incarnation: r.w.incarnation}
 		if h != wantH {
 			t.Errorf("heartbeat = %+v, want %+v", h, wantH)
 		}
@@ -603,7 +603,7 @@ func TestRefusedForWeights(t *testing.T) {
 	}
 }
 
-// TestRefusedSeatTaken: the node sends the session it drew at start in
+// TestRefusedSeatTaken: the node sends the incarnation it drew at start in
 // its Join (another Worker draws another), and a leader that refuses it
 // because another live process holds its ID does not end its Run: the
 // node keeps heartbeating until the seat lapses (the common case: this
@@ -618,16 +618,16 @@ func TestRefusedSeatTaken(t *testing.T) {
 	var logs syncBuffer
 	r := startLogged(t, cfg, fx, nc, slog.New(slog.NewJSONHandler(&logs, nil)))
 	j := recv(t, l.joins, "join")
-	if j.Session == "" {
-		t.Fatal("Join has no session")
+	if j.Incarnation == "" {
+		t.Fatal("Join has no incarnation")
 	}
 	other, err := NewWorker(cfg, fx.m, fx.shard, nc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if other.session == j.Session {
-		t.Errorf("two Workers drew the same session %q", j.Session)
+	if other.incarnation == j.Incarnation {
+		t.Errorf("two Workers drew the same incarnation %q", j.Incarnation)
 	}
 	l.announce("r1", 1)
 	for range 3 {
@@ -640,13 +640,13 @@ func TestRefusedSeatTaken(t *testing.T) {
 	none(t, r.done, "Run result after seat_taken")
 	var errors int
 	for line := range strings.Lines(logs.String()) {
-		if strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, `"session":"`+j.Session+`"`) &&
+		if strings.Contains(line, `"level":"ERROR"`) && strings.Contains(line, `"incarnation":"`+j.Incarnation+`"`) &&
 			strings.Contains(line, "another process holds its node ID") {
 			errors++
 		}
 	}
 	if errors != 1 {
-		t.Errorf("%d error records naming the session %s, want 1, in:\n%s", errors, j.Session, logs.String())
+		t.Errorf("%d error records naming the incarnation %s, want 1, in:\n%s", errors, j.Incarnation, logs.String())
 	}
 }
 

@@ -23,10 +23,10 @@ func samples() []Message {
 		Leave{Run: "r", NodeID: "n", Reason: "bye"},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 1, ModelHash: "h", Step: 9, ShardIndex: 0, ShardCount: 1, ShardSeed: 1, SeedPolicy: seed.Crypto},
-		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Session: "9b2f0c4e7a11d3a8"},
-		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Session: "9b2f0c4e7a11d3a8"},
-		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Session: "9b2f0c4e7a11d3a8", DataHash: strings.Repeat("ab", 32)},
-		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, Session: "9b2f0c4e7a11d3a8", DataHash: strings.Repeat("ab", 32)},
+		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Incarnation: "9b2f0c4e7a11d3a8"},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Weights: strings.Repeat("0f", 32), Incarnation: "9b2f0c4e7a11d3a8"},
+		Join{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", SeedPolicy: seed.Crypto, DataSchema: "shape [20], 3 classes", Incarnation: "9b2f0c4e7a11d3a8", DataHash: strings.Repeat("ab", 32)},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 700, ModelHash: "h", Step: 2, SeedPolicy: seed.Crypto, Incarnation: "9b2f0c4e7a11d3a8", DataHash: strings.Repeat("ab", 32)},
 		RoundStart{Run: "r", Step: 3, RoundID: math.MaxUint64, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: -5, SampleRate: 0.01, ClipNorm: 1},
 		RoundStart{Run: "r", Step: 3, RoundID: 1, Term: 2, Leader: "l", ParamsVersion: 2, Deadline: 5, SampleRate: 1.0 / 3, ClipNorm: 0.1, ModelHash: "h"},
 		RoundStart{Run: "r", Step: 3, Params: v},
@@ -40,7 +40,7 @@ func samples() []Message {
 		Control{Run: "r", From: "r4", Code: ControlJoin, Addr: "10.0.0.4:7000"},
 		Control{Run: "r", From: "r1", Code: ControlRemove, Replica: "r2"},
 		NeedParams{Run: "r", NodeID: "n", Version: 7},
-		Leave{Run: "r", NodeID: "n", Reason: "bye", Session: "9b2f0c4e7a11d3a8"},
+		Leave{Run: "r", NodeID: "n", Reason: "bye", Incarnation: "9b2f0c4e7a11d3a8"},
 	}
 }
 
@@ -53,9 +53,9 @@ func TestOptionalFields(t *testing.T) {
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardIndex: 1, ShardCount: 3, ShardSeed: 5, SeedPolicy: seed.Crypto},
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, DataSchema: "shape [2]", Weights: strings.Repeat("0f", 32)},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, DataSchema: "shape [2]", Weights: strings.Repeat("0f", 32)},
-		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, Session: "s1"},
-		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, Session: "s1"},
-		Leave{Run: "r", NodeID: "n", Reason: "bye", Session: "s1"},
+		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, Incarnation: "s1"},
+		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, Incarnation: "s1"},
+		Leave{Run: "r", NodeID: "n", Reason: "bye", Incarnation: "s1"},
 		Join{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", ShardCount: 1, SeedPolicy: seed.Crypto, DataHash: strings.Repeat("ab", 32)},
 		Heartbeat{Run: "r", NodeID: "n", ShardSize: 7, ModelHash: "h", Step: 4, ShardCount: 1, SeedPolicy: seed.Crypto, DataHash: strings.Repeat("ab", 32)},
 		RoundStart{Run: "r", Step: 1, SampleRate: 0.25, ClipNorm: 1, ModelHash: "h"},
@@ -82,13 +82,13 @@ func TestOptionalFields(t *testing.T) {
 		}
 		return m
 	}
-	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" || j.Session != "" || j.DataHash != "" {
+	if j := old(TypeJoin, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h"}).(Join); j.ShardCount != 0 || j.SeedPolicy != "" || j.ShardSize != 7 || j.DataSchema != "" || j.Weights != "" || j.Incarnation != "" || j.DataHash != "" {
 		t.Errorf("old Join decoded as %+v", j)
 	}
-	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" || h.Session != "" || h.DataHash != "" {
+	if h := old(TypeHeartbeat, map[string]any{"run": "r", "node": "n", "shard": 7, "model": "h", "step": 3}).(Heartbeat); h.ShardCount != 0 || h.SeedPolicy != "" || h.Step != 3 || h.DataSchema != "" || h.Weights != "" || h.Incarnation != "" || h.DataHash != "" {
 		t.Errorf("old Heartbeat decoded as %+v", h)
 	}
-	if l := old(TypeLeave, map[string]any{"run": "r", "node": "n", "reason": "bye"}).(Leave); l.Session != "" || l.Reason != "bye" {
+	if l := old(TypeLeave, map[string]any{"run": "r", "node": "n", "reason": "bye"}).(Leave); l.Incarnation != "" || l.Reason != "bye" {
 		t.Errorf("old Leave decoded as %+v", l)
 	}
 	if c := old(TypeControl, map[string]any{"run": "r", "from": "x", "code": uint8(ControlReplica), "step": 4}).(Control); c.Insecure || c.Charged != 0 || c.Step != 4 {
@@ -101,9 +101,9 @@ func TestOptionalFields(t *testing.T) {
 
 // TestOptionalKeys: Join and Heartbeat carry a node's pretrained weights
 // hash under the key "weights" and its training data's content hash under
-// "data_hash", and Join, Heartbeat and Leave the node process's session
-// under "session" (docs/PROTOCOL.md); an empty value
-// sends no key, so a node with no checkpoint, or without sessions, sends
+// "data_hash", and Join, Heartbeat and Leave the node process's incarnation
+// under "incarnation" (docs/PROTOCOL.md); an empty value
+// sends no key, so a node with no checkpoint, or without incarnations, sends
 // the messages of a node that predates the field.
 func TestOptionalKeys(t *testing.T) {
 	hash := strings.Repeat("0f", 32)
@@ -116,12 +116,12 @@ func TestOptionalKeys(t *testing.T) {
 		{Heartbeat{Run: "r", NodeID: "n", Weights: hash}, "weights", hash},
 		{Join{Run: "r", NodeID: "n"}, "weights", nil},
 		{Heartbeat{Run: "r", NodeID: "n"}, "weights", nil},
-		{Join{Run: "r", NodeID: "n", Session: "s1"}, "session", "s1"},
-		{Heartbeat{Run: "r", NodeID: "n", Session: "s1"}, "session", "s1"},
-		{Leave{Run: "r", NodeID: "n", Session: "s1"}, "session", "s1"},
-		{Join{Run: "r", NodeID: "n"}, "session", nil},
-		{Heartbeat{Run: "r", NodeID: "n"}, "session", nil},
-		{Leave{Run: "r", NodeID: "n"}, "session", nil},
+		{Join{Run: "r", NodeID: "n", Incarnation: "s1"}, "incarnation", "s1"},
+		{Heartbeat{Run: "r", NodeID: "n", Incarnation: "s1"}, "incarnation", "s1"},
+		{Leave{Run: "r", NodeID: "n", Incarnation: "s1"}, "incarnation", "s1"},
+		{Join{Run: "r", NodeID: "n"}, "incarnation", nil},
+		{Heartbeat{Run: "r", NodeID: "n"}, "incarnation", nil},
+		{Leave{Run: "r", NodeID: "n"}, "incarnation", nil},
 		{Join{Run: "r", NodeID: "n", DataHash: hash}, "data_hash", hash},
 		{Heartbeat{Run: "r", NodeID: "n", DataHash: hash}, "data_hash", hash},
 		{Join{Run: "r", NodeID: "n"}, "data_hash", nil},

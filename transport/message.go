@@ -157,64 +157,64 @@ type Message interface {
 // the same shape does not continue silently. Omitted when empty (older
 // nodes, which are bound to nothing).
 //
-// Session tells apart two processes that present the same NodeID: a
+// Incarnation tells apart two processes that present the same NodeID: a
 // random string the node draws once at start (from crypto/rand) and
 // sends in its Join, Heartbeats and Leave. The coordinator gives a node
-// ID one seat, held by one session: another session presenting the ID
+// ID one seat, held by one incarnation: another incarnation presenting the ID
 // while the holder's seat is live is refused ("seat_taken"). It is no
 // secret and no credential (any subscriber to the node's subject sees
 // it); it only keeps a second process started by mistake with a node's
 // ID from taking that node's place. At most 64 bytes; omitted when empty
-// (older nodes, which all count as one session).
+// (older nodes, which all count as one incarnation).
 type Join struct {
-	Run        string      `msgpack:"run"`
-	NodeID     string      `msgpack:"node"`
-	ShardSize  int64       `msgpack:"shard"`
-	ModelHash  string      `msgpack:"model"`
-	ShardIndex int         `msgpack:"shard_index"`
-	ShardCount int         `msgpack:"shard_count"`
-	ShardSeed  uint64      `msgpack:"shard_seed"`
-	SeedPolicy seed.Policy `msgpack:"seed_policy"`
-	DataSchema string      `msgpack:"data_schema,omitempty"`
-	Weights    string      `msgpack:"weights,omitempty"`
-	Session    string      `msgpack:"session,omitempty"`
-	DataHash   string      `msgpack:"data_hash,omitempty"`
+	Run         string      `msgpack:"run"`
+	NodeID      string      `msgpack:"node"`
+	ShardSize   int64       `msgpack:"shard"`
+	ModelHash   string      `msgpack:"model"`
+	ShardIndex  int         `msgpack:"shard_index"`
+	ShardCount  int         `msgpack:"shard_count"`
+	ShardSeed   uint64      `msgpack:"shard_seed"`
+	SeedPolicy  seed.Policy `msgpack:"seed_policy"`
+	DataSchema  string      `msgpack:"data_schema,omitempty"`
+	Weights     string      `msgpack:"weights,omitempty"`
+	Incarnation string      `msgpack:"incarnation,omitempty"`
+	DataHash    string      `msgpack:"data_hash,omitempty"`
 }
 
 // Leave announces that a node stops taking part. Reason is free text for
-// logs and must hold no private data. Session is the leaving process's
-// (Join.Session): a Leave from a session that does not hold the node's
+// logs and must hold no private data. Incarnation is the leaving process's
+// (Join.Incarnation): a Leave from an incarnation that does not hold the node's
 // seat, such as a refused second process, does not free it. Omitted when
 // empty.
 type Leave struct {
-	Run     string `msgpack:"run"`
-	NodeID  string `msgpack:"node"`
-	Reason  string `msgpack:"reason,omitempty"`
-	Session string `msgpack:"session,omitempty"`
+	Run         string `msgpack:"run"`
+	NodeID      string `msgpack:"node"`
+	Reason      string `msgpack:"reason,omitempty"`
+	Incarnation string `msgpack:"incarnation,omitempty"`
 }
 
 // Heartbeat tells the coordinator a node is alive. Step is the last step the
 // node contributed to (0 if none). The other fields repeat the node's Join,
 // so that a leader that missed the Join (it started later) learns them,
-// and Session says which process holds the node's seat (Join.Session).
+// and Incarnation says which process holds the node's seat (Join.Incarnation).
 type Heartbeat struct {
-	Run        string      `msgpack:"run"`
-	NodeID     string      `msgpack:"node"`
-	ShardSize  int64       `msgpack:"shard"`
-	ModelHash  string      `msgpack:"model"`
-	Step       uint64      `msgpack:"step"`
-	ShardIndex int         `msgpack:"shard_index"`
-	ShardCount int         `msgpack:"shard_count"`
-	ShardSeed  uint64      `msgpack:"shard_seed"`
-	SeedPolicy seed.Policy `msgpack:"seed_policy"`
-	DataSchema string      `msgpack:"data_schema,omitempty"`
-	Weights    string      `msgpack:"weights,omitempty"`
-	Session    string      `msgpack:"session,omitempty"`
-	DataHash   string      `msgpack:"data_hash,omitempty"`
+	Run         string      `msgpack:"run"`
+	NodeID      string      `msgpack:"node"`
+	ShardSize   int64       `msgpack:"shard"`
+	ModelHash   string      `msgpack:"model"`
+	Step        uint64      `msgpack:"step"`
+	ShardIndex  int         `msgpack:"shard_index"`
+	ShardCount  int         `msgpack:"shard_count"`
+	ShardSeed   uint64      `msgpack:"shard_seed"`
+	SeedPolicy  seed.Policy `msgpack:"seed_policy"`
+	DataSchema  string      `msgpack:"data_schema,omitempty"`
+	Weights     string      `msgpack:"weights,omitempty"`
+	Incarnation string      `msgpack:"incarnation,omitempty"`
+	DataHash    string      `msgpack:"data_hash,omitempty"`
 }
 
-// MaxSession is the longest Session a coordinator accepts.
-const MaxSession = 64
+// MaxIncarnation is the longest Incarnation a coordinator accepts.
+const MaxIncarnation = 64
 
 // ValidWeights reports whether s can be a Join's or Heartbeat's Weights:
 // "" (no checkpoint) or a SHA-256 as 64 lowercase hex digits, the form

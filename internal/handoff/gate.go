@@ -1,5 +1,5 @@
 // Package handoff hands messages from transport handlers to the one loop
-// goroutine that owns a protocol's state (node.Worker's session,
+// goroutine that owns a protocol's state (node.Worker's run loop,
 // coordinator.Server's loop). The handlers run on goroutines the
 // transport owns; they only forward. A Gate makes every handler call
 // return promptly once the loop is gone, and lets the loop wait for the

@@ -27,8 +27,8 @@ type pendingRound struct {
 	nextAsk  time.Time
 }
 
-// session is the state of one Run, owned by the loop goroutine.
-type session struct {
+// runLoop is the state of one Run, owned by the loop goroutine.
+type runLoop struct {
 	w       *Worker
 	term    uint64
 	leader  string
@@ -67,14 +67,14 @@ type ending struct {
 	err    error
 }
 
-func newSession(w *Worker) *session {
-	return &session{w: w, leaders: make(map[string]uint64), deferred: make(map[string]transport.Status), foreign: make(map[string]bool),
+func newRunLoop(w *Worker) *runLoop {
+	return &runLoop{w: w, leaders: make(map[string]uint64), deferred: make(map[string]transport.Status), foreign: make(map[string]bool),
 		params: make(map[uint64]transport.Vector), paramsTerm: make(map[uint64]uint64), seen: make(map[roundKey]struct{})}
 }
 
 // loop is the single goroutine that owns the protocol state. It returns
 // the reason to give in Leave and Run's result.
-func (s *session) loop(ctx context.Context, in *inbox, fatal <-chan error) (string, error) {
+func (s *runLoop) loop(ctx context.Context, in *inbox, fatal <-chan error) (string, error) {
 	w := s.w
 	if err := w.join(ctx); err != nil {
 		return "connection_closed", s.publishErr(ctx, err)
@@ -142,7 +142,7 @@ func (s *session) loop(ctx context.Context, in *inbox, fatal <-chan error) (stri
 
 // publishErr turns a failed publish into Run's result: ctx's error if it
 // is done, else the error.
-func (s *session) publishErr(ctx context.Context, err error) error {
+func (s *runLoop) publishErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -151,7 +151,7 @@ func (s *session) publishErr(ctx context.Context, err error) error {
 
 // fatalPublish ends the run if err says the connection is closed and
 // reports whether it did; other publish errors are the caller's to log.
-func (s *session) fatalPublish(ctx context.Context, err error) bool {
+func (s *runLoop) fatalPublish(ctx context.Context, err error) bool {
 	if errors.Is(err, transport.ErrClosed) {
 		s.end = &ending{reason: "connection_closed", err: s.publishErr(ctx, err)}
 		return true
@@ -161,7 +161,7 @@ func (s *session) fatalPublish(ctx context.Context, err error) bool {
 
 // adopt follows a new leader of a higher term: re-Join, and drop a waiting
 // round of an older term.
-func (s *session) adopt(ctx context.Context, replica string, term uint64) {
+func (s *runLoop) adopt(ctx context.Context, replica string, term uint64) {
 	w := s.w
 	s.term, s.leader = term, replica
 	w.update(func(st *Stats) { st.Term, st.Leader = term, replica })
@@ -179,7 +179,7 @@ func (s *session) adopt(ctx context.Context, replica string, term uint64) {
 	}
 }
 
-func (s *session) noteLeader(replica string, term uint64) {
+func (s *runLoop) noteLeader(replica string, term uint64) {
 	if replica == "" {
 		return
 	}
@@ -195,7 +195,7 @@ func (s *session) noteLeader(replica string, term uint64) {
 	}
 }
 
-func (s *session) onLeader(ctx context.Context, l transport.Leader) {
+func (s *runLoop) onLeader(ctx context.Context, l transport.Leader) {
 	if why := s.foreignRun(l); why != "" {
 		if !s.foreign[l.ReplicaID] { // warned once per replica
 			s.w.log.Warn("node: a coordinator of another run with this run's name announces itself; ignoring it and its messages",
@@ -221,14 +221,14 @@ func (s *session) onLeader(ctx context.Context, l transport.Leader) {
 // foreignRun says why the leader l announces another run than this
 // node's (checkRun's rule on its model, q and C), or "" if it is this
 // node's run or does not say (an older leader).
-func (s *session) foreignRun(l transport.Leader) string {
+func (s *runLoop) foreignRun(l transport.Leader) string {
 	if l.ModelHash == "" {
 		return ""
 	}
 	return checkRun(transport.RoundStart{ModelHash: l.ModelHash, SampleRate: l.SampleRate, ClipNorm: l.ClipNorm}, s.w.cfg, s.w.m.Hash())
 }
 
-func (s *session) skip(rs transport.RoundStart, r SkipReason, why string) {
+func (s *runLoop) skip(rs transport.RoundStart, r SkipReason, why string) {
 	w := s.w
 	w.update(func(st *Stats) { st.Skipped[r]++ })
 	w.met.skipped(r)
@@ -243,7 +243,7 @@ func (s *session) skip(rs transport.RoundStart, r SkipReason, why string) {
 		"term", rs.Term, "reason", string(r), "detail", why)
 }
 
-func (s *session) onRound(ctx context.Context, rs transport.RoundStart) {
+func (s *runLoop) onRound(ctx context.Context, rs transport.RoundStart) {
 	w := s.w
 	if rs.Term < s.term {
 		s.skip(rs, SkipStaleTerm, fmt.Sprintf("term %d < current term %d", rs.Term, s.term))
@@ -313,7 +313,7 @@ func (s *session) onRound(ctx context.Context, rs transport.RoundStart) {
 	}
 }
 
-func (s *session) onTimer(ctx context.Context) {
+func (s *runLoop) onTimer(ctx context.Context) {
 	p := s.pending
 	if p == nil {
 		return
@@ -331,7 +331,7 @@ func (s *session) onTimer(ctx context.Context) {
 
 // onStatus handles the leader's verdicts. Requests from other nodes and
 // statuses about other nodes are ignored.
-func (s *session) onStatus(st transport.Status) {
+func (s *runLoop) onStatus(st transport.Status) {
 	if st.ModelHash != "" && st.ModelHash != s.w.m.Hash() {
 		s.w.log.Debug("node: status from another run's coordinator ignored", "from", st.From, "code", st.Code)
 		return
@@ -358,7 +358,7 @@ func (s *session) onStatus(st transport.Status) {
 	s.apply(st)
 }
 
-func (s *session) apply(st transport.Status) {
+func (s *runLoop) apply(st transport.Status) {
 	w := s.w
 	switch st.Code {
 	case transport.StatusDone:
@@ -401,7 +401,7 @@ func (s *session) apply(st transport.Status) {
 				s.seatWarned = true
 				w.log.Error("node: the coordinator refuses this node for now: another process holds its node ID; waiting for that seat to lapse "+
 					"(a process that died without leaving loses it when its heartbeats are overdue); if another process does run with this ID, stop it or give this node another --id",
-					"detail", held, "session", w.session, "from", st.From)
+					"detail", held, "incarnation", w.incarnation, "from", st.From)
 			}
 			return
 		}
